@@ -1,0 +1,130 @@
+"""Aggregations for windows: how the records of one key in one window become a result.
+
+An aggregation is any object with four methods:
+
+- ``create()`` → a fresh accumulator,
+- ``add(acc, value)`` → the accumulator with one more value folded in,
+- ``merge(a, b)`` → two accumulators combined (for partial aggregates),
+- ``result(acc)`` → what the window emits.
+
+Accumulators must be values msgpack can carry (they are part of a checkpoint). The
+built-ins take an optional ``fn`` that extracts the number to aggregate from a value.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Aggregation(Protocol):
+    def create(self) -> Any: ...
+    def add(self, acc: Any, value: Any) -> Any: ...
+    def merge(self, a: Any, b: Any) -> Any: ...
+    def result(self, acc: Any) -> Any: ...
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+class Count:
+    """Number of records."""
+
+    def create(self) -> int:
+        return 0
+
+    def add(self, acc: int, value: Any) -> int:
+        return acc + 1
+
+    def merge(self, a: int, b: int) -> int:
+        return a + b
+
+    def result(self, acc: int) -> int:
+        return acc
+
+
+class Sum:
+    """Sum of ``fn(value)`` (of the value itself without ``fn``)."""
+
+    def __init__(self, fn: Callable[[Any], Any] | None = None):
+        self.fn = fn or _identity
+
+    def create(self) -> Any:
+        return 0
+
+    def add(self, acc: Any, value: Any) -> Any:
+        return acc + self.fn(value)
+
+    def merge(self, a: Any, b: Any) -> Any:
+        return a + b
+
+    def result(self, acc: Any) -> Any:
+        return acc
+
+
+class Min:
+    """Smallest ``fn(value)``; ``None`` for an empty accumulator."""
+
+    def __init__(self, fn: Callable[[Any], Any] | None = None):
+        self.fn = fn or _identity
+
+    def create(self) -> Any:
+        return None
+
+    def add(self, acc: Any, value: Any) -> Any:
+        x = self.fn(value)
+        return x if acc is None or x < acc else acc
+
+    def merge(self, a: Any, b: Any) -> Any:
+        if a is None:
+            return b
+        if b is None:
+            return a
+        return min(a, b)
+
+    def result(self, acc: Any) -> Any:
+        return acc
+
+
+class Max:
+    """Largest ``fn(value)``; ``None`` for an empty accumulator."""
+
+    def __init__(self, fn: Callable[[Any], Any] | None = None):
+        self.fn = fn or _identity
+
+    def create(self) -> Any:
+        return None
+
+    def add(self, acc: Any, value: Any) -> Any:
+        x = self.fn(value)
+        return x if acc is None or x > acc else acc
+
+    def merge(self, a: Any, b: Any) -> Any:
+        if a is None:
+            return b
+        if b is None:
+            return a
+        return max(a, b)
+
+    def result(self, acc: Any) -> Any:
+        return acc
+
+
+class Mean:
+    """Arithmetic mean of ``fn(value)``; the accumulator is ``(sum, count)``."""
+
+    def __init__(self, fn: Callable[[Any], Any] | None = None):
+        self.fn = fn or _identity
+
+    def create(self) -> tuple:
+        return (0, 0)
+
+    def add(self, acc: tuple, value: Any) -> tuple:
+        return (acc[0] + self.fn(value), acc[1] + 1)
+
+    def merge(self, a: tuple, b: tuple) -> tuple:
+        return (a[0] + b[0], a[1] + b[1])
+
+    def result(self, acc: tuple) -> float | None:
+        return acc[0] / acc[1] if acc[1] else None

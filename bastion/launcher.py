@@ -1,0 +1,175 @@
+"""`bn.run`: validate, plan, deploy and run a topology, and return what it produced.
+
+``bn.run`` is synchronous: it returns when a bounded job has consumed all of its input
+(or an unbounded one has run for ``duration_s``) and every sink has committed. It
+starts a local Ray if none is running — bound to 127.0.0.1 only — or connects to
+``address`` (``"auto"`` or ``"ray://head:10001"``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import ray
+
+from bastion.errors import JobFailedError, TopologyError, UDFError
+from bastion.protocols import get_protocol
+from bastion.runtime.config import JobConfig
+from bastion.runtime.job import JobMaster
+from bastion.runtime.metrics import LatencyHistogram, OperatorCounts, RunMetrics
+from bastion.runtime.plan import PhysicalPlan, build_plan
+from bastion.topology import Topology
+
+_PROGRESS_INTERVAL_S = 0.5
+
+
+@dataclass
+class RunResult:
+    """What a run produced: committed sink outputs, metrics and dead letters."""
+
+    job_id: str
+    outputs: dict[str, list]
+    metrics: RunMetrics
+    dead_letters: list = field(default_factory=list)
+    plan: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def ensure_ray(address: str | None = None) -> None:
+    """Connect to Ray, starting a loopback-only local instance when none is running."""
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=True)
+        return
+    # Without this, a local Ray binds to the machine's network address; with it (and
+    # the explicit node address) every Ray socket stays on 127.0.0.1.
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray.init(
+        _node_ip_address="127.0.0.1",
+        include_dashboard=False,
+        ignore_reinit_error=True,
+        log_to_driver=True,
+        configure_logging=True,
+        logging_level="WARNING",
+    )
+
+
+def run(topology: Topology, *, protocol: str = "none", address: str | None = None,
+        duration_s: float | None = None, buffer_timeout_ms: float = 5.0,
+        frame_records: int = 4096, max_inflight_frames: int = 4,
+        source_batch_records: int = 1024, chaining: bool = True,
+        workers: int | None = None, fail_fast: bool = False,
+        progress: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+    """Run ``topology`` to completion and return its committed outputs and metrics.
+
+    ``buffer_timeout_ms`` bounds how long a record waits in an output buffer;
+    ``frame_records`` how many records one channel message carries;
+    ``max_inflight_frames`` the credits per channel; ``chaining=False`` runs every
+    operator as its own task; ``workers`` the number of worker actors (default: the
+    largest parallelism); ``fail_fast`` stops the job at the first user-function
+    error instead of sending the record to the dead-letter output; ``progress`` is
+    called about twice a second with the records read and written so far.
+    """
+    proto = get_protocol(protocol)
+    plan = build_plan(topology, chaining=chaining, workers=workers)
+    proto.check(topology)
+    unbounded = [n.name for n in topology.nodes.values()
+                 if n.kind == "source" and not n.params["source"].bounded]
+    if unbounded and duration_s is None:
+        raise TopologyError(f"source {unbounded[0]!r} is unbounded: pass duration_s to "
+                            "bn.run (or --duration to bastion run) to say when to stop")
+    config = JobConfig(
+        job_id=f"{topology.name}-{uuid.uuid4().hex[:8]}",
+        protocol=proto.name,
+        frame_records=frame_records,
+        buffer_timeout_s=buffer_timeout_ms / 1000.0,
+        max_inflight_frames=max_inflight_frames,
+        source_batch_records=source_batch_records,
+        fail_fast=fail_fast,
+        duration_s=duration_s,
+        codecs=tuple(topology.codecs),
+    )
+    for node in topology.nodes.values():
+        if node.kind == "sink":
+            node.params["sink"].prepare(node.parallelism)
+    ensure_ray(address)
+    master = JobMaster.remote(plan, config)
+    try:
+        pending = master.run.remote()
+        while True:
+            ready, _ = ray.wait([pending], timeout=_PROGRESS_INTERVAL_S)
+            if ready:
+                break
+            if progress is not None:
+                progress(ray.get(master.progress.remote()))
+        report = ray.get(pending)
+    finally:
+        ray.kill(master)
+    failure = report["failure"]
+    if isinstance(failure, UDFError):
+        raise failure
+    if failure is not None:
+        raise JobFailedError(f"job {config.job_id} failed: {failure}")
+    return _result(config, plan, report)
+
+
+def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any]) -> RunResult:
+    tasks = report["tasks"]
+    outputs: dict[str, list] = {}
+    latency = LatencyHistogram()
+    timeline: dict[int, int] = {}
+    operators: dict[str, OperatorCounts] = {name: OperatorCounts()
+                                            for name in plan.topology.nodes}
+    dead_letters = []
+    sink_instances: dict[str, list[tuple[int, list]]] = {}
+    for task in tasks:
+        for name, (records_in, records_out) in task["operators"].items():
+            operators[name].records_in += records_in
+            operators[name].records_out += records_out
+        for name, sink in task["sinks"].items():
+            if sink["committed"] is not None:
+                sink_instances.setdefault(name, []).append((task["index"], sink["committed"]))
+            latency.merge(LatencyHistogram(sink["latency"]))
+            for second, count in sink["timeline"].items():
+                timeline[second] = timeline.get(second, 0) + count
+        dead_letters.extend(task["dead_letters"])
+    for name, node in plan.topology.nodes.items():
+        if node.kind == "sink":
+            parts = sorted(sink_instances.get(name, []), key=lambda p: p[0])
+            outputs[name] = [v for _, values in parts for v in values]
+    duration_s = max(report["finished_s"] - report["started_s"], 1e-9)
+    source_records = sum(c.records_out for n, c in operators.items()
+                         if plan.topology.nodes[n].kind == "source")
+    sink_records = sum(c.records_in for n, c in operators.items()
+                       if plan.topology.nodes[n].kind == "sink")
+
+    def pct(q: float) -> float | None:
+        v = latency.percentile(q)
+        return None if v is None else v * 1000.0
+
+    metrics = RunMetrics(
+        duration_s=duration_s,
+        source_records=source_records,
+        sink_records=sink_records,
+        tuples_per_s=source_records / duration_s,
+        latency_ms={"p50": pct(50), "p95": pct(95), "p99": pct(99)},
+        operators=operators,
+        dead_letters=len(dead_letters),
+        sink_timeline=dict(sorted(timeline.items())),
+        extra={
+            "spawn_s": report["spawn_s"],
+            "frames_sent": sum(t["frames_sent"] for t in tasks),
+            "bytes_sent": sum(t["bytes_sent"] for t in tasks),
+            "max_inflight_frames": max((t["max_inflight_frames"] for t in tasks), default=0),
+            "max_inbox_frames": max((t["max_inbox_frames"] for t in tasks), default=0),
+            "workers": plan.workers,
+            "tasks": len(plan.tasks),
+        },
+    )
+    return RunResult(config.job_id, outputs, metrics, dead_letters, plan.describe(),
+                     {"tasks": tasks})

@@ -1,0 +1,35 @@
+"""The knobs of one job run, shipped to the job master and every worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bastion.codecs import Codec
+
+
+@dataclass
+class JobConfig:
+    job_id: str
+    protocol: str = "none"
+    # Data plane: a frame is sent when it holds frame_records records or its oldest
+    # record has waited buffer_timeout_s; at most max_inflight_frames frames per
+    # channel are unacknowledged (credits); a task's inbox holds inbox_frames frames.
+    frame_records: int = 4096
+    buffer_timeout_s: float = 0.005
+    max_inflight_frames: int = 4
+    inbox_frames: int = 16
+    source_batch_records: int = 1024
+    fail_fast: bool = False
+    duration_s: float | None = None
+    codecs: tuple[Codec, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        for name in ("frame_records", "max_inflight_frames", "inbox_frames",
+                     "source_batch_records"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.buffer_timeout_s < 0:
+            raise ValueError(f"buffer_timeout_s must be >= 0, got {self.buffer_timeout_s}")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ValueError(f"duration_s must be > 0 seconds, got {self.duration_s}")

@@ -1,0 +1,382 @@
+"""Tasks and the worker actor that hosts them: the data plane's control loop.
+
+A *task* runs one instance of a chain of operators (see `bastion.runtime.plan`). Its
+loop has three phases, repeated until its input ends:
+
+1. **receive** — take the next frame from the task's inbox (or, for a source task,
+   poll the source for the next batch);
+2. **process** — hand each batch through the chain by plain function calls; feed the
+   protocol hook; track the watermark (the minimum over input channels) and, when it
+   advances, let windows fire and forward it downstream;
+3. **emit** — route output batches to the output channels (forward, rebalance, stable
+   key hash, broadcast) and send every frame that is full or older than the buffer
+   timeout.
+
+When every input has ended, the task *finishes*: operators flush (open windows fire),
+end-of-stream goes out on every channel, the protocol commits the sinks.
+
+A *worker* is one Ray async actor hosting several tasks (slot sharing). All its tasks
+share one event loop; a task yields to the loop after each batch, so the others — and
+the ``push`` calls that deliver frames from other workers — keep moving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import traceback
+from typing import Any
+
+import ray
+
+from bastion.errors import UDFError
+from bastion.protocols import get_protocol
+from bastion.runtime.channel import (InputGate, LocalOutputChannel, OutputChannel,
+                                     RemoteOutputChannel)
+from bastion.runtime.config import JobConfig
+from bastion.runtime.metrics import OperatorCounts
+from bastion.runtime.operators import (OperatorContext, SinkOp, SourceOp, make_operator)
+from bastion.runtime.plan import (BROADCAST, FORWARD, HASH, InputChannel, OutputRoute,
+                                  PhysicalPlan, TaskPlan)
+from bastion.runtime.records import (Batch, EndOfStream, FrameCodec, Watermark,
+                                     stable_hash)
+
+_ROUTE_MEMO_KEYS = 65536  # keys whose partition a router remembers before starting over
+_IDLE_SOURCE_SLEEP_S = 0.001
+
+
+def apply_key(batch: Batch, key_fn: Any, ctx: OperatorContext) -> Batch:
+    """Set ``batch.keys`` to ``key_fn(value)``; a raising key function dead-letters its
+    record under the keyed operator's name."""
+    try:
+        keys = [key_fn(v) for v in batch.values]
+    except Exception:  # noqa: BLE001
+        keys, positions = [], []
+        for i, v in enumerate(batch.values):
+            try:
+                keys.append(key_fn(v))
+            except Exception as exc:  # noqa: BLE001
+                ctx.dead_letter(v, exc, what="key function")
+                continue
+            positions.append(i)
+        batch = batch.take(positions)
+    return Batch(keys, batch.values, batch.ts, batch.born, batch.ids)
+
+
+class Router:
+    """Routes a task's output batches on one out-edge to that edge's channels."""
+
+    def __init__(self, route: OutputRoute, channels: list[OutputChannel],
+                 key_ctx: OperatorContext):
+        self.edge = route.edge
+        self.channels = channels
+        self.key_ctx = key_ctx
+        self.next_channel = 0
+        self.memo: dict = {}
+
+    def route(self, batch: Batch) -> list[OutputChannel]:
+        """Buffer ``batch`` on its channels; return the channels whose frame is full."""
+        edge, channels = self.edge, self.channels
+        if edge.key_fn is not None:
+            batch = apply_key(batch, edge.key_fn, self.key_ctx)
+        n = len(channels)
+        if n == 1 or edge.partition == FORWARD:
+            return [channels[0]] if channels[0].add_batch(batch) else []
+        if edge.partition == BROADCAST:
+            return [c for c in channels if c.add_batch(batch)]
+        if edge.partition != HASH:  # rebalance: whole batches, round-robin
+            channel = channels[self.next_channel]
+            self.next_channel = (self.next_channel + 1) % n
+            return [channel] if channel.add_batch(batch) else []
+        memo = self.memo
+        if len(memo) > _ROUTE_MEMO_KEYS:
+            memo.clear()
+        parts = []
+        append = parts.append
+        for k in batch.keys:
+            p = memo.get(k)
+            if p is None:
+                p = memo[k] = stable_hash(k) % n
+            append(p)
+        buckets: list[list[int]] = [[] for _ in range(n)]
+        for i, p in enumerate(parts):
+            buckets[p].append(i)
+        full = []
+        for p, positions in enumerate(buckets):
+            if positions and channels[p].add_batch(batch.take(positions)):
+                full.append(channels[p])
+        return full
+
+
+class Task:
+    """One instance of a chain: its operators, inputs, routes and loop."""
+
+    def __init__(self, plan: TaskPlan, physical: PhysicalPlan, config: JobConfig):
+        chain = physical.chains[plan.chain_id]
+        nodes = physical.topology.nodes
+        self.plan = plan
+        self.task_id = plan.task_id
+        self.index = plan.index
+        self.name = f"{chain.name}[{plan.index}]"
+        self.config = config
+        self.codec = FrameCodec(config.codecs)
+        self.op_names = chain.ops
+        self.ops = [make_operator(nodes[name], OperatorContext(
+            name, plan.index, plan.parallelism, config.fail_fast)) for name in chain.ops]
+        self.link_keys = chain.link_key_fns
+        self.counts = [OperatorCounts() for _ in self.ops]
+        self.source: SourceOp | None = self.ops[0] if isinstance(self.ops[0], SourceOp) else None
+        self.sinks: list[SinkOp] = [op for op in self.ops if isinstance(op, SinkOp)]
+        self.inputs: dict[int, InputChannel] = {c.channel_id: c for c in plan.inputs}
+        self.channel_watermarks = {c.channel_id: -math.inf for c in plan.inputs
+                                   if not c.feedback}
+        self.open_inputs = {c.channel_id for c in plan.inputs if not c.feedback}
+        self.watermark = -math.inf
+        self.gate = InputGate(config.inbox_frames)
+        self.routers: list[Router] = []
+        self.channels: list[OutputChannel] = []
+        self.stop_requested = False
+        self.finished = False
+        self.started_s: float | None = None
+        self.finished_s: float | None = None
+        self.protocol = get_protocol(config.protocol).task_protocol(self)
+
+    # -- wiring ------------------------------------------------------------------------
+
+    def connect(self, route: OutputRoute, channels: list[OutputChannel]) -> None:
+        key_ctx = OperatorContext(route.edge.dst_op, self.index, self.plan.parallelism,
+                                  self.config.fail_fast)
+        self.routers.append(Router(route, channels, key_ctx))
+        self.channels.extend(channels)
+
+    @property
+    def dead_letters(self) -> list:
+        letters = [d for op in self.ops for d in op.ctx.dead_letters]
+        letters += [d for r in self.routers for d in r.key_ctx.dead_letters]
+        return letters
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self.started_s = time.time()
+        try:
+            if self.source is not None:
+                await self._run_source()
+            else:
+                await self._run_inputs()
+            await self._finish()
+        except UDFError:
+            raise
+        except Exception as exc:
+            raise RuntimeError(f"task {self.name} failed: {exc!r}\n"
+                               f"{traceback.format_exc()}") from exc
+        self.finished_s = time.time()
+        self.finished = True
+
+    async def _run_source(self) -> None:
+        source, batch_records = self.source, self.config.source_batch_records
+        counts = self.counts[0]
+        while not self.stop_requested:
+            batch = source.poll(batch_records, time.time())        # receive
+            if batch is None:
+                break
+            if len(batch):
+                counts.records_out += len(batch)
+                await self._process(batch, 1, 0, keyed=False)      # process + emit
+            if source.watermark > self.watermark:
+                await self._advance_watermark(source.watermark, 1)
+            await self._flush_aged()
+            await asyncio.sleep(0 if len(batch) else _IDLE_SOURCE_SLEEP_S)
+
+    async def _run_inputs(self) -> None:
+        inbox, inputs, decode = self.gate.inbox, self.inputs, self.codec.decode
+        timeout_s = self.config.buffer_timeout_s
+        while self.open_inputs:
+            if any(c.has_pending() for c in self.channels):        # receive
+                try:
+                    channel_id, frame = await asyncio.wait_for(inbox.get(), timeout_s)
+                except asyncio.TimeoutError:
+                    await self._flush_aged()
+                    continue
+            else:
+                channel_id, frame = await inbox.get()
+            channel = inputs[channel_id]
+            elements = frame if isinstance(frame, list) else decode(frame)
+            for element in elements:                                # process
+                kind = type(element)
+                if kind is Batch:
+                    batch = self.protocol.on_batch(channel, element)
+                    if batch is not None and len(batch):
+                        await self._process(batch, 0, channel.input_index, keyed=True)
+                elif kind is Watermark:
+                    await self._on_watermark(channel_id, element.time)
+                elif kind is EndOfStream:
+                    self.open_inputs.discard(channel_id)
+                    if self.open_inputs:
+                        await self._on_watermark(channel_id, math.inf)
+                else:
+                    await self.protocol.on_control(channel, element)
+            await self._flush_aged()                                # emit
+            await asyncio.sleep(0)
+
+    async def _finish(self) -> None:
+        for j, op in enumerate(self.ops):
+            out = op.on_end()
+            if out is not None and len(out):
+                self.counts[j].records_out += len(out)
+                await self._process(out, j + 1, 0, keyed=False)
+        for channel in self.channels:
+            channel.add_control(EndOfStream())
+            await channel.flush()
+        for channel in self.channels:
+            await channel.drain()
+        await self.protocol.on_finished()
+
+    # -- processing ----------------------------------------------------------------------
+
+    async def _process(self, batch: Batch, start: int, input_index: int, keyed: bool) -> None:
+        """Run ``batch`` through ops[start:] and emit the result. ``keyed`` says the
+        batch's keys are already set for ops[start] (it came through a channel)."""
+        ops, counts, link_keys = self.ops, self.counts, self.link_keys
+        for j in range(start, len(ops)):
+            if not keyed and link_keys[j] is not None:
+                batch = apply_key(batch, link_keys[j], ops[j].ctx)
+            keyed = False
+            c = counts[j]
+            c.records_in += len(batch)
+            batch = ops[j].process(batch, input_index if j == start else 0)
+            if batch is None or not len(batch):
+                return
+            c.records_out += len(batch)
+        await self._emit(batch)
+
+    async def _emit(self, batch: Batch) -> None:
+        for router in self.routers:
+            for channel in router.route(batch):
+                await channel.flush()
+
+    async def _on_watermark(self, channel_id: int, time_s: float) -> None:
+        if channel_id not in self.channel_watermarks:
+            return
+        self.channel_watermarks[channel_id] = time_s
+        low = min(self.channel_watermarks.values())
+        if low > self.watermark:
+            await self._advance_watermark(low, 0)
+
+    async def _advance_watermark(self, watermark: float, start: int) -> None:
+        self.watermark = watermark
+        for j in range(start, len(self.ops)):
+            out = self.ops[j].on_watermark(watermark)
+            if out is not None and len(out):
+                self.counts[j].records_out += len(out)
+                await self._process(out, j + 1, 0, keyed=False)
+        if watermark < math.inf:
+            mark = Watermark(watermark)
+            for channel in self.channels:
+                channel.add_control(mark)
+
+    async def _flush_aged(self) -> None:
+        now_s = time.monotonic()
+        for channel in self.channels:
+            if channel.aged(now_s):
+                await channel.flush()
+
+    # -- reporting -----------------------------------------------------------------------
+
+    def progress(self) -> dict[str, int]:
+        return {
+            "source_records": self.counts[0].records_out if self.source else 0,
+            "sink_records": sum(self.counts[j].records_in for j, op in enumerate(self.ops)
+                                if isinstance(op, SinkOp)),
+        }
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "task": self.name,
+            "index": self.index,
+            "operators": {name: (c.records_in, c.records_out)
+                          for name, c in zip(self.op_names, self.counts)},
+            "sinks": {op.ctx.name: {"committed": op.writer.committed(),
+                                    "latency": op.latency.buckets,
+                                    "timeline": op.timeline} for op in self.sinks},
+            "dead_letters": self.dead_letters,
+            "started_s": self.started_s,
+            "finished_s": self.finished_s,
+            "frames_sent": sum(c.frames_sent for c in self.channels),
+            "bytes_sent": sum(c.bytes_sent for c in self.channels),
+            "max_inflight_frames": max((c.max_inflight_seen for c in self.channels),
+                                       default=0),
+            "max_inbox_frames": self.gate.max_queued_seen,
+        }
+
+
+@ray.remote(num_cpus=0)
+class Worker:
+    """A Ray actor hosting the tasks of one slot (instance ``i`` of every chain with
+    ``i % workers == worker_index``)."""
+
+    def __init__(self, worker_index: int, config: JobConfig):
+        self.worker_index = worker_index
+        self.config = config
+        self.tasks: dict[int, Task] = {}
+        self.runners: list[asyncio.Task] = []
+
+    def ping(self) -> int:
+        return self.worker_index
+
+    async def deploy(self, plan: PhysicalPlan, peers: list) -> None:
+        config = self.config
+        self.tasks = {t.task_id: Task(t, plan, config) for t in plan.tasks_of(self.worker_index)}
+        for task in self.tasks.values():
+            for route in task.plan.routes:
+                channels: list[OutputChannel] = []
+                for channel_id, dst in zip(route.channel_ids, route.dst_tasks):
+                    dst_worker = plan.tasks[dst].worker
+                    if dst_worker == self.worker_index:
+                        channels.append(LocalOutputChannel(
+                            channel_id, config.frame_records, config.buffer_timeout_s,
+                            self.tasks[dst].gate.deliver))
+                    else:
+                        channels.append(RemoteOutputChannel(
+                            channel_id, config.frame_records, config.buffer_timeout_s,
+                            _pusher(peers[dst_worker], dst), task.codec,
+                            config.max_inflight_frames))
+                task.connect(route, channels)
+
+    async def start(self) -> None:
+        self.runners = [asyncio.ensure_future(t.run()) for t in self.tasks.values()]
+
+    async def push(self, task_id: int, channel_id: int, seq: int, payload: bytes) -> None:
+        await self.tasks[task_id].gate.deliver(channel_id, seq, payload)
+
+    def stop_sources(self) -> None:
+        for task in self.tasks.values():
+            task.stop_requested = True
+
+    async def wait(self) -> dict[str, Any]:
+        """Wait until every task finished, or one failed: then report the failure."""
+        if not self.runners:
+            return {"worker": self.worker_index, "failure": None}
+        done, _ = await asyncio.wait(self.runners, return_when=asyncio.FIRST_EXCEPTION)
+        for runner in done:
+            exc = runner.exception()
+            if exc is not None:
+                return {"worker": self.worker_index, "failure": exc}
+        return {"worker": self.worker_index, "failure": None}
+
+    def progress(self) -> dict[str, int]:
+        total = {"source_records": 0, "sink_records": 0}
+        for task in self.tasks.values():
+            for k, v in task.progress().items():
+                total[k] += v
+        return total
+
+    def report(self) -> list[dict[str, Any]]:
+        return [t.report() for t in self.tasks.values()]
+
+
+def _pusher(handle: Any, dst_task: int):
+    def push(channel_id: int, seq: int, payload: bytes):
+        return handle.push.remote(dst_task, channel_id, seq, payload)
+    return push

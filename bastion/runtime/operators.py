@@ -1,0 +1,525 @@
+"""Operator behaviour: what one instance of each operator kind does to a batch.
+
+An `Operator` instance turns an input `Batch` into an output batch (or nothing), reacts
+to the watermark advancing (time windows fire) and to the end of its input (flush), and
+can snapshot and restore its state — a msgpack-able value — for checkpoints.
+
+User functions run inside list comprehensions over a whole batch (the fast path). When
+one raises, the batch is processed again record by record (the slow path) so that only
+the failing record goes to the dead-letter output, with the error, and the job goes on
+— unless it runs with ``fail_fast``, where the first failure stops it with a `UDFError`
+naming the operator and the record. User functions must therefore be deterministic and
+free of side effects, which exactly-once replay needs anyway.
+
+Keyed state is a plain dict per instance: ``{key: state}``, or ``{window: {key: acc}}``
+for windows. The key routing upstream guarantees that an instance sees every record of
+its keys and no other.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import math
+import time
+import traceback
+from typing import Any, Callable
+
+from bastion import windows as window_specs
+from bastion.errors import UDFError
+from bastion.runtime.metrics import LatencyHistogram
+from bastion.runtime.records import Batch
+from bastion.runtime.windows import TimeWindows
+from bastion.topology import OpNode
+
+_IMMUTABLE = (int, float, str, bytes, bool, type(None), tuple, frozenset)
+
+
+class DeadLetter:
+    """A record that could not be processed: which operator, what, why."""
+
+    __slots__ = ("operator", "index", "value", "error", "reason")
+
+    def __init__(self, operator: str, index: int, value: Any, error: str, reason: str):
+        self.operator = operator
+        self.index = index
+        self.value = value
+        self.error = error
+        self.reason = reason
+
+    def __reduce__(self):
+        return (DeadLetter, (self.operator, self.index, self.value, self.error, self.reason))
+
+    def __repr__(self) -> str:
+        return (f"DeadLetter(operator={self.operator!r}, index={self.index}, "
+                f"value={self.value!r}, reason={self.reason!r}, error={self.error!r})")
+
+
+class OperatorContext:
+    """What an operator instance knows about where it runs."""
+
+    def __init__(self, name: str, index: int, parallelism: int, fail_fast: bool):
+        self.name = name
+        self.index = index
+        self.parallelism = parallelism
+        self.fail_fast = fail_fast
+        self.dead_letters: list[DeadLetter] = []
+
+    def dead_letter(self, value: Any, error: BaseException | str, reason: str = "udf",
+                    what: str = "") -> None:
+        if isinstance(error, BaseException):
+            text = "".join(traceback.format_exception_only(type(error), error)).strip()
+        else:
+            text = error
+        if what:
+            text = f"{what}: {text}"
+        if self.fail_fast and reason == "udf":
+            raise UDFError(self.name, self.index, value, text)
+        self.dead_letters.append(DeadLetter(self.name, self.index, value, text, reason))
+
+
+class Operator:
+    """One instance of a logical operator."""
+
+    def __init__(self, node: OpNode, ctx: OperatorContext):
+        self.node = node
+        self.ctx = ctx
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        return batch
+
+    def on_watermark(self, watermark: float) -> Batch | None:
+        return None
+
+    def on_end(self) -> Batch | None:
+        return None
+
+    def snapshot(self) -> Any:
+        return None
+
+    def restore(self, state: Any) -> None:
+        pass
+
+
+def _per_record(batch: Batch, ctx: OperatorContext, fn: Callable[[Any], Any]
+                ) -> tuple[list[int], list]:
+    """The slow path: apply ``fn`` record by record; failures become dead letters.
+    Returns the positions that succeeded and their results."""
+    positions, results = [], []
+    for i, value in enumerate(batch.values):
+        try:
+            results.append(fn(value))
+        except Exception as exc:  # noqa: BLE001 - any user error is a dead letter
+            ctx.dead_letter(value, exc)
+            continue
+        positions.append(i)
+    return positions, results
+
+
+class MapOp(Operator):
+    def __init__(self, node: OpNode, ctx: OperatorContext):
+        super().__init__(node, ctx)
+        self.fn = node.params["fn"]
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        fn = self.fn
+        try:
+            values = [fn(v) for v in batch.values]
+        except Exception:  # noqa: BLE001
+            positions, values = _per_record(batch, self.ctx, fn)
+            out = batch.take(positions)
+            out.values = values
+            return out
+        return Batch(batch.keys, values, batch.ts, batch.born, batch.ids)
+
+
+class FilterOp(Operator):
+    def __init__(self, node: OpNode, ctx: OperatorContext):
+        super().__init__(node, ctx)
+        self.fn = node.params["fn"]
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        fn = self.fn
+        try:
+            keep = [i for i, v in enumerate(batch.values) if fn(v)]
+        except Exception:  # noqa: BLE001
+            positions, verdicts = _per_record(batch, self.ctx, fn)
+            keep = [i for i, ok in zip(positions, verdicts) if ok]
+        if len(keep) == len(batch):
+            return batch
+        return batch.take(keep)
+
+
+class FlatMapOp(Operator):
+    def __init__(self, node: OpNode, ctx: OperatorContext):
+        super().__init__(node, ctx)
+        self.fn = node.params["fn"]
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        fn = self.fn
+        try:
+            outs = [fn(v) for v in batch.values]
+            positions = range(len(outs))
+        except Exception:  # noqa: BLE001
+            positions, outs = _per_record(batch, self.ctx, fn)
+        values: list = []
+        source_pos: list[int] = []
+        for i, out in zip(positions, outs):
+            try:
+                items = list(out)
+            except Exception as exc:  # noqa: BLE001 - fn returned something not iterable
+                self.ctx.dead_letter(batch.values[i], exc, what="flat_map result")
+                continue
+            values.extend(items)
+            source_pos.extend([i] * len(items))
+        out_batch = batch.take(source_pos)
+        out_batch.values = values
+        return out_batch
+
+
+def _fresh(initial: Any) -> Any:
+    return initial if isinstance(initial, _IMMUTABLE) else copy.deepcopy(initial)
+
+
+class KeyedFoldOp(Operator):
+    """reduce and stateful_map: per-key state, one output per input.
+
+    reduce: ``acc = fn(acc, value)``, emits ``(key, acc)``;
+    stateful_map: ``state, out = fn(state, value)``, emits ``out``.
+    A record whose function raises leaves its key's state unchanged.
+    """
+
+    def __init__(self, node: OpNode, ctx: OperatorContext):
+        super().__init__(node, ctx)
+        self.fn = node.params["fn"]
+        self.initial = node.params["initial"]
+        self.emits_pairs = node.kind == "reduce"
+        self.state: dict = {}
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        keys, values = batch.keys, batch.values
+        state, initial, fn, pairs = self.state, self.initial, self.fn, self.emits_pairs
+        out_values: list = []
+        kept: list[int] = []
+        n = len(values)
+        start = 0
+        while start < n:
+            i = start
+            try:
+                for i in range(start, n):
+                    key = keys[i]
+                    acc = state[key] if key in state else _fresh(initial)
+                    if pairs:
+                        acc = fn(acc, values[i])
+                        out = (key, acc)
+                    else:
+                        acc, out = fn(acc, values[i])
+                    state[key] = acc
+                    out_values.append(out)
+                    kept.append(i)
+                start = n
+            except Exception as exc:  # noqa: BLE001
+                self.ctx.dead_letter(values[i], exc)
+                start = i + 1
+        if len(kept) == n:
+            return Batch(keys, out_values, batch.ts, batch.born, batch.ids)
+        out_batch = batch.take(kept)
+        out_batch.values = out_values
+        return out_batch
+
+    def snapshot(self) -> Any:
+        return list(self.state.items())
+
+    def restore(self, state: Any) -> None:
+        self.state = {k: v for k, v in state}
+
+
+class _Emitter:
+    """Collects output records one by one (for operators whose outputs are sparse)."""
+
+    __slots__ = ("keys", "values", "ts", "born")
+
+    def __init__(self) -> None:
+        self.keys: list = []
+        self.values: list = []
+        self.ts: list = []
+        self.born: list = []
+
+    def emit(self, key: Any, value: Any, ts: float, born: float) -> None:
+        self.keys.append(key)
+        self.values.append(value)
+        self.ts.append(ts)
+        self.born.append(born)
+
+    def batch(self) -> Batch | None:
+        if not self.values:
+            return None
+        return Batch(self.keys, self.values, self.ts, self.born)
+
+
+class TimeWindowOp(Operator):
+    """Tumbling/Sliding aggregation per key; fires windows as the watermark passes them.
+
+    Output record: ``(key, window_start, window_end, result)`` with event time just
+    below the window end (so a downstream window puts it in the same window) and
+    ``born`` of the latest record that went into the window.
+    """
+
+    def __init__(self, node: OpNode, ctx: OperatorContext):
+        super().__init__(node, ctx)
+        self.windows = TimeWindows(node.params["spec"])
+        self.agg = node.params["agg"]
+        self.open: dict[int, dict] = {}   # window number -> {key: acc}
+        self.latest_born: dict[int, float] = {}
+        self.pending: list[int] = []      # heap of open window numbers
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        assign, add, create = self.windows.assign, self.agg.add, self.agg.create
+        open_, latest, ctx = self.open, self.latest_born, self.ctx
+        for key, value, ts, born in zip(batch.keys, batch.values, batch.ts, batch.born):
+            for k in assign(ts):
+                accs = open_.get(k)
+                if accs is None:
+                    accs = open_[k] = {}
+                    latest[k] = born
+                    heapq.heappush(self.pending, k)
+                elif born > latest[k]:
+                    latest[k] = born
+                try:
+                    accs[key] = add(accs[key] if key in accs else create(), value)
+                except Exception as exc:  # noqa: BLE001
+                    ctx.dead_letter(value, exc)
+        return None
+
+    def on_watermark(self, watermark: float) -> Batch | None:
+        out = _Emitter()
+        windows, pending = self.windows, self.pending
+        while pending and windows.end(pending[0]) <= watermark:
+            k = heapq.heappop(pending)
+            start, end = windows.start(k), windows.end(k)
+            ts = math.nextafter(end, -math.inf)
+            born = self.latest_born.pop(k)
+            for key, acc in self.open.pop(k).items():
+                try:
+                    result = self.agg.result(acc)
+                except Exception as exc:  # noqa: BLE001
+                    self.ctx.dead_letter((key, start, end), exc, what="aggregation result")
+                    continue
+                out.emit(key, (key, start, end, result), ts, born)
+        return out.batch()
+
+    def on_end(self) -> Batch | None:
+        return self.on_watermark(math.inf)
+
+    def snapshot(self) -> Any:
+        return [(k, list(accs.items()), self.latest_born[k]) for k, accs in self.open.items()]
+
+    def restore(self, state: Any) -> None:
+        self.open = {k: dict(accs) for k, accs, _ in state}
+        self.latest_born = {k: born for k, _, born in state}
+        self.pending = sorted(self.open)
+
+
+class CountWindowOp(Operator):
+    """Count(n) aggregation per key: fires every n records of a key with
+    ``(key, first_ts, last_ts, result)``; an incomplete window never fires."""
+
+    def __init__(self, node: OpNode, ctx: OperatorContext):
+        super().__init__(node, ctx)
+        self.n = node.params["spec"].n
+        self.agg = node.params["agg"]
+        self.state: dict = {}  # key -> [count, first_ts, acc]
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        out = _Emitter()
+        state, n, agg = self.state, self.n, self.agg
+        for key, value, ts, born in zip(batch.keys, batch.values, batch.ts, batch.born):
+            entry = state.get(key)
+            try:
+                acc = agg.add(agg.create() if entry is None else entry[2], value)
+            except Exception as exc:  # noqa: BLE001
+                self.ctx.dead_letter(value, exc)
+                continue
+            if entry is None:
+                entry = state[key] = [0, ts, acc]
+            entry[0] += 1
+            entry[2] = acc
+            if entry[0] == n:
+                del state[key]
+                try:
+                    result = agg.result(acc)
+                except Exception as exc:  # noqa: BLE001
+                    self.ctx.dead_letter(value, exc, what="aggregation result")
+                    continue
+                out.emit(key, (key, entry[1], ts, result), ts, born)
+        return out.batch()
+
+    def snapshot(self) -> Any:
+        return [(k, tuple(v)) for k, v in self.state.items()]
+
+    def restore(self, state: Any) -> None:
+        self.state = {k: list(v) for k, v in state}
+
+
+class JoinOp(Operator):
+    """Windowed equi-join, emitted incrementally: each arriving record pairs with the
+    other side's records of the same key already in each of its windows, so a pair is
+    emitted once per window the two share, as soon as its second record arrives."""
+
+    def __init__(self, node: OpNode, ctx: OperatorContext):
+        super().__init__(node, ctx)
+        self.windows = TimeWindows(node.params["spec"])
+        self.open: dict[int, dict] = {}  # window -> {key: ([a values], [b values])}
+        self.pending: list[int] = []
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        out = _Emitter()
+        assign, open_ = self.windows.assign, self.open
+        left = input_index == 0
+        for key, value, ts, born in zip(batch.keys, batch.values, batch.ts, batch.born):
+            for k in assign(ts):
+                sides = open_.get(k)
+                if sides is None:
+                    sides = open_[k] = {}
+                    heapq.heappush(self.pending, k)
+                pair = sides.get(key)
+                if pair is None:
+                    pair = sides[key] = ([], [])
+                mine, theirs = (pair[0], pair[1]) if left else (pair[1], pair[0])
+                for other_value, other_ts in theirs:
+                    joined = (key, value, other_value) if left else (key, other_value, value)
+                    out.emit(key, joined, max(ts, other_ts), born)
+                mine.append((value, ts))
+        return out.batch()
+
+    def on_watermark(self, watermark: float) -> Batch | None:
+        windows, pending = self.windows, self.pending
+        while pending and windows.end(pending[0]) <= watermark:
+            del self.open[heapq.heappop(pending)]
+        return None
+
+    def snapshot(self) -> Any:
+        return [(k, [(key, a, b) for key, (a, b) in sides.items()])
+                for k, sides in self.open.items()]
+
+    def restore(self, state: Any) -> None:
+        self.open = {k: {key: ([tuple(x) for x in a], [tuple(x) for x in b])
+                         for key, a, b in sides} for k, sides in state}
+        self.pending = sorted(self.open)
+
+
+class UnionOp(Operator):
+    """Passes every input through; the output is no longer keyed."""
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        return batch
+
+
+class SourceOp(Operator):
+    """Reads its share of a source, stamps event time and ``born``, tracks the watermark.
+
+    With a ``timestamp`` function the watermark trails the largest event time seen by
+    ``max_out_of_orderness``; a record behind it (older than the watermark *before* it)
+    is late and goes to the dead-letter output with reason ``"late"``. Deciding lateness
+    here, per record in source order, makes it independent of batching and of timing,
+    so a replayed run drops exactly the same records. Without a ``timestamp`` function
+    event time is the ingest wall-clock time and nothing is late.
+    """
+
+    def __init__(self, node: OpNode, ctx: OperatorContext):
+        super().__init__(node, ctx)
+        self.reader = node.params["source"].open(ctx.index, ctx.parallelism)
+        self.timestamp = node.params["timestamp"]
+        self.out_of_orderness = node.params["max_out_of_orderness"]
+        self.max_ts = -math.inf
+
+    @property
+    def watermark(self) -> float:
+        return self.max_ts - self.out_of_orderness
+
+    def poll(self, max_records: int, now_s: float) -> Batch | None:
+        """The next batch (possibly empty), or None once this instance's share is read."""
+        values = self.reader.read(max_records, now_s)
+        if values is None:
+            return None
+        n = len(values)
+        if self.timestamp is None:
+            if n:
+                self.max_ts = max(self.max_ts, now_s)
+            return Batch(None, values, [now_s] * n, [now_s] * n)
+        return self._stamp(values, now_s)
+
+    def _stamp(self, values: list, now_s: float) -> Batch:
+        fn, ctx = self.timestamp, self.ctx
+        max_ts, ooo = self.max_ts, self.out_of_orderness
+        kept, stamps = [], []
+        for value in values:
+            try:
+                ts = float(fn(value))
+            except Exception as exc:  # noqa: BLE001
+                ctx.dead_letter(value, exc, what="timestamp")
+                continue
+            if ts < max_ts - ooo:
+                ctx.dead_letter(value, f"event time {ts} is behind the watermark "
+                                       f"{max_ts - ooo}", reason="late")
+                continue
+            if ts > max_ts:
+                max_ts = ts
+            kept.append(value)
+            stamps.append(ts)
+        self.max_ts = max_ts
+        return Batch(None, kept, stamps, [now_s] * len(kept))
+
+    def snapshot(self) -> Any:
+        return (self.reader.offset, self.max_ts)
+
+    def restore(self, state: Any) -> None:
+        offset, self.max_ts = state
+        self.reader.seek(offset)
+
+
+class SinkOp(Operator):
+    """Stages records in the sink writer; samples latency; counts records per second.
+    Staged records are exposed by `commit`, which the protocol calls."""
+
+    def __init__(self, node: OpNode, ctx: OperatorContext):
+        super().__init__(node, ctx)
+        self.writer = node.params["sink"].open(ctx.index, ctx.parallelism)
+        self.latency = LatencyHistogram()
+        self.timeline: dict[int, int] = {}
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        if not batch.values:
+            return None
+        now_s = time.time()
+        self.writer.write(batch.values)
+        self.latency.add_batch(batch.born, now_s)
+        second = int(now_s)
+        self.timeline[second] = self.timeline.get(second, 0) + len(batch.values)
+        return None
+
+
+def make_operator(node: OpNode, ctx: OperatorContext) -> Operator:
+    """The behaviour of a non-source, non-sink logical operator."""
+    kind = node.kind
+    if kind == "map":
+        return MapOp(node, ctx)
+    if kind == "filter":
+        return FilterOp(node, ctx)
+    if kind == "flat_map":
+        return FlatMapOp(node, ctx)
+    if kind in ("reduce", "stateful_map"):
+        return KeyedFoldOp(node, ctx)
+    if kind == "window":
+        if isinstance(node.params["spec"], window_specs.Count):
+            return CountWindowOp(node, ctx)
+        return TimeWindowOp(node, ctx)
+    if kind == "join":
+        return JoinOp(node, ctx)
+    if kind == "union":
+        return UnionOp(node, ctx)
+    if kind == "source":
+        return SourceOp(node, ctx)
+    if kind == "sink":
+        return SinkOp(node, ctx)
+    raise ValueError(f"operator {node.name!r}: no behaviour for kind {kind!r}")

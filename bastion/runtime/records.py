@@ -1,0 +1,212 @@
+"""Records, control records, and the wire format that carries them between instances.
+
+A *record* is one value flowing through the dataflow with its metadata: ``key`` (set by
+a keyed edge), ``value`` (any msgpack-able object), ``ts`` (event time, seconds) and
+``born`` (wall-clock time the source emitted it, for end-to-end latency). When a
+protocol tracks individual tuples (acks, redundancy) a record also has an ``id``: a
+composite of root id, source index, sender operator, sender index and emit count, so
+replicas of one tuple can be told apart from different tuples after fan-out and joins.
+
+Records travel in a `Batch`: one list per field (columnar), because Python pays per
+object and per call — one list comprehension over a batch is many times cheaper than a
+call per record. Operators never mutate a batch they received; they build new lists,
+sharing the unchanged ones.
+
+*Control records* (watermarks, end-of-stream, and the protocols' barriers and markers)
+travel in-band, in order with the data on the same channel, so "everything before the
+barrier" has a precise meaning. A *frame* is a list of elements — batches and control
+records — and is what one channel message carries, msgpack-encoded. Arrays decode as
+tuples, so a list value arrives as a tuple after crossing a process boundary.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import msgpack
+
+from bastion.codecs import Codec
+
+DATA = 0
+CONTROL = 1
+
+
+class Batch:
+    """A columnar batch of records. ``keys`` and ``ids`` are None when unused."""
+
+    __slots__ = ("keys", "values", "ts", "born", "ids")
+
+    def __init__(self, keys: list | None, values: list, ts: list, born: list,
+                 ids: list | None = None):
+        self.keys = keys
+        self.values = values
+        self.ts = ts
+        self.born = born
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def take(self, positions: list[int]) -> "Batch":
+        """The records at ``positions``, in that order."""
+        keys, ids = self.keys, self.ids
+        values, ts, born = self.values, self.ts, self.born
+        return Batch(
+            None if keys is None else [keys[i] for i in positions],
+            [values[i] for i in positions],
+            [ts[i] for i in positions],
+            [born[i] for i in positions],
+            None if ids is None else [ids[i] for i in positions],
+        )
+
+    def records(self) -> list["Record"]:
+        keys = self.keys or [None] * len(self.values)
+        return [Record(k, v, t, b) for k, v, t, b in zip(keys, self.values, self.ts, self.born)]
+
+    def __repr__(self) -> str:
+        return f"Batch({len(self)} records)"
+
+
+@dataclass
+class Record:
+    """One record, for the places that handle records one at a time (dead letters)."""
+
+    key: Any
+    value: Any
+    ts: float
+    born: float
+
+
+class ControlRecord:
+    """Base of in-band control records. Subclasses set a unique ``code`` and register."""
+
+    code: ClassVar[int]
+
+    def payload(self) -> Any:
+        return None
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> "ControlRecord":
+        return cls()
+
+
+_CONTROL_TYPES: dict[int, type[ControlRecord]] = {}
+
+
+def control_record(cls: type[ControlRecord]) -> type[ControlRecord]:
+    """Class decorator: make a control record type decodable from the wire."""
+    if cls.code in _CONTROL_TYPES and _CONTROL_TYPES[cls.code] is not cls:
+        raise ValueError(f"control code {cls.code} already used by {_CONTROL_TYPES[cls.code]}")
+    _CONTROL_TYPES[cls.code] = cls
+    return cls
+
+
+@control_record
+@dataclass(frozen=True)
+class Watermark(ControlRecord):
+    """No record with event time below ``time`` will follow on this channel."""
+
+    time: float
+    code: ClassVar[int] = 1
+
+    def payload(self) -> Any:
+        return self.time
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> "Watermark":
+        return cls(payload)
+
+
+@control_record
+@dataclass(frozen=True)
+class EndOfStream(ControlRecord):
+    """The sender has sent its last record on this channel."""
+
+    code: ClassVar[int] = 2
+
+
+# -- wire format -------------------------------------------------------------------------
+
+
+class FrameCodec:
+    """Encodes frames to bytes and back; one per instance (it holds a msgpack Packer)."""
+
+    def __init__(self, codecs: tuple[Codec, ...] = ()):
+        self._by_type = {c.cls: c for c in codecs}
+        self._by_code = {c.code: c for c in codecs}
+        self._packer = msgpack.Packer(use_bin_type=True, default=self._default)
+
+    def _default(self, value: Any) -> Any:
+        codec = self._by_type.get(type(value))
+        if codec is None:
+            if isinstance(value, (set, frozenset)):
+                return list(value)
+            raise TypeError(
+                f"cannot serialise a value of type {type(value).__name__}: values must be "
+                "None, bool, int, float, str, bytes, tuples/lists or dicts of them; register "
+                "a codec with topology.register_codec(...) for other types"
+            )
+        return msgpack.ExtType(codec.code, codec.encode(value))
+
+    def _ext_hook(self, code: int, data: bytes) -> Any:
+        codec = self._by_code.get(code)
+        if codec is None:
+            return msgpack.ExtType(code, data)
+        return codec.decode(data)
+
+    def encode(self, elements: list) -> bytes:
+        wire = []
+        for e in elements:
+            if isinstance(e, Batch):
+                wire.append((DATA, e.keys, e.values, e.ts, e.born, e.ids))
+            else:
+                wire.append((CONTROL, e.code, e.payload()))
+        return self._packer.pack(wire)
+
+    def decode(self, data: bytes) -> list:
+        wire = msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=False,
+                               ext_hook=self._ext_hook)
+        out: list = []
+        for e in wire:
+            if e[0] == DATA:
+                out.append(Batch(e[1], e[2], e[3], e[4], e[5]))
+            else:
+                out.append(_CONTROL_TYPES[e[1]].from_payload(e[2]))
+        return out
+
+    def pack_value(self, value: Any) -> bytes:
+        return self._packer.pack(value)
+
+    def unpack_value(self, data: bytes) -> Any:
+        return msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=False,
+                               ext_hook=self._ext_hook)
+
+
+# -- stable hashing ------------------------------------------------------------------------
+
+
+def stable_hash(key: Any) -> int:
+    """A hash of ``key`` that is the same in every process and after every restart
+    (Python's ``hash()`` of str/bytes is salted per process, so it cannot route keys).
+    Keys equal in Python hash equal: ``1``, ``1.0`` and ``True`` are one key."""
+    if isinstance(key, str):
+        return zlib.crc32(key.encode("utf-8", "surrogatepass"))
+    if isinstance(key, bytes):
+        return zlib.crc32(key)
+    if isinstance(key, float) and key.is_integer():
+        key = int(key)
+    if isinstance(key, bool):
+        key = int(key)
+    if isinstance(key, int) and -(2**63) <= key < 2**64:
+        return zlib.crc32(key.to_bytes(9, "little", signed=True))
+    if isinstance(key, list):
+        key = tuple(key)
+    return zlib.crc32(msgpack.packb(key, use_bin_type=True, default=_hash_default))
+
+
+def _hash_default(value: Any) -> Any:
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    return repr(value)

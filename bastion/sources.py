@@ -1,0 +1,124 @@
+"""Sources: where records enter a topology, replayable from an offset.
+
+Every source instance reads its own share of the input and knows how far it got — its
+*offset*. Exactly-once recovery depends on that: a checkpoint stores each source
+instance's offset, and recovery rewinds the source to it and reads the same records
+again, in the same order. A source that cannot seek back cannot be made exactly-once.
+
+A source is a descriptor (what to read) that opens one `SourceReader` per instance
+(where this instance is). ``read(max_records, now_s)`` returns a list of values — empty
+when nothing is due yet (a rate-limited generator) — or ``None`` when the instance has
+read all of its share.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+
+class SourceReader:
+    """One instance's cursor over its share of a source."""
+
+    offset: int
+
+    def read(self, max_records: int, now_s: float) -> list | None:
+        raise NotImplementedError
+
+    def seek(self, offset: int) -> None:
+        self.offset = offset
+
+
+class Source:
+    """A replayable input; `open` gives instance ``index`` of ``parallelism`` its reader."""
+
+    bounded: bool = True
+
+    def open(self, index: int, parallelism: int) -> SourceReader:
+        raise NotImplementedError
+
+
+class _CollectionReader(SourceReader):
+    def __init__(self, items: list):
+        self.items = items
+        self.offset = 0
+
+    def read(self, max_records: int, now_s: float) -> list | None:
+        if self.offset >= len(self.items):
+            return None
+        chunk = self.items[self.offset : self.offset + max_records]
+        self.offset += len(chunk)
+        return chunk
+
+
+class Collection(Source):
+    """A finite in-memory sequence. Instance ``i`` of ``p`` reads items ``i, i+p, i+2p, …``."""
+
+    def __init__(self, items: Sequence[Any]):
+        self.items = list(items)
+
+    def open(self, index: int, parallelism: int) -> SourceReader:
+        return _CollectionReader(self.items[index::parallelism])
+
+    def __repr__(self) -> str:
+        return f"Collection({len(self.items)} items)"
+
+
+class _GeneratorReader(SourceReader):
+    def __init__(self, fn: Callable[[int], Any], count: int | None, rate: float | None,
+                 index: int, parallelism: int):
+        self.fn = fn
+        self.index = index
+        self.parallelism = parallelism
+        # Instance i generates fn(i), fn(i+p), …: its share of [0, count).
+        self.share = None if count is None else max(0, math.ceil((count - index) / parallelism))
+        self.rate_per_instance = None if rate is None else rate / parallelism
+        self.offset = 0
+        self.started_s: float | None = None
+        self.started_offset = 0
+
+    def seek(self, offset: int) -> None:
+        self.offset = offset
+        self.started_s = None
+
+    def read(self, max_records: int, now_s: float) -> list | None:
+        if self.share is not None and self.offset >= self.share:
+            return None
+        n = max_records
+        if self.share is not None:
+            n = min(n, self.share - self.offset)
+        if self.rate_per_instance is not None:
+            if self.started_s is None:
+                self.started_s, self.started_offset = now_s, self.offset
+            due = int((now_s - self.started_s) * self.rate_per_instance) + 1
+            n = min(n, self.started_offset + due - self.offset)
+            if n <= 0:
+                return []
+        p, fn = self.parallelism, self.fn
+        first = self.index + self.offset * p
+        out = [fn(k) for k in range(first, first + n * p, p)]
+        self.offset += n
+        return out
+
+
+class Generator(Source):
+    """``fn(k)`` for ``k`` in ``range(count)`` (forever when ``count`` is None), at most
+    ``rate`` records per second over all instances (as fast as possible when None).
+    ``fn`` must be deterministic: replay after a failure calls it again."""
+
+    def __init__(self, fn: Callable[[int], Any], count: int | None = None,
+                 rate: float | None = None):
+        if count is not None and count < 0:
+            raise ValueError(f"Generator count must be >= 0 or None, got {count}")
+        if rate is not None and rate <= 0:
+            raise ValueError(f"Generator rate must be > 0 records/s or None, got {rate}")
+        self.fn = fn
+        self.count = count
+        self.rate = rate
+        self.bounded = count is not None
+
+    def open(self, index: int, parallelism: int) -> SourceReader:
+        return _GeneratorReader(self.fn, self.count, self.rate, index, parallelism)
+
+    def __repr__(self) -> str:
+        return f"Generator(count={self.count}, rate={self.rate})"

@@ -1,0 +1,389 @@
+"""The topology DSL: a dataflow described as named operators joined by streams.
+
+A `Topology` is a directed graph. Each node is a named *operator* (a source, a map, a
+keyed reduce, a window, a join, a sink …) with a *parallelism* — how many instances of
+it run side by side. Each edge says how records travel between the instances of two
+operators (its *partitioning*):
+
+- forward: instance ``i`` sends to instance ``i`` (the default between operators of
+  equal parallelism, and what lets the runtime *chain* them into one process);
+- rebalance: round-robin over the downstream instances (the default when parallelism
+  differs);
+- hash: by a stable hash of the record's key, so a key always meets the same instance
+  and that instance's state (every keyed operation);
+- broadcast: every record to every downstream instance.
+
+``stream.key_by(fn)`` does not create an operator; it says that the next operator is
+keyed by ``fn(value)``. Building the graph validates what it can at once (unique
+names, parallelism ≥ 1, window sizes, a join of keyed streams); `Topology.validate`
+checks the rest (every operator reaches a sink, every cycle is a declared feedback
+edge) and runs before anything is deployed. Errors are `TopologyError`s naming the
+operator.
+
+Cycles are allowed only through ``topo.feedback(from_op, to_op)``: a declared back edge,
+which only protocols that can checkpoint cyclic graphs accept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from bastion import aggregations as _aggregations
+from bastion import windows as _windows
+from bastion.errors import TopologyError
+from bastion.codecs import Codec
+from bastion.sinks import Sink
+from bastion.sources import Source
+
+FORWARD = "forward"
+REBALANCE = "rebalance"
+HASH = "hash"
+BROADCAST = "broadcast"
+AUTO = "auto"  # forward when parallelism matches, rebalance otherwise
+
+OPERATOR_KINDS = (
+    "source", "map", "filter", "flat_map", "reduce", "stateful_map", "window", "join",
+    "union", "sink",
+)
+
+
+@dataclass
+class Input:
+    """One incoming edge of an operator."""
+
+    upstream: str
+    partition: str = AUTO
+    key_fn: Callable[[Any], Any] | None = None
+    feedback: bool = False
+
+
+@dataclass
+class OpNode:
+    """A logical operator: what it does (``kind`` and ``params``) and where it reads."""
+
+    name: str
+    kind: str
+    parallelism: int
+    inputs: list[Input] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Query:
+    """A named set of sinks with a priority (used by progressive recovery)."""
+
+    name: str
+    outputs: tuple[str, ...]
+    priority: float
+
+
+def _check_callable(op: str, what: str, fn: Any) -> None:
+    if not callable(fn):
+        raise TopologyError(f"operator {op!r}: {what} must be callable, got {fn!r}")
+
+
+class Topology:
+    """A named dataflow graph. Build it with `source` and the `Stream` methods."""
+
+    def __init__(self, name: str):
+        if not isinstance(name, str) or not name:
+            raise TopologyError(f"a topology needs a non-empty name, got {name!r}")
+        self.name = name
+        self.nodes: dict[str, OpNode] = {}
+        self.queries: dict[str, Query] = {}
+        self.codecs: list[Codec] = []
+
+    def register_codec(self, cls: type, code: int, encode: Callable[[Any], bytes],
+                       decode: Callable[[bytes], Any]) -> None:
+        """Let values of type ``cls`` travel between instances as msgpack ext type
+        ``code`` (0–127), encoded by ``encode`` and rebuilt by ``decode``."""
+        if not 0 <= code <= 127:
+            raise TopologyError(f"codec for {cls.__name__}: ext code must be 0..127, got {code}")
+        for codec in self.codecs:
+            if codec.code == code or codec.cls is cls:
+                raise TopologyError(f"codec for {cls.__name__}: code {code} or type already "
+                                    f"registered (for {codec.cls.__name__})")
+        self.codecs.append(Codec(cls, code, encode, decode))
+
+    # -- building -------------------------------------------------------------------
+
+    def _add(self, name: str, kind: str, parallelism: int | None, inputs: list[Input],
+             **params: Any) -> OpNode:
+        if not isinstance(name, str) or not name:
+            raise TopologyError(f"every {kind} operator needs a non-empty name, got {name!r}")
+        if name in self.nodes:
+            raise TopologyError(
+                f"operator name {name!r} is used twice (a {self.nodes[name].kind} and a "
+                f"{kind}); names must be unique in topology {self.name!r}"
+            )
+        if parallelism is None:
+            parallelism = max((self.nodes[i.upstream].parallelism for i in inputs), default=1)
+        if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1:
+            raise TopologyError(
+                f"operator {name!r}: parallelism must be an int >= 1, got {parallelism!r}"
+            )
+        node = OpNode(name, kind, parallelism, inputs, dict(params))
+        self.nodes[name] = node
+        return node
+
+    def source(self, name: str, source: Source, *, parallelism: int = 1,
+               timestamp: Callable[[Any], float] | None = None,
+               max_out_of_orderness: float = 0.0) -> "Stream":
+        """Add a source. ``timestamp(value)`` gives event time in seconds (ingest wall-clock
+        time without it); watermarks trail the largest timestamp by
+        ``max_out_of_orderness`` seconds, and a record behind its source's watermark is
+        late: it goes to the dead-letter output with reason ``"late"``."""
+        if not isinstance(source, Source):
+            raise TopologyError(
+                f"source {name!r}: expected a bastion source (e.g. bn.sources.Collection), "
+                f"got {type(source).__name__}"
+            )
+        if timestamp is not None:
+            _check_callable(name, "timestamp", timestamp)
+        if max_out_of_orderness < 0:
+            raise TopologyError(
+                f"source {name!r}: max_out_of_orderness must be >= 0 seconds, "
+                f"got {max_out_of_orderness}"
+            )
+        self._add(name, "source", parallelism, [], source=source, timestamp=timestamp,
+                  max_out_of_orderness=float(max_out_of_orderness))
+        return Stream(self, name)
+
+    def query(self, name: str, outputs: Iterable[str], priority: float = 1) -> None:
+        """Name a set of sinks as a query; recovery can restore queries by priority."""
+        outputs = tuple(outputs)
+        if name in self.queries:
+            raise TopologyError(f"query name {name!r} is used twice")
+        if not outputs:
+            raise TopologyError(f"query {name!r} names no outputs")
+        self.queries[name] = Query(name, outputs, priority)
+
+    def feedback(self, from_op: "str | Stream", to_op: str, *,
+                 key: Callable[[Any], Any] | None = None) -> None:
+        """Declare a back edge ``from_op → to_op`` that closes a cycle (e.g. an iteration).
+        With ``key`` the edge is hash-partitioned by ``key(value)``."""
+        self._edge(from_op, to_op, key, feedback=True)
+
+    def connect(self, from_op: "str | Stream", to_op: str, *,
+                key: Callable[[Any], Any] | None = None) -> None:
+        """Add a plain edge between two existing operators (for graphs built from
+        configuration). An edge that closes a cycle must be a `feedback` edge instead."""
+        self._edge(from_op, to_op, key, feedback=False)
+
+    def _edge(self, from_op: "str | Stream", to_op: str, key: Callable | None,
+              feedback: bool) -> None:
+        src = from_op.name if isinstance(from_op, Stream) else from_op
+        what = "feedback edge" if feedback else "edge"
+        for end in (src, to_op):
+            if end not in self.nodes:
+                raise TopologyError(f"{what} {src!r} -> {to_op!r}: no operator named {end!r}")
+        dst = self.nodes[to_op]
+        if dst.kind == "source":
+            raise TopologyError(f"{what} {src!r} -> {to_op!r}: operator {to_op!r} is a source "
+                                "and cannot have inputs")
+        if self.nodes[src].kind == "sink":
+            raise TopologyError(f"{what} {src!r} -> {to_op!r}: operator {src!r} is a sink "
+                                "and has no output")
+        if key is not None:
+            _check_callable(to_op, "key", key)
+        dst.inputs.append(Input(src, HASH if key else AUTO, key, feedback=feedback))
+
+    # -- validation -----------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Check the whole graph; raise `TopologyError` naming the first bad operator."""
+        if not any(n.kind == "source" for n in self.nodes.values()):
+            raise TopologyError(f"topology {self.name!r} has no source")
+        sinks = [n.name for n in self.nodes.values() if n.kind == "sink"]
+        if not sinks:
+            raise TopologyError(f"topology {self.name!r} has no sink: add stream.sink(...)")
+        for node in self.nodes.values():
+            if node.kind != "source" and not node.inputs:
+                raise TopologyError(f"operator {node.name!r} has no input")
+        self._check_cycles()
+        reaches_sink = set(sinks)
+        changed = True
+        while changed:
+            changed = False
+            for node in self.nodes.values():
+                for inp in node.inputs:
+                    if node.name in reaches_sink and inp.upstream not in reaches_sink:
+                        reaches_sink.add(inp.upstream)
+                        changed = True
+        for node in self.nodes.values():
+            if node.name not in reaches_sink:
+                raise TopologyError(
+                    f"operator {node.name!r} has no path to a sink: its output is never "
+                    "consumed; add a .sink(...) downstream of it or remove it"
+                )
+        for query in self.queries.values():
+            for out in query.outputs:
+                if out not in self.nodes or self.nodes[out].kind != "sink":
+                    raise TopologyError(f"query {query.name!r} names {out!r}, which is not a sink")
+
+    def _check_cycles(self) -> None:
+        downstream: dict[str, list[str]] = {name: [] for name in self.nodes}
+        for node in self.nodes.values():
+            for inp in node.inputs:
+                if not inp.feedback:
+                    downstream[inp.upstream].append(node.name)
+        state: dict[str, int] = {}  # 1 = on the DFS stack, 2 = done
+
+        def visit(name: str, path: list[str]) -> None:
+            state[name] = 1
+            for nxt in downstream[name]:
+                if state.get(nxt) == 1:
+                    cycle = path[path.index(nxt):] + [name, nxt] if nxt in path else [name, nxt]
+                    raise TopologyError(
+                        f"operator {nxt!r} is on a cycle ({' -> '.join(cycle)}) that is not "
+                        "declared as feedback; close cycles with topo.feedback(from, to)"
+                    )
+                if nxt not in state:
+                    visit(nxt, path + [name])
+            state[name] = 2
+
+        for name in self.nodes:
+            if name not in state:
+                visit(name, [])
+
+    # -- introspection --------------------------------------------------------------
+
+    def downstream_of(self, name: str) -> list[str]:
+        return [n.name for n in self.nodes.values() if any(i.upstream == name for i in n.inputs)]
+
+    def has_feedback(self) -> bool:
+        return any(i.feedback for n in self.nodes.values() for i in n.inputs)
+
+    def __repr__(self) -> str:
+        return f"Topology({self.name!r}, operators={list(self.nodes)})"
+
+
+class Stream:
+    """The output of an operator; its methods add operators downstream of it."""
+
+    def __init__(self, topology: Topology, name: str, partition: str = AUTO):
+        self.topology = topology
+        self.name = name
+        self._partition = partition
+
+    def _input(self) -> Input:
+        return Input(self.name, self._partition)
+
+    def _unary(self, kind: str, name: str, fn: Callable, parallelism: int | None,
+               **params: Any) -> "Stream":
+        _check_callable(name, "fn", fn)
+        self.topology._add(name, kind, parallelism, [self._input()], fn=fn, **params)
+        return Stream(self.topology, name)
+
+    def map(self, name: str, fn: Callable[[Any], Any], *, parallelism: int | None = None
+            ) -> "Stream":
+        """``fn(value)`` for every record."""
+        return self._unary("map", name, fn, parallelism)
+
+    def filter(self, name: str, fn: Callable[[Any], bool], *,
+               parallelism: int | None = None) -> "Stream":
+        """Keep the records for which ``fn(value)`` is true."""
+        return self._unary("filter", name, fn, parallelism)
+
+    def flat_map(self, name: str, fn: Callable[[Any], Iterable[Any]], *,
+                 parallelism: int | None = None) -> "Stream":
+        """Every element of ``fn(value)``, each a record with the input's timestamp."""
+        return self._unary("flat_map", name, fn, parallelism)
+
+    def key_by(self, fn: Callable[[Any], Any]) -> "KeyedStream":
+        """Partition by ``fn(value)``: the next operator is keyed. Keys must be values
+        msgpack can carry; they are routed by a stable hash."""
+        _check_callable(f"key_by after {self.name}", "key", fn)
+        return KeyedStream(self.topology, self.name, fn)
+
+    def rebalance(self) -> "Stream":
+        """Send the next edge round-robin over the downstream instances."""
+        return Stream(self.topology, self.name, REBALANCE)
+
+    def broadcast(self) -> "Stream":
+        """Send every record on the next edge to every downstream instance."""
+        return Stream(self.topology, self.name, BROADCAST)
+
+    def union(self, *others: "Stream", name: str, parallelism: int | None = None) -> "Stream":
+        """All records of this stream and of ``others``, interleaved."""
+        for other in others:
+            if not isinstance(other, Stream) or other.topology is not self.topology:
+                raise TopologyError(f"union {name!r}: every input must be a stream of the "
+                                    "same topology")
+        inputs = [self._input()] + [o._input() for o in others]
+        self.topology._add(name, "union", parallelism, inputs)
+        return Stream(self.topology, name)
+
+    def sink(self, name: str, sink: Sink, *, parallelism: int | None = None) -> None:
+        """Write the stream to ``sink``; outputs are committed exactly once."""
+        if not isinstance(sink, Sink):
+            raise TopologyError(f"sink {name!r}: expected a bastion sink (e.g. "
+                                f"bn.sinks.Collect()), got {type(sink).__name__}")
+        self.topology._add(name, "sink", parallelism, [self._input()], sink=sink)
+
+
+class KeyedStream(Stream):
+    """A stream whose next operator is keyed by ``key_fn(value)``."""
+
+    def __init__(self, topology: Topology, name: str, key_fn: Callable[[Any], Any]):
+        super().__init__(topology, name, HASH)
+        self.key_fn = key_fn
+
+    def _input(self) -> Input:
+        return Input(self.name, HASH, self.key_fn)
+
+    def reduce(self, name: str, fn: Callable[[Any, Any], Any], initial: Any, *,
+               parallelism: int | None = None) -> Stream:
+        """Running fold per key: emits ``(key, acc)`` after every input, where
+        ``acc = fn(acc, value)`` starting from ``initial``."""
+        return self._unary("reduce", name, fn, parallelism, initial=initial)
+
+    def stateful_map(self, name: str, fn: Callable[[Any, Any], tuple[Any, Any]],
+                     initial: Any, *, parallelism: int | None = None) -> Stream:
+        """Per-key state machine: ``fn(state, value) -> (state, out)``; emits ``out``."""
+        return self._unary("stateful_map", name, fn, parallelism, initial=initial)
+
+    def window(self, spec: _windows.WindowSpec) -> "WindowedStream":
+        if not isinstance(spec, (_windows.Tumbling, _windows.Sliding, _windows.Count)):
+            raise TopologyError(f"window after {self.name!r}: expected a bn.windows spec, "
+                                f"got {spec!r}")
+        return WindowedStream(self, spec)
+
+    def join(self, other: "KeyedStream", name: str, *, window: _windows.WindowSpec,
+             parallelism: int | None = None) -> Stream:
+        """Emit ``(key, a_value, b_value)`` for every pair of records with the same key in
+        the same time window (``a`` from this stream, ``b`` from ``other``)."""
+        if not isinstance(other, KeyedStream):
+            raise TopologyError(
+                f"join {name!r}: both inputs must be keyed streams; call .key_by(fn) on "
+                f"{getattr(other, 'name', other)!r} first"
+            )
+        if other.topology is not self.topology:
+            raise TopologyError(f"join {name!r}: both inputs must belong to one topology")
+        if not isinstance(window, (_windows.Tumbling, _windows.Sliding)):
+            raise TopologyError(f"join {name!r}: window must be bn.windows.Tumbling or "
+                                f"Sliding (event-time), got {window!r}")
+        self.topology._add(name, "join", parallelism, [self._input(), other._input()],
+                           spec=window)
+        return Stream(self.topology, name)
+
+
+class WindowedStream:
+    """A keyed stream cut into windows; `aggregate` turns each window into one result."""
+
+    def __init__(self, keyed: KeyedStream, spec: _windows.WindowSpec):
+        self.keyed = keyed
+        self.spec = spec
+
+    def aggregate(self, name: str, agg: Any, *, parallelism: int | None = None) -> Stream:
+        """Emit ``(key, window_start, window_end, agg.result(acc))`` when a window fires
+        (for ``Count`` windows: the first and last record's event time)."""
+        if isinstance(agg, type):
+            agg = agg()
+        if not isinstance(agg, _aggregations.Aggregation):
+            raise TopologyError(f"window aggregate {name!r}: {agg!r} lacks create/add/merge/"
+                                "result; use bn.aggregations or an object with those methods")
+        topo = self.keyed.topology
+        topo._add(name, "window", parallelism, [self.keyed._input()], spec=self.spec, agg=agg)
+        return Stream(topo, name)
