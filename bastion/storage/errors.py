@@ -1,0 +1,74 @@
+"""Errors raised by Bastion's storage layer.
+
+Every error derives from :class:`StorageError`, so a caller that only wants to know
+"did storage fail?" catches one type. The subclasses say *how* it failed, because the
+right reaction differs:
+
+* :class:`InvalidStoreURLError` — the configuration is wrong; retrying cannot help.
+* :class:`KeyNotFoundError` — the object does not exist (also a ``KeyError``).
+* :class:`StoreUnavailableError` — the store could not be reached even after retries
+  with backoff; the caller may keep running and try again later, but must not report
+  anything durable that depended on the failed call.
+* :class:`CorruptRecordError` / :class:`CorruptBlobError` — bytes were stored but are
+  not what was written (CRC mismatch, impossible length). Corrupt bytes are never
+  returned as data.
+* :class:`IncompleteCheckpointError` — a checkpoint cannot be committed or loaded
+  because a blob it needs is missing or has the wrong size.
+
+Messages never contain credentials: stores render themselves by their public URL.
+"""
+
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """Base class of every storage failure."""
+
+
+class InvalidStoreURLError(StorageError, ValueError):
+    """A storage URL is malformed, names an unknown scheme, or has a bad parameter."""
+
+
+class KeyNotFoundError(StorageError, KeyError):
+    """The object does not exist in the store."""
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+    # KeyError.__str__ would wrap the message in quotes; keep it readable.
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class StoreUnavailableError(StorageError):
+    """The store did not answer (connection errors, 5xx) after every retry."""
+
+    def __init__(self, message: str, *, url: str, operation: str, key: str | None,
+                 attempts: int) -> None:
+        super().__init__(message)
+        self.url = url
+        self.operation = operation
+        self.key = key
+        self.attempts = attempts
+
+
+class CorruptRecordError(StorageError):
+    """A log record failed its integrity check (bad CRC or impossible length)."""
+
+    def __init__(self, message: str, *, key: str, offset: int) -> None:
+        super().__init__(message)
+        self.key = key
+        self.offset = offset
+
+
+class CorruptBlobError(StorageError):
+    """A checkpoint blob's bytes do not match the size or CRC32 in its manifest."""
+
+    def __init__(self, message: str, *, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class IncompleteCheckpointError(StorageError):
+    """A checkpoint names a blob that is missing or has the wrong size."""
