@@ -9,12 +9,15 @@ starts a local Ray if none is running — bound to 127.0.0.1 only — or connect
 from __future__ import annotations
 
 import os
-import time
+import sys
+import sysconfig
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import ray
+from ray import cloudpickle
+from ray._private import ray_constants
 
 from bastion.errors import JobFailedError, TopologyError, UDFError
 from bastion.protocols import get_protocol
@@ -39,6 +42,14 @@ class RunResult:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+# Ray's own processes (its dashboard probes cloud metadata services over plain HTTP at
+# start-up) get a proxy that points at a closed loopback port, so a local Ray sends
+# nothing off the machine; worker processes get the caller's proxy settings back.
+_PROXY_VARS = ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY")
+_DEAD_PROXY = "http://127.0.0.1:9"
+_LOOPBACK = "127.0.0.1,localhost,::1"
+
+
 def ensure_ray(address: str | None = None) -> None:
     """Connect to Ray, starting a loopback-only local instance when none is running."""
     if ray.is_initialized():
@@ -46,17 +57,64 @@ def ensure_ray(address: str | None = None) -> None:
     if address:
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=True)
         return
-    # Without this, a local Ray binds to the machine's network address; with it (and
-    # the explicit node address) every Ray socket stays on 127.0.0.1.
+    saved = {k: os.environ.get(k) for k in _PROXY_VARS}
+    # Without these a local Ray binds to the machine's network address and reports
+    # usage; with them (and the explicit node address) every socket stays on 127.0.0.1.
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(
-        _node_ip_address="127.0.0.1",
-        include_dashboard=False,
-        ignore_reinit_error=True,
-        log_to_driver=True,
-        configure_logging=True,
-        logging_level="WARNING",
-    )
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # This process imported Ray before the variable was set: apply it here too.
+    ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1"
+    os.environ.update(http_proxy=_DEAD_PROXY, HTTP_PROXY=_DEAD_PROXY,
+                      no_proxy=_LOOPBACK, NO_PROXY=_LOOPBACK)
+    try:
+        ray.init(
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            ignore_reinit_error=True,
+            log_to_driver=True,
+            logging_level="WARNING",
+            runtime_env={"env_vars": {k: v or "" for k, v in saved.items()}},
+        )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _installed_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple(os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib", "purelib",
+                                                      "platlib"))
+
+
+def ship_user_modules(topology: Topology) -> None:
+    """Make the modules that define a topology's functions travel with it.
+
+    Ray pickles functions and classes by reference to their module; a worker process
+    can only import modules that are installed or on its path. A topology defined in a
+    script loaded by path (``bastion run my_job.py``) or in a test module would not be
+    found, so such modules are pickled by value instead.
+    """
+    roots = _installed_roots()
+    objects: list[Any] = list(topology.codecs)
+    for node in topology.nodes.values():
+        objects.extend(node.params.values())
+        objects.extend(inp.key_fn for inp in node.inputs if inp.key_fn is not None)
+    seen: set[str] = set()
+    for obj in objects:
+        for part in [obj, *getattr(obj, "__dict__", {}).values()]:
+            name = getattr(part, "__module__", None) or type(part).__module__
+            if not name or name in seen or name == "__main__" or name.split(".")[0] == "bastion":
+                continue
+            seen.add(name)
+            module = sys.modules.get(name)
+            path = getattr(module, "__file__", None)
+            if module is None or path is None:
+                continue
+            if not os.path.realpath(path).startswith(roots):
+                cloudpickle.register_pickle_by_value(module)
 
 
 def run(topology: Topology, *, protocol: str = "none", address: str | None = None,
@@ -98,6 +156,7 @@ def run(topology: Topology, *, protocol: str = "none", address: str | None = Non
         if node.kind == "sink":
             node.params["sink"].prepare(node.parallelism)
     ensure_ray(address)
+    ship_user_modules(topology)
     master = JobMaster.remote(plan, config)
     try:
         pending = master.run.remote()

@@ -27,7 +27,7 @@ import collections
 import time
 from typing import Any, Awaitable, Callable
 
-from bastion.runtime.records import Batch, ControlRecord, FrameCodec
+from bastion.runtime.records import Batch, ControlRecord, FrameCodec, Watermark
 
 
 class OutputChannel:
@@ -38,11 +38,10 @@ class OutputChannel:
         self.frame_records = frame_records
         self.buffer_timeout_s = buffer_timeout_s
         self.seq = 0
-        self.elements: list = []     # sealed batches and control records, in order
-        self.keys: list | None = None
-        self.values: list = []
-        self.ts: list = []
-        self.born: list = []
+        # Batches and control records in order; batches are kept as they came (not
+        # concatenated): cheaper, and their timestamps often compress to one value.
+        self.elements: list = []
+        self.records = 0
         self.first_buffered_s = 0.0  # when the oldest unsent element was buffered
         self.frames_sent = 0
         self.bytes_sent = 0
@@ -51,43 +50,30 @@ class OutputChannel:
     # -- buffering --------------------------------------------------------------------
 
     def has_pending(self) -> bool:
-        return bool(self.values) or bool(self.elements)
-
-    def _mark(self) -> None:
-        if not self.values and not self.elements:
-            self.first_buffered_s = time.monotonic()
+        return bool(self.elements)
 
     def add_batch(self, batch: Batch) -> bool:
-        """Buffer a whole batch; True when the frame is full and should be sent."""
-        self._mark()
-        if batch.keys is not None:
-            if self.keys is None:
-                self.keys = [None] * len(self.values)
-            self.keys.extend(batch.keys)
-        elif self.keys is not None:
-            self.keys.extend([None] * len(batch.values))
-        self.values.extend(batch.values)
-        self.ts.extend(batch.ts)
-        self.born.extend(batch.born)
-        return len(self.values) >= self.frame_records
+        """Buffer a batch; True when the frame is full and should be sent."""
+        if not self.elements:
+            self.first_buffered_s = time.monotonic()
+        self.elements.append(batch)
+        self.records += len(batch)
+        return self.records >= self.frame_records
 
     def add_control(self, control: ControlRecord) -> None:
-        self._mark()
-        self._seal()
+        if not self.elements:
+            self.first_buffered_s = time.monotonic()
+        elif isinstance(control, Watermark) and isinstance(self.elements[-1], Watermark):
+            self.elements[-1] = control  # a newer watermark supersedes an unsent one
+            return
         self.elements.append(control)
 
-    def _seal(self) -> None:
-        if self.values:
-            self.elements.append(Batch(self.keys, self.values, self.ts, self.born))
-            self.keys, self.values, self.ts, self.born = None, [], [], []
-
     def take_frame(self) -> list:
-        self._seal()
-        frame, self.elements = self.elements, []
+        frame, self.elements, self.records = self.elements, [], 0
         return frame
 
     def aged(self, now_s: float) -> bool:
-        return self.has_pending() and now_s - self.first_buffered_s >= self.buffer_timeout_s
+        return bool(self.elements) and now_s - self.first_buffered_s >= self.buffer_timeout_s
 
     # -- transport --------------------------------------------------------------------
 

@@ -90,18 +90,20 @@ class Router:
             self.next_channel = (self.next_channel + 1) % n
             return [channel] if channel.add_batch(batch) else []
         memo = self.memo
-        if len(memo) > _ROUTE_MEMO_KEYS:
-            memo.clear()
-        parts = []
-        append = parts.append
-        for k in batch.keys:
-            p = memo.get(k)
-            if p is None:
-                p = memo[k] = stable_hash(k) % n
-            append(p)
+        keys = batch.keys
+        try:
+            parts = list(map(memo.__getitem__, keys))
+        except KeyError:
+            if len(memo) > _ROUTE_MEMO_KEYS:
+                memo.clear()
+            for k in keys:
+                if k not in memo:
+                    memo[k] = stable_hash(k) % n
+            parts = list(map(memo.__getitem__, keys))
         buckets: list[list[int]] = [[] for _ in range(n)]
+        appends = [b.append for b in buckets]
         for i, p in enumerate(parts):
-            buckets[p].append(i)
+            appends[p](i)
         full = []
         for p, positions in enumerate(buckets):
             if positions and channels[p].add_batch(batch.take(positions)):

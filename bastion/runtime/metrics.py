@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-SAMPLES_PER_BATCH = 64
+SAMPLES_PER_BATCH = 8
 _BUCKET_RATIO = 1.02
 _LOG_RATIO = math.log(_BUCKET_RATIO)
 _MIN_LATENCY_S = 1e-6

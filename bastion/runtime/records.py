@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from operator import itemgetter
+from typing import Any, ClassVar, Sequence
 
 import msgpack
 
@@ -34,7 +35,8 @@ CONTROL = 1
 
 
 class Batch:
-    """A columnar batch of records. ``keys`` and ``ids`` are None when unused."""
+    """A columnar batch of records. ``keys`` and ``ids`` are None when unused. Columns
+    are sequences (lists or tuples); nobody mutates a batch after building it."""
 
     __slots__ = ("keys", "values", "ts", "born", "ids")
 
@@ -51,15 +53,18 @@ class Batch:
 
     def take(self, positions: list[int]) -> "Batch":
         """The records at ``positions``, in that order."""
-        keys, ids = self.keys, self.ids
-        values, ts, born = self.values, self.ts, self.born
-        return Batch(
-            None if keys is None else [keys[i] for i in positions],
-            [values[i] for i in positions],
-            [ts[i] for i in positions],
-            [born[i] for i in positions],
-            None if ids is None else [ids[i] for i in positions],
-        )
+        n = len(positions)
+        if n == 0:
+            return Batch(None if self.keys is None else [], [], [], [],
+                         None if self.ids is None else [])
+        if n == 1:
+            i = positions[0]
+            return Batch(None if self.keys is None else [self.keys[i]], [self.values[i]],
+                         [self.ts[i]], [self.born[i]], None if self.ids is None else [self.ids[i]])
+        get = itemgetter(*positions)  # one C-level gather per column
+        return Batch(None if self.keys is None else get(self.keys), get(self.values),
+                     _take_column(self.ts, get, n), _take_column(self.born, get, n),
+                     None if self.ids is None else get(self.ids))
 
     def records(self) -> list["Record"]:
         keys = self.keys or [None] * len(self.values)
@@ -67,6 +72,25 @@ class Batch:
 
     def __repr__(self) -> str:
         return f"Batch({len(self)} records)"
+
+
+def _take_column(column: Sequence, get: itemgetter, n: int) -> Sequence:
+    # Timestamps are often one value for a whole source batch: repeat it instead.
+    first = column[0]
+    if column[-1] == first and column.count(first) == len(column):
+        return [first] * n
+    return get(column)
+
+
+def _constant(column: Sequence) -> Any:
+    """The column's single value if all its elements are equal, else the column."""
+    if column and column[-1] == column[0] and column.count(column[0]) == len(column):
+        return float(column[0])
+    return column
+
+
+def _expand(column: Any, n: int) -> Sequence:
+    return [column] * n if isinstance(column, float) else column
 
 
 @dataclass
@@ -160,7 +184,8 @@ class FrameCodec:
         wire = []
         for e in elements:
             if isinstance(e, Batch):
-                wire.append((DATA, e.keys, e.values, e.ts, e.born, e.ids))
+                wire.append((DATA, e.keys, e.values, _constant(e.ts), _constant(e.born),
+                             e.ids))
             else:
                 wire.append((CONTROL, e.code, e.payload()))
         return self._packer.pack(wire)
@@ -171,7 +196,8 @@ class FrameCodec:
         out: list = []
         for e in wire:
             if e[0] == DATA:
-                out.append(Batch(e[1], e[2], e[3], e[4], e[5]))
+                n = len(e[2])
+                out.append(Batch(e[1], e[2], _expand(e[3], n), _expand(e[4], n), e[5]))
             else:
                 out.append(_CONTROL_TYPES[e[1]].from_payload(e[2]))
         return out

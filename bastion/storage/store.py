@@ -392,7 +392,7 @@ class MinioStore(ObjectStore):
         self._secure = secure
         self._region = region
         try:
-            check_bucket_name(bucket)
+            check_bucket_name(bucket, strict=True)
         except ValueError as e:
             raise InvalidStoreURLError(
                 f"invalid bucket name {bucket!r} in {self.url}: {e}; bucket names are "
