@@ -118,15 +118,20 @@ class RemoteOutputChannel(OutputChannel):
 
 
 class LocalOutputChannel(OutputChannel):
-    """To a task in the same worker: the frame object itself, through the bounded inbox."""
+    """To a task in the same worker: through the bounded inbox, without a Ray call.
+    The frame is still encoded, so a value behaves the same wherever its consumer
+    runs (it must be serialisable, and a list arrives as a tuple)."""
 
     def __init__(self, channel_id: int, frame_records: int, buffer_timeout_s: float,
-                 deliver: Callable[[int, int, list], Awaitable[None]]):
+                 deliver: Callable[[int, int, Any], Awaitable[None]], codec: FrameCodec):
         super().__init__(channel_id, frame_records, buffer_timeout_s)
         self._deliver = deliver
+        self._codec = codec
 
     async def send(self, frame: list) -> None:
-        await self._deliver(self.channel_id, self.seq, frame)
+        payload = self._codec.encode(frame)
+        self.bytes_sent += len(payload)
+        await self._deliver(self.channel_id, self.seq, payload)
         self.seq += 1
         self.frames_sent += 1
 

@@ -204,7 +204,7 @@ class Task:
             else:
                 channel_id, frame = await inbox.get()
             channel = inputs[channel_id]
-            elements = frame if isinstance(frame, list) else decode(frame)
+            elements = decode(frame)
             for element in elements:                                # process
                 kind = type(element)
                 if kind is Batch:
@@ -338,7 +338,7 @@ class Worker:
                     if dst_worker == self.worker_index:
                         channels.append(LocalOutputChannel(
                             channel_id, config.frame_records, config.buffer_timeout_s,
-                            self.tasks[dst].gate.deliver))
+                            self.tasks[dst].gate.deliver, task.codec))
                     else:
                         channels.append(RemoteOutputChannel(
                             channel_id, config.frame_records, config.buffer_timeout_s,

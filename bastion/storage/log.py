@@ -73,6 +73,7 @@ import asyncio
 import bisect
 import logging
 import struct
+import threading
 import time
 import zlib
 from dataclasses import dataclass
@@ -473,13 +474,38 @@ def _recover_sealed_tail(store: ObjectStore, prefix: str, segments: list[Segment
 # --------------------------------------------------------------------------- writer
 
 
+@dataclass
+class _Sealing:
+    """A full segment on its way to the store (in the background or inline)."""
+
+    key: str
+    data: bytearray
+    blocks: list[tuple[int, int]]
+    first_seq: int
+    last_seq: int
+    min_ts: float
+    max_ts: float
+    part_keys: list[str]
+    segments: list[SegmentInfo]  # the sealed segments before this one
+    thread: threading.Thread | None = None
+    error: BaseException | None = None
+    info: SegmentInfo | None = None  # set once the segment and the index are stored
+
+
 class LogWriter:
     """Appends records to one log; see the module docstring for the design.
 
-    Memory is bounded by the open segment: at most ``max_segment_bytes`` plus one
-    append call's batch. Not thread-safe: one caller at a time (the async twins run
-    the same calls in a worker thread, one after another).
+    A segment that fills up during an append is sealed by a background thread while
+    appends continue into the next one (the store write overlaps the encoding of new
+    records); :meth:`flush` and :meth:`close` wait for it, and at most one segment is
+    in flight. Memory is thus bounded by two segments (``max_segment_bytes`` plus one
+    append call's batch each). Not thread-safe: one caller at a time (the async twins
+    run the same calls in a worker thread, one after another).
     """
+
+    # Records are encoded in slices of this many; a new block can start only between
+    # slices, which keeps the per-record loop free of bookkeeping.
+    _SLICE_RECORDS = 128
 
     def __init__(self, store: ObjectStore, prefix: str, *,
                  max_segment_bytes: int = 8 * _MIB, max_segment_age_s: float = 60.0,
@@ -496,6 +522,7 @@ class LogWriter:
         self._on_durable = on_durable
         self._packer = msgpack.Packer(use_bin_type=True)
         self._closed = False
+        self._sealing: _Sealing | None = None
         self.recovery, self._segments, opened = _recover(store, self._prefix, block_bytes)
         self._buf = opened.data
         self._durable_len = len(opened.data)
@@ -519,7 +546,10 @@ class LogWriter:
 
     @property
     def durable_seq(self) -> int:
-        """Every record with ``seq <= durable_seq`` is stored; -1 if none is."""
+        """Every record with ``seq <= durable_seq`` is stored; -1 if none is.
+
+        Advanced by the writer's own calls; :meth:`flush` brings it up to date.
+        """
         return self._durable_seq
 
     def append(self, ts: float, value: Any) -> int:
@@ -530,9 +560,9 @@ class LogWriter:
         """Append ``(ts, value)`` pairs as consecutive records; returns the last seq.
 
         All-or-nothing: if an event time is not a number or a value cannot be
-        encoded, raises ``TypeError`` and appends none of them. If the call seals
-        the segment and the store fails, the error propagates but the records stay
-        appended (not yet durable); a later flush retries the seal.
+        encoded, raises ``TypeError`` and appends none of them. A store error while
+        sealing (reported here or by the next call) leaves the records appended but
+        not durable; a later flush retries.
         """
         if self._closed:
             raise ValueError(f"log writer for {self._prefix!r} is closed")
@@ -549,21 +579,22 @@ class LogWriter:
         pack = self._packer.pack
         header = _HEADER.pack
         crc32 = zlib.crc32
-        blocks = self._blocks
-        block_bytes = self._block_bytes
-        next_block_at = self._next_block_at
+        step = self._SLICE_RECORDS
         try:
-            for ts, value in items:
-                if len(buf) >= next_block_at:
-                    blocks.append((len(buf), seq))
-                    next_block_at = len(buf) + block_bytes
-                payload = pack((seq, ts, value))
-                buf += header(len(payload), crc32(payload))
-                buf += payload
-                seq += 1
+            for at in range(0, len(items), step):
+                if len(buf) >= self._next_block_at:
+                    self._blocks.append((len(buf), seq))
+                    self._next_block_at = len(buf) + self._block_bytes
+                for ts, value in items[at:at + step]:
+                    payload = pack((seq, ts, value))
+                    buf += header(len(payload), crc32(payload))
+                    buf += payload
+                    seq += 1
         except Exception:
             del buf[start_len:]
-            del blocks[start_blocks:]
+            del self._blocks[start_blocks:]
+            self._next_block_at = (self._blocks[-1][0] + self._block_bytes
+                                   if self._blocks else 0)
             self._packer.reset()
             raise
         if start_len == 0:
@@ -571,10 +602,9 @@ class LogWriter:
             self._opened_at = time.monotonic()
         else:
             self._min_ts, self._max_ts = min(self._min_ts, lo), max(self._max_ts, hi)
-        self._next_block_at = next_block_at
         self._next_seq = seq
         if len(buf) >= self._max_segment_bytes or self._too_old():
-            self._seal()
+            self._seal(background=True)
         return seq - 1
 
     def _too_old(self) -> bool:
@@ -584,39 +614,55 @@ class LogWriter:
     def flush(self) -> int:
         """Make every appended record durable; returns :attr:`durable_seq`.
 
-        Stores the records appended since the last flush as one part (or seals the
-        open segment if it is due: a seal that failed in an append is retried here).
-        On a store error nothing more is marked durable and a later flush retries.
+        Waits for a segment being sealed in the background, then stores the records
+        appended since the last flush as one part (or seals the open segment if it
+        is due). On a store error nothing more is marked durable; flush again later.
         """
+        self._settle()
         if self._too_old() or len(self._buf) >= self._max_segment_bytes:
-            self._seal()
+            self._seal(background=False)
         elif self._durable_len < len(self._buf):
-            first = self._durable_seq + 1
-            key = self._prefix + _seq_name("part", first)
+            key = self._prefix + _seq_name("part", self._durable_seq + 1)
             self._store.put(key, memoryview(self._buf)[self._durable_len:])
             self._part_keys.append(key)
             self._durable_len = len(self._buf)
-            self._advance_durable()
+            self._set_durable(self._next_seq - 1)
         return self._durable_seq
 
-    def _seal(self) -> None:
+    def _seal(self, *, background: bool) -> None:
+        self._settle()  # one segment in flight at a time, stored in order
         if not self._buf:
             return
-        key = self._prefix + _seq_name("seg", self._seg_first_seq)
-        info = _segment_info(key, self._buf, self._blocks, self._seg_first_seq,
-                             self._next_seq - 1, self._min_ts, self._max_ts)
-        self._store.put(key, self._buf)
-        segments = self._segments + [info]
-        _write_index(self._store, self._prefix, segments)
-        self._segments = segments
-        parts, self._part_keys = self._part_keys, []
+        job = _Sealing(self._prefix + _seq_name("seg", self._seg_first_seq), self._buf,
+                       self._blocks, self._seg_first_seq, self._next_seq - 1,
+                       self._min_ts, self._max_ts, self._part_keys, list(self._segments))
         self._buf = bytearray()
         self._durable_len = 0
         self._blocks = []
         self._next_block_at = 0
+        self._part_keys = []
         self._seg_first_seq = self._next_seq
-        self._advance_durable()
-        for part in parts:
+        self._sealing = job
+        if background:
+            job.thread = threading.Thread(target=self._seal_in_background, args=(job,),
+                                          name=f"bastion-log-seal {job.key}")
+            job.thread.start()
+        else:
+            self._settle()
+
+    def _seal_in_background(self, job: _Sealing) -> None:
+        try:
+            self._store_segment(job)
+        except BaseException as e:  # handed to the writer's thread by _settle
+            job.error = e
+
+    def _store_segment(self, job: _Sealing) -> None:
+        info = _segment_info(job.key, job.data, job.blocks, job.first_seq, job.last_seq,
+                             job.min_ts, job.max_ts)
+        self._store.put(job.key, job.data)
+        _write_index(self._store, self._prefix, job.segments + [info])
+        job.info = info
+        for part in job.part_keys:
             try:
                 self._store.delete(part)
             except StorageError as e:
@@ -625,15 +671,35 @@ class LogWriter:
                 _log.warning("log %s: could not delete sealed part %s: %s",
                              self._prefix, part, e)
 
-    def _advance_durable(self) -> None:
-        self._durable_seq = self._next_seq - 1
-        if self._on_durable is not None:
-            self._on_durable(self._durable_seq)
+    def _settle(self) -> None:
+        """Finish the segment in flight: wait for the background seal, or retry one
+        that failed earlier; raise if it fails (it stays pending)."""
+        job = self._sealing
+        if job is None:
+            return
+        if job.thread is not None:
+            job.thread.join()
+            job.thread = None
+            if job.error is not None:
+                error, job.error = job.error, None
+                raise error
+        if job.info is None:
+            self._store_segment(job)
+        assert job.info is not None
+        self._sealing = None
+        self._segments.append(job.info)
+        self._set_durable(job.last_seq)
+
+    def _set_durable(self, seq: int) -> None:
+        if seq > self._durable_seq:
+            self._durable_seq = seq
+            if self._on_durable is not None:
+                self._on_durable(seq)
 
     def close(self) -> None:
         """Seal the open segment (making everything durable) and stop accepting appends."""
         if not self._closed:
-            self._seal()
+            self._seal(background=False)
             self._closed = True
 
     def __enter__(self) -> LogWriter:
