@@ -1,0 +1,144 @@
+"""The ``bastion`` command line.
+
+``bastion run FILE`` loads a Python file that builds a `Topology` (a module-level
+variable; name it ``topology`` when the file has several), runs it with a live
+progress line, and prints a summary: throughput, latency percentiles, per-operator
+record counts, dead letters, and the first committed records of each sink.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from bastion.errors import BastionError
+from bastion.topology import Topology
+
+
+def load_topology(path: str) -> Topology:
+    """The topology defined by the Python file at ``path``."""
+    file = Path(path)
+    if not file.is_file():
+        raise SystemExit(f"bastion: no such file: {path}")
+    name = file.stem.replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"bastion: cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # so its functions can be shipped to the workers
+    spec.loader.exec_module(module)
+    if isinstance(getattr(module, "topology", None), Topology):
+        return module.topology
+    found = [v for v in vars(module).values() if isinstance(v, Topology)]
+    if len(found) != 1:
+        raise SystemExit(f"bastion: {path} defines {len(found)} Topology objects; "
+                         "name the one to run `topology`")
+    return found[0]
+
+
+class ProgressLine:
+    """Rewrites one terminal line with records read and written and the current rate."""
+
+    def __init__(self, stream: Any = sys.stderr):
+        self.stream = stream
+        self.last: tuple[float, int] | None = None
+        self.enabled = stream.isatty()
+
+    def __call__(self, progress: dict[str, Any]) -> None:
+        now, read = time.monotonic(), progress["source_records"]
+        rate = 0.0
+        if self.last is not None and now > self.last[0]:
+            rate = (read - self.last[1]) / (now - self.last[0])
+        self.last = (now, read)
+        line = (f"[{progress['phase']:>7}] {progress['elapsed_s']:6.1f} s  "
+                f"in {read:>12,}  out {progress['sink_records']:>12,}  {rate:>12,.0f} rec/s")
+        if self.enabled:
+            self.stream.write("\r" + line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.last is not None:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> str:
+    cells = [list(map(str, r)) for r in ([header] if header else []) + list(rows)]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
+                       enumerate(zip(row, widths))) for row in cells]
+    if header:
+        lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import bastion as bn
+
+    topology = load_topology(args.file)
+    progress = ProgressLine()
+    try:
+        result = bn.run(topology, protocol=args.protocol, address=args.address,
+                        duration_s=args.duration, buffer_timeout_ms=args.buffer_timeout_ms,
+                        chaining=not args.no_chaining, fail_fast=args.fail_fast,
+                        progress=progress)
+    except BastionError as exc:
+        progress.close()
+        print(f"bastion: {exc}", file=sys.stderr)
+        return 1
+    progress.close()
+    m = result.metrics
+    print(f"\njob {result.job_id}: {result.plan.splitlines()[0]}")
+    print(table(m.summary_rows()))
+    print()
+    print(table([(name, f"{c.records_in:,}", f"{c.records_out:,}")
+                 for name, c in m.operators.items()], header=("operator", "in", "out")))
+    for sink, values in result.outputs.items():
+        print(f"\n{sink}: {len(values):,} committed records"
+              + (", first ones:" if values else ""))
+        for value in values[: args.show]:
+            print(f"  {value!r}")
+    if result.dead_letters:
+        print(f"\ndead letters: {len(result.dead_letters):,}, first ones:")
+        for letter in result.dead_letters[: args.show]:
+            print(f"  {letter.operator}[{letter.index}] {letter.reason}: {letter.value!r} "
+                  f"({letter.error})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bastion",
+                                     description="Fault-tolerant stream processing on Ray.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a topology file and print a summary")
+    run.add_argument("file", help="Python file that builds a bastion Topology")
+    run.add_argument("--duration", type=float, default=None, metavar="S",
+                     help="seconds to run unbounded sources for")
+    run.add_argument("--address", default=None,
+                     help="Ray cluster to use (ray://head:10001 or auto); default: local")
+    run.add_argument("--buffer-timeout-ms", type=float, default=5.0, metavar="N",
+                     help="longest time a record waits in an output buffer (default 5)")
+    run.add_argument("--protocol", default="none", help="fault-tolerance protocol")
+    run.add_argument("--no-chaining", action="store_true",
+                     help="run every operator as its own task")
+    run.add_argument("--fail-fast", action="store_true",
+                     help="stop at the first user-function error")
+    run.add_argument("--show", type=int, default=5, metavar="N",
+                     help="committed records to print per sink (default 5)")
+    run.set_defaults(handler=cmd_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

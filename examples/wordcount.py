@@ -1,0 +1,44 @@
+"""Word count: the "hello world" of stream processing.
+
+Lines are split into words by two instances of ``split``; ``key_by`` routes every
+occurrence of a word to the same ``count`` instance (by a stable hash), which keeps a
+running count per word and emits ``(word, count)`` after every occurrence.
+
+    bastion run examples/wordcount.py
+"""
+
+import bastion as bn
+
+TEXT = """
+It was the best of times, it was the worst of times, it was the age of wisdom,
+it was the age of foolishness, it was the epoch of belief, it was the epoch of
+incredulity, it was the season of Light, it was the season of Darkness, it was the
+spring of hope, it was the winter of despair, we had everything before us, we had
+nothing before us, we were all going direct to Heaven, we were all going direct the
+other way
+"""
+
+sentences = [line.strip() for line in TEXT.strip().splitlines()] * 500
+
+
+def words_of(line: str) -> list[str]:
+    return [w.strip(",.").lower() for w in line.split()]
+
+
+topology = bn.Topology("wordcount")
+lines = topology.source("lines", bn.sources.Collection(sentences), parallelism=1)
+words = lines.flat_map("split", words_of, parallelism=2)
+counts = words.key_by(lambda w: w).reduce("count", lambda acc, w: acc + 1, initial=0,
+                                           parallelism=2)
+counts.sink("out", bn.sinks.Collect())
+topology.query("word-counts", outputs=["out"], priority=1)
+
+if __name__ == "__main__":
+    result = bn.run(topology)
+    final = {}
+    for word, count in result.outputs["out"]:
+        final[word] = max(final.get(word, 0), count)
+    for word, count in sorted(final.items(), key=lambda kv: -kv[1])[:10]:
+        print(f"{word:>12} {count}")
+    print(f"{result.metrics.tuples_per_s:,.0f} lines/s, "
+          f"p99 latency {result.metrics.latency_ms['p99']:.1f} ms")
