@@ -1,0 +1,179 @@
+"""Throughput and latency of the core data plane, against Bytewax in the same run.
+
+Workloads (each over ``--records`` tuples, default 2,000,000):
+
+- W0: source -> map -> map -> counting sink;
+- W1: keyed running count (key = i % 100) -> counting sink, at parallelism 1 and 2.
+
+For each, the median of ``--repeats`` runs (default 3) in tuples/s; Bastion's figure is
+measured from the moment the job starts (after its worker actors are up), Bytewax's
+around ``run_main``. Then p50/p99 end-to-end latency of W0 and W1 (parallelism 1) with
+a rate-limited source at half of the measured maximum rate and the default 5 ms buffer
+timeout. Prints figures and ratios; asserts nothing.
+
+    .venv/bin/python benchmarks/throughput.py [--records N] [--repeats K] [--no-bytewax]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import bastion as bn  # noqa: E402
+
+KEYS = 100
+
+
+def identity(i: int) -> int:
+    return i
+
+
+def w0(n: int, rate: float | None = None) -> bn.Topology:
+    topo = bn.Topology("w0")
+    src = topo.source("src", bn.sources.Generator(identity, count=n, rate=rate))
+    src.map("m1", lambda x: x + 1).map("m2", lambda x: x * 2).sink("out", bn.sinks.Discard())
+    return topo
+
+
+def w1(n: int, parallelism: int, rate: float | None = None) -> bn.Topology:
+    topo = bn.Topology(f"w1-p{parallelism}")
+    src = topo.source("src", bn.sources.Generator(identity, count=n, rate=rate),
+                      parallelism=parallelism)
+    src.key_by(lambda x: x % KEYS).reduce("count", lambda acc, _: acc + 1, initial=0,
+                                          parallelism=parallelism).sink(
+        "out", bn.sinks.Discard())
+    return topo
+
+
+def bastion_rate(topo: bn.Topology) -> float:
+    return bn.run(topo).metrics.tuples_per_s
+
+
+# -- Bytewax -------------------------------------------------------------------------------
+
+
+def bytewax_flows(n: int):
+    from bytewax import operators as op
+    from bytewax.dataflow import Dataflow
+    from bytewax.inputs import DynamicSource, StatelessSourcePartition
+    from bytewax.outputs import DynamicSink, StatelessSinkPartition
+
+    class RangePartition(StatelessSourcePartition):
+        def __init__(self, count: int, batch: int = 1024):
+            self.next, self.count, self.batch = 0, count, batch
+
+        def next_batch(self):
+            if self.next >= self.count:
+                raise StopIteration()
+            stop = min(self.next + self.batch, self.count)
+            items = list(range(self.next, stop))
+            self.next = stop
+            return items
+
+    class RangeSource(DynamicSource):
+        def __init__(self, count: int):
+            self.count = count
+
+        def build(self, step_id, worker_index, worker_count):
+            return RangePartition(self.count)
+
+    class CountingPartition(StatelessSinkPartition):
+        def __init__(self):
+            self.seen = 0
+
+        def write_batch(self, items):
+            self.seen += len(items)
+
+    class CountingSink(DynamicSink):
+        def build(self, step_id, worker_index, worker_count):
+            return CountingPartition()
+
+    def flow_w0():
+        flow = Dataflow("w0")
+        s = op.input("src", flow, RangeSource(n))
+        s = op.map("m1", s, lambda x: x + 1)
+        s = op.map("m2", s, lambda x: x * 2)
+        op.output("out", s, CountingSink())
+        return flow
+
+    def flow_w1():
+        flow = Dataflow("w1")
+        s = op.input("src", flow, RangeSource(n))
+        keyed = op.key_on("key", s, lambda x: str(x % KEYS))
+
+        def count(state, _):
+            state = (state or 0) + 1
+            return state, state
+
+        op.output("out", op.stateful_map("count", keyed, count), CountingSink())
+        return flow
+
+    return flow_w0, flow_w1
+
+
+def bytewax_rate(make_flow, n: int) -> float:
+    from bytewax.testing import run_main
+
+    flow = make_flow()
+    t0 = time.perf_counter()
+    run_main(flow)
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=2_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--latency-s", type=float, default=5.0,
+                        help="seconds of each half-rate latency run")
+    parser.add_argument("--no-bytewax", action="store_true")
+    args = parser.parse_args()
+    n, k = args.records, args.repeats
+
+    flows = None
+    if not args.no_bytewax:
+        try:
+            flows = bytewax_flows(n)
+        except ImportError:
+            print("bytewax is not installed (pip install bytewax); skipping the peer")
+
+    def median_of(fn) -> float:
+        return statistics.median(fn() for _ in range(k))
+
+    bn.launcher.ensure_ray()
+    rows = []
+    results: dict[str, float] = {}
+    for name, make, peer in [("W0", lambda: w0(n), 0), ("W1 p=1", lambda: w1(n, 1), 1),
+                             ("W1 p=2", lambda: w1(n, 2), None)]:
+        ours = median_of(lambda: bastion_rate(make()))
+        results[name] = ours
+        theirs = None
+        if flows is not None and peer is not None:
+            theirs = median_of(lambda: bytewax_rate(flows[peer], n))
+        rows.append((name, ours, theirs))
+
+    print(f"\nThroughput, {n:,} tuples, median of {k} (tuples/s)")
+    print(f"{'workload':<10} {'Bastion':>12} {'Bytewax':>12} {'ratio':>7}")
+    for name, ours, theirs in rows:
+        peer = f"{theirs:>12,.0f}" if theirs else f"{'-':>12}"
+        ratio = f"{ours / theirs:>6.2f}x" if theirs else f"{'-':>7}"
+        print(f"{name:<10} {ours:>12,.0f} {peer} {ratio}")
+    print(f"W1 scaling p=2 / p=1: {results['W1 p=2'] / results['W1 p=1']:.2f}x")
+
+    print(f"\nLatency at half the maximum rate ({args.latency_s:.0f} s each, "
+          "buffer timeout 5 ms)")
+    print(f"{'workload':<10} {'rate/s':>12} {'p50 ms':>8} {'p99 ms':>8}")
+    for name, make in [("W0", lambda r, c: w0(c, r)), ("W1 p=1", lambda r, c: w1(c, 1, r))]:
+        rate = results[name] / 2
+        count = int(rate * args.latency_s)
+        m = bn.run(make(rate, count)).metrics
+        print(f"{name:<10} {rate:>12,.0f} {m.latency_ms['p50']:>8.2f} {m.latency_ms['p99']:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
