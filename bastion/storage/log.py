@@ -59,10 +59,10 @@ Torn tails versus corruption
 
 Reading
     :class:`LogReader` reads forward from a seq or an event time (skipping sealed
-    segments whose max event time is too old), or backward — newest record first,
-    in chunks of ``chunk_bytes`` — which is how continuous eventual checkpoints
-    find the newest window footprints. A reader may follow a live log: each call reads
-    what is durable at that moment; call again with the next seq for more.
+    segments whose max event time is too old), or backward — newest record first, in
+    chunks of ``backward_chunk_bytes`` — which is how continuous eventual checkpoints
+    find the newest window footprints. A reader may follow a live log: each call
+    reads what is durable at that moment; call again with the next seq for more.
 
 One writer per log: the runtime fences a replaced instance before starting a new one.
 """
@@ -77,6 +77,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
+from itertools import chain
 from operator import itemgetter
 from typing import Any, AsyncIterator, Callable, Iterable, Iterator
 
@@ -503,10 +504,6 @@ class LogWriter:
     run the same calls in a worker thread, one after another).
     """
 
-    # Records are encoded in slices of this many; a new block can start only between
-    # slices, which keeps the per-record loop free of bookkeeping.
-    _SLICE_RECORDS = 128
-
     def __init__(self, store: ObjectStore, prefix: str, *,
                  max_segment_bytes: int = 8 * _MIB, max_segment_age_s: float = 60.0,
                  block_bytes: int = 64 * _KIB,
@@ -523,6 +520,11 @@ class LogWriter:
         self._packer = msgpack.Packer(use_bin_type=True)
         self._closed = False
         self._sealing: _Sealing | None = None
+        # Records are encoded in slices; a block can start only between slices, which
+        # keeps the per-record work free of bookkeeping. Slices are sized to about a
+        # quarter block (from the last slice's record size), so blocks overshoot
+        # block_bytes by at most ~25%.
+        self._slice_records = 64
         self.recovery, self._segments, opened = _recover(store, self._prefix, block_bytes)
         self._buf = opened.data
         self._durable_len = len(opened.data)
@@ -560,9 +562,9 @@ class LogWriter:
         """Append ``(ts, value)`` pairs as consecutive records; returns the last seq.
 
         All-or-nothing: if an event time is not a number or a value cannot be
-        encoded, raises ``TypeError`` and appends none of them. A store error while
-        sealing (reported here or by the next call) leaves the records appended but
-        not durable; a later flush retries.
+        encoded, raises (``TypeError``/``ValueError``) and appends none of them. A
+        store error while sealing (reported here or by the next call) leaves the
+        records appended but not durable; a later flush retries.
         """
         if self._closed:
             raise ValueError(f"log writer for {self._prefix!r} is closed")
@@ -579,17 +581,23 @@ class LogWriter:
         pack = self._packer.pack
         header = _HEADER.pack
         crc32 = zlib.crc32
-        step = self._SLICE_RECORDS
         try:
-            for at in range(0, len(items), step):
+            at = 0
+            while at < len(items):
                 if len(buf) >= self._next_block_at:
                     self._blocks.append((len(buf), seq))
                     self._next_block_at = len(buf) + self._block_bytes
-                for ts, value in items[at:at + step]:
-                    payload = pack((seq, ts, value))
-                    buf += header(len(payload), crc32(payload))
-                    buf += payload
-                    seq += 1
+                chunk = items[at:at + self._slice_records]
+                at += len(chunk)
+                before = len(buf)
+                payloads = [pack((s, ts, value)) for s, (ts, value) in enumerate(chunk, seq)]
+                # Lengths, CRCs and headers in C-level map() loops: the interpreter's
+                # per-record overhead is a large share of the cost of small records.
+                headers = map(header, map(len, payloads), map(crc32, payloads))
+                buf += b"".join(chain.from_iterable(zip(headers, payloads)))
+                seq += len(chunk)
+                record_bytes = (len(buf) - before) // len(chunk) or 1
+                self._slice_records = max(1, min(512, self._block_bytes // (4 * record_bytes)))
         except Exception:
             del buf[start_len:]
             del self._blocks[start_blocks:]
@@ -724,19 +732,23 @@ class LogWriter:
 class LogReader:
     """Reads one log; each call sees the records durable when it starts (or later).
 
-    ``chunk_bytes`` is how much of a sealed segment one ranged read fetches (rounded
-    to whole blocks); parts of the open segment are read one object at a time.
+    Sealed segments are fetched by ranged reads of whole blocks: about
+    ``backward_chunk_bytes`` per read going backward (small, since backward scans
+    usually stop early) and ``forward_chunk_bytes`` going forward (large, to keep
+    round trips to S3 few). Parts of the open segment are read one object at a time.
     After each read, :attr:`torn_tail` reports a torn last record if one was met
     (it is skipped, not returned, and not repaired: that is the writer's job).
     """
 
     def __init__(self, store: ObjectStore, prefix: str, *,
-                 chunk_bytes: int = 256 * _KIB) -> None:
-        if chunk_bytes <= 0:
-            raise ValueError("chunk_bytes must be positive")
+                 backward_chunk_bytes: int = 256 * _KIB,
+                 forward_chunk_bytes: int = 4 * _MIB) -> None:
+        if backward_chunk_bytes <= 0 or forward_chunk_bytes <= 0:
+            raise ValueError("chunk sizes must be positive")
         self._store = store
         self._prefix = _norm_prefix(prefix)
-        self._chunk_bytes = chunk_bytes
+        self._backward_chunk_bytes = backward_chunk_bytes
+        self._forward_chunk_bytes = forward_chunk_bytes
         self.torn_tail: TornTailReport | None = None
 
     def segments(self) -> list[SegmentInfo]:
@@ -798,7 +810,7 @@ class LogReader:
         i = max(0, bisect.bisect_right([b[1] for b in blocks], from_seq) - 1)
         while i < len(blocks):
             j = i + 1
-            while j < len(blocks) and blocks[j][0] - blocks[i][0] < self._chunk_bytes:
+            while j < len(blocks) and blocks[j][0] - blocks[i][0] < self._forward_chunk_bytes:
                 j += 1
             records = self._read_blocks(seg, i, j, view)
             if records and records[0][0] < from_seq:
@@ -865,8 +877,9 @@ class LogReader:
     def read_backward(self, before_seq: int | None = None, chunk_bytes: int | None = None,
                       ) -> Iterator[list[LogRecord]]:
         """Durable records with ``seq < before_seq`` (all if None), newest first, in
-        batches of about ``chunk_bytes`` (default: the reader's) read from the end."""
-        chunk = chunk_bytes or self._chunk_bytes
+        batches of about ``chunk_bytes`` (default: ``backward_chunk_bytes``) read
+        from the end."""
+        chunk = chunk_bytes or self._backward_chunk_bytes
         self.torn_tail = None
         while True:
             view = _snapshot(self._store, self._prefix)

@@ -78,7 +78,7 @@ def test_round_trip_across_segments_parts_and_chunks(store: ObjectStore) -> None
     assert "index" in keys and sum(k.startswith("seg-") for k in keys) >= 3
     assert sum(k.startswith("part-") for k in keys) >= 1
 
-    r = LogReader(store, P, chunk_bytes=1024)
+    r = LogReader(store, P, backward_chunk_bytes=1024, forward_chunk_bytes=1024)
     everything = [expected(s) for s in range(307)]
     assert list(r.records()) == everything
     assert list(r.records(from_seq=123)) == everything[123:]
@@ -184,7 +184,7 @@ def test_a_record_bigger_than_a_segment(store: ObjectStore) -> None:
     with LogWriter(store, P, **SMALL) as w:
         w.append(0.0, b"x" * 10_000)
         w.append(1.0, b"y")
-    r = LogReader(store, P, chunk_bytes=100)
+    r = LogReader(store, P, backward_chunk_bytes=100, forward_chunk_bytes=100)
     assert [(s, len(v)) for s, _, v in r.records()] == [(0, 10_000), (1, 1)]
     assert [(s, len(v)) for s, _, v in r.records_backward()] == [(1, 1), (0, 10_000)]
 
@@ -211,7 +211,7 @@ def test_torn_tail_in_last_part_is_truncated_reported_and_appends_continue(
     last_start = offsets(data)[-1]
     store.put(part, data[:-3])  # cut inside the last record's payload
 
-    r = LogReader(store, P, **{"chunk_bytes": 512})
+    r = LogReader(store, P, backward_chunk_bytes=512, forward_chunk_bytes=512)
     assert list(r.records()) == [expected(s) for s in range(22)]
     assert r.torn_tail is not None and r.torn_tail.key == part
     assert (r.torn_tail.offset, r.torn_tail.last_good_seq) == (last_start, 21)
@@ -256,7 +256,7 @@ def test_torn_tail_in_last_sealed_segment(store: ObjectStore) -> None:
     store.put(last.key, data[:cut_at])
     keep = last.last_seq - 1  # records before the cut one
 
-    r = LogReader(store, P, chunk_bytes=512)
+    r = LogReader(store, P, backward_chunk_bytes=512, forward_chunk_bytes=512)
     assert list(r.records()) == [expected(s) for s in range(keep)]
     assert r.torn_tail is not None and r.torn_tail.last_good_seq == keep - 1
     assert list(r.records_backward()) == [expected(s) for s in range(keep)][::-1]
@@ -286,7 +286,7 @@ def test_flipped_byte_in_a_sealed_segment_raises_with_key_and_offset(
     for read in (lambda r: list(r.records()), lambda r: list(r.records_backward()),
                  lambda r: list(r.records(from_seq=seg.first_seq + 1))):
         with pytest.raises(CorruptRecordError) as info:
-            read(LogReader(store, P, chunk_bytes=512))
+            read(LogReader(store, P, backward_chunk_bytes=512, forward_chunk_bytes=512))
         assert info.value.key == seg.key and info.value.offset == victim
         assert seg.key in str(info.value) and f"offset {victim}" in str(info.value)
     # Records before the damaged segment are still readable.
@@ -343,7 +343,7 @@ def test_reader_follows_a_live_writer(store: ObjectStore) -> None:
 
     writer = threading.Thread(target=produce)
     writer.start()
-    r = LogReader(store, P, chunk_bytes=512)
+    r = LogReader(store, P, backward_chunk_bytes=512, forward_chunk_bytes=512)
     got: list[tuple[int, float, object]] = []
     deadline = time.monotonic() + 60
     while len(got) < total and time.monotonic() < deadline:
