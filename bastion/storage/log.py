@@ -289,6 +289,20 @@ class _View:
         return self.segments[-1].last_seq + 1 if self.segments else 0
 
 
+class _ViewChanged(Exception):
+    """Listed parts do not continue one another: the listing raced a seal (or, if it
+    persists, records are missing)."""
+
+    def __init__(self, expected: int, found: int) -> None:
+        super().__init__(expected, found)
+        self.expected = expected
+        self.found = found
+
+
+# A gap that survives this many fresh looks at the log is not a race but lost data.
+_VIEW_ATTEMPTS = 5
+
+
 def _read_index(store: ObjectStore, prefix: str) -> list[SegmentInfo]:
     key = prefix + "index"
     try:
@@ -768,6 +782,7 @@ class LogReader:
         """Durable records with ``seq >= from_seq`` (and ``ts >= from_ts`` if given),
         oldest first, in batches."""
         self.torn_tail = None
+        gaps = 0
         while True:
             view = _snapshot(self._store, self._prefix)
             for seg in view.segments:
@@ -788,6 +803,9 @@ class LogReader:
                         yield batch
             except KeyNotFoundError:
                 continue  # a part was sealed meanwhile: its records are in a segment now
+            except _ViewChanged as e:
+                gaps = self._look_again(gaps, e)
+                continue
             return
 
     def records(self, from_seq: int = 0, from_ts: float | None = None,
@@ -796,11 +814,24 @@ class LogReader:
         for batch in self.read_batches(from_seq, from_ts):
             yield from batch
 
+    def _look_again(self, gaps: int, e: _ViewChanged) -> int:
+        if gaps + 1 >= _VIEW_ATTEMPTS:
+            raise StorageError(
+                f"log {self._prefix!r} is missing records {e.expected}..{e.found - 1}: "
+                f"the part starting at seq {e.found} does not continue the log") from None
+        return gaps + 1
+
     def _parts_forward(self, view: _View, from_seq: int) -> Iterator[list[LogRecord]]:
+        expect = view.sealed_end
         for i, (first, _) in enumerate(view.parts):
+            if first != expect:
+                raise _ViewChanged(expect, first)
             if i + 1 < len(view.parts) and view.parts[i + 1][0] <= from_seq:
+                expect = view.parts[i + 1][0]
                 continue
-            records = self._read_part(view, i)[max(0, from_seq - first):]
+            records = self._read_part(view, i)
+            expect = records[-1][0] + 1 if records else first
+            records = records[max(0, from_seq - first):]
             if records:
                 yield records
 
@@ -850,7 +881,12 @@ class LogReader:
         and return the complete records before it."""
         base = seg.blocks[i][0]
         scan = _scan_verified(data, seg.key, base, seg.blocks[i][1])
-        if scan.torn_at is None and len(data) == expected:
+        if len(data) == expected:
+            # Nothing is missing, so the bytes changed: a damaged length field makes a
+            # record run past the end; otherwise the block table itself is damaged.
+            if scan.torn_at is not None:
+                raise _corrupt(seg.key, base + scan.torn_at,
+                               "record length runs past the end of the segment")
             raise _corrupt(seg.key, seg.blocks[k][0], "block CRC32 does not match the index")
         if view.parts or seg is not view.segments[-1]:
             raise _corrupt(seg.key, base + scan.end,
@@ -881,28 +917,44 @@ class LogReader:
         from the end."""
         chunk = chunk_bytes or self._backward_chunk_bytes
         self.torn_tail = None
+        gaps = 0
         while True:
             view = _snapshot(self._store, self._prefix)
             try:
-                for i in range(len(view.parts) - 1, -1, -1):
-                    first = view.parts[i][0]
-                    if before_seq is not None and first >= before_seq:
-                        continue
-                    records = self._read_part(view, i)
-                    if before_seq is not None:
-                        records = records[:before_seq - first]
-                    if records:
-                        records.reverse()
-                        before_seq = records[-1][0]
-                        yield records
+                for batch in self._parts_backward(view, before_seq):
+                    before_seq = batch[-1][0]
+                    yield batch
             except KeyNotFoundError:
                 continue  # a part was sealed meanwhile: its records are in a segment now
+            except _ViewChanged as e:
+                gaps = self._look_again(gaps, e)
+                continue
             for seg in reversed(view.segments):
                 if before_seq is not None and seg.first_seq >= before_seq:
                     continue
                 yield from self._segment_backward(seg, before_seq, chunk, view)
                 before_seq = seg.first_seq
             return
+
+    def _parts_backward(self, view: _View, before_seq: int | None,
+                        ) -> Iterator[list[LogRecord]]:
+        parts = view.parts
+        if parts and parts[0][0] != view.sealed_end:
+            raise _ViewChanged(view.sealed_end, parts[0][0])
+        for i in range(len(parts) - 1, -1, -1):
+            first = parts[i][0]
+            if before_seq is not None and first >= before_seq:
+                continue
+            records = self._read_part(view, i)
+            if i + 1 < len(parts):
+                end = records[-1][0] + 1 if records else first
+                if end != parts[i + 1][0]:
+                    raise _ViewChanged(end, parts[i + 1][0])
+            if before_seq is not None:
+                records = records[:before_seq - first]
+            if records:
+                records.reverse()
+                yield records
 
     def records_backward(self, before_seq: int | None = None) -> Iterator[LogRecord]:
         """Like :meth:`read_backward`, one record at a time."""

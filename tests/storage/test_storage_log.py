@@ -17,6 +17,7 @@ from bastion.storage import (
     LogReader,
     LogWriter,
     ObjectStore,
+    StorageError,
     recover_log,
 )
 
@@ -309,6 +310,33 @@ def test_flipped_length_field_in_a_part_raises(store: ObjectStore) -> None:
     assert (info.value.key, info.value.offset) == (part, victim)
     with pytest.raises(CorruptRecordError):
         LogWriter(store, P)  # recovery refuses to build on corrupt data
+
+
+def test_damaged_length_in_the_last_sealed_segment_is_not_a_torn_tail(
+        store: ObjectStore) -> None:
+    with LogWriter(store, P, **SMALL) as w:
+        write(w, 0, 100)
+    last = LogReader(store, P).segments()[-1]
+    victim = offsets(store.get(last.key))[3]
+    flip(store, last.key, victim + 1)  # length += 16 KiB: now runs past the end
+    for read in (lambda r: list(r.records()), lambda r: list(r.records_backward())):
+        with pytest.raises(CorruptRecordError) as info:
+            read(LogReader(store, P))
+        assert (info.value.key, info.value.offset) == (last.key, victim)
+
+
+def test_a_missing_part_is_reported_not_skipped(store: ObjectStore) -> None:
+    w = LogWriter(store, P)
+    for start in (0, 5, 10):
+        write(w, start, 5)
+        w.flush()
+    store.delete(P + "part-00000000000000000005")
+    for read in (lambda r: list(r.records()), lambda r: list(r.records_backward())):
+        with pytest.raises(StorageError) as info:
+            read(LogReader(store, P))
+        assert "missing records 5..9" in str(info.value)
+    with pytest.raises(CorruptRecordError):
+        LogWriter(store, P)
 
 
 def test_truncated_segment_that_is_not_the_tail_is_corruption(store: ObjectStore) -> None:
