@@ -342,6 +342,13 @@ _RETRYABLE_S3_CODES = frozenset({
 })
 
 
+# MinioStore's tunables and their defaults; a store's URL names those it changes.
+_S3_DEFAULTS: dict[str, Any] = {
+    "region": "us-east-1", "retry_attempts": 5, "retry_base_delay_s": 0.2,
+    "retry_max_delay_s": 5.0, "timeout_s": 30.0, "part_size_bytes": 16 * _MIB,
+}
+
+
 def _env_credentials() -> tuple[str | None, str | None]:
     for ak_var, sk_var in (("BASTION_S3_ACCESS_KEY", "BASTION_S3_SECRET_KEY"),
                            ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")):
@@ -378,11 +385,13 @@ class MinioStore(ObjectStore):
     """
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint: str,
-                 secure: bool = True, region: str = "us-east-1",
+                 secure: bool = True, region: str = _S3_DEFAULTS["region"],
                  access_key: str | None = None, secret_key: str | None = None,
-                 retry_attempts: int = 5, retry_base_delay_s: float = 0.2,
-                 retry_max_delay_s: float = 5.0, timeout_s: float = 30.0,
-                 part_size_bytes: int = 16 * _MIB) -> None:
+                 retry_attempts: int = _S3_DEFAULTS["retry_attempts"],
+                 retry_base_delay_s: float = _S3_DEFAULTS["retry_base_delay_s"],
+                 retry_max_delay_s: float = _S3_DEFAULTS["retry_max_delay_s"],
+                 timeout_s: float = _S3_DEFAULTS["timeout_s"],
+                 part_size_bytes: int = _S3_DEFAULTS["part_size_bytes"]) -> None:
         from minio.helpers import check_bucket_name
 
         prefix = prefix.strip("/")
@@ -391,6 +400,11 @@ class MinioStore(ObjectStore):
         self._endpoint = endpoint
         self._secure = secure
         self._region = region
+        self._retry_attempts = retry_attempts
+        self._retry_base_delay_s = retry_base_delay_s
+        self._retry_max_delay_s = retry_max_delay_s
+        self._timeout_s = timeout_s
+        self._part_size_bytes = part_size_bytes
         try:
             check_bucket_name(bucket, strict=True)
         except ValueError as e:
@@ -414,11 +428,6 @@ class MinioStore(ObjectStore):
                 "BASTION_S3_SECRET_KEY (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)")
         self._access_key = _Secret(access_key)
         self._secret_key = _Secret(secret_key)
-        self._retry_attempts = retry_attempts
-        self._retry_base_delay_s = retry_base_delay_s
-        self._retry_max_delay_s = retry_max_delay_s
-        self._timeout_s = timeout_s
-        self._part_size_bytes = part_size_bytes
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -438,8 +447,12 @@ class MinioStore(ObjectStore):
 
     @property
     def url(self) -> str:
-        return (f"s3://{self._bucket}/{self._prefix.rstrip('/')}?endpoint={self._endpoint}"
-                f"&secure={'true' if self._secure else 'false'}")
+        params = [f"endpoint={self._endpoint}", f"secure={'true' if self._secure else 'false'}"]
+        for name, default in _S3_DEFAULTS.items():
+            value = getattr(self, "_" + name)
+            if value != default:
+                params.append(f"{name}={value}")
+        return f"s3://{self._bucket}/{self._prefix.rstrip('/')}?" + "&".join(params)
 
     @property
     def bucket(self) -> str:
@@ -674,8 +687,7 @@ def _query(url: str, query: str, allowed: tuple[str, ...]) -> dict[str, str]:
     return params
 
 
-_S3_PARAMS = ("endpoint", "secure", "region", "retry_attempts", "retry_base_delay_s",
-              "retry_max_delay_s", "timeout_s", "part_size_bytes")
+_S3_PARAMS = ("endpoint", "secure", *_S3_DEFAULTS)
 
 
 def open_store(url: str) -> ObjectStore:

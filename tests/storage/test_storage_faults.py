@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from typing import TYPE_CHECKING
 
 import pytest
@@ -16,6 +17,7 @@ from bastion.storage import (
     LogReader,
     LogWriter,
     MinioStore,
+    StorageError,
     StoreUnavailableError,
     open_store,
 )
@@ -23,17 +25,22 @@ from bastion.storage import (
 if TYPE_CHECKING:
     from conftest import MotoServer
 
-BUCKET = "bastion-faults"
 
-
-def url(server: MotoServer, attempts: int, base_delay_s: float) -> str:
-    return (f"s3://{BUCKET}/faults?endpoint={server.endpoint}&secure=false"
+def url(server: MotoServer, attempts: int, base_delay_s: float, bucket: str) -> str:
+    return (f"s3://{bucket}/faults?endpoint={server.endpoint}&secure=false"
             f"&retry_attempts={attempts}&retry_base_delay_s={base_delay_s}&timeout_s=5")
 
 
+@pytest.fixture
+def bucket() -> str:
+    # moto keeps one state per process, shared by every server it runs: a fresh
+    # bucket keeps tests apart.
+    return f"faults-{uuid.uuid4().hex[:12]}"
+
+
 def test_server_down_during_checkpoint_leaves_it_incomplete(
-        own_moto: MotoServer, caplog: pytest.LogCaptureFixture) -> None:
-    store = open_store(url(own_moto, attempts=4, base_delay_s=0.1))
+        own_moto: MotoServer, bucket: str, caplog: pytest.LogCaptureFixture) -> None:
+    store = open_store(url(own_moto, attempts=4, base_delay_s=0.1, bucket=bucket))
     cs = CheckpointStore(store, "wc")
     cs.commit(1, [cs.put_state(1, "count", 0, b"one")], {"offsets": [10]})
     first_blob = cs.put_state(2, "count", 0, b"two")  # checkpoint 2 is under way...
@@ -49,7 +56,7 @@ def test_server_down_during_checkpoint_leaves_it_incomplete(
     err = info.value
     assert (err.attempts, err.operation) == (4, "put")
     assert err.key == "jobs/wc/checkpoints/00000000000000000002/count/1"
-    assert f"s3://{BUCKET}/faults?endpoint={own_moto.endpoint}" in str(err)
+    assert f"s3://{bucket}/faults?endpoint={own_moto.endpoint}" in str(err)
     assert "after 4 attempts" in str(err) and own_moto.secret_key not in str(err)
     assert len([r for r in caplog.records if "retrying" in r.getMessage()]) == 3
     # The job master never gets both refs, so it never commits checkpoint 2; a
@@ -63,8 +70,8 @@ def test_server_down_during_checkpoint_leaves_it_incomplete(
     assert cs.load(1, "count", 0) == b"one"
 
 
-def test_retries_ride_out_a_short_outage(own_moto: MotoServer) -> None:
-    store = open_store(url(own_moto, attempts=8, base_delay_s=0.1))
+def test_retries_ride_out_a_short_outage(own_moto: MotoServer, bucket: str) -> None:
+    store = open_store(url(own_moto, attempts=8, base_delay_s=0.1, bucket=bucket))
     store.put("before", b"1")
     own_moto.stop()
     restarter = threading.Timer(0.4, own_moto.restart)
@@ -79,8 +86,8 @@ def test_retries_ride_out_a_short_outage(own_moto: MotoServer) -> None:
 
 
 def test_log_flush_during_outage_is_not_durable_until_it_succeeds(
-        own_moto: MotoServer) -> None:
-    store = open_store(url(own_moto, attempts=2, base_delay_s=0.01))
+        own_moto: MotoServer, bucket: str) -> None:
+    store = open_store(url(own_moto, attempts=2, base_delay_s=0.01, bucket=bucket))
     seen: list[int] = []
     w = LogWriter(store, "jobs/wc/logs/out/0/", on_durable=seen.append)
     w.append_many([(float(i), i) for i in range(10)])
@@ -96,12 +103,32 @@ def test_log_flush_during_outage_is_not_durable_until_it_succeeds(
     assert [r[0] for r in LogReader(store, "jobs/wc/logs/out/0/").records()] == list(range(15))
 
 
-def test_pickled_store_survives_a_restart(own_moto: MotoServer) -> None:
+def test_pickled_store_survives_a_restart(own_moto: MotoServer, bucket: str) -> None:
     import pickle
 
-    store = open_store(url(own_moto, attempts=5, base_delay_s=0.05))
+    store = open_store(url(own_moto, attempts=5, base_delay_s=0.05, bucket=bucket))
     store.put("k", b"v")
     own_moto.restart()
     clone = pickle.loads(pickle.dumps(store))
     assert isinstance(clone, MinioStore) and clone.get("k") == b"v"
     assert store.get("k") == b"v"  # the original's pooled connection died with the server
+
+
+def test_a_refusal_is_not_retried_and_says_what_happened(
+        own_moto: MotoServer, bucket: str) -> None:
+    from minio import Minio
+
+    store = open_store(url(own_moto, attempts=5, base_delay_s=1.0, bucket=bucket))
+    # The URL carries the non-default tunables, so reopening it gives the same store.
+    assert "retry_base_delay_s=1.0&timeout_s=5.0" in store.url
+    assert open_store(store.url).url == store.url
+    admin = Minio(own_moto.endpoint, own_moto.access_key, own_moto.secret_key,
+                  secure=False, region="us-east-1")
+    admin.remove_bucket(bucket)  # behind the store's back
+    started = time.monotonic()
+    with pytest.raises(StorageError) as info:
+        store.put("k", b"v")
+    assert time.monotonic() - started < 1.0  # no backoff: retrying cannot help
+    assert not isinstance(info.value, StoreUnavailableError)
+    message = str(info.value)
+    assert "NoSuchBucket" in message and "deleted after the store was opened" in message
