@@ -18,9 +18,12 @@ What makes a checkpoint complete
     Its manifest exists and every blob the manifest names exists with the size (and,
     when verified, the CRC32) the manifest records. Nothing else counts: blobs without
     a manifest are an unfinished (or abandoned) checkpoint; a manifest whose blobs are
-    missing or cut short is a damaged one. Recovery restores the newest complete
-    checkpoint; :meth:`CheckpointStore.load` re-checks each blob's CRC32, so corrupt
-    state is never restored.
+    missing or cut short is a damaged one. Sizes come from one listing, so
+    :meth:`~CheckpointStore.list_complete` is cheap; ``verify_crc=True`` also reads
+    every blob. Recovery restores the newest complete checkpoint, and
+    :meth:`~CheckpointStore.load` re-checks each blob's CRC32, so corrupt state is
+    never restored. The manifest itself is msgpack framed like a log record (u32
+    length, u32 CRC32, little-endian), so a damaged manifest is detected too.
 
 A manifest may name a blob stored under an older checkpoint (an operator whose state
 did not change can hand back its previous :class:`BlobRef`). Garbage collection

@@ -22,7 +22,9 @@ Segments, parts and the index
     * ``seg-<first seq, 20 digits>`` — a *sealed segment*: a run of consecutive
       records, written once, whole, when it reaches ``max_segment_bytes`` (checked
       after each append call, so a segment may exceed the limit by one batch) or
-      ``max_segment_age_s`` (checked on append and flush).
+      ``max_segment_age_s`` (checked on append and flush). A segment filled by an
+      append is written by a background thread while appends continue; at most one
+      is in flight, and ``flush()``/``close()`` wait for it.
     * ``index`` — names every sealed segment with its first/last seq, min/max event
       time, size and a *block table*: the byte offset, first seq and CRC32 of each
       ~``block_bytes`` run of whole records. It is rewritten (atomically, itself
@@ -39,12 +41,13 @@ Segments, parts and the index
       records a sealed segment already holds.
 
 What "durable" means
-    A record is durable once the object holding it — a part or a sealed segment plus
-    the index naming it — has been stored (``put`` returned). :attr:`LogWriter.durable_seq`
-    is the highest durable seq (``-1`` for none), and the optional ``on_durable``
-    callback is called with it after every flush or seal that advanced it. Records
-    appended but not flushed are lost by a crash; records up to ``durable_seq`` are
-    not, and readers see exactly the durable records.
+    A record is durable once the object holding it — a part, or a sealed segment and
+    then the index naming it — has been stored (``put`` returned).
+    :attr:`LogWriter.durable_seq` is the highest durable seq (``-1`` for none); the
+    optional ``on_durable`` callback gets each new value, in the writer's thread.
+    ``flush()`` makes every appended record durable. Records appended but not yet
+    durable are lost by a crash; records up to ``durable_seq`` are not, and readers
+    see only durable records.
 
 Torn tails versus corruption
     Store writes are atomic, but a file can still be cut short (a copy interrupted, a
@@ -54,8 +57,10 @@ Torn tails versus corruption
     (run by every :class:`LogWriter` when it opens) truncates it away, reports it in a
     :class:`TornTailReport`, and the writer resumes at the next seq. Anywhere else, an
     incomplete record, and anywhere at all, a complete record with a bad CRC, is
-    corruption and raises. (A length field damaged so that it points past the end of
-    the last part is indistinguishable from a torn tail and is treated as one.)
+    corruption and raises; so is a missing part (a gap in the seqs). A sealed
+    segment's size is in the index, so a cut one is told apart exactly; for the last
+    part, a length field damaged to point past its end is indistinguishable from a
+    torn tail and is treated as one.
 
 Reading
     :class:`LogReader` reads forward from a seq or an event time (skipping sealed
