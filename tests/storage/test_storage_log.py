@@ -126,6 +126,32 @@ def test_read_from_event_time_skips_old_segments(store: ObjectStore) -> None:
     assert old and not any(key in old for key, _ in fetched)
 
 
+def test_backward_reads_fetch_only_the_tail_in_chunks(store: ObjectStore) -> None:
+    with LogWriter(store, P, max_segment_bytes=64 * 1024, block_bytes=512) as w:
+        write(w, 0, 1500, batch=1500)  # one sealed segment of ~64 KiB
+    (seg,) = LogReader(store, P).segments()
+    ranges: list[tuple[int, int]] = []
+    original_get = store.get
+
+    def spy(key: str, offset: int = 0, length: int | None = None) -> bytes:
+        data = original_get(key, offset, length)
+        if key == seg.key:
+            ranges.append((offset, len(data)))
+        return data
+
+    store.get = spy  # type: ignore[method-assign]
+    try:
+        newest = next(LogReader(store, P, backward_chunk_bytes=4096).read_backward())
+    finally:
+        del store.get
+    assert newest[0] == expected(1499) and [r[0] for r in newest] == list(
+        range(1499, 1499 - len(newest), -1))
+    # One ranged read, ending at the segment's end, about one chunk long.
+    assert len(ranges) == 1
+    offset, length = ranges[0]
+    assert offset + length == seg.size_bytes and 4096 <= length <= 4096 + 2 * 512
+
+
 def test_durability_is_reported_only_once_stored(store: ObjectStore) -> None:
     seen: list[int] = []
     w = LogWriter(store, P, on_durable=seen.append)
