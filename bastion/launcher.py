@@ -13,7 +13,7 @@ import sys
 import sysconfig
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import ray
 from ray import cloudpickle
@@ -21,10 +21,13 @@ from ray._private import ray_constants
 
 from bastion.errors import JobFailedError, TopologyError, UDFError
 from bastion.protocols import get_protocol
+from bastion.runtime import faults as fault_injection
 from bastion.runtime.config import JobConfig
 from bastion.runtime.job import JobMaster
 from bastion.runtime.metrics import LatencyHistogram, OperatorCounts, RunMetrics
+from bastion.runtime.outputs import read_committed
 from bastion.runtime.plan import PhysicalPlan, build_plan
+from bastion.storage import ObjectStore, open_store
 from bastion.topology import Topology
 
 _PROGRESS_INTERVAL_S = 0.5
@@ -117,14 +120,24 @@ def ship_user_modules(topology: Topology) -> None:
                 cloudpickle.register_pickle_by_value(module)
 
 
-def run(topology: Topology, *, protocol: str = "none", address: str | None = None,
+def run(topology: Topology, *, protocol: str = "none",
+        checkpoint_interval: float | None = None, storage: str = "local://.bastion",
+        address: str | None = None,
         duration_s: float | None = None, buffer_timeout_ms: float = 5.0,
         frame_records: int = 4096, max_inflight_frames: int = 4,
         source_batch_records: int = 1024, chaining: bool = True,
         workers: int | None = None, fail_fast: bool = False,
+        heartbeat_timeout_s: float = 1.0, max_restarts: int = 10, faults: Sequence = (),
         progress: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
 
+    ``protocol`` picks the fault-tolerance protocol (``"none"``, ``"coordinated"``);
+    ``checkpoint_interval`` is in seconds (default 1.0 for checkpointing protocols);
+    ``storage`` is where checkpoints, committed outputs and events live
+    (``local://PATH`` or ``s3://BUCKET/PREFIX?endpoint=HOST:PORT``). A worker that
+    dies or misses its heartbeat for ``heartbeat_timeout_s`` is replaced and the job
+    restored from the protocol's recovery line, at most ``max_restarts`` times.
+    ``faults`` (``bn.faults.*``) are injected on schedule, for drills.
     ``buffer_timeout_ms`` bounds how long a record waits in an output buffer;
     ``frame_records`` how many records one channel message carries;
     ``max_inflight_frames`` the credits per channel; ``chaining=False`` runs every
@@ -136,6 +149,9 @@ def run(topology: Topology, *, protocol: str = "none", address: str | None = Non
     proto = get_protocol(protocol)
     plan = build_plan(topology, chaining=chaining, workers=workers)
     proto.check(topology)
+    if checkpoint_interval is None and proto.needs_checkpoint_interval:
+        checkpoint_interval = 1.0
+    store = open_store(storage)  # fails here, naming the URL, if it is unusable
     unbounded = [n.name for n in topology.nodes.values()
                  if n.kind == "source" and not n.params["source"].bounded]
     if unbounded and duration_s is None:
@@ -151,7 +167,13 @@ def run(topology: Topology, *, protocol: str = "none", address: str | None = Non
         fail_fast=fail_fast,
         duration_s=duration_s,
         codecs=tuple(topology.codecs),
+        storage_url=store.url,
+        checkpoint_interval_s=checkpoint_interval,
+        heartbeat_timeout_s=heartbeat_timeout_s,
+        max_restarts=max_restarts,
+        faults=tuple(faults),
     )
+    fault_injection.validate(config.faults, plan)
     for node in topology.nodes.values():
         if node.kind == "sink":
             node.params["sink"].prepare(node.parallelism)
@@ -174,10 +196,11 @@ def run(topology: Topology, *, protocol: str = "none", address: str | None = Non
         raise failure
     if failure is not None:
         raise JobFailedError(f"job {config.job_id} failed: {failure}")
-    return _result(config, plan, report)
+    return _result(config, plan, report, store)
 
 
-def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any]) -> RunResult:
+def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
+            store: ObjectStore) -> RunResult:
     tasks = report["tasks"]
     outputs: dict[str, list] = {}
     latency = LatencyHistogram()
@@ -185,22 +208,18 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any]) -> Ru
     operators: dict[str, OperatorCounts] = {name: OperatorCounts()
                                             for name in plan.topology.nodes}
     dead_letters = []
-    sink_instances: dict[str, list[tuple[int, list]]] = {}
     for task in tasks:
         for name, (records_in, records_out) in task["operators"].items():
             operators[name].records_in += records_in
             operators[name].records_out += records_out
         for name, sink in task["sinks"].items():
-            if sink["committed"] is not None:
-                sink_instances.setdefault(name, []).append((task["index"], sink["committed"]))
             latency.merge(LatencyHistogram(sink["latency"]))
             for second, count in sink["timeline"].items():
                 timeline[second] = timeline.get(second, 0) + count
         dead_letters.extend(task["dead_letters"])
     for name, node in plan.topology.nodes.items():
         if node.kind == "sink":
-            parts = sorted(sink_instances.get(name, []), key=lambda p: p[0])
-            outputs[name] = [v for _, values in parts for v in values]
+            outputs[name] = read_committed(store, config.job_id, name)
     duration_s = max(report["finished_s"] - report["started_s"], 1e-9)
     source_records = sum(c.records_out for n, c in operators.items()
                          if plan.topology.nodes[n].kind == "source")
@@ -228,7 +247,10 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any]) -> Ru
             "max_inbox_frames": max((t["max_inbox_frames"] for t in tasks), default=0),
             "workers": plan.workers,
             "tasks": len(plan.tasks),
+            "attempts": report["attempts"],
+            **report["protocol"],
         },
     )
     return RunResult(config.job_id, outputs, metrics, dead_letters, plan.describe(),
-                     {"tasks": tasks})
+                     {"tasks": tasks, "events": report["events"],
+                      "timeline": report["timeline"], "started_s": report["started_s"]})

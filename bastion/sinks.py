@@ -1,10 +1,10 @@
 """Sinks: where results leave a topology, exactly once.
 
-A sink instance receives records and *stages* them; it only exposes them when told to
-``commit`` — by the fault-tolerance protocol once the checkpoint covering them is
-complete, or at the end of a bounded stream. This is the two-phase commit that keeps
-outputs exactly-once: records staged after the last complete checkpoint are thrown
-away on recovery (``abort``) and produced again by the replay.
+A sink instance receives records and *stages* them; they become visible only when the
+commit point covering them — a checkpoint, or the end of a bounded stream — is
+complete. This is the two-phase commit that keeps outputs exactly-once: records
+staged after the last complete checkpoint are thrown away on recovery and produced
+again by the replay (see `bastion.runtime.outputs`).
 
 - ``Collect()`` keeps committed values in memory; `RunResult.outputs[name]` lists them,
   in order per sink instance, instances in index order.
@@ -22,23 +22,24 @@ from typing import Any
 
 
 class SinkWriter:
-    """One sink instance: stage, commit, abort."""
+    """One sink instance. It stages records (`write`); at each commit point the
+    runtime takes what was staged (`take_staged`) and stores it durably; once the
+    commit point is complete it calls `apply` with those records, in commit order,
+    for sinks with an outside effect (a file). `apply` must be idempotent per commit
+    point: after a failure it may be called again for a commit it already applied."""
+
+    def __init__(self) -> None:
+        self.staged: list = []
 
     def write(self, values: list) -> None:
-        raise NotImplementedError
+        self.staged.extend(values)
 
-    def commit(self) -> None:
-        """Expose everything staged so far."""
+    def take_staged(self) -> list:
+        staged, self.staged = self.staged, []
+        return staged
 
-    def abort(self) -> None:
-        """Forget everything staged since the last commit."""
-
-    def committed(self) -> list | None:
-        """The committed values kept in memory, or None for sinks that keep none."""
-        return None
-
-    def close(self) -> None:
-        pass
+    def apply(self, commit: int, values: list) -> None:
+        """Make the committed ``values`` of commit point ``commit`` visible outside."""
 
 
 class Sink:
@@ -49,30 +50,11 @@ class Sink:
         raise NotImplementedError
 
 
-class _CollectWriter(SinkWriter):
-    def __init__(self) -> None:
-        self.staged: list = []
-        self.done: list = []
-
-    def write(self, values: list) -> None:
-        self.staged.extend(values)
-
-    def commit(self) -> None:
-        self.done.extend(self.staged)
-        self.staged = []
-
-    def abort(self) -> None:
-        self.staged = []
-
-    def committed(self) -> list:
-        return self.done
-
-
 class Collect(Sink):
-    """Keep committed values in memory and return them in `RunResult.outputs`."""
+    """Keep committed values; `RunResult.outputs[name]` lists them."""
 
     def open(self, index: int, parallelism: int) -> SinkWriter:
-        return _CollectWriter()
+        return SinkWriter()
 
     def __repr__(self) -> str:
         return "Collect()"
@@ -102,25 +84,32 @@ def _json_default(value: Any) -> Any:
 
 
 class _FileWriter(SinkWriter):
+    """Appends each committed commit point once: a sidecar file ``<path>.commit``
+    remembers the last commit point applied, so a replayed `apply` is skipped."""
+
     def __init__(self, path: Path):
+        super().__init__()
         self.path = path
-        self.staged: list[str] = []
+        self.marker = path.with_name(path.name + ".commit")
 
-    def write(self, values: list) -> None:
-        self.staged.extend(json.dumps(v, default=_json_default) for v in values)
+    def _last_applied(self) -> int:
+        try:
+            return int(self.marker.read_text())
+        except (FileNotFoundError, ValueError):
+            return -1
 
-    def commit(self) -> None:
-        if not self.staged:
+    def apply(self, commit: int, values: list) -> None:
+        if commit <= self._last_applied():
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write("\n".join(self.staged) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        self.staged = []
-
-    def abort(self) -> None:
-        self.staged = []
+        if values:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write("".join(json.dumps(v, default=_json_default) + "\n" for v in values))
+                f.flush()
+                os.fsync(f.fileno())
+        tmp = self.marker.with_name(self.marker.name + ".tmp")
+        tmp.write_text(str(commit))
+        os.replace(tmp, self.marker)
 
 
 class File(Sink):
@@ -131,7 +120,9 @@ class File(Sink):
 
     def prepare(self, parallelism: int) -> None:
         for index in range(parallelism):
-            self.path_for(index, parallelism).unlink(missing_ok=True)
+            path = self.path_for(index, parallelism)
+            path.unlink(missing_ok=True)
+            path.with_name(path.name + ".commit").unlink(missing_ok=True)
 
     def path_for(self, index: int, parallelism: int) -> Path:
         if parallelism == 1:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from bastion.protocols.base import Protocol, TaskProtocol
+from bastion.protocols.coordinated import CoordinatedProtocol
 from bastion.protocols.none import NoProtocol
 
-_PROTOCOLS: dict[str, type[Protocol]] = {"none": NoProtocol}
+_PROTOCOLS: dict[str, type[Protocol]] = {"none": NoProtocol,
+                                         "coordinated": CoordinatedProtocol}
 KNOWN = ("none", "acks", "coordinated", "uncoordinated", "cic", "cec")
 
 

@@ -1,29 +1,36 @@
 """The protocol interface: what the data plane asks a fault-tolerance protocol.
 
-A fault-tolerance protocol has two halves, as in Flink: a per-task half that sees every
-frame a task receives and sends (it may hold, drop, log or answer them — barrier
-alignment, deduplication, in-flight logging, acknowledgments) and decides when the
-task's state is snapshotted; and a coordinator half in the job master that decides
-what counts as a complete checkpoint and what to restore after a failure (the recovery
-line). The task loop calls the hooks below and never asks which protocol it runs.
+A fault-tolerance protocol has two halves, as in Flink:
 
-Hooks run on the task's event loop and must not block it.
+- the **task half** (`TaskProtocol`), one per task, sees every data batch and control
+  record the task receives and decides when the task snapshots its state — barrier
+  alignment, deduplication, in-flight logging and acknowledgments live here;
+- the **coordinator half** (`Coordinator`), in the job master, decides what counts as
+  a complete checkpoint, makes sink outputs of complete checkpoints visible, and after
+  a failure names the *recovery line*: the checkpoint every task restores from.
+
+The state backend (`bastion.storage.checkpoints`) stores; the task and job master call
+these hooks and never ask which protocol they run. Hooks run on the event loop of
+their actor and must not block it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from bastion.runtime.records import Batch, ControlRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     from bastion.runtime.instance import Task
+    from bastion.runtime.job import JobMaster
     from bastion.runtime.plan import InputChannel
+    from bastion.storage import BlobRef
     from bastion.topology import Topology
 
 
 class TaskProtocol:
-    """Per-task half. The defaults pass everything through unchanged."""
+    """Per-task half. The defaults pass everything through and never checkpoint."""
 
     def __init__(self, task: "Task"):
         self.task = task
@@ -37,10 +44,40 @@ class TaskProtocol:
         raise ValueError(f"task {self.task.name!r} received {control!r}, which protocol "
                          f"{type(self).__name__} does not handle")
 
+    async def on_trigger(self, checkpoint_id: int) -> None:
+        """The coordinator asks this source task to start checkpoint ``checkpoint_id``."""
+
+    async def on_input_ended(self, channel: "InputChannel") -> None:
+        """``channel`` delivered its end-of-stream."""
+
     async def on_finished(self) -> None:
-        """Every input ended and every output was flushed: commit what is final."""
-        for sink in self.task.sinks:
-            sink.writer.commit()
+        """Every input ended and every output was flushed."""
+
+
+class Coordinator:
+    """Job-master half. The default takes no checkpoints: a failure restarts the job
+    from the beginning, and outputs are committed once, at the end of the stream."""
+
+    def __init__(self, master: "JobMaster"):
+        self.master = master
+
+    def start(self, attempt: int) -> None:
+        """Tasks of ``attempt`` are running."""
+
+    async def stop(self) -> None:
+        """A failure was detected or the job finished: abandon checkpoints in flight."""
+
+    def on_acknowledge(self, attempt: int, task_id: int, checkpoint_id: int,
+                       ref: "BlobRef", meta: Any) -> None:
+        """A task stored its part of ``checkpoint_id``."""
+
+    async def recovery_line(self) -> int | None:
+        """The checkpoint to restore every task from after a failure (None: restart
+        from the beginning)."""
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        return {}
 
 
 class Protocol:
@@ -48,6 +85,7 @@ class Protocol:
 
     name: str = ""
     exactly_once: bool = False
+    needs_checkpoint_interval: bool = False
 
     def check(self, topology: "Topology") -> None:
         """Raise `TopologyError` if this protocol cannot run ``topology``."""
@@ -55,5 +93,12 @@ class Protocol:
     def task_protocol(self, task: "Task") -> TaskProtocol:
         return TaskProtocol(task)
 
-    def describe(self) -> dict[str, Any]:
-        return {"protocol": self.name, "exactly_once": self.exactly_once}
+    def coordinator(self, master: "JobMaster") -> Coordinator:
+        return Coordinator(master)
+
+
+async def cancel(task: "asyncio.Task | None") -> None:
+    """Cancel an asyncio task and wait until it is gone."""
+    if task is not None and not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

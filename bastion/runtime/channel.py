@@ -143,6 +143,7 @@ class InputGate:
         self.inbox: asyncio.Queue = asyncio.Queue(maxsize=inbox_frames)
         self._expected: dict[int, int] = collections.defaultdict(int)
         self._waiting: dict[int, dict[int, asyncio.Future]] = collections.defaultdict(dict)
+        self._blocked: dict[int, asyncio.Event] = {}
         self.duplicates_dropped = 0
         self.max_queued_seen = 0
 
@@ -157,6 +158,8 @@ class InputGate:
             turn = asyncio.get_running_loop().create_future()
             self._waiting[channel_id][seq] = turn
             await turn
+        while channel_id in self._blocked:  # held back: the sender keeps its credit
+            await self._blocked[channel_id].wait()
         await self.inbox.put((channel_id, frame))
         if self.inbox.qsize() > self.max_queued_seen:
             self.max_queued_seen = self.inbox.qsize()
@@ -164,3 +167,12 @@ class InputGate:
         nxt = self._waiting[channel_id].pop(seq + 1, None)
         if nxt is not None:
             nxt.set_result(None)
+
+    def block(self, channel_id: int) -> None:
+        """Stop admitting frames of a channel (barrier alignment); its senders stall."""
+        self._blocked.setdefault(channel_id, asyncio.Event())
+
+    def unblock(self, channel_id: int) -> None:
+        event = self._blocked.pop(channel_id, None)
+        if event is not None:
+            event.set()

@@ -22,6 +22,14 @@ class JobConfig:
     fail_fast: bool = False
     duration_s: float | None = None
     codecs: tuple[Codec, ...] = field(default_factory=tuple)
+    # Fault tolerance: where checkpoints and committed outputs live, how often the
+    # protocol checkpoints, when a silent worker counts as dead, how often to restart.
+    storage_url: str = "local://.bastion"
+    checkpoint_interval_s: float | None = None
+    heartbeat_timeout_s: float = 1.0
+    max_restarts: int = 10
+    faults: tuple = field(default_factory=tuple)
+    progress_interval_s: float = 0.1
 
     def __post_init__(self) -> None:
         for name in ("frame_records", "max_inflight_frames", "inbox_frames",
@@ -31,5 +39,10 @@ class JobConfig:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if self.buffer_timeout_s < 0:
             raise ValueError(f"buffer_timeout_s must be >= 0, got {self.buffer_timeout_s}")
+        if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
+            raise ValueError("checkpoint_interval must be > 0 seconds, got "
+                             f"{self.checkpoint_interval_s}")
+        if self.heartbeat_timeout_s <= 0:
+            raise ValueError(f"heartbeat_timeout_s must be > 0, got {self.heartbeat_timeout_s}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ValueError(f"duration_s must be > 0 seconds, got {self.duration_s}")

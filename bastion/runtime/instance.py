@@ -23,10 +23,12 @@ the ``push`` calls that deliver frames from other workers — keep moving.
 from __future__ import annotations
 
 import asyncio
+import collections
 import math
+import pickle
 import time
 import traceback
-from typing import Any
+from typing import Any, Awaitable
 
 import ray
 
@@ -39,8 +41,12 @@ from bastion.runtime.metrics import OperatorCounts
 from bastion.runtime.operators import (OperatorContext, SinkOp, SourceOp, make_operator)
 from bastion.runtime.plan import (BROADCAST, FORWARD, HASH, InputChannel, OutputRoute,
                                   PhysicalPlan, TaskPlan)
-from bastion.runtime.records import (Batch, EndOfStream, FrameCodec, Watermark,
-                                     stable_hash)
+from bastion.runtime.outputs import (FINAL_COMMIT, committed_blobs, decode_values,
+                                     encode_values, staged_key)
+from bastion.runtime.records import (Batch, ControlRecord, EndOfStream, FrameCodec,
+                                     Watermark, stable_hash)
+from bastion.sinks import SinkWriter
+from bastion.storage import BlobRef, CheckpointStore, ObjectStore, open_store
 
 _ROUTE_MEMO_KEYS = 65536  # keys whose partition a router remembers before starting over
 _IDLE_SOURCE_SLEEP_S = 0.001
@@ -114,7 +120,8 @@ class Router:
 class Task:
     """One instance of a chain: its operators, inputs, routes and loop."""
 
-    def __init__(self, plan: TaskPlan, physical: PhysicalPlan, config: JobConfig):
+    def __init__(self, plan: TaskPlan, physical: PhysicalPlan, config: JobConfig,
+                 store: ObjectStore, master: Any, attempt: int):
         chain = physical.chains[plan.chain_id]
         nodes = physical.topology.nodes
         self.plan = plan
@@ -138,6 +145,13 @@ class Task:
         self.gate = InputGate(config.inbox_frames)
         self.routers: list[Router] = []
         self.channels: list[OutputChannel] = []
+        self.store = store
+        self.checkpoints = CheckpointStore(store, config.job_id)
+        self.master = master
+        self.attempt = attempt
+        self.blocked: set[int] = set()
+        self.stash: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self.triggers: list[int] = []       # checkpoints a source task is asked to start
         self.stop_requested = False
         self.finished = False
         self.started_s: float | None = None
@@ -180,6 +194,8 @@ class Task:
         source, batch_records = self.source, self.config.source_batch_records
         counts = self.counts[0]
         while not self.stop_requested:
+            while self.triggers:
+                await self.protocol.on_trigger(self.triggers.pop(0))
             batch = source.poll(batch_records, time.time())        # receive
             if batch is None:
                 break
@@ -203,24 +219,30 @@ class Task:
                     continue
             else:
                 channel_id, frame = await inbox.get()
-            channel = inputs[channel_id]
-            elements = decode(frame)
-            for element in elements:                                # process
-                kind = type(element)
-                if kind is Batch:
-                    batch = self.protocol.on_batch(channel, element)
-                    if batch is not None and len(batch):
-                        await self._process(batch, 0, channel.input_index, keyed=True)
-                elif kind is Watermark:
-                    await self._on_watermark(channel_id, element.time)
-                elif kind is EndOfStream:
-                    self.open_inputs.discard(channel_id)
-                    if self.open_inputs:
-                        await self._on_watermark(channel_id, math.inf)
-                else:
-                    await self.protocol.on_control(channel, element)
+            await self._process_frame(inputs[channel_id], decode(frame))  # process
             await self._flush_aged()                                # emit
             await asyncio.sleep(0)
+
+    async def _process_frame(self, channel: InputChannel, elements: list) -> None:
+        channel_id = channel.channel_id
+        for i, element in enumerate(elements):
+            if channel_id in self.blocked:  # a barrier blocked it: keep the rest for later
+                self.stash[channel_id].append(elements[i:])
+                return
+            kind = type(element)
+            if kind is Batch:
+                batch = self.protocol.on_batch(channel, element)
+                if batch is not None and len(batch):
+                    await self._process(batch, 0, channel.input_index, keyed=True)
+            elif kind is Watermark:
+                await self._on_watermark(channel_id, element.time)
+            elif kind is EndOfStream:
+                self.open_inputs.discard(channel_id)
+                if self.open_inputs:
+                    await self._on_watermark(channel_id, math.inf)
+                await self.protocol.on_input_ended(channel)
+            else:
+                await self.protocol.on_control(channel, element)
 
     async def _finish(self) -> None:
         for j, op in enumerate(self.ops):
@@ -228,6 +250,7 @@ class Task:
             if out is not None and len(out):
                 self.counts[j].records_out += len(out)
                 await self._process(out, j + 1, 0, keyed=False)
+        await self.stage_outputs(FINAL_COMMIT)
         for channel in self.channels:
             channel.add_control(EndOfStream())
             await channel.flush()
@@ -284,13 +307,95 @@ class Task:
             if channel.aged(now_s):
                 await channel.flush()
 
+    # -- checkpoints (the mechanics; protocols decide when) ---------------------------------
+
+    def snapshot(self) -> bytes:
+        """Every operator's state, copied now (pickle keeps Python types exact)."""
+        return pickle.dumps([op.snapshot() for op in self.ops], protocol=5)
+
+    def restore(self, data: bytes) -> None:
+        for op, state in zip(self.ops, pickle.loads(data)):
+            op.restore(state)
+
+    async def store_state(self, checkpoint_id: int, state: bytes) -> BlobRef:
+        return await asyncio.to_thread(self.checkpoints.put_state, checkpoint_id,
+                                       self.op_names[0], self.index, state)
+
+    async def stage_outputs(self, commit: int) -> None:
+        """Pre-commit: store what each sink staged since the last commit point."""
+        for sink in self.sinks:
+            values = sink.writer.take_staged()
+            if values:
+                key = staged_key(self.config.job_id, sink.ctx.name, self.index, commit)
+                await self.store.aput(key, encode_values(values))
+
+    def checkpoint(self, checkpoint_id: int) -> Awaitable[BlobRef]:
+        """Snapshot now; the returned awaitable stores the snapshot and this task's
+        staged sink outputs, and yields the state blob to acknowledge."""
+        state = self.snapshot()
+        staged = [(sink.ctx.name, sink.writer.take_staged()) for sink in self.sinks]
+
+        async def upload() -> BlobRef:
+            for name, values in staged:
+                if values:
+                    key = staged_key(self.config.job_id, name, self.index, checkpoint_id)
+                    await self.store.aput(key, encode_values(values))
+            return await self.store_state(checkpoint_id, state)
+
+        return upload()
+
+    def acknowledge(self, checkpoint_id: int, ref: BlobRef, meta: Any = None) -> None:
+        self.master.acknowledge.remote(self.attempt, self.task_id, checkpoint_id, ref, meta)
+
+    async def emit_control(self, control: ControlRecord) -> None:
+        """Send a control record on every output channel, now."""
+        for channel in self.channels:
+            channel.add_control(control)
+            await channel.flush()
+
+    def block(self, channel_id: int) -> None:
+        self.blocked.add(channel_id)
+        self.gate.block(channel_id)
+
+    async def release(self, channel_ids: Any) -> None:
+        """Unblock channels: first process what was held back, in order."""
+        for channel_id in channel_ids:
+            self.blocked.discard(channel_id)
+            stash = self.stash[channel_id]
+            while stash and channel_id not in self.blocked:
+                await self._process_frame(self.inputs[channel_id], stash.popleft())
+            if channel_id not in self.blocked:
+                self.gate.unblock(channel_id)
+
+    async def restore_from(self, checkpoint_id: int) -> None:
+        data = await asyncio.to_thread(self.checkpoints.load, checkpoint_id,
+                                       self.op_names[0], self.index)
+        self.restore(data)
+        await self.reapply_commits()
+
+    async def reapply_commits(self) -> None:
+        """Sinks with an outside effect re-apply committed outputs they may have missed
+        (each writer skips what it already applied)."""
+        for sink in self.sinks:
+            if type(sink.writer).apply is SinkWriter.apply:
+                continue
+            blobs = await asyncio.to_thread(committed_blobs, self.store, self.config.job_id,
+                                            sink.ctx.name, self.index)
+            for _, commit, key in blobs:
+                sink.writer.apply(commit, decode_values(await self.store.aget(key)))
+
     # -- reporting -----------------------------------------------------------------------
 
-    def progress(self) -> dict[str, int]:
+    def progress(self) -> dict[str, Any]:
+        recent = {}
+        for sink in self.sinks:
+            recent.update(sink.recent_latency.buckets)
+            sink.recent_latency = type(sink.recent_latency)()
         return {
             "source_records": self.counts[0].records_out if self.source else 0,
             "sink_records": sum(self.counts[j].records_in for j, op in enumerate(self.ops)
                                 if isinstance(op, SinkOp)),
+            "latency": recent,
         }
 
     def report(self) -> dict[str, Any]:
@@ -299,8 +404,7 @@ class Task:
             "index": self.index,
             "operators": {name: (c.records_in, c.records_out)
                           for name, c in zip(self.op_names, self.counts)},
-            "sinks": {op.ctx.name: {"committed": op.writer.committed(),
-                                    "latency": op.latency.buckets,
+            "sinks": {op.ctx.name: {"latency": op.latency.buckets,
                                     "timeline": op.timeline} for op in self.sinks},
             "dead_letters": self.dead_letters,
             "started_s": self.started_s,
@@ -316,20 +420,32 @@ class Task:
 @ray.remote(num_cpus=0)
 class Worker:
     """A Ray actor hosting the tasks of one slot (instance ``i`` of every chain with
-    ``i % workers == worker_index``)."""
+    ``i % workers == worker_index``). After a failure the job master resets it and
+    deploys again with a new *attempt* number; frames of an older attempt that are
+    still travelling are dropped on arrival."""
 
     def __init__(self, worker_index: int, config: JobConfig):
         self.worker_index = worker_index
         self.config = config
+        self.store = open_store(config.storage_url)
         self.tasks: dict[int, Task] = {}
         self.runners: list[asyncio.Task] = []
+        self.attempt = -1
 
     def ping(self) -> int:
         return self.worker_index
 
-    async def deploy(self, plan: PhysicalPlan, peers: list) -> None:
+    def pid(self) -> int:
+        import os
+        return os.getpid()
+
+    async def deploy(self, plan: PhysicalPlan, peers: list, master: Any, attempt: int,
+                     restore_checkpoint: int | None) -> None:
+        await self.reset()
         config = self.config
-        self.tasks = {t.task_id: Task(t, plan, config) for t in plan.tasks_of(self.worker_index)}
+        self.attempt = attempt
+        self.tasks = {t.task_id: Task(t, plan, config, self.store, master, attempt)
+                      for t in plan.tasks_of(self.worker_index)}
         for task in self.tasks.values():
             for route in task.plan.routes:
                 channels: list[OutputChannel] = []
@@ -342,43 +458,74 @@ class Worker:
                     else:
                         channels.append(RemoteOutputChannel(
                             channel_id, config.frame_records, config.buffer_timeout_s,
-                            _pusher(peers[dst_worker], dst), task.codec,
+                            _pusher(peers[dst_worker], dst, attempt), task.codec,
                             config.max_inflight_frames))
                 task.connect(route, channels)
+            if restore_checkpoint is not None:
+                await task.restore_from(restore_checkpoint)
+            else:
+                await task.reapply_commits()
+
+    async def reset(self) -> None:
+        """Stop every task of the current attempt (their state is discarded)."""
+        for runner in self.runners:
+            runner.cancel()
+        if self.runners:
+            await asyncio.gather(*self.runners, return_exceptions=True)
+        self.runners, self.tasks = [], {}
 
     async def start(self) -> None:
         self.runners = [asyncio.ensure_future(t.run()) for t in self.tasks.values()]
 
-    async def push(self, task_id: int, channel_id: int, seq: int, payload: bytes) -> None:
+    async def push(self, attempt: int, task_id: int, channel_id: int, seq: int,
+                   payload: bytes) -> None:
+        if attempt != self.attempt:
+            return  # a frame of a failed attempt: its records will be replayed
         await self.tasks[task_id].gate.deliver(channel_id, seq, payload)
+
+    def trigger_checkpoint(self, attempt: int, task_ids: list[int], checkpoint_id: int) -> None:
+        if attempt != self.attempt:
+            return
+        for task_id in task_ids:
+            task = self.tasks.get(task_id)
+            if task is not None and not task.finished:
+                task.triggers.append(checkpoint_id)
+
+    async def apply_commit(self, attempt: int, commit: int) -> None:
+        """Commit point ``commit`` is complete: sinks with outside effects apply it."""
+        if attempt != self.attempt:
+            return
+        for task in self.tasks.values():
+            await task.reapply_commits()
 
     def stop_sources(self) -> None:
         for task in self.tasks.values():
             task.stop_requested = True
 
-    async def wait(self) -> dict[str, Any]:
+    async def wait(self, attempt: int) -> dict[str, Any]:
         """Wait until every task finished, or one failed: then report the failure."""
         if not self.runners:
             return {"worker": self.worker_index, "failure": None}
         done, _ = await asyncio.wait(self.runners, return_when=asyncio.FIRST_EXCEPTION)
+        if attempt != self.attempt:
+            return {"worker": self.worker_index, "failure": None, "stale": True}
         for runner in done:
+            if runner.cancelled():
+                continue
             exc = runner.exception()
             if exc is not None:
                 return {"worker": self.worker_index, "failure": exc}
         return {"worker": self.worker_index, "failure": None}
 
-    def progress(self) -> dict[str, int]:
-        total = {"source_records": 0, "sink_records": 0}
-        for task in self.tasks.values():
-            for k, v in task.progress().items():
-                total[k] += v
-        return total
+    def progress(self) -> dict[str, Any]:
+        per_task = {t.task_id: t.progress() for t in self.tasks.values()}
+        return {"attempt": self.attempt, "tasks": per_task}
 
     def report(self) -> list[dict[str, Any]]:
         return [t.report() for t in self.tasks.values()]
 
 
-def _pusher(handle: Any, dst_task: int):
+def _pusher(handle: Any, dst_task: int, attempt: int):
     def push(channel_id: int, seq: int, payload: bytes):
-        return handle.push.remote(dst_task, channel_id, seq, payload)
+        return handle.push.remote(attempt, dst_task, channel_id, seq, payload)
     return push

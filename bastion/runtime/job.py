@@ -1,19 +1,22 @@
-"""The job master: deploys a physical plan onto worker actors and watches it run.
+"""The job master: deploys a physical plan onto worker actors, watches it, recovers it.
 
 The job master is a Ray actor of its own, so a job keeps its coordinator when the
 driver is a remote client. Its control loop has named phases:
 
 1. **spawn** — start one worker actor per slot and wait until each answers;
-2. **deploy** — give every worker the plan and the handles of its peers; each builds
-   its tasks and their channels;
-3. **start** — every task starts its loop; sources begin to read;
-4. **watch** — wait for every worker to report its tasks finished; stop the sources
-   after ``duration_s`` for unbounded inputs; on the first failure stop everything;
-5. **collect** — gather committed outputs, counters, latency histograms and dead
-   letters, then release the workers.
-
-Failover (restart from a recovery line) belongs to the fault-tolerance protocols and
-hooks in at the watch phase.
+2. **deploy** — give every worker the plan, its peers and the attempt number; each
+   builds its tasks and channels and, after a failure, restores their state from the
+   recovery line;
+3. **start** — tasks start their loops, sources read, the protocol's coordinator
+   starts checkpointing;
+4. **watch** — until every task finished: heartbeats (a worker that does not answer
+   within ``heartbeat_timeout_s`` is dead), actor deaths, task errors, scheduled
+   faults, ``duration_s`` for unbounded inputs, and a progress timeline;
+5. **recover** (on a failure) — stop the coordinator, replace dead workers, reset the
+   others, ask the protocol for the recovery line, and go back to *deploy* with the
+   next attempt;
+6. **commit and collect** — make the end-of-stream outputs visible, gather counters,
+   latency histograms and dead letters, release the workers.
 """
 
 from __future__ import annotations
@@ -25,9 +28,23 @@ from typing import Any
 import ray
 
 from bastion.errors import UDFError
+from bastion.protocols import get_protocol
+from bastion.protocols.base import cancel
+from bastion.runtime import faults as fault_injection
 from bastion.runtime.config import JobConfig
 from bastion.runtime.instance import Worker
+from bastion.runtime.metrics import LatencyHistogram
+from bastion.runtime.outputs import FINAL_COMMIT, marker_key
 from bastion.runtime.plan import PhysicalPlan
+from bastion.storage import CheckpointStore, open_store
+
+
+class _Failure(Exception):
+    def __init__(self, reason: str, worker: int | None = None, udf: UDFError | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.worker = worker
+        self.udf = udf
 
 
 @ray.remote(num_cpus=0)
@@ -35,86 +52,234 @@ class JobMaster:
     def __init__(self, plan: PhysicalPlan, config: JobConfig):
         self.plan = plan
         self.config = config
+        self.store = open_store(config.storage_url)
+        self.checkpoints = CheckpointStore(self.store, config.job_id)
+        self.protocol = get_protocol(config.protocol)
+        self.coordinator = self.protocol.coordinator(self)
         self.workers: list = []
+        self.attempt = 0
         self.phase = "created"
         self.started_s: float | None = None
-        self._last_progress = {"source_records": 0, "sink_records": 0}
+        self.events: list[dict[str, Any]] = []
+        self.timeline: list[dict[str, Any]] = []
+        self.finished_tasks: set[int] = set()
+        self.source_tasks = {t.task_id for t in plan.tasks
+                             if plan.topology.nodes[plan.chains[t.chain_id].ops[0]].kind
+                             == "source"}
+        self.kills = fault_injection.validate(config.faults, plan)
+        self._counts: dict[int, tuple[int, int, int]] = {}  # task -> attempt, src, sink
+        self._totals = {"source_records": 0, "sink_records": 0}
+
+    # -- what coordinators use ------------------------------------------------------------
+
+    def record_event(self, kind: str, **fields: Any) -> None:
+        t = time.time()
+        self.events.append({"kind": kind, "t": t,
+                            "t_s": t - self.started_s if self.started_s else 0.0, **fields})
+
+    def unfinished_tasks(self) -> set[int]:
+        return {t.task_id for t in self.plan.tasks} - self.finished_tasks
+
+    def all_sources_running(self) -> bool:
+        return not (self.source_tasks & self.finished_tasks)
+
+    async def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
+        by_worker: dict[int, list[int]] = {}
+        for task_id in self.source_tasks:
+            by_worker.setdefault(self.plan.tasks[task_id].worker, []).append(task_id)
+        for w, task_ids in by_worker.items():
+            self.workers[w].trigger_checkpoint.remote(attempt, task_ids, checkpoint_id)
+
+    async def commit_outputs(self, attempt: int, commit: int) -> None:
+        """Make the sink outputs staged for ``commit`` visible (the second phase)."""
+        await self.store.aput(marker_key(self.config.job_id, commit), b"")
+        await asyncio.gather(*[w.apply_commit.remote(attempt, commit) for w in self.workers],
+                             return_exceptions=True)
+
+    def acknowledge(self, attempt: int, task_id: int, checkpoint_id: int, ref: Any,
+                    meta: Any = None) -> None:
+        self.coordinator.on_acknowledge(attempt, task_id, checkpoint_id, ref, meta)
+
+    # -- the control loop -----------------------------------------------------------------
 
     async def run(self) -> dict[str, Any]:
         plan, config = self.plan, self.config
+        me = ray.get_runtime_context().current_actor
         try:
             self.phase = "spawn"
             t0 = time.time()
-            self.workers = [Worker.remote(i, config)
-                            for i in range(plan.workers)]
+            self.workers = [self._spawn(i) for i in range(plan.workers)]
             await asyncio.gather(*[w.ping.remote() for w in self.workers])
-            spawned_s = time.time()
-
-            self.phase = "deploy"
-            await asyncio.gather(*[w.deploy.remote(plan, self.workers) for w in self.workers])
-
-            self.phase = "start"
-            self.started_s = time.time()
-            await asyncio.gather(*[w.start.remote() for w in self.workers])
-
-            self.phase = "watch"
-            failure = await self._watch()
+            spawn_s = time.time() - t0
+            restore: int | None = None
+            injector = None
+            while True:
+                self.phase = "deploy"
+                await asyncio.gather(*[w.deploy.remote(plan, self.workers, me, self.attempt,
+                                                       restore) for w in self.workers])
+                self.phase = "start"
+                self.finished_tasks = set()
+                if self.started_s is None:
+                    self.started_s = time.time()
+                    self.record_event("started")
+                    injector = asyncio.ensure_future(self._inject_faults())
+                await asyncio.gather(*[w.start.remote() for w in self.workers])
+                if self.attempt:
+                    self.record_event("restarted", attempt=self.attempt, checkpoint=restore)
+                self.coordinator.start(self.attempt)
+                self.phase = "watch"
+                try:
+                    await self._watch()
+                    break
+                except _Failure as failure:
+                    await self.coordinator.stop()
+                    if failure.udf is not None:
+                        return {"failure": failure.udf}
+                    self.record_event("failure_detected", reason=failure.reason,
+                                      worker=failure.worker)
+                    if self.attempt >= config.max_restarts:
+                        return {"failure": f"{failure.reason} (gave up after "
+                                           f"{config.max_restarts} restarts)"}
+                    self.phase = "recover"
+                    await self._replace_workers(failure)
+                    restore = await self.coordinator.recovery_line()
+                    self.attempt += 1
+            await self.coordinator.stop()
+            await cancel(injector)
             finished_s = time.time()
-            if failure is not None:
-                return {"failure": failure}
 
+            self.phase = "commit"
+            await self.commit_outputs(self.attempt, FINAL_COMMIT)
             self.phase = "collect"
             reports = await asyncio.gather(*[w.report.remote() for w in self.workers])
             self.phase = "done"
             return {
                 "failure": None,
-                "spawn_s": spawned_s - t0,
+                "spawn_s": spawn_s,
                 "started_s": self.started_s,
                 "finished_s": finished_s,
                 "tasks": [task for worker in reports for task in worker],
+                "events": self.events,
+                "timeline": self.timeline,
+                "protocol": self.coordinator.stats(),
+                "attempts": self.attempt + 1,
             }
         finally:
             for w in self.workers:
                 ray.kill(w)
 
-    async def _watch(self) -> Any:
-        waits = {asyncio.ensure_future(w.wait.remote()): i for i, w in enumerate(self.workers)}
-        stopper = None
-        if self.config.duration_s is not None:
-            stopper = asyncio.ensure_future(self._stop_after(self.config.duration_s))
-        pending = set(waits)
+    def _spawn(self, index: int) -> Any:
+        return Worker.options(max_concurrency=10_000).remote(index, self.config)
+
+    async def _replace_workers(self, failure: _Failure) -> None:
+        """Replace every worker that is dead; the survivors are reset by the next deploy."""
+        alive = await asyncio.gather(*[self._answers(w) for w in self.workers])
+        for i, ok in enumerate(alive):
+            if not ok or i == failure.worker:
+                ray.kill(self.workers[i], no_restart=True)
+                self.workers[i] = self._spawn(i)
+        await asyncio.gather(*[w.ping.remote() for w in self.workers])
+
+    async def _answers(self, worker: Any) -> bool:
         try:
-            while pending:
+            await asyncio.wait_for(asyncio.ensure_future(worker.ping.remote()),
+                                   self.config.heartbeat_timeout_s)
+            return True
+        except (asyncio.TimeoutError, ray.exceptions.RayError):
+            return False
+
+    async def _watch(self) -> None:
+        """Return when every task finished; raise `_Failure` on the first failure."""
+        attempt = self.attempt
+        waits = {asyncio.ensure_future(w.wait.remote(attempt)): i
+                 for i, w in enumerate(self.workers)}
+        helpers = [asyncio.ensure_future(self._heartbeats()),
+                   asyncio.ensure_future(self._poll_progress())]
+        if self.config.duration_s is not None:
+            helpers.append(asyncio.ensure_future(self._stop_after(self.config.duration_s)))
+        pending = set(waits) | set(helpers[:1])
+        try:
+            while any(f in pending for f in waits):
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for fut in done:
+                    if fut not in waits:
+                        fut.result()  # the heartbeat loop only returns by raising
+                        continue
                     try:
                         report = fut.result()
                     except ray.exceptions.RayActorError as exc:
-                        return f"worker {waits[fut]} died: {exc}"
-                    if report["failure"] is not None:
-                        failure = report["failure"]
-                        return failure if isinstance(failure, UDFError) else str(failure)
-            return None
+                        raise _Failure(f"worker {waits[fut]} died: {type(exc).__name__}",
+                                       waits[fut]) from None
+                    failure = report["failure"]
+                    if isinstance(failure, UDFError):
+                        raise _Failure(str(failure), waits[fut], udf=failure)
+                    if failure is not None:
+                        raise _Failure(f"worker {waits[fut]}: {failure}", waits[fut])
+                    self.finished_tasks |= {t.task_id for t in self.plan.tasks_of(waits[fut])}
         finally:
-            if stopper is not None:
-                stopper.cancel()
+            for fut in list(waits) + helpers:
+                fut.cancel()
+            await self._poll_once()
+
+    async def _heartbeats(self) -> None:
+        period_s = self.config.heartbeat_timeout_s / 4
+        while True:
+            await asyncio.sleep(period_s)
+            alive = await asyncio.gather(*[self._answers(w) for w in self.workers])
+            for i, ok in enumerate(alive):
+                if not ok:
+                    raise _Failure(f"worker {i} missed its heartbeat "
+                                   f"({self.config.heartbeat_timeout_s} s)", i)
+
+    async def _inject_faults(self) -> None:
+        for at_s, worker, what in self.kills:
+            delay = self.started_s + at_s - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self.record_event("fault", what=what, worker=worker)
+            ray.kill(self.workers[worker], no_restart=True)
 
     async def _stop_after(self, duration_s: float) -> None:
         await asyncio.sleep(duration_s)
-        await self.stop()
+        await asyncio.gather(*[w.stop_sources.remote() for w in self.workers],
+                             return_exceptions=True)
 
-    async def stop(self) -> None:
-        """End unbounded sources: they send end-of-stream and the job drains."""
-        await asyncio.gather(*[w.stop_sources.remote() for w in self.workers])
+    # -- progress ---------------------------------------------------------------------
+
+    async def _poll_progress(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.progress_interval_s)
+            await self._poll_once()
+
+    async def _poll_once(self) -> None:
+        """Add one point to the timeline: records per second since the last point and
+        the latency of what sinks received meanwhile. Counters restart with each
+        attempt; only increments count, so a killed worker's history is kept."""
+        replies = await asyncio.gather(
+            *[asyncio.wait_for(asyncio.ensure_future(w.progress.remote()), 1.0)
+              for w in self.workers], return_exceptions=True)
+        gained = {"source_records": 0, "sink_records": 0}
+        latency = LatencyHistogram()
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                continue
+            for task_id, p in reply["tasks"].items():
+                attempt, src, snk = self._counts.get(task_id, (reply["attempt"], 0, 0))
+                if attempt != reply["attempt"]:
+                    src, snk = 0, 0
+                gained["source_records"] += p["source_records"] - src
+                gained["sink_records"] += p["sink_records"] - snk
+                self._counts[task_id] = (reply["attempt"], p["source_records"],
+                                         p["sink_records"])
+                latency.merge(LatencyHistogram(p["latency"]))
+        for k, v in gained.items():
+            self._totals[k] += v
+        if self.started_s is not None:
+            p99 = latency.percentile(99)
+            self.timeline.append({"t_s": time.time() - self.started_s, **gained,
+                                  "latency_p99_ms": None if p99 is None else p99 * 1000})
 
     async def progress(self) -> dict[str, Any]:
-        if self.phase == "watch":
-            try:
-                parts = await asyncio.wait_for(
-                    asyncio.gather(*[w.progress.remote() for w in self.workers]), 2.0)
-                self._last_progress = {
-                    k: sum(p[k] for p in parts) for k in ("source_records", "sink_records")}
-            except (asyncio.TimeoutError, ray.exceptions.RayError):
-                pass
         elapsed = time.time() - self.started_s if self.started_s else 0.0
-        return {"phase": self.phase, "elapsed_s": elapsed, **self._last_progress}
+        return {"phase": self.phase, "elapsed_s": elapsed, "attempt": self.attempt,
+                **self._totals}

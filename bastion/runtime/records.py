@@ -151,6 +151,23 @@ class EndOfStream(ControlRecord):
     code: ClassVar[int] = 2
 
 
+@control_record
+@dataclass(frozen=True)
+class Barrier(ControlRecord):
+    """Checkpoint ``checkpoint_id``: everything before it on this channel belongs to
+    the checkpoint, everything after it does not (Chandy–Lamport marker)."""
+
+    checkpoint_id: int
+    code: ClassVar[int] = 3
+
+    def payload(self) -> Any:
+        return self.checkpoint_id
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> "Barrier":
+        return cls(payload)
+
+
 # -- wire format -------------------------------------------------------------------------
 
 

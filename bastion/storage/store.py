@@ -45,7 +45,8 @@ import random
 import threading
 import time
 import uuid
-from typing import Any, Callable, TypeVar
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from .errors import (
@@ -343,10 +344,10 @@ _RETRYABLE_S3_CODES = frozenset({
 
 
 # MinioStore's tunables and their defaults; a store's URL names those it changes.
-_S3_DEFAULTS: dict[str, Any] = {
+_S3_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "region": "us-east-1", "retry_attempts": 5, "retry_base_delay_s": 0.2,
     "retry_max_delay_s": 5.0, "timeout_s": 30.0, "part_size_bytes": 16 * _MIB,
-}
+})
 
 
 def _env_credentials() -> tuple[str | None, str | None]:

@@ -1,0 +1,175 @@
+"""Coordinated checkpoints: aligned barriers (Chandy–Lamport, as Flink's ABS).
+
+Every ``checkpoint_interval`` seconds the coordinator picks a new checkpoint id and
+asks each source task to start it. A source snapshots its offset, then sends a
+*barrier* on every output channel: everything it sent before the barrier belongs to
+the checkpoint, everything after does not. A task with several inputs *aligns*: once
+a barrier arrived on one input it holds that input back (its senders stall, since the
+channel keeps their credits) until the barrier arrived on every input; then the task's
+state reflects exactly the records before the barriers. It snapshots, forwards the
+barrier, lets the held-back records through, and stores its state and its sinks'
+staged outputs. The coordinator completes the checkpoint when every task has
+acknowledged: it writes the manifest (the commit point of the state) and then the
+output marker (the commit point of the sinks).
+
+No records are in flight across a barrier, so no channel state is stored, and the
+latest complete checkpoint is always a consistent recovery line: after a failure every
+task restores it and the sources rewind to its offsets. A failure while a checkpoint
+is in progress leaves it without a manifest, so it is never used. Barriers cannot be
+aligned around a cycle (a task would wait for a barrier that waits for it), so this
+protocol rejects topologies with feedback edges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from bastion.errors import TopologyError
+from bastion.protocols.base import Coordinator, Protocol, TaskProtocol, cancel
+from bastion.runtime.records import Barrier, ControlRecord
+from bastion.storage import BlobRef
+
+
+class AlignedBarriers(TaskProtocol):
+    def __init__(self, task: Any):
+        super().__init__(task)
+        self.aligning: dict[int, set[int]] = {}  # checkpoint id -> channels with barrier
+
+    async def on_trigger(self, checkpoint_id: int) -> None:
+        await self._checkpoint(checkpoint_id)
+
+    async def on_control(self, channel: Any, control: ControlRecord) -> None:
+        if not isinstance(control, Barrier):
+            await super().on_control(channel, control)
+            return
+        arrived = self.aligning.setdefault(control.checkpoint_id, set())
+        arrived.add(channel.channel_id)
+        self.task.block(channel.channel_id)
+        await self._maybe_aligned()
+
+    async def on_input_ended(self, channel: Any) -> None:
+        # An input that ended sends no barrier: it no longer holds alignment up.
+        await self._maybe_aligned()
+
+    async def _maybe_aligned(self) -> None:
+        for checkpoint_id in sorted(self.aligning):
+            arrived = self.aligning[checkpoint_id]
+            if not self.task.open_inputs <= arrived:
+                return
+            del self.aligning[checkpoint_id]
+            await self._checkpoint(checkpoint_id)
+            await self.task.release(arrived)
+
+    async def _checkpoint(self, checkpoint_id: int) -> None:
+        upload = self.task.checkpoint(checkpoint_id)      # snapshot, synchronously
+        await self.task.emit_control(Barrier(checkpoint_id))
+        ref = await upload                                 # state + staged outputs stored
+        self.task.acknowledge(checkpoint_id, ref)
+
+
+class CheckpointCoordinator(Coordinator):
+    """Triggers checkpoints on a timer and completes them when every task acked."""
+
+    def __init__(self, master: Any):
+        super().__init__(master)
+        self.interval_s = master.config.checkpoint_interval_s
+        self.timeout_s = max(10.0, 10 * self.interval_s)
+        self.next_id = 1 + max(master.checkpoints.list_complete() or [0])
+        self.in_progress: dict[int, dict[str, Any]] = {}
+        self.attempt = -1
+        self.loop: asyncio.Task | None = None
+        self.completed: list[dict[str, Any]] = []
+        self.aborted = 0
+
+    def start(self, attempt: int) -> None:
+        self.attempt = attempt
+        self.loop = asyncio.ensure_future(self._trigger_loop())
+
+    async def stop(self) -> None:
+        await cancel(self.loop)
+        self.aborted += len(self.in_progress)
+        self.in_progress.clear()
+
+    async def _trigger_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            now = time.time()
+            for checkpoint_id, cp in list(self.in_progress.items()):
+                if now - cp["started_s"] > self.timeout_s:
+                    del self.in_progress[checkpoint_id]
+                    self.aborted += 1
+                    self.master.record_event("checkpoint_aborted", checkpoint_id=checkpoint_id)
+            if self.in_progress:
+                continue  # one checkpoint at a time
+            waiting = self.master.unfinished_tasks()
+            if not waiting or not self.master.all_sources_running():
+                continue  # a finished source can no longer inject barriers
+            checkpoint_id = self.next_id
+            self.next_id += 1
+            self.in_progress[checkpoint_id] = {"started_s": now, "waiting": set(waiting),
+                                               "refs": []}
+            await self.master.trigger_sources(self.attempt, checkpoint_id)
+
+    def on_acknowledge(self, attempt: int, task_id: int, checkpoint_id: int,
+                       ref: BlobRef, meta: Any) -> None:
+        cp = self.in_progress.get(checkpoint_id)
+        if attempt != self.attempt or cp is None:
+            return
+        cp["waiting"].discard(task_id)
+        cp["refs"].append(ref)
+        if not cp["waiting"]:
+            del self.in_progress[checkpoint_id]
+            asyncio.ensure_future(self._complete(checkpoint_id, cp))
+
+    async def _complete(self, checkpoint_id: int, cp: dict[str, Any]) -> None:
+        attempt = self.attempt
+        await asyncio.to_thread(self.master.checkpoints.commit, checkpoint_id, cp["refs"],
+                                {"attempt": attempt})
+        if attempt != self.attempt:
+            return  # a failure came first; the manifest is harmless but outputs wait
+        duration_s = time.time() - cp["started_s"]
+        state_bytes = sum(r.size for r in cp["refs"])
+        self.completed.append({"checkpoint_id": checkpoint_id, "duration_s": duration_s,
+                               "state_bytes": state_bytes})
+        self.master.record_event("checkpoint_completed", checkpoint_id=checkpoint_id,
+                                 duration_s=duration_s, state_bytes=state_bytes)
+        await self.master.commit_outputs(attempt, checkpoint_id)
+
+    async def recovery_line(self) -> int | None:
+        manifest = await asyncio.to_thread(self.master.checkpoints.latest_complete)
+        return None if manifest is None else manifest.checkpoint_id
+
+    def stats(self) -> dict[str, Any]:
+        durations = [c["duration_s"] for c in self.completed]
+        return {
+            "checkpoints_completed": len(self.completed),
+            "checkpoints_aborted": self.aborted,
+            "checkpoint_duration_s_avg": sum(durations) / len(durations) if durations else None,
+            "checkpoint_duration_s_max": max(durations, default=None),
+            "state_bytes_last": self.completed[-1]["state_bytes"] if self.completed else None,
+        }
+
+
+class CoordinatedProtocol(Protocol):
+    name = "coordinated"
+    exactly_once = True
+    needs_checkpoint_interval = True
+
+    def check(self, topology: Any) -> None:
+        for node in topology.nodes.values():
+            for inp in node.inputs:
+                if inp.feedback:
+                    raise TopologyError(
+                        f"protocol 'coordinated' cannot run topology {topology.name!r}: "
+                        f"the feedback edge {inp.upstream!r} -> {node.name!r} closes a "
+                        "cycle, and aligned barriers deadlock on cycles (operator "
+                        f"{node.name!r} would wait for a barrier that waits for it); use "
+                        "protocol='uncoordinated' or 'cic'")
+
+    def task_protocol(self, task: Any) -> TaskProtocol:
+        return AlignedBarriers(task)
+
+    def coordinator(self, master: Any) -> Coordinator:
+        return CheckpointCoordinator(master)
