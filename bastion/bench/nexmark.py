@@ -348,12 +348,12 @@ def q3(topo: Topology, config: NexmarkConfig, sink: Sink, *, parallelism: int = 
     person from OR, ID or CA.
 
     NexMark's Q3 is an *unbounded* incremental join: a match is emitted as soon as both
-    sides have arrived, however far apart in time. The DSL's `join` is windowed, and a
-    window "large enough" would only approximate that (and would fire nothing useful:
-    its state lives until the window closes anyway). A keyed `stateful_map` over the
-    union of both sides is the exact semantics — the same state NexMark's reference
-    implementation keeps (every person; auctions until their seller shows up) — so Q3
-    uses that.
+    sides have arrived, however far apart in time. The DSL's `join` is windowed: a
+    window sized to cover a whole bounded run would give the same pairs, but on an
+    unbounded stream it loses every pair that straddles a window boundary and buffers
+    both sides in full. A keyed `stateful_map` over the union of both sides has the
+    exact semantics and keeps the state NexMark's reference implementation keeps (the
+    qualifying persons; auctions only until their seller shows up), so Q3 uses that.
     """
     src = nexmark_source(topo, f"{prefix}-events", config, rate=rate,
                          parallelism=parallelism)
@@ -587,15 +587,16 @@ def _reach_sources(topo: Topology, config: ReachabilityConfig, prefix: str
     return links, roots.map(f"{prefix}-seed", root_fact)
 
 
-def _reach_stage(links: Stream, facts: Stream, stage: str, parallelism: int
-                 ) -> tuple[Stream, Stream]:
-    """join → split: the newly reached facts, and the (link, fact) pairs."""
+def _reach_stage(links: Stream, facts: Stream, stage: str, parallelism: int,
+                 with_pairs: bool = True) -> tuple[Stream, Stream | None]:
+    """join → split: the newly reached facts, and (``with_pairs``) the (link, fact)
+    pairs that make the next hop."""
     joined = links.union(facts, name=f"{stage}-in").key_by(reach_key) \
         .stateful_map(f"{stage}-join", reach_join_step, initial=None,
                       parallelism=parallelism) \
         .flat_map(f"{stage}-items", _explode)
-    return (joined.filter(f"{stage}-reached", is_reached),
-            joined.filter(f"{stage}-pairs", is_pair))
+    pairs = joined.filter(f"{stage}-pairs", is_pair) if with_pairs else None
+    return joined.filter(f"{stage}-reached", is_reached), pairs
 
 
 def _select_project(pairs: Stream, stage: str) -> Stream:
@@ -607,10 +608,12 @@ def reachability(topo: Topology, config: ReachabilityConfig, sink: Sink, *,
     """CheckMate's cyclic query (§VI, Figure 6, adapted from FFP): ``(root, vertex,
     path)`` once for every vertex reachable from a root.
 
-    links ─┐
-           ├─ union → join (keyed by vertex) → select → project ─┐
-    roots ─┘             ▲    └─ newly reached → sink          │
-                         └─────────── feedback ─────────────────┘
+        links ---------------.
+                              +--> union --> join --> items --+--> reached --> sink
+        roots --> seed ------'               ^                |
+                                             |                '--> pairs --> select
+                                             |                                 |
+                                             '-- feedback (by vertex) <-- project
 
     Each projected fact travels the feedback edge back into the join, hash-partitioned
     by its vertex, to meet that vertex's out-links: one trip round the loop per hop.
@@ -628,41 +631,34 @@ def reachability_unrolled(topo: Topology, config: ReachabilityConfig, sink: Sink
                           depth: int, parallelism: int = 1, prefix: str = "reach") -> str:
     """The reachability query with its loop unrolled ``depth`` times — an acyclic graph
     that runs on any protocol and exercises the same step functions. Stage ``k`` joins
-    the ``k``-hop facts with all links; each stage forgets what earlier stages saw, so a
-    vertex can be reported once per distance at which it is first reached by a stage.
-    The distinct ``(root, vertex)`` pairs are those at most ``depth - 1`` hops away."""
+    the ``k``-hop facts with all links and knows nothing of earlier stages, so a
+    ``(root, vertex)`` pair can be reported by several stages — at most once per hop
+    count. The distinct pairs are those at most ``depth - 1`` hops apart."""
     if depth < 1:
         raise ValueError(f"depth must be >= 1, got {depth}")
     links, facts = _reach_sources(topo, config, prefix)
     outputs = []
     for k in range(depth):
         stage = f"{prefix}-{k}"
-        reached, pairs = _reach_stage(links, facts, stage, parallelism)
+        # The last stage makes no pairs: they would only feed a next hop that does not
+        # exist, and an operator whose output nobody consumes fails validation.
+        last = k + 1 == depth
+        reached, pairs = _reach_stage(links, facts, stage, parallelism, with_pairs=not last)
         outputs.append(reached)
-        if k + 1 < depth:
+        if pairs is not None:
             facts = _select_project(pairs, stage)
-        else:
-            # The last stage's pairs would leave the graph unconsumed; they only
-            # matter to the next hop, which does not exist.
-            pairs.sink(f"{stage}-dropped", _discard())
     merged = outputs[0].union(*outputs[1:], name=f"{prefix}-merged") if depth > 1 \
         else outputs[0]
     return _finish(topo, merged.map(f"{prefix}-output", reach_output), sink, prefix)
 
 
-def _discard() -> Sink:
-    from bastion.sinks import Discard
-
-    return Discard()
-
-
-def run_reachability_loop(links: list[Event], roots: list[Event]) -> list[tuple]:
+def run_reachability_loop(inputs: list[Event]) -> list[tuple]:
     """The cyclic query without a runtime: the step functions of `reachability`, with a
     FIFO queue standing in for the feedback edge and one state dict for the keyed join.
-    Links and roots enter in the given order, before any fact from the loop — so
-    callers can try different interleavings. Returns the output records in order."""
+    ``inputs`` are link and root events in any interleaving; they all enter before the
+    first fact comes back round the loop. Returns the output records in order."""
     state: dict[int, ReachState | None] = {}
-    queue: deque[Event] = deque([*links, *(root_fact(r) for r in roots)])
+    queue: deque[Event] = deque(root_fact(e) if e["kind"] == "root" else e for e in inputs)
     output: list[tuple] = []
     while queue:
         item = queue.popleft()
