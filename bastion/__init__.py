@@ -15,14 +15,16 @@ Build a `Topology` with the DSL, run it with `run`, and read `RunResult.outputs`
 
 from bastion import aggregations, sinks, sources, windows
 from bastion.errors import BastionError, JobFailedError, TopologyError, UDFError
+from bastion.drills import DrillReport, drill
 from bastion.launcher import RunResult, run
+from bastion.runtime import faults
 from bastion.runtime.operators import DeadLetter
 from bastion.runtime.records import Codec, stable_hash
 from bastion.topology import KeyedStream, Stream, Topology
 
 __all__ = [
-    "BastionError", "Codec", "DeadLetter", "JobFailedError", "KeyedStream", "RunResult",
-    "Stream", "Topology", "TopologyError", "UDFError", "aggregations", "run", "sinks",
+    "BastionError", "Codec", "DeadLetter", "DrillReport", "JobFailedError", "KeyedStream", "RunResult",
+    "Stream", "Topology", "TopologyError", "UDFError", "aggregations", "drill", "faults", "run", "sinks",
     "sources", "stable_hash", "windows",
 ]
 __version__ = "0.1.0"

@@ -28,6 +28,17 @@ class SourceReader:
     def seek(self, offset: int) -> None:
         self.offset = offset
 
+    def state(self) -> Any:
+        """What a checkpoint stores to resume this reader (by default, its offset)."""
+        return self.offset
+
+    def restore(self, state: Any) -> None:
+        self.seek(state)
+
+    def lag(self, now_s: float) -> int:
+        """Records already due but not read yet (a paced source that fell behind)."""
+        return 0
+
 
 class Source:
     """A replayable input; `open` gives instance ``index`` of ``parallelism`` its reader."""
@@ -77,9 +88,22 @@ class _GeneratorReader(SourceReader):
         self.started_s: float | None = None
         self.started_offset = 0
 
-    def seek(self, offset: int) -> None:
-        self.offset = offset
-        self.started_s = None
+    # Pacing follows the original schedule: after a rewind the records between the
+    # restored offset and the schedule are a backlog, read as fast as possible, as
+    # from a message queue that kept filling while the job was down.
+    def state(self) -> Any:
+        return (self.offset, self.started_s, self.started_offset)
+
+    def restore(self, state: Any) -> None:
+        self.offset, self.started_s, self.started_offset = state
+
+    def lag(self, now_s: float) -> int:
+        if self.rate_per_instance is None or self.started_s is None:
+            return 0
+        due = self.started_offset + int((now_s - self.started_s) * self.rate_per_instance)
+        if self.share is not None:
+            due = min(due, self.share)
+        return max(0, due - self.offset)
 
     def read(self, max_records: int, now_s: float) -> list | None:
         if self.share is not None and self.offset >= self.share:

@@ -71,6 +71,10 @@ class Coordinator:
                        ref: "BlobRef", meta: Any) -> None:
         """A task stored its part of ``checkpoint_id``."""
 
+    def checkpoint_in_progress(self) -> int | None:
+        """The id of a checkpoint started and not yet complete, if any."""
+        return None
+
     async def recovery_line(self) -> int | None:
         """The checkpoint to restore every task from after a failure (None: restart
         from the beginning)."""

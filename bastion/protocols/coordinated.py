@@ -137,6 +137,9 @@ class CheckpointCoordinator(Coordinator):
                                  duration_s=duration_s, state_bytes=state_bytes)
         await self.master.commit_outputs(attempt, checkpoint_id)
 
+    def checkpoint_in_progress(self) -> int | None:
+        return min(self.in_progress, default=None)
+
     async def recovery_line(self) -> int | None:
         manifest = await asyncio.to_thread(self.master.checkpoints.latest_complete)
         return None if manifest is None else manifest.checkpoint_id

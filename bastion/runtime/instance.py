@@ -393,6 +393,7 @@ class Task:
             sink.recent_latency = type(sink.recent_latency)()
         return {
             "source_records": self.counts[0].records_out if self.source else 0,
+            "source_lag": self.source.reader.lag(time.time()) if self.source else 0,
             "sink_records": sum(self.counts[j].records_in for j, op in enumerate(self.ops)
                                 if isinstance(op, SinkOp)),
             "latency": recent,
@@ -417,7 +418,7 @@ class Task:
         }
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, concurrency_groups={"liveness": 1})
 class Worker:
     """A Ray actor hosting the tasks of one slot (instance ``i`` of every chain with
     ``i % workers == worker_index``). After a failure the job master resets it and
@@ -432,12 +433,11 @@ class Worker:
         self.runners: list[asyncio.Task] = []
         self.attempt = -1
 
+    @ray.method(concurrency_group="liveness")
     def ping(self) -> int:
+        """Heartbeat. It runs on its own thread, so a user function that keeps the
+        tasks' event loop busy does not make a live process look dead."""
         return self.worker_index
-
-    def pid(self) -> int:
-        import os
-        return os.getpid()
 
     async def deploy(self, plan: PhysicalPlan, peers: list, master: Any, attempt: int,
                      restore_checkpoint: int | None) -> None:

@@ -232,11 +232,14 @@ class JobMaster:
                                    f"({self.config.heartbeat_timeout_s} s)", i)
 
     async def _inject_faults(self) -> None:
-        for at_s, worker, what in self.kills:
+        for at_s, worker, what, during_checkpoint in self.kills:
             delay = self.started_s + at_s - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            self.record_event("fault", what=what, worker=worker)
+            while during_checkpoint and not self.coordinator.checkpoint_in_progress():
+                await asyncio.sleep(0.002)
+            self.record_event("fault", what=what, worker=worker,
+                              checkpoint_in_progress=self.coordinator.checkpoint_in_progress())
             ray.kill(self.workers[worker], no_restart=True)
 
     async def _stop_after(self, duration_s: float) -> None:
@@ -259,6 +262,7 @@ class JobMaster:
             *[asyncio.wait_for(asyncio.ensure_future(w.progress.remote()), 1.0)
               for w in self.workers], return_exceptions=True)
         gained = {"source_records": 0, "sink_records": 0}
+        lag = 0
         latency = LatencyHistogram()
         for reply in replies:
             if isinstance(reply, BaseException):
@@ -272,11 +276,14 @@ class JobMaster:
                 self._counts[task_id] = (reply["attempt"], p["source_records"],
                                          p["sink_records"])
                 latency.merge(LatencyHistogram(p["latency"]))
+                lag += p["source_lag"]
         for k, v in gained.items():
             self._totals[k] += v
         if self.started_s is not None:
             p99 = latency.percentile(99)
             self.timeline.append({"t_s": time.time() - self.started_s, **gained,
+                                  "source_lag": lag, "workers_answering": sum(
+                                      not isinstance(r, BaseException) for r in replies),
                                   "latency_p99_ms": None if p99 is None else p99 * 1000})
 
     async def progress(self) -> dict[str, Any]:

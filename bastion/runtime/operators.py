@@ -471,11 +471,11 @@ class SourceOp(Operator):
         return Batch(None, kept, stamps, [now_s] * len(kept))
 
     def snapshot(self) -> Any:
-        return (self.reader.offset, self.max_ts)
+        return (self.reader.state(), self.max_ts)
 
     def restore(self, state: Any) -> None:
-        offset, self.max_ts = state
-        self.reader.seek(offset)
+        reader_state, self.max_ts = state
+        self.reader.restore(reader_state)
 
 
 class SinkOp(Operator):

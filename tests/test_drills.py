@@ -1,0 +1,155 @@
+"""Recovery drills with real process kills: exactly-once under failure.
+
+Every exactly-once protocol must commit exactly the reference run's outputs — nothing
+lost, nothing duplicated — when worker processes are killed mid-stream. Each drill
+runs a seeded kill schedule; the first schedules of each workload run in every CI
+run, the rest are marked slow (CI runs them too).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import bastion as bn
+from bastion.storage import CheckpointStore, open_store
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+PROTOCOLS = ["coordinated"]
+WORDS = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen", "ibis"]
+
+
+def wordcount(rate=1500, count=4500):
+    topo = bn.Topology("drill-wordcount")
+    lines = topo.source("lines", bn.sources.Generator(
+        lambda i: " ".join(WORDS[(i * k + k) % len(WORDS)] for k in range(1, 4)),
+        count=count, rate=rate))
+    words = lines.flat_map("split", str.split, parallelism=2)
+    words.key_by(lambda w: w).reduce("count", lambda acc, _: acc + 1, initial=0,
+                                     parallelism=2).sink("out", bn.sinks.Collect())
+    return topo
+
+
+def tumbling_count(rate=1500, count=4500):
+    topo = bn.Topology("drill-tumbling")
+    clicks = topo.source("clicks", bn.sources.Generator(
+        lambda i: {"page": f"p{(i * 7) % 5}", "ts": i * 0.01 - (i % 3) * 0.004},
+        count=count, rate=rate), timestamp=lambda c: c["ts"], max_out_of_orderness=0.05)
+    clicks.key_by(lambda c: c["page"]).window(bn.windows.Tumbling(2.0)).aggregate(
+        "per-page", bn.aggregations.Count(), parallelism=2).sink("out", bn.sinks.Collect())
+    return topo
+
+
+def keyed_join(rate=1000, count=3000):
+    topo = bn.Topology("drill-join")
+    orders = topo.source("orders", bn.sources.Generator(
+        lambda i: {"user": f"u{i % 13}", "order": i, "ts": i * 0.01}, count=count,
+        rate=rate), timestamp=lambda o: o["ts"])
+    pays = topo.source("payments", bn.sources.Generator(
+        lambda i: {"user": f"u{(i * 5) % 13}", "pay": i, "ts": i * 0.01 + 0.005},
+        count=count, rate=rate), timestamp=lambda p: p["ts"])
+    joined = orders.key_by(lambda o: o["user"]).join(
+        pays.key_by(lambda p: p["user"]), "match", window=bn.windows.Tumbling(1.0),
+        parallelism=2)
+    joined.map("ids", lambda t: (t[0], t[1]["order"], t[2]["pay"])).sink(
+        "out", bn.sinks.Collect())
+    return topo
+
+
+WORKLOADS = {"wordcount": wordcount, "tumbling": tumbling_count, "join": keyed_join}
+_references: dict[tuple[str, str], dict] = {}
+
+
+def reference(protocol: str, workload: str, storage: str) -> dict:
+    key = (protocol, workload)
+    if key not in _references:
+        _references[key] = bn.run(WORKLOADS[workload](), protocol=protocol,
+                                  checkpoint_interval=0.4, storage=storage).outputs
+    return _references[key]
+
+
+def seeds(fast: int, total: int):
+    return [s if s < fast else pytest.param(s, marks=pytest.mark.slow) for s in range(total)]
+
+
+@pytest.fixture(scope="module")
+def drill_storage(tmp_path_factory):
+    return f"local://{tmp_path_factory.mktemp('drills')}"
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+@pytest.mark.parametrize("seed", seeds(fast=4, total=10))
+def test_random_kills_lose_and_duplicate_nothing(protocol, workload, seed, drill_storage):
+    ref = reference(protocol, workload, drill_storage)
+    assert sum(map(len, ref.values())) > 0
+    report = bn.drill(WORKLOADS[workload](), protocol=protocol, checkpoint_interval=0.4,
+                      faults=[bn.faults.RandomKills(count=1, between=(0.8, 2.0))], seed=seed,
+                      reference_outputs=ref, storage=drill_storage)
+    assert [e["kind"] for e in report.events].count("fault") == 1
+    assert report.metrics.extra["attempts"] == 2, "the kill must have forced a restart"
+    assert report.lost == 0, report.lost_examples
+    assert report.duplicated == 0, report.duplicated_examples
+    assert report.exactly_once
+    assert report.detection_s is not None and report.detection_s < 1.5
+    assert report.restart_s is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_two_kills_in_one_run(protocol, drill_storage):
+    report = bn.drill(wordcount(), protocol=protocol, checkpoint_interval=0.4,
+                      faults=[bn.faults.KillInstance("count", 0, at=0.8),
+                              bn.faults.KillInstance("split", 1, at=2.6)],
+                      reference_outputs=reference(protocol, "wordcount", drill_storage),
+                      storage=drill_storage)
+    assert report.metrics.extra["attempts"] == 3
+    assert report.exactly_once, (report.lost_examples, report.duplicated_examples)
+
+
+def test_kill_during_a_checkpoint_in_progress_never_completes_it(drill_storage):
+    topo = wordcount(rate=1500, count=3000)
+    report = bn.drill(topo, protocol="coordinated", checkpoint_interval=0.3,
+                      faults=[bn.faults.KillInstance("count", 1, at=1.0,
+                                                     during_checkpoint=True)],
+                      storage=drill_storage)
+    assert report.exactly_once, (report.lost_examples, report.duplicated_examples)
+    fault = next(e for e in report.events if e["kind"] == "fault")
+    in_flight = fault["checkpoint_in_progress"]
+    assert in_flight is not None
+    restarted = next(e for e in report.events if e["kind"] == "restarted")
+    completed = [e["checkpoint_id"] for e in report.events
+                 if e["kind"] == "checkpoint_completed"]
+    # the restart resumed from the newest checkpoint before the interrupted one ...
+    assert restarted["checkpoint"] == max(c for c in completed if c < in_flight)
+    # ... and the interrupted checkpoint has no manifest: it is never used
+    assert in_flight not in completed
+    checkpoints = CheckpointStore(open_store(drill_storage), report.job_id)
+    assert not checkpoints.is_complete(in_flight)
+    assert in_flight not in checkpoints.list_complete()
+
+
+def test_a_checkpoint_with_a_missing_blob_is_never_used(tmp_path):
+    storage = f"local://{tmp_path}"
+    result = bn.run(wordcount(count=3000), protocol="coordinated", checkpoint_interval=0.3,
+                    storage=storage)
+    store = open_store(storage)
+    checkpoints = CheckpointStore(store, result.job_id)
+    complete = checkpoints.list_complete()
+    assert len(complete) >= 2
+    newest = checkpoints.manifest(complete[0])
+    victim = next(iter(newest.blobs.values()))
+    store.delete(victim.key)
+    assert checkpoints.list_complete()[0] == complete[1]
+    assert checkpoints.latest_complete().checkpoint_id == complete[1]
+
+
+def test_coordinated_rejects_a_cyclic_topology():
+    topo = bn.Topology("cyclic")
+    src = topo.source("edges", bn.sources.Collection([(1, 2)]))
+    step = src.map("step", lambda e: e)
+    step.sink("out", bn.sinks.Collect())
+    topo.feedback(step, "step")
+    with pytest.raises(bn.TopologyError, match="protocol 'coordinated' cannot run .*"
+                                                "feedback edge 'step' -> 'step'.*deadlock"):
+        bn.run(topo, protocol="coordinated")
