@@ -120,7 +120,7 @@ class _GeneratorReader(SourceReader):
                 return []
         p, fn = self.parallelism, self.fn
         first = self.index + self.offset * p
-        out = [fn(k) for k in range(first, first + n * p, p)]
+        out = list(map(fn, range(first, first + n * p, p)))
         self.offset += n
         return out
 

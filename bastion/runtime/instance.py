@@ -56,7 +56,7 @@ def apply_key(batch: Batch, key_fn: Any, ctx: OperatorContext) -> Batch:
     """Set ``batch.keys`` to ``key_fn(value)``; a raising key function dead-letters its
     record under the keyed operator's name."""
     try:
-        keys = [key_fn(v) for v in batch.values]
+        keys = list(map(key_fn, batch.values))
     except Exception:  # noqa: BLE001
         keys, positions = [], []
         for i, v in enumerate(batch.values):

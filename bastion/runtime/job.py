@@ -169,7 +169,7 @@ class JobMaster:
                 ray.kill(w)
 
     def _spawn(self, index: int) -> Any:
-        return Worker.options(max_concurrency=10_000).remote(index, self.config)
+        return Worker.remote(index, self.config)
 
     async def _replace_workers(self, failure: _Failure) -> None:
         """Replace every worker that is dead; the survivors are reset by the next deploy."""

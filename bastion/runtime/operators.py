@@ -23,6 +23,7 @@ import heapq
 import math
 import time
 import traceback
+from itertools import compress
 from typing import Any, Callable
 
 from bastion import windows as window_specs
@@ -33,6 +34,7 @@ from bastion.runtime.windows import TimeWindows
 from bastion.topology import OpNode
 
 _IMMUTABLE = (int, float, str, bytes, bool, type(None), tuple, frozenset)
+_MISSING = object()
 
 
 class DeadLetter:
@@ -124,7 +126,7 @@ class MapOp(Operator):
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         fn = self.fn
         try:
-            values = [fn(v) for v in batch.values]
+            values = list(map(fn, batch.values))  # C-level loop: faster than a comprehension
         except Exception:  # noqa: BLE001
             positions, values = _per_record(batch, self.ctx, fn)
             out = batch.take(positions)
@@ -141,10 +143,11 @@ class FilterOp(Operator):
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         fn = self.fn
         try:
-            keep = [i for i, v in enumerate(batch.values) if fn(v)]
+            verdicts = list(map(fn, batch.values))
+            positions = range(len(verdicts))
         except Exception:  # noqa: BLE001
             positions, verdicts = _per_record(batch, self.ctx, fn)
-            keep = [i for i, ok in zip(positions, verdicts) if ok]
+        keep = list(compress(positions, verdicts))
         if len(keep) == len(batch):
             return batch
         return batch.take(keep)
@@ -158,7 +161,7 @@ class FlatMapOp(Operator):
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         fn = self.fn
         try:
-            outs = [fn(v) for v in batch.values]
+            outs = list(map(fn, batch.values))
             positions = range(len(outs))
         except Exception:  # noqa: BLE001
             positions, outs = _per_record(batch, self.ctx, fn)
@@ -198,33 +201,48 @@ class KeyedFoldOp(Operator):
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         keys, values = batch.keys, batch.values
-        state, initial, fn, pairs = self.state, self.initial, self.fn, self.emits_pairs
-        out_values: list = []
-        kept: list[int] = []
-        n = len(values)
-        start = 0
-        while start < n:
-            i = start
+        out: list = []
+        try:
+            self._fold(keys, values, out)
+        except Exception:  # noqa: BLE001 - a record failed: finish record by record
+            return self._fold_slow(batch, out)
+        return Batch(keys, out, batch.ts, batch.born, batch.ids)
+
+    def _fold(self, keys: Any, values: Any, out: list) -> None:
+        """The fast path: one output per input, appended to ``out``."""
+        state, initial, fn = self.state, self.initial, self.fn
+        get, append = state.get, out.append
+        if self.emits_pairs:
+            for key, value in zip(keys, values):
+                acc = get(key, _MISSING)
+                if acc is _MISSING:
+                    acc = _fresh(initial)
+                acc = fn(acc, value)
+                state[key] = acc
+                append((key, acc))
+        else:
+            for key, value in zip(keys, values):
+                acc = get(key, _MISSING)
+                if acc is _MISSING:
+                    acc = _fresh(initial)
+                acc, result = fn(acc, value)
+                state[key] = acc
+                append(result)
+
+    def _fold_slow(self, batch: Batch, out: list) -> Batch:
+        # Every record before the failing one succeeded and produced one output each.
+        kept = list(range(len(out)))
+        for i in range(len(out), len(batch)):
+            before = len(out)
             try:
-                for i in range(start, n):
-                    key = keys[i]
-                    acc = state[key] if key in state else _fresh(initial)
-                    if pairs:
-                        acc = fn(acc, values[i])
-                        out = (key, acc)
-                    else:
-                        acc, out = fn(acc, values[i])
-                    state[key] = acc
-                    out_values.append(out)
-                    kept.append(i)
-                start = n
+                self._fold((batch.keys[i],), (batch.values[i],), out)
             except Exception as exc:  # noqa: BLE001
-                self.ctx.dead_letter(values[i], exc)
-                start = i + 1
-        if len(kept) == n:
-            return Batch(keys, out_values, batch.ts, batch.born, batch.ids)
+                del out[before:]
+                self.ctx.dead_letter(batch.values[i], exc)
+                continue
+            kept.append(i)
         out_batch = batch.take(kept)
-        out_batch.values = out_values
+        out_batch.values = out
         return out_batch
 
     def snapshot(self) -> Any:
@@ -446,7 +464,8 @@ class SourceOp(Operator):
         if self.timestamp is None:
             if n:
                 self.max_ts = max(self.max_ts, now_s)
-            return Batch(None, values, [now_s] * n, [now_s] * n)
+            stamps = [now_s] * n  # shared: batches are never mutated
+            return Batch(None, values, stamps, stamps)
         return self._stamp(values, now_s)
 
     def _stamp(self, values: list, now_s: float) -> Batch:
