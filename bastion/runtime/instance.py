@@ -387,16 +387,15 @@ class Task:
     # -- reporting -----------------------------------------------------------------------
 
     def progress(self) -> dict[str, Any]:
-        recent = {}
+        latency: dict[int, int] = {}
         for sink in self.sinks:
-            recent.update(sink.recent_latency.buckets)
-            sink.recent_latency = type(sink.recent_latency)()
+            latency.update(sink.latency.buckets)
         return {
             "source_records": self.counts[0].records_out if self.source else 0,
             "source_lag": self.source.reader.lag(time.time()) if self.source else 0,
             "sink_records": sum(self.counts[j].records_in for j, op in enumerate(self.ops)
                                 if isinstance(op, SinkOp)),
-            "latency": recent,
+            "latency": latency,  # cumulative bucket counts; the job master diffs them
         }
 
     def report(self) -> dict[str, Any]:

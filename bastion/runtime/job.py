@@ -68,6 +68,7 @@ class JobMaster:
                              == "source"}
         self.kills = fault_injection.validate(config.faults, plan)
         self._counts: dict[int, tuple[int, int, int]] = {}  # task -> attempt, src, sink
+        self._latency_seen: dict[int, tuple[int, dict]] = {}  # task -> attempt, buckets
         self._totals = {"source_records": 0, "sink_records": 0}
 
     # -- what coordinators use ------------------------------------------------------------
@@ -275,7 +276,10 @@ class JobMaster:
                 gained["sink_records"] += p["sink_records"] - snk
                 self._counts[task_id] = (reply["attempt"], p["source_records"],
                                          p["sink_records"])
-                latency.merge(LatencyHistogram(p["latency"]))
+                seen_attempt, seen = self._latency_seen.get(task_id, (reply["attempt"], {}))
+                current = LatencyHistogram(p["latency"])
+                latency.merge(current.minus(seen if seen_attempt == reply["attempt"] else {}))
+                self._latency_seen[task_id] = (reply["attempt"], p["latency"])
                 lag += p["source_lag"]
         for k, v in gained.items():
             self._totals[k] += v

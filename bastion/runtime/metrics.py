@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-SAMPLES_PER_BATCH = 8
+SAMPLES_PER_BATCH = 4
 _BUCKET_RATIO = 1.02
 _LOG_RATIO = math.log(_BUCKET_RATIO)
 _MIN_LATENCY_S = 1e-6
@@ -36,6 +36,11 @@ class LatencyHistogram:
         step = max(1, n // SAMPLES_PER_BATCH)
         for i in range(0, n, step):
             self.add(now_s - born[i])
+
+    def minus(self, earlier: dict[int, int]) -> "LatencyHistogram":
+        """What was added since the bucket counts ``earlier`` were copied."""
+        return LatencyHistogram({b: c - earlier.get(b, 0) for b, c in self.buckets.items()
+                                 if c != earlier.get(b, 0)})
 
     def merge(self, other: "LatencyHistogram") -> None:
         for b, c in other.buckets.items():

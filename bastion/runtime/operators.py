@@ -505,7 +505,6 @@ class SinkOp(Operator):
         super().__init__(node, ctx)
         self.writer = node.params["sink"].open(ctx.index, ctx.parallelism)
         self.latency = LatencyHistogram()
-        self.recent_latency = LatencyHistogram()  # since the last progress report
         self.timeline: dict[int, int] = {}
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
@@ -514,7 +513,6 @@ class SinkOp(Operator):
         now_s = time.time()
         self.writer.write(batch.values)
         self.latency.add_batch(batch.born, now_s)
-        self.recent_latency.add_batch(batch.born, now_s)
         second = int(now_s)
         self.timeline[second] = self.timeline.get(second, 0) + len(batch.values)
         return None
