@@ -112,6 +112,50 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_kill(text: str) -> Any:
+    import bastion as bn
+
+    try:
+        target, at = text.rsplit("@", 1)
+        op, _, index = target.partition(":")
+        return bn.faults.KillInstance(op, int(index or 0), at=float(at))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--kill {text!r}: expected OPERATOR[:INDEX]@SECONDS, e.g. count:0@2.5") from None
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    import bastion as bn
+    from bastion.report import write_html
+
+    topology = load_topology(args.file)
+    faults = list(args.kill)
+    if args.random_kills:
+        first, _, last = args.between.partition(",")
+        faults.append(bn.faults.RandomKills(args.random_kills, (float(first), float(last))))
+    if not faults:
+        print("bastion: a drill needs faults: --kill OP[:I]@S or --random-kills N",
+              file=sys.stderr)
+        return 2
+    try:
+        report = bn.drill(topology, protocol=args.protocol, faults=faults, seed=args.seed,
+                          checkpoint_interval=args.checkpoint_interval,
+                          storage=args.storage, address=args.address)
+    except BastionError as exc:
+        print(f"bastion: {exc}", file=sys.stderr)
+        return 1
+    print(table(report.summary_rows()))
+    page = write_html(report, args.html, title=f"Drill: {topology.name} ({args.protocol})")
+    print(f"\nreport: {page}")
+    if not report.exactly_once:
+        for name, items in (("lost", report.lost_examples),
+                            ("duplicated", report.duplicated_examples)):
+            for sink, value in items:
+                print(f"{name}: {sink}: {value!r}")
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bastion",
                                      description="Fault-tolerant stream processing on Ray.")
@@ -132,6 +176,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--show", type=int, default=5, metavar="N",
                      help="committed records to print per sink (default 5)")
     run.set_defaults(handler=cmd_run)
+
+    drill = sub.add_parser("drill", help="kill processes mid-run and verify exactly-once")
+    drill.add_argument("file", help="Python file that builds a bastion Topology")
+    drill.add_argument("--protocol", default="coordinated")
+    drill.add_argument("--checkpoint-interval", type=float, default=1.0, metavar="S")
+    drill.add_argument("--kill", type=_parse_kill, action="append", default=[],
+                       metavar="OP[:I]@S", help="kill instance I of OP at S seconds")
+    drill.add_argument("--random-kills", type=int, default=0, metavar="N")
+    drill.add_argument("--between", default="1,3", metavar="FIRST,LAST",
+                       help="window for random kills, seconds (default 1,3)")
+    drill.add_argument("--seed", type=int, default=0)
+    drill.add_argument("--storage", default="local://.bastion")
+    drill.add_argument("--address", default=None)
+    drill.add_argument("--html", default="drill-report.html", metavar="PATH",
+                       help="where to write the HTML report (default drill-report.html)")
+    drill.set_defaults(handler=cmd_drill)
     return parser
 
 

@@ -439,9 +439,12 @@ class Worker:
         return self.worker_index
 
     async def deploy(self, plan: PhysicalPlan, peers: list, master: Any, attempt: int,
-                     restore_checkpoint: int | None) -> None:
+                     restore_checkpoint: int | None, worker_index: int) -> None:
+        """Build this attempt's tasks for slot ``worker_index`` (a standby worker takes
+        over the slot of a dead one), restoring from ``restore_checkpoint``."""
         await self.reset()
         config = self.config
+        self.worker_index = worker_index
         self.attempt = attempt
         self.tasks = {t.task_id: Task(t, plan, config, self.store, master, attempt)
                       for t in plan.tasks_of(self.worker_index)}

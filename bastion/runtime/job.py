@@ -25,6 +25,7 @@ import asyncio
 import time
 from typing import Any
 
+import msgpack
 import ray
 
 from bastion.errors import UDFError
@@ -57,6 +58,7 @@ class JobMaster:
         self.protocol = get_protocol(config.protocol)
         self.coordinator = self.protocol.coordinator(self)
         self.workers: list = []
+        self.standby: Any = None
         self.attempt = 0
         self.phase = "created"
         self.started_s: float | None = None
@@ -110,6 +112,9 @@ class JobMaster:
             self.phase = "spawn"
             t0 = time.time()
             self.workers = [self._spawn(i) for i in range(plan.workers)]
+            # A standby worker, started now, takes over the slot of the first worker
+            # to die: a restart then costs a deploy, not a process start.
+            self.standby = self._spawn(-1) if self.protocol.name != "none" else None
             await asyncio.gather(*[w.ping.remote() for w in self.workers])
             spawn_s = time.time() - t0
             restore: int | None = None
@@ -117,7 +122,8 @@ class JobMaster:
             while True:
                 self.phase = "deploy"
                 await asyncio.gather(*[w.deploy.remote(plan, self.workers, me, self.attempt,
-                                                       restore) for w in self.workers])
+                                                       restore, i)
+                                       for i, w in enumerate(self.workers)])
                 self.phase = "start"
                 self.finished_tasks = set()
                 if self.started_s is None:
@@ -166,8 +172,20 @@ class JobMaster:
                 "attempts": self.attempt + 1,
             }
         finally:
-            for w in self.workers:
+            for w in self.workers + ([self.standby] if self.standby is not None else []):
                 ray.kill(w)
+            await self._write_events()
+
+    async def _write_events(self) -> None:
+        """Lifecycle events and the progress timeline, as concatenated msgpack maps
+        (what the Spark analytics read): ``jobs/<job>/events/job-master``."""
+        packer = msgpack.Packer(use_bin_type=True)
+        data = b"".join([packer.pack(e) for e in self.events]
+                        + [packer.pack({"kind": "progress", **p}) for p in self.timeline])
+        try:
+            await self.store.aput(f"jobs/{self.config.job_id}/events/job-master", data)
+        except Exception as exc:  # noqa: BLE001 - losing events must not fail the job
+            self.record_event("events_not_stored", error=repr(exc))
 
     def _spawn(self, index: int) -> Any:
         return Worker.remote(index, self.config)
@@ -178,7 +196,10 @@ class JobMaster:
         for i, ok in enumerate(alive):
             if not ok or i == failure.worker:
                 ray.kill(self.workers[i], no_restart=True)
-                self.workers[i] = self._spawn(i)
+                if self.standby is not None and await self._answers(self.standby):
+                    self.workers[i], self.standby = self.standby, self._spawn(-1)
+                else:
+                    self.workers[i] = self._spawn(i)
         await asyncio.gather(*[w.ping.remote() for w in self.workers])
 
     async def _answers(self, worker: Any) -> bool:
