@@ -15,7 +15,7 @@ from bastion.storage import CheckpointStore, open_store
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
-PROTOCOLS = ["coordinated"]
+PROTOCOLS = ["coordinated", "uncoordinated"]
 WORDS = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen", "ibis"]
 
 

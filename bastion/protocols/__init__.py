@@ -5,9 +5,11 @@ from __future__ import annotations
 from bastion.protocols.base import Protocol, TaskProtocol
 from bastion.protocols.coordinated import CoordinatedProtocol
 from bastion.protocols.none import NoProtocol
+from bastion.protocols.uncoordinated import UncoordinatedProtocol
 
 _PROTOCOLS: dict[str, type[Protocol]] = {"none": NoProtocol,
-                                         "coordinated": CoordinatedProtocol}
+                                         "coordinated": CoordinatedProtocol,
+                                         "uncoordinated": UncoordinatedProtocol}
 KNOWN = ("none", "acks", "coordinated", "uncoordinated", "cic", "cec")
 
 

@@ -35,6 +35,24 @@ class TaskProtocol:
     def __init__(self, task: "Task"):
         self.task = task
 
+    async def restore(self, recovery_line: Any) -> None:
+        """Before the task starts: restore it from the coordinator's recovery line
+        (None: start from the beginning, re-applying outputs already committed)."""
+        if recovery_line is None:
+            await self.task.reapply_commits()
+        else:
+            await self.task.restore_from(recovery_line)
+
+    async def on_start(self) -> None:
+        """The task's loop is about to start (replay in-flight messages here)."""
+
+    async def on_frame(self, channel: "InputChannel", seq: int, frame: list) -> None:
+        """A frame is about to be processed (``seq`` is its channel sequence number)."""
+
+    async def between_frames(self) -> None:
+        """The task finished a frame (or a source batch): a point where its state is
+        consistent with what it sent and received — where it may checkpoint."""
+
     def on_batch(self, channel: "InputChannel", batch: Batch) -> Batch | None:
         """A data batch arrived on ``channel``; return what to process (None: nothing)."""
         return batch
@@ -75,10 +93,13 @@ class Coordinator:
         """The id of a checkpoint started and not yet complete, if any."""
         return None
 
-    async def recovery_line(self) -> int | None:
-        """The checkpoint to restore every task from after a failure (None: restart
-        from the beginning)."""
+    async def recovery_line(self) -> Any:
+        """What every task restores from after a failure, handed to each task's
+        `TaskProtocol.restore` (None: restart from the beginning)."""
         return None
+
+    async def on_job_finished(self) -> None:
+        """Every task finished: commit what is final before the end-of-stream commit."""
 
     def stats(self) -> dict[str, Any]:
         return {}

@@ -46,6 +46,8 @@ class OutputChannel:
         self.frames_sent = 0
         self.bytes_sent = 0
         self.max_inflight_seen = 0
+        # (seq, payload) of every frame sent, when a protocol logs in-flight messages
+        self.log: list[tuple[int, bytes]] | None = None
 
     # -- buffering --------------------------------------------------------------------
 
@@ -78,6 +80,17 @@ class OutputChannel:
     # -- transport --------------------------------------------------------------------
 
     async def send(self, frame: list) -> None:
+        payload = self._codec.encode(frame)
+        seq = self.seq
+        self.seq += 1
+        if self.log is not None:
+            self.log.append((seq, payload))
+        self.frames_sent += 1
+        self.bytes_sent += len(payload)
+        await self.transmit(seq, payload)
+
+    async def transmit(self, seq: int, payload: bytes) -> None:
+        """Deliver an encoded frame with its sequence number (replay uses this too)."""
         raise NotImplementedError
 
     async def drain(self) -> None:
@@ -101,14 +114,10 @@ class RemoteOutputChannel(OutputChannel):
         self._max_inflight = max_inflight_frames
         self._inflight: collections.deque = collections.deque()
 
-    async def send(self, frame: list) -> None:
-        payload = self._codec.encode(frame)
+    async def transmit(self, seq: int, payload: bytes) -> None:
         while len(self._inflight) >= self._max_inflight:
             await self._inflight.popleft()
-        self._inflight.append(self._push(self.channel_id, self.seq, payload))
-        self.seq += 1
-        self.frames_sent += 1
-        self.bytes_sent += len(payload)
+        self._inflight.append(self._push(self.channel_id, seq, payload))
         if len(self._inflight) > self.max_inflight_seen:
             self.max_inflight_seen = len(self._inflight)
 
@@ -128,12 +137,8 @@ class LocalOutputChannel(OutputChannel):
         self._deliver = deliver
         self._codec = codec
 
-    async def send(self, frame: list) -> None:
-        payload = self._codec.encode(frame)
-        self.bytes_sent += len(payload)
-        await self._deliver(self.channel_id, self.seq, payload)
-        self.seq += 1
-        self.frames_sent += 1
+    async def transmit(self, seq: int, payload: bytes) -> None:
+        await self._deliver(self.channel_id, seq, payload)
 
 
 class InputGate:
@@ -160,7 +165,7 @@ class InputGate:
             await turn
         while channel_id in self._blocked:  # held back: the sender keeps its credit
             await self._blocked[channel_id].wait()
-        await self.inbox.put((channel_id, frame))
+        await self.inbox.put((channel_id, seq, frame))
         if self.inbox.qsize() > self.max_queued_seen:
             self.max_queued_seen = self.inbox.qsize()
         self._expected[channel_id] = seq + 1
@@ -176,3 +181,8 @@ class InputGate:
         event = self._blocked.pop(channel_id, None)
         if event is not None:
             event.set()
+
+    def expect(self, channel_id: int, seq: int) -> None:
+        """Frames of the channel below ``seq`` are already reflected in the restored
+        state: drop them when a replay sends them again."""
+        self._expected[channel_id] = seq

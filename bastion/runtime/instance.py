@@ -152,6 +152,7 @@ class Task:
         self.blocked: set[int] = set()
         self.stash: dict[int, collections.deque] = collections.defaultdict(collections.deque)
         self.triggers: list[int] = []       # checkpoints a source task is asked to start
+        self.last_received: dict[int, int] = {}  # channel -> seq of the last frame processed
         self.stop_requested = False
         self.finished = False
         self.started_s: float | None = None
@@ -177,6 +178,7 @@ class Task:
     async def run(self) -> None:
         self.started_s = time.time()
         try:
+            await self.protocol.on_start()
             if self.source is not None:
                 await self._run_source()
             else:
@@ -205,6 +207,7 @@ class Task:
             if source.watermark > self.watermark:
                 await self._advance_watermark(source.watermark, 1)
             await self._flush_aged()
+            await self.protocol.between_frames()
             await asyncio.sleep(0 if len(batch) else _IDLE_SOURCE_SLEEP_S)
 
     async def _run_inputs(self) -> None:
@@ -213,14 +216,20 @@ class Task:
         while self.open_inputs:
             if any(c.has_pending() for c in self.channels):        # receive
                 try:
-                    channel_id, frame = await asyncio.wait_for(inbox.get(), timeout_s)
+                    channel_id, seq, frame = await asyncio.wait_for(inbox.get(), timeout_s)
                 except asyncio.TimeoutError:
                     await self._flush_aged()
+                    await self.protocol.between_frames()
                     continue
             else:
-                channel_id, frame = await inbox.get()
-            await self._process_frame(inputs[channel_id], decode(frame))  # process
+                channel_id, seq, frame = await inbox.get()
+            channel = inputs[channel_id]
+            frame = decode(frame)
+            await self.protocol.on_frame(channel, seq, frame)
+            await self._process_frame(channel, frame)                 # process
+            self.last_received[channel_id] = seq
             await self._flush_aged()                                # emit
+            await self.protocol.between_frames()
             await asyncio.sleep(0)
 
     async def _process_frame(self, channel: InputChannel, elements: list) -> None:
@@ -439,9 +448,10 @@ class Worker:
         return self.worker_index
 
     async def deploy(self, plan: PhysicalPlan, peers: list, master: Any, attempt: int,
-                     restore_checkpoint: int | None, worker_index: int) -> None:
+                     restore: Any, worker_index: int) -> None:
         """Build this attempt's tasks for slot ``worker_index`` (a standby worker takes
-        over the slot of a dead one), restoring from ``restore_checkpoint``."""
+        over the slot of a dead one); each task's protocol restores it from
+        ``restore``, the recovery line its coordinator chose (None: from the start)."""
         await self.reset()
         config = self.config
         self.worker_index = worker_index
@@ -463,10 +473,7 @@ class Worker:
                             _pusher(peers[dst_worker], dst, attempt), task.codec,
                             config.max_inflight_frames))
                 task.connect(route, channels)
-            if restore_checkpoint is not None:
-                await task.restore_from(restore_checkpoint)
-            else:
-                await task.reapply_commits()
+            await task.protocol.restore(restore)
 
     async def reset(self) -> None:
         """Stop every task of the current attempt (their state is discarded)."""

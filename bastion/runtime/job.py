@@ -117,7 +117,7 @@ class JobMaster:
             self.standby = self._spawn(-1) if self.protocol.name != "none" else None
             await asyncio.gather(*[w.ping.remote() for w in self.workers])
             spawn_s = time.time() - t0
-            restore: int | None = None
+            restore: Any = None
             injector = None
             while True:
                 self.phase = "deploy"
@@ -132,7 +132,8 @@ class JobMaster:
                     injector = asyncio.ensure_future(self._inject_faults())
                 await asyncio.gather(*[w.start.remote() for w in self.workers])
                 if self.attempt:
-                    self.record_event("restarted", attempt=self.attempt, checkpoint=restore)
+                    self.record_event("restarted", attempt=self.attempt, checkpoint=(
+                        restore.get("summary") if isinstance(restore, dict) else restore))
                 self.coordinator.start(self.attempt)
                 self.phase = "watch"
                 try:
@@ -156,6 +157,7 @@ class JobMaster:
             finished_s = time.time()
 
             self.phase = "commit"
+            await self.coordinator.on_job_finished()
             await self.commit_outputs(self.attempt, FINAL_COMMIT)
             self.phase = "collect"
             reports = await asyncio.gather(*[w.report.remote() for w in self.workers])

@@ -1,0 +1,255 @@
+"""Uncoordinated checkpoints: independent snapshots, in-flight logging, rollback propagation.
+
+Every task checkpoints on its own timer (CheckMate §III-B), at a point between two
+frames where its state reflects exactly the frames it processed and produced exactly
+the frames it sent: it flushes its output buffers, snapshots its state and records,
+per channel, the sequence number of the last frame it *received* and the last one it
+*sent*. It also logs every frame it sends; at each checkpoint the log since the
+previous one is stored with the checkpoint (*sender-based message logging*). No
+barriers, no alignment: tasks never wait for each other.
+
+After a failure the coordinator builds the checkpoint graph from what the tasks
+recorded and finds the newest *consistent* recovery line by rollback propagation
+(`bastion.protocols.recovery_line`): a set of one checkpoint per task with no orphan
+message (received in the line but not sent in it). Every task restores its line
+checkpoint; every sender first re-sends, from its logs, the frames its receiver had
+not received at the receiver's line checkpoint, then goes on numbering after the last
+frame its own line checkpoint sent; receivers drop frames they already have, by
+sequence number. Checkpoints above the line are abandoned (and counted *invalid* when
+no consistent line can ever contain them).
+
+Sink outputs staged at a sink's checkpoint are committed once that checkpoint is in
+the current recovery line — the line only moves forward as checkpoints accumulate, so
+a committed output is never rolled back. Feedback cycles are allowed: nothing waits
+on a barrier; rollback may propagate around a cycle (the domino effect), which the
+communication-induced variant (`cic`) prevents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from bastion.protocols.base import Coordinator, Protocol, TaskProtocol, cancel
+from bastion.protocols.recovery_line import (NOTHING, CheckpointGraph, CheckpointRecord,
+                                             invalid_checkpoints)
+
+__all__ = ["UncoordinatedProtocol", "IndependentCheckpoints", "RecoveryLineCoordinator"]
+
+
+def checkpoint_number(attempt: int, local: int, task_id: int) -> int:
+    """Checkpoint numbers grow per task across attempts and are unique in the job."""
+    return (attempt << 40) | (local << 16) | task_id
+
+
+@dataclass
+class TaskRestore:
+    """What one task needs to resume from the recovery line."""
+
+    checkpoint: int | None
+    expected: dict[int, int] = field(default_factory=dict)   # input channel -> next seq
+    next_seq: dict[int, int] = field(default_factory=dict)   # output channel -> next seq
+    # output channel -> [(blob key, first seq to re-send, last seq to re-send)]
+    replay: dict[int, list[tuple[str, int, int]]] = field(default_factory=dict)
+
+
+class IndependentCheckpoints(TaskProtocol):
+    """Per-task half: own timer, frame log per output channel, replay on restart."""
+
+    def __init__(self, task: Any):
+        super().__init__(task)
+        self.interval_s = task.config.checkpoint_interval_s
+        # Spread the tasks' timers so they do not checkpoint in lockstep.
+        self.rng = random.Random(task.task_id * 7919 + task.attempt)
+        self.due_s = time.monotonic() + self.interval_s * self.rng.uniform(0.3, 1.0)
+        self.local = 1  # number 0 is every task's implicit initial checkpoint
+        self.restored: TaskRestore | None = None
+
+    async def restore(self, recovery_line: Any) -> None:
+        info = None if recovery_line is None else recovery_line["tasks"].get(self.task.task_id)
+        self.restored = info
+        if info is None or info.checkpoint is None:
+            await self.task.reapply_commits()
+        else:
+            await self.task.restore_from(info.checkpoint)
+        if info is not None:
+            for channel_id, seq in info.expected.items():
+                self.task.gate.expect(channel_id, seq)
+                self.task.last_received[channel_id] = seq - 1
+
+    async def on_start(self) -> None:
+        by_id = {c.channel_id: c for c in self.task.channels}
+        info = self.restored
+        if info is not None:
+            for channel_id, seq in info.next_seq.items():
+                by_id[channel_id].seq = seq
+            for channel_id, blobs in info.replay.items():
+                channel = by_id[channel_id]
+                for key, first, last in blobs:
+                    frames = msgpack.unpackb(await self.task.store.aget(key), use_list=False)
+                    for seq, payload in frames:
+                        if first <= seq <= last:
+                            await channel.transmit(seq, payload)
+        for channel in self.task.channels:
+            channel.log = []
+
+    async def between_frames(self) -> None:
+        if time.monotonic() >= self.due_s:
+            await self.checkpoint()
+
+    async def checkpoint(self) -> None:
+        task = self.task
+        for channel in task.channels:
+            await channel.flush()     # what the state produced is now sent
+        number = checkpoint_number(task.attempt, self.local, task.task_id)
+        self.local += 1
+        upload = task.checkpoint(number)
+        sent = {c.channel_id: c.seq - 1 for c in task.channels}
+        received = {cid: task.last_received.get(cid, NOTHING) for cid in task.inputs}
+        logs = {c.channel_id: c.log for c in task.channels if c.log}
+        for channel in task.channels:
+            channel.log = []
+        ref = await upload
+        channel_blobs = {}
+        for channel_id, frames in logs.items():
+            blob = await asyncio.to_thread(task.checkpoints.put_channel, number,
+                                           str(channel_id), msgpack.packb(frames))
+            channel_blobs[channel_id] = (blob, frames[0][0], frames[-1][0])
+        task.acknowledge(number, ref, {"sent": sent, "received": received,
+                                       "channels": channel_blobs})
+        self.due_s = time.monotonic() + self.interval_s
+
+
+@dataclass
+class _Checkpoint:
+    record: CheckpointRecord
+    refs: list
+    channels: dict[int, tuple[Any, int, int]]  # channel -> (blob, first seq, last seq)
+
+
+class RecoveryLineCoordinator(Coordinator):
+    """Collects independent checkpoints, commits sink outputs under the recovery
+    line, and computes the line by rollback propagation after a failure."""
+
+    def __init__(self, master: Any):
+        super().__init__(master)
+        plan = master.plan
+        self.channels = {c.channel_id: (c.src_task, t.task_id)
+                         for t in plan.tasks for c in t.inputs}
+        self.sink_tasks = {t.task_id for t in plan.tasks
+                           if any(plan.topology.nodes[op].kind == "sink"
+                                  for op in plan.chains[t.chain_id].ops)}
+        self.history: dict[int, list[_Checkpoint]] = {t.task_id: [] for t in plan.tasks}
+        self.taken = 0
+        self.abandoned = 0   # checkpoints above a recovery line: rolled back
+        self.committed: set[int] = set()
+        self.attempt = -1
+        self.loop: asyncio.Task | None = None
+        self.interval_s = master.config.checkpoint_interval_s
+        self.log_bytes = 0
+
+    def start(self, attempt: int) -> None:
+        self.attempt = attempt
+        self.loop = asyncio.ensure_future(self._commit_loop())
+
+    async def stop(self) -> None:
+        await cancel(self.loop)
+
+    def on_acknowledge(self, attempt: int, task_id: int, checkpoint_id: int, ref: Any,
+                       meta: Any) -> None:
+        if attempt != self.attempt:
+            return
+        record = CheckpointRecord(task_id, checkpoint_id, meta["sent"], meta["received"])
+        blobs = [ref] + [b for b, _, _ in meta["channels"].values()]
+        self.history[task_id].append(_Checkpoint(record, blobs, meta["channels"]))
+        self.taken += 1
+        self.log_bytes += sum(b.size for b, _, _ in meta["channels"].values())
+        asyncio.ensure_future(asyncio.to_thread(
+            self.master.checkpoints.commit, checkpoint_id, blobs, {"task": task_id}))
+        self.master.record_event("checkpoint_completed", checkpoint_id=checkpoint_id,
+                                 task=task_id, duration_s=0.0, state_bytes=ref.size)
+
+    def _graph(self) -> CheckpointGraph:
+        records = [cp.record for cps in self.history.values() for cp in cps]
+        return CheckpointGraph(records, self.channels)
+
+    async def _commit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            line = self._graph().recovery_line()
+            await self._commit_sinks(line)
+
+    async def _commit_sinks(self, line: dict[int, int] | None) -> None:
+        """Commit every sink checkpoint at or below the line (all of them if None)."""
+        attempt = self.attempt
+        for task_id in self.sink_tasks:
+            for cp in self.history[task_id]:
+                number = cp.record.number
+                if number in self.committed or (line is not None and number > line[task_id]):
+                    continue
+                self.committed.add(number)
+                await self.master.commit_outputs(attempt, number)
+
+    async def on_job_finished(self) -> None:
+        await self._commit_sinks(None)   # no failure can come any more: all are final
+
+    async def recovery_line(self) -> Any:
+        graph = self._graph()
+        line = graph.recovery_line()
+        replay_from = graph.replay_from(line)  # channel -> first seq the receiver lacks
+        tasks: dict[int, TaskRestore] = {}
+        for task_id, cps in self.history.items():
+            # checkpoints above the line belong to an abandoned history: forget them
+            self.history[task_id] = [cp for cp in cps if cp.record.number <= line[task_id]]
+            self.abandoned += len(cps) - len(self.history[task_id])
+            kept = self.history[task_id]
+            tasks[task_id] = TaskRestore(kept[-1].record.number if kept else None)
+        for channel_id, (src, dst) in self.channels.items():
+            sent = self._sent(src, channel_id)
+            first = replay_from.get(channel_id, 0)
+            tasks[dst].expected[channel_id] = first
+            tasks[src].next_seq[channel_id] = sent + 1
+            blobs = []
+            for cp in self.history[src]:
+                entry = cp.channels.get(channel_id)
+                if entry is not None and entry[2] >= first and entry[1] <= sent:
+                    blobs.append((entry[0].key, first, sent))
+            if blobs:
+                tasks[src].replay[channel_id] = blobs
+        summary = {t: info.checkpoint for t, info in tasks.items()}
+        return {"tasks": tasks, "summary": summary}
+
+    def _sent(self, task_id: int, channel_id: int) -> int:
+        kept = self.history[task_id]
+        return kept[-1].record.sent.get(channel_id, NOTHING) if kept else NOTHING
+
+    def stats(self) -> dict[str, Any]:
+        """Invalid checkpoints: those rolled back past at a recovery, plus those of the
+        surviving history that no consistent line can contain (CheckMate §V)."""
+        total = self.taken
+        records = [cp.record for cps in self.history.values() for cp in cps]
+        invalid = self.abandoned + (len(invalid_checkpoints(records, self.channels))
+                                    if records else 0)
+        return {
+            "checkpoints_completed": total,
+            "invalid_checkpoints": invalid,
+            "invalid_share": invalid / total if total else 0.0,
+            "log_bytes": self.log_bytes,
+        }
+
+
+class UncoordinatedProtocol(Protocol):
+    name = "uncoordinated"
+    exactly_once = True
+    needs_checkpoint_interval = True
+
+    def task_protocol(self, task: Any) -> TaskProtocol:
+        return IndependentCheckpoints(task)
+
+    def coordinator(self, master: Any) -> Coordinator:
+        return RecoveryLineCoordinator(master)
