@@ -15,7 +15,7 @@ from bastion.storage import CheckpointStore, open_store
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
-PROTOCOLS = ["coordinated", "uncoordinated"]
+PROTOCOLS = ["coordinated", "uncoordinated", "cic"]
 WORDS = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen", "ibis"]
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from bastion.protocols.base import Protocol, TaskProtocol
+from bastion.protocols.cic import CicProtocol
 from bastion.protocols.coordinated import CoordinatedProtocol
 from bastion.protocols.none import NoProtocol
 from bastion.protocols.uncoordinated import UncoordinatedProtocol
 
 _PROTOCOLS: dict[str, type[Protocol]] = {"none": NoProtocol,
                                          "coordinated": CoordinatedProtocol,
-                                         "uncoordinated": UncoordinatedProtocol}
+                                         "uncoordinated": UncoordinatedProtocol,
+                                         "cic": CicProtocol}
 KNOWN = ("none", "acks", "coordinated", "uncoordinated", "cic", "cec")
 
 

@@ -56,6 +56,7 @@ class TaskRestore:
     next_seq: dict[int, int] = field(default_factory=dict)   # output channel -> next seq
     # output channel -> [(blob key, first seq to re-send, last seq to re-send)]
     replay: dict[int, list[tuple[str, int, int]]] = field(default_factory=dict)
+    protocol_state: Any = None   # what the task protocol stored with its checkpoint
 
 
 class IndependentCheckpoints(TaskProtocol):
@@ -102,7 +103,7 @@ class IndependentCheckpoints(TaskProtocol):
         if time.monotonic() >= self.due_s:
             await self.checkpoint()
 
-    async def checkpoint(self) -> None:
+    async def checkpoint(self, forced: bool = False) -> None:
         task = self.task
         for channel in task.channels:
             await channel.flush()     # what the state produced is now sent
@@ -114,6 +115,7 @@ class IndependentCheckpoints(TaskProtocol):
         logs = {c.channel_id: c.log for c in task.channels if c.log}
         for channel in task.channels:
             channel.log = []
+        protocol_state = self.on_checkpoint()
         ref = await upload
         channel_blobs = {}
         for channel_id, frames in logs.items():
@@ -121,8 +123,14 @@ class IndependentCheckpoints(TaskProtocol):
                                            str(channel_id), msgpack.packb(frames))
             channel_blobs[channel_id] = (blob, frames[0][0], frames[-1][0])
         task.acknowledge(number, ref, {"sent": sent, "received": received,
-                                       "channels": channel_blobs})
+                                       "channels": channel_blobs,
+                                       "protocol_state": protocol_state,
+                                       "forced": forced})
         self.due_s = time.monotonic() + self.interval_s
+
+    def on_checkpoint(self) -> Any:
+        """A checkpoint is being taken; return protocol state to store with it."""
+        return None
 
 
 @dataclass
@@ -130,6 +138,7 @@ class _Checkpoint:
     record: CheckpointRecord
     refs: list
     channels: dict[int, tuple[Any, int, int]]  # channel -> (blob, first seq, last seq)
+    protocol_state: Any = None
 
 
 class RecoveryLineCoordinator(Coordinator):
@@ -166,7 +175,8 @@ class RecoveryLineCoordinator(Coordinator):
             return
         record = CheckpointRecord(task_id, checkpoint_id, meta["sent"], meta["received"])
         blobs = [ref] + [b for b, _, _ in meta["channels"].values()]
-        self.history[task_id].append(_Checkpoint(record, blobs, meta["channels"]))
+        self.history[task_id].append(_Checkpoint(record, blobs, meta["channels"],
+                                                 meta.get("protocol_state")))
         self.taken += 1
         self.log_bytes += sum(b.size for b, _, _ in meta["channels"].values())
         asyncio.ensure_future(asyncio.to_thread(
@@ -208,7 +218,8 @@ class RecoveryLineCoordinator(Coordinator):
             self.history[task_id] = [cp for cp in cps if cp.record.number <= line[task_id]]
             self.abandoned += len(cps) - len(self.history[task_id])
             kept = self.history[task_id]
-            tasks[task_id] = TaskRestore(kept[-1].record.number if kept else None)
+            tasks[task_id] = TaskRestore(kept[-1].record.number if kept else None,
+                                         protocol_state=kept[-1].protocol_state if kept else None)
         for channel_id, (src, dst) in self.channels.items():
             sent = self._sent(src, channel_id)
             first = replay_from.get(channel_id, 0)

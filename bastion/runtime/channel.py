@@ -48,6 +48,8 @@ class OutputChannel:
         self.max_inflight_seen = 0
         # (seq, payload) of every frame sent, when a protocol logs in-flight messages
         self.log: list[tuple[int, bytes]] | None = None
+        # a protocol's hook that may add bookkeeping to each frame before it is sent
+        self.decorate: Callable[[list], list] | None = None
 
     # -- buffering --------------------------------------------------------------------
 
@@ -80,6 +82,8 @@ class OutputChannel:
     # -- transport --------------------------------------------------------------------
 
     async def send(self, frame: list) -> None:
+        if self.decorate is not None:
+            frame = self.decorate(frame)
         payload = self._codec.encode(frame)
         seq = self.seq
         self.seq += 1

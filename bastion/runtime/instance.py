@@ -153,6 +153,8 @@ class Task:
         self.stash: dict[int, collections.deque] = collections.defaultdict(collections.deque)
         self.triggers: list[int] = []       # checkpoints a source task is asked to start
         self.last_received: dict[int, int] = {}  # channel -> seq of the last frame processed
+        self.task_count = len(physical.tasks)
+        self.channel_destinations: list[int] = []  # task id at the end of each channel
         self.stop_requested = False
         self.finished = False
         self.started_s: float | None = None
@@ -166,6 +168,7 @@ class Task:
                                   self.config.fail_fast)
         self.routers.append(Router(route, channels, key_ctx))
         self.channels.extend(channels)
+        self.channel_destinations.extend(route.dst_tasks)
 
     @property
     def dead_letters(self) -> list:

@@ -168,6 +168,22 @@ class Barrier(ControlRecord):
         return cls(payload)
 
 
+@control_record
+@dataclass(frozen=True)
+class ProtocolClock(ControlRecord):
+    """Protocol bookkeeping piggybacked at the head of a frame (e.g. HMNR clocks)."""
+
+    data: Any
+    code: ClassVar[int] = 4
+
+    def payload(self) -> Any:
+        return self.data
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> "ProtocolClock":
+        return cls(payload)
+
+
 # -- wire format -------------------------------------------------------------------------
 
 
