@@ -101,7 +101,10 @@ class Coordinator:
     async def on_job_finished(self) -> None:
         """Every task finished: commit what is final before the end-of-stream commit."""
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, final_counters: dict[int, tuple[dict, dict]] | None = None
+              ) -> dict[str, Any]:
+        """Protocol metrics; ``final_counters`` gives each task's last sent and received
+        sequence numbers per channel when the job finished."""
         return {}
 
 

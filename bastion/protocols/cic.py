@@ -71,8 +71,8 @@ class HmnrCoordinator(RecoveryLineCoordinator):
         if attempt == self.attempt and meta.get("forced"):
             self.forced += 1
 
-    def stats(self) -> dict[str, Any]:
-        return {**super().stats(), "forced_checkpoints": self.forced}
+    def stats(self, final_counters: Any = None) -> dict[str, Any]:
+        return {**super().stats(final_counters), "forced_checkpoints": self.forced}
 
 
 class CicProtocol(UncoordinatedProtocol):

@@ -88,6 +88,7 @@ class CheckpointCoordinator(Coordinator):
         self.loop = asyncio.ensure_future(self._trigger_loop())
 
     async def stop(self) -> None:
+        self.attempt = -1  # acknowledgments still on their way no longer count
         await cancel(self.loop)
         self.aborted += len(self.in_progress)
         self.in_progress.clear()
@@ -128,7 +129,7 @@ class CheckpointCoordinator(Coordinator):
         await asyncio.to_thread(self.master.checkpoints.commit, checkpoint_id, cp["refs"],
                                 {"attempt": attempt})
         if attempt != self.attempt:
-            return  # a failure came first; the manifest is harmless but outputs wait
+            return  # a failure came first: recovery commits the outputs it restores
         duration_s = time.time() - cp["started_s"]
         state_bytes = sum(r.size for r in cp["refs"])
         self.completed.append({"checkpoint_id": checkpoint_id, "duration_s": duration_s,
@@ -142,9 +143,15 @@ class CheckpointCoordinator(Coordinator):
 
     async def recovery_line(self) -> int | None:
         manifest = await asyncio.to_thread(self.master.checkpoints.latest_complete)
-        return None if manifest is None else manifest.checkpoint_id
+        if manifest is None:
+            return None
+        # A checkpoint can be complete (manifest written) while the failure kept its
+        # outputs from being committed: its staged outputs are part of the state we
+        # restore, so they must be visible, or they would be lost.
+        await self.master.commit_outputs(self.master.attempt, manifest.checkpoint_id)
+        return manifest.checkpoint_id
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, final_counters: Any = None) -> dict[str, Any]:
         durations = [c["duration_s"] for c in self.completed]
         return {
             "checkpoints_completed": len(self.completed),

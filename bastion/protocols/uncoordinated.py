@@ -167,6 +167,7 @@ class RecoveryLineCoordinator(Coordinator):
         self.loop = asyncio.ensure_future(self._commit_loop())
 
     async def stop(self) -> None:
+        self.attempt = -1  # acknowledgments still on their way no longer count
         await cancel(self.loop)
 
     def on_acknowledge(self, attempt: int, task_id: int, checkpoint_id: int, ref: Any,
@@ -239,13 +240,18 @@ class RecoveryLineCoordinator(Coordinator):
         kept = self.history[task_id]
         return kept[-1].record.sent.get(channel_id, NOTHING) if kept else NOTHING
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, final_counters: Any = None) -> dict[str, Any]:
         """Invalid checkpoints: those rolled back past at a recovery, plus those of the
-        surviving history that no consistent line can contain (CheckMate §V)."""
+        surviving history that no consistent line can contain (CheckMate §V). The
+        state every task finished in counts as its last checkpoint: a checkpoint is
+        only useless if no line — up to the end of the job — can use it."""
         total = self.taken
         records = [cp.record for cps in self.history.values() for cp in cps]
-        invalid = self.abandoned + (len(invalid_checkpoints(records, self.channels))
-                                    if records else 0)
+        last = {r.process: r.number for r in records}
+        finals = [CheckpointRecord(task, last.get(task, 0) + 1, sent, received)
+                  for task, (sent, received) in (final_counters or {}).items()]
+        useless = invalid_checkpoints(records + finals, self.channels) if records else set()
+        invalid = self.abandoned + len(useless - {(r.process, r.number) for r in finals})
         return {
             "checkpoints_completed": total,
             "invalid_checkpoints": invalid,

@@ -141,6 +141,10 @@ class Task:
         self.channel_watermarks = {c.channel_id: -math.inf for c in plan.inputs
                                    if not c.feedback}
         self.open_inputs = {c.channel_id for c in plan.inputs if not c.feedback}
+        # A loop head (a task with feedback inputs) keeps consuming its feedback after
+        # its other inputs ended, until the job master finds the loop quiescent.
+        self.open_feedback = {c.channel_id for c in plan.inputs if c.feedback}
+        self.loop_done = False
         self.watermark = -math.inf
         self.gate = InputGate(config.inbox_frames)
         self.routers: list[Router] = []
@@ -216,7 +220,7 @@ class Task:
     async def _run_inputs(self) -> None:
         inbox, inputs, decode = self.gate.inbox, self.inputs, self.codec.decode
         timeout_s = self.config.buffer_timeout_s
-        while self.open_inputs:
+        while self.open_inputs or (self.open_feedback and not self.loop_done):
             if any(c.has_pending() for c in self.channels):        # receive
                 try:
                     channel_id, seq, frame = await asyncio.wait_for(inbox.get(), timeout_s)
@@ -226,6 +230,9 @@ class Task:
                     continue
             else:
                 channel_id, seq, frame = await inbox.get()
+            if channel_id is None:  # the job master found the loop quiescent
+                self.loop_done = True
+                continue
             channel = inputs[channel_id]
             frame = decode(frame)
             await self.protocol.on_frame(channel, seq, frame)
@@ -250,6 +257,7 @@ class Task:
                 await self._on_watermark(channel_id, element.time)
             elif kind is EndOfStream:
                 self.open_inputs.discard(channel_id)
+                self.open_feedback.discard(channel_id)
                 if self.open_inputs:
                     await self._on_watermark(channel_id, math.inf)
                 await self.protocol.on_input_ended(channel)
@@ -398,6 +406,22 @@ class Task:
 
     # -- reporting -----------------------------------------------------------------------
 
+    def quiescence(self) -> dict[str, Any]:
+        """What loop termination needs: does this task hold nothing (no queued frame,
+        no buffered output), is it a loop head whose ordinary inputs all ended, and how
+        many frames went each way on its channels."""
+        return {
+            "idle": (self.gate.inbox.empty()
+                     and not any(c.has_pending() for c in self.channels)),
+            "sent": {c.channel_id: c.seq for c in self.channels},
+            "processed": {cid: seq + 1 for cid, seq in self.last_received.items()},
+            "loop_head": (bool(self.open_feedback) and not self.loop_done
+                          and not self.open_inputs),
+        }
+
+    def finish_loop(self) -> None:
+        self.gate.inbox.put_nowait((None, -1, None))
+
     def progress(self) -> dict[str, Any]:
         latency: dict[int, int] = {}
         for sink in self.sinks:
@@ -426,6 +450,9 @@ class Task:
             "max_inflight_frames": max((c.max_inflight_seen for c in self.channels),
                                        default=0),
             "max_inbox_frames": self.gate.max_queued_seen,
+            "task_id": self.task_id,
+            "final_sent": {c.channel_id: c.seq - 1 for c in self.channels},
+            "final_received": dict(self.last_received),
         }
 
 
@@ -531,7 +558,17 @@ class Worker:
 
     def progress(self) -> dict[str, Any]:
         per_task = {t.task_id: t.progress() for t in self.tasks.values()}
-        return {"attempt": self.attempt, "tasks": per_task}
+        return {"attempt": self.attempt, "tasks": per_task,
+                "quiescence": {t.task_id: t.quiescence() for t in self.tasks.values()
+                               if not t.finished}}
+
+    def finish_loops(self, attempt: int, task_ids: list[int]) -> None:
+        if attempt != self.attempt:
+            return
+        for task_id in task_ids:
+            task = self.tasks.get(task_id)
+            if task is not None and not task.finished:
+                task.finish_loop()
 
     def report(self) -> list[dict[str, Any]]:
         return [t.report() for t in self.tasks.values()]

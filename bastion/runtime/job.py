@@ -69,8 +69,10 @@ class JobMaster:
                              if plan.topology.nodes[plan.chains[t.chain_id].ops[0]].kind
                              == "source"}
         self.kills = fault_injection.validate(config.faults, plan)
+        self.plan_channel_dst = {c.channel_id: t.task_id for t in plan.tasks for c in t.inputs}
         self._counts: dict[int, tuple[int, int, int]] = {}  # task -> attempt, src, sink
         self._latency_seen: dict[int, tuple[int, dict]] = {}  # task -> attempt, buckets
+        self._quiet_since: Any = None  # the loop counters seen at the last quiet poll
         self._totals = {"source_records": 0, "sink_records": 0}
 
     # -- what coordinators use ------------------------------------------------------------
@@ -140,11 +142,13 @@ class JobMaster:
                     await self._watch()
                     break
                 except _Failure as failure:
+                    unfinished = self.coordinator.checkpoint_in_progress()
                     await self.coordinator.stop()
                     if failure.udf is not None:
                         return {"failure": failure.udf}
                     self.record_event("failure_detected", reason=failure.reason,
-                                      worker=failure.worker)
+                                      worker=failure.worker,
+                                      checkpoint_in_progress=unfinished)
                     if self.attempt >= config.max_restarts:
                         return {"failure": f"{failure.reason} (gave up after "
                                            f"{config.max_restarts} restarts)"}
@@ -170,7 +174,9 @@ class JobMaster:
                 "tasks": [task for worker in reports for task in worker],
                 "events": self.events,
                 "timeline": self.timeline,
-                "protocol": self.coordinator.stats(),
+                "protocol": self.coordinator.stats(
+                    {t["task_id"]: (t["final_sent"], t["final_received"])
+                     for worker in reports for t in worker}),
                 "attempts": self.attempt + 1,
             }
         finally:
@@ -306,12 +312,48 @@ class JobMaster:
                 lag += p["source_lag"]
         for k, v in gained.items():
             self._totals[k] += v
+        if self.plan.topology.has_feedback():
+            await self._check_loops(replies)
         if self.started_s is not None:
             p99 = latency.percentile(99)
             self.timeline.append({"t_s": time.time() - self.started_s, **gained,
                                   "source_lag": lag, "workers_answering": sum(
                                       not isinstance(r, BaseException) for r in replies),
                                   "latency_p99_ms": None if p99 is None else p99 * 1000})
+
+    async def _check_loops(self, replies: list) -> None:
+        """Distributed termination of feedback loops. When every unfinished task has
+        consumed all of its ordinary input, holds nothing back, and every frame sent
+        on every channel was processed — twice in a row with the same counters, so no
+        frame was on its way between the two looks — no record can appear in the
+        loops any more: tell the loop heads to finish."""
+        if any(isinstance(r, BaseException) for r in replies):
+            self._quiet_since = None
+            return
+        states = {t: q for r in replies for t, q in r["quiescence"].items()}
+        heads = sorted(t for t, q in states.items() if q["loop_head"])
+        sent: dict[int, int] = {}
+        processed: dict[int, int] = {}
+        for q in states.values():
+            sent.update(q["sent"])
+            processed.update(q["processed"])
+        quiet = heads and not (self.source_tasks & states.keys()) and all(
+            q["idle"] for q in states.values()) and all(
+            processed.get(cid, 0) == n for cid, n in sent.items()
+            if self.plan_channel_dst[cid] in states)
+        snapshot = (sorted(sent.items()), sorted(processed.items()))
+        if not quiet:
+            self._quiet_since = None
+        elif self._quiet_since != snapshot:
+            self._quiet_since = snapshot
+        else:
+            self._quiet_since = None
+            self.record_event("loops_quiescent", tasks=heads)
+            by_worker: dict[int, list[int]] = {}
+            for t in heads:
+                by_worker.setdefault(self.plan.tasks[t].worker, []).append(t)
+            for w, task_ids in by_worker.items():
+                self.workers[w].finish_loops.remote(self.attempt, task_ids)
 
     async def progress(self) -> dict[str, Any]:
         elapsed = time.time() - self.started_s if self.started_s else 0.0
