@@ -28,6 +28,7 @@ test-fast: $(VENV)/.installed
 bench: $(VENV)/.bench-installed
 	$(PY) benchmarks/throughput.py
 	$(PY) benchmarks/storage.py
+	$(PY) benchmarks/protocols.py
 
 clean:
 	rm -rf $(VENV) .bastion
