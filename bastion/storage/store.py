@@ -440,12 +440,13 @@ class MinioStore(ObjectStore):
 
     def _init_runtime(self) -> None:
         self._client: Any = None
+        self._http: Any = None
         self._client_lock = threading.Lock()
         self._rng = random.Random()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_client", "_client_lock", "_rng"):
+        for name in ("_client", "_http", "_client_lock", "_rng"):
             del state[name]
         return state
 
@@ -475,21 +476,21 @@ class MinioStore(ObjectStore):
 
                 # Retries are ours (with backoff, logging and a clear final error),
                 # so the HTTP layer must not retry underneath them.
-                http = urllib3.PoolManager(
+                self._http = urllib3.PoolManager(
                     timeout=urllib3.Timeout(connect=self._timeout_s, read=self._timeout_s),
                     maxsize=16, retries=False,
                     cert_reqs="CERT_REQUIRED", ca_certs=certifi.where())
                 self._client = Minio(
                     self._endpoint, access_key=self._access_key.value,
                     secret_key=self._secret_key.value, secure=self._secure,
-                    region=self._region, http_client=http)
+                    region=self._region, http_client=self._http)
             return self._client
 
     def close(self) -> None:
         with self._client_lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client._http.clear()
+            http, self._client, self._http = self._http, None, None
+        if http is not None:
+            http.clear()
 
     def _scrub(self, text: str) -> str:
         for secret in (self._secret_key.value, self._access_key.value):
