@@ -63,52 +63,43 @@ class Sum:
         return acc
 
 
-class Min:
+class _Extreme:
+    """Smallest or largest ``fn(value)``; ``None`` for an empty accumulator."""
+
+    def __init__(self, fn: Callable[[Any], Any] | None, pick: Callable[[Any, Any], Any]):
+        self.fn = fn or _identity
+        self.pick = pick
+
+    def create(self) -> Any:
+        return None
+
+    def add(self, acc: Any, value: Any) -> Any:
+        x = self.fn(value)
+        return x if acc is None else self.pick(acc, x)
+
+    def merge(self, a: Any, b: Any) -> Any:
+        if a is None:
+            return b
+        if b is None:
+            return a
+        return self.pick(a, b)
+
+    def result(self, acc: Any) -> Any:
+        return acc
+
+
+class Min(_Extreme):
     """Smallest ``fn(value)``; ``None`` for an empty accumulator."""
 
     def __init__(self, fn: Callable[[Any], Any] | None = None):
-        self.fn = fn or _identity
-
-    def create(self) -> Any:
-        return None
-
-    def add(self, acc: Any, value: Any) -> Any:
-        x = self.fn(value)
-        return x if acc is None or x < acc else acc
-
-    def merge(self, a: Any, b: Any) -> Any:
-        if a is None:
-            return b
-        if b is None:
-            return a
-        return min(a, b)
-
-    def result(self, acc: Any) -> Any:
-        return acc
+        super().__init__(fn, min)
 
 
-class Max:
+class Max(_Extreme):
     """Largest ``fn(value)``; ``None`` for an empty accumulator."""
 
     def __init__(self, fn: Callable[[Any], Any] | None = None):
-        self.fn = fn or _identity
-
-    def create(self) -> Any:
-        return None
-
-    def add(self, acc: Any, value: Any) -> Any:
-        x = self.fn(value)
-        return x if acc is None or x > acc else acc
-
-    def merge(self, a: Any, b: Any) -> Any:
-        if a is None:
-            return b
-        if b is None:
-            return a
-        return max(a, b)
-
-    def result(self, acc: Any) -> Any:
-        return acc
+        super().__init__(fn, max)
 
 
 class Mean:

@@ -19,7 +19,7 @@ PROTOCOLS = ["coordinated", "uncoordinated", "cic"]
 WORDS = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen", "ibis"]
 
 
-def wordcount(rate=1500, count=4500):
+def wordcount(rate=1500, count=3000):
     topo = bn.Topology("drill-wordcount")
     lines = topo.source("lines", bn.sources.Generator(
         lambda i: " ".join(WORDS[(i * k + k) % len(WORDS)] for k in range(1, 4)),
@@ -30,7 +30,7 @@ def wordcount(rate=1500, count=4500):
     return topo
 
 
-def tumbling_count(rate=1500, count=4500):
+def tumbling_count(rate=1500, count=3000):
     topo = bn.Topology("drill-tumbling")
     clicks = topo.source("clicks", bn.sources.Generator(
         lambda i: {"page": f"p{(i * 7) % 5}", "ts": i * 0.01 - (i % 3) * 0.004},
@@ -40,7 +40,7 @@ def tumbling_count(rate=1500, count=4500):
     return topo
 
 
-def keyed_join(rate=1000, count=3000):
+def keyed_join(rate=1000, count=2000):
     topo = bn.Topology("drill-join")
     orders = topo.source("orders", bn.sources.Generator(
         lambda i: {"user": f"u{i % 13}", "order": i, "ts": i * 0.01}, count=count,
@@ -68,8 +68,11 @@ def reference(protocol: str, workload: str, storage: str) -> dict:
     return _references[key]
 
 
-def seeds(fast: int, total: int):
-    return [s if s < fast else pytest.param(s, marks=pytest.mark.slow) for s in range(total)]
+# Ten seeded kill schedules per protocol in every run (spread over the workloads), two
+# more per workload and protocol under the slow marker.
+SCHEDULES = [(w, s) for w, seeds in (("wordcount", range(4)), ("tumbling", range(3)),
+                                     ("join", range(3))) for s in seeds]
+SLOW_SCHEDULES = [(w, s) for w in WORKLOADS for s in (10, 11)]
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +81,13 @@ def drill_storage(tmp_path_factory):
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-@pytest.mark.parametrize("workload", list(WORKLOADS))
-@pytest.mark.parametrize("seed", seeds(fast=4, total=10))
+@pytest.mark.parametrize("workload,seed", SCHEDULES + [
+    pytest.param(w, s, marks=pytest.mark.slow) for w, s in SLOW_SCHEDULES])
 def test_random_kills_lose_and_duplicate_nothing(protocol, workload, seed, drill_storage):
     ref = reference(protocol, workload, drill_storage)
     assert sum(map(len, ref.values())) > 0
     report = bn.drill(WORKLOADS[workload](), protocol=protocol, checkpoint_interval=0.4,
-                      faults=[bn.faults.RandomKills(count=1, between=(0.8, 2.0))], seed=seed,
+                      faults=[bn.faults.RandomKills(count=1, between=(0.6, 1.5))], seed=seed,
                       reference_outputs=ref, storage=drill_storage)
     assert [e["kind"] for e in report.events].count("fault") == 1
     assert report.metrics.extra["attempts"] == 2, "the kill must have forced a restart"
@@ -99,8 +102,8 @@ def test_random_kills_lose_and_duplicate_nothing(protocol, workload, seed, drill
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_two_kills_in_one_run(protocol, drill_storage):
     report = bn.drill(wordcount(), protocol=protocol, checkpoint_interval=0.4,
-                      faults=[bn.faults.KillInstance("count", 0, at=0.8),
-                              bn.faults.KillInstance("split", 1, at=2.6)],
+                      faults=[bn.faults.KillInstance("count", 0, at=0.6),
+                              bn.faults.KillInstance("split", 1, at=1.6)],
                       reference_outputs=reference(protocol, "wordcount", drill_storage),
                       storage=drill_storage)
     assert report.metrics.extra["attempts"] == 3

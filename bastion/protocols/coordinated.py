@@ -82,6 +82,7 @@ class CheckpointCoordinator(Coordinator):
         self.loop: asyncio.Task | None = None
         self.completed: list[dict[str, Any]] = []
         self.aborted = 0
+        self.completing = asyncio.Lock()  # FIFO: checkpoints complete in id order
 
     def start(self, attempt: int) -> None:
         self.attempt = attempt
@@ -125,6 +126,10 @@ class CheckpointCoordinator(Coordinator):
             asyncio.ensure_future(self._complete(checkpoint_id, cp))
 
     async def _complete(self, checkpoint_id: int, cp: dict[str, Any]) -> None:
+        async with self.completing:
+            await self._complete_in_order(checkpoint_id, cp)
+
+    async def _complete_in_order(self, checkpoint_id: int, cp: dict[str, Any]) -> None:
         attempt = self.attempt
         await asyncio.to_thread(self.master.checkpoints.commit, checkpoint_id, cp["refs"],
                                 {"attempt": attempt})

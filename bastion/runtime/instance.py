@@ -393,11 +393,16 @@ class Task:
         self.restore(data)
         await self.reapply_commits()
 
-    async def reapply_commits(self) -> None:
-        """Sinks with an outside effect re-apply committed outputs they may have missed
-        (each writer skips what it already applied)."""
+    async def reapply_commits(self, only: int | None = None) -> None:
+        """Sinks with an outside effect apply committed outputs they may have missed
+        (each writer skips what it already applied); ``only``: just that commit."""
         for sink in self.sinks:
             if type(sink.writer).apply is SinkWriter.apply:
+                continue
+            if only is not None:
+                key = staged_key(self.config.job_id, sink.ctx.name, self.index, only)
+                if await self.store.aexists(key):
+                    sink.writer.apply(only, decode_values(await self.store.aget(key)))
                 continue
             blobs = await asyncio.to_thread(committed_blobs, self.store, self.config.job_id,
                                             sink.ctx.name, self.index)
@@ -535,7 +540,7 @@ class Worker:
         if attempt != self.attempt:
             return
         for task in self.tasks.values():
-            await task.reapply_commits()
+            await task.reapply_commits(only=commit)
 
     def stop_sources(self) -> None:
         for task in self.tasks.values():

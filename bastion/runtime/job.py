@@ -41,11 +41,16 @@ from bastion.storage import CheckpointStore, open_store
 
 
 class _Failure(Exception):
-    def __init__(self, reason: str, worker: int | None = None, udf: UDFError | None = None):
+    """Why the watch phase ended early. ``fatal`` failures (a task raised: a bug or bad
+    data, which a restart would only repeat) end the job; a lost process is restarted."""
+
+    def __init__(self, reason: str, worker: int | None = None, udf: UDFError | None = None,
+                 fatal: bool = False):
         super().__init__(reason)
         self.reason = reason
         self.worker = worker
         self.udf = udf
+        self.fatal = fatal or udf is not None
 
 
 @ray.remote(num_cpus=0)
@@ -59,6 +64,7 @@ class JobMaster:
         self.coordinator = self.protocol.coordinator(self)
         self.workers: list = []
         self.standby: Any = None
+        self._committing = asyncio.Lock()
         self.attempt = 0
         self.phase = "created"
         self.started_s: float | None = None
@@ -96,10 +102,12 @@ class JobMaster:
             self.workers[w].trigger_checkpoint.remote(attempt, task_ids, checkpoint_id)
 
     async def commit_outputs(self, attempt: int, commit: int) -> None:
-        """Make the sink outputs staged for ``commit`` visible (the second phase)."""
-        await self.store.aput(marker_key(self.config.job_id, commit), b"")
-        await asyncio.gather(*[w.apply_commit.remote(attempt, commit) for w in self.workers],
-                             return_exceptions=True)
+        """Make the sink outputs staged for ``commit`` visible (the second phase).
+        Commits are applied one at a time, in the order they are made."""
+        async with self._committing:
+            await self.store.aput(marker_key(self.config.job_id, commit), b"")
+            await asyncio.gather(*[w.apply_commit.remote(attempt, commit)
+                                   for w in self.workers], return_exceptions=True)
 
     def acknowledge(self, attempt: int, task_id: int, checkpoint_id: int, ref: Any,
                     meta: Any = None) -> None:
@@ -146,6 +154,8 @@ class JobMaster:
                     await self.coordinator.stop()
                     if failure.udf is not None:
                         return {"failure": failure.udf}
+                    if failure.fatal:
+                        return {"failure": failure.reason}
                     self.record_event("failure_detected", reason=failure.reason,
                                       worker=failure.worker,
                                       checkpoint_in_progress=unfinished)
@@ -244,7 +254,8 @@ class JobMaster:
                     if isinstance(failure, UDFError):
                         raise _Failure(str(failure), waits[fut], udf=failure)
                     if failure is not None:
-                        raise _Failure(f"worker {waits[fut]}: {failure}", waits[fut])
+                        raise _Failure(f"worker {waits[fut]}: {failure}", waits[fut],
+                                       fatal=True)
                     self.finished_tasks |= {t.task_id for t in self.plan.tasks_of(waits[fut])}
         finally:
             for fut in list(waits) + helpers:

@@ -118,10 +118,15 @@ def _per_record(batch: Batch, ctx: OperatorContext, fn: Callable[[Any], Any]
     return positions, results
 
 
-class MapOp(Operator):
+class _UdfOp(Operator):
+    """An operator around one user function, ``node.params["fn"]``."""
+
     def __init__(self, node: OpNode, ctx: OperatorContext):
         super().__init__(node, ctx)
         self.fn = node.params["fn"]
+
+
+class MapOp(_UdfOp):
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         fn = self.fn
@@ -135,10 +140,7 @@ class MapOp(Operator):
         return Batch(batch.keys, values, batch.ts, batch.born, batch.ids)
 
 
-class FilterOp(Operator):
-    def __init__(self, node: OpNode, ctx: OperatorContext):
-        super().__init__(node, ctx)
-        self.fn = node.params["fn"]
+class FilterOp(_UdfOp):
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         fn = self.fn
@@ -153,10 +155,7 @@ class FilterOp(Operator):
         return batch.take(keep)
 
 
-class FlatMapOp(Operator):
-    def __init__(self, node: OpNode, ctx: OperatorContext):
-        super().__init__(node, ctx)
-        self.fn = node.params["fn"]
+class FlatMapOp(_UdfOp):
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         fn = self.fn
