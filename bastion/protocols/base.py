@@ -98,8 +98,10 @@ class Coordinator:
         `TaskProtocol.restore` (None: restart from the beginning)."""
         return None
 
-    async def on_job_finished(self) -> None:
-        """Every task finished: commit what is final before the end-of-stream commit."""
+    async def on_job_finished(self, task_reports: list[dict[str, Any]]) -> None:
+        """Every task finished: commit what is final before the end-of-stream commit.
+        ``task_reports`` list, per task, the checkpoints it acknowledged (an
+        acknowledgment may still be on its way)."""
 
     def stats(self, final_counters: dict[int, tuple[dict, dict]] | None = None
               ) -> dict[str, Any]:

@@ -28,6 +28,7 @@ communication-induced variant (`cic`) prevents.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import random
 import time
 from dataclasses import dataclass, field
@@ -176,8 +177,10 @@ class RecoveryLineCoordinator(Coordinator):
             return
         record = CheckpointRecord(task_id, checkpoint_id, meta["sent"], meta["received"])
         blobs = [ref] + [b for b, _, _ in meta["channels"].values()]
-        self.history[task_id].append(_Checkpoint(record, blobs, meta["channels"],
-                                                 meta.get("protocol_state")))
+        # Acknowledgments may arrive out of order: keep each history sorted by number.
+        bisect.insort(self.history[task_id], _Checkpoint(record, blobs, meta["channels"],
+                                                         meta.get("protocol_state")),
+                      key=lambda cp: cp.record.number)
         self.taken += 1
         self.log_bytes += sum(b.size for b, _, _ in meta["channels"].values())
         asyncio.ensure_future(asyncio.to_thread(
@@ -206,8 +209,16 @@ class RecoveryLineCoordinator(Coordinator):
                 self.committed.add(number)
                 await self.master.commit_outputs(attempt, number)
 
-    async def on_job_finished(self) -> None:
-        await self._commit_sinks(None)   # no failure can come any more: all are final
+    async def on_job_finished(self, task_reports: list[dict[str, Any]]) -> None:
+        # No failure can come any more: every sink checkpoint of the surviving history
+        # is final, including those whose acknowledgment has not arrived yet.
+        await self._commit_sinks(None)
+        for report in task_reports:
+            if report["task_id"] in self.sink_tasks:
+                for number in sorted(report["acknowledged"]):
+                    if number not in self.committed:
+                        self.committed.add(number)
+                        await self.master.commit_outputs(self.attempt, number)
 
     async def recovery_line(self) -> Any:
         graph = self._graph()

@@ -157,6 +157,7 @@ class Task:
         self.stash: dict[int, collections.deque] = collections.defaultdict(collections.deque)
         self.triggers: list[int] = []       # checkpoints a source task is asked to start
         self.last_received: dict[int, int] = {}  # channel -> seq of the last frame processed
+        self.acknowledged: list[int] = []   # checkpoints this task stored and reported
         self.task_count = len(physical.tasks)
         self.channel_destinations: list[int] = []  # task id at the end of each channel
         self.stop_requested = False
@@ -365,6 +366,7 @@ class Task:
         return upload()
 
     def acknowledge(self, checkpoint_id: int, ref: BlobRef, meta: Any = None) -> None:
+        self.acknowledged.append(checkpoint_id)
         self.master.acknowledge.remote(self.attempt, self.task_id, checkpoint_id, ref, meta)
 
     async def emit_control(self, control: ControlRecord) -> None:
@@ -456,6 +458,7 @@ class Task:
                                        default=0),
             "max_inbox_frames": self.gate.max_queued_seen,
             "task_id": self.task_id,
+            "acknowledged": list(self.acknowledged),
             "final_sent": {c.channel_id: c.seq - 1 for c in self.channels},
             "final_received": dict(self.last_received),
         }

@@ -170,23 +170,23 @@ class JobMaster:
             await cancel(injector)
             finished_s = time.time()
 
-            self.phase = "commit"
-            await self.coordinator.on_job_finished()
-            await self.commit_outputs(self.attempt, FINAL_COMMIT)
             self.phase = "collect"
             reports = await asyncio.gather(*[w.report.remote() for w in self.workers])
+            tasks = [task for worker in reports for task in worker]
+            self.phase = "commit"
+            await self.coordinator.on_job_finished(tasks)
+            await self.commit_outputs(self.attempt, FINAL_COMMIT)
             self.phase = "done"
             return {
                 "failure": None,
                 "spawn_s": spawn_s,
                 "started_s": self.started_s,
                 "finished_s": finished_s,
-                "tasks": [task for worker in reports for task in worker],
+                "tasks": tasks,
                 "events": self.events,
                 "timeline": self.timeline,
                 "protocol": self.coordinator.stats(
-                    {t["task_id"]: (t["final_sent"], t["final_received"])
-                     for worker in reports for t in worker}),
+                    {t["task_id"]: (t["final_sent"], t["final_received"]) for t in tasks}),
                 "attempts": self.attempt + 1,
             }
         finally:
