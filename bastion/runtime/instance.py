@@ -192,8 +192,8 @@ class Task:
             else:
                 await self._run_inputs()
             await self._finish()
-        except UDFError:
-            raise
+        except (UDFError, ray.exceptions.RayError):
+            raise  # a user error, or a peer worker that died: the job master decides
         except Exception as exc:
             raise RuntimeError(f"task {self.name} failed: {exc!r}\n"
                                f"{traceback.format_exc()}") from exc

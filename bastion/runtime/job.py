@@ -253,6 +253,10 @@ class JobMaster:
                     failure = report["failure"]
                     if isinstance(failure, UDFError):
                         raise _Failure(str(failure), waits[fut], udf=failure)
+                    if isinstance(failure, ray.exceptions.RayError):
+                        # a task lost a peer worker: recover like from the death itself
+                        raise _Failure(f"worker {waits[fut]}: a peer died ({failure})",
+                                       waits[fut])
                     if failure is not None:
                         raise _Failure(f"worker {waits[fut]}: {failure}", waits[fut],
                                        fatal=True)
