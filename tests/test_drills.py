@@ -131,7 +131,12 @@ def test_kill_during_a_checkpoint_in_progress_never_completes_it(drill_storage):
     # abandoned (one whose every part was stored just before the kill may complete).
     detected = next(e for e in report.events if e["kind"] == "failure_detected")
     in_flight = detected["checkpoint_in_progress"]
-    assert in_flight is not None
+    checkpoints = CheckpointStore(open_store(drill_storage), report.job_id)
+    if in_flight is None:
+        # Every part of the checkpoint in progress at the kill had been stored before
+        # the kill: it completed (manifest written), and that is correct.
+        assert checkpoints.is_complete(fault["checkpoint_in_progress"])
+        return
     restarted = next(e for e in report.events if e["kind"] == "restarted")
     completed = [e["checkpoint_id"] for e in report.events
                  if e["kind"] == "checkpoint_completed"]
@@ -139,7 +144,6 @@ def test_kill_during_a_checkpoint_in_progress_never_completes_it(drill_storage):
     assert restarted["checkpoint"] == max(c for c in completed if c < in_flight)
     # ... and the interrupted checkpoint has no manifest: it is never used
     assert in_flight not in completed
-    checkpoints = CheckpointStore(open_store(drill_storage), report.job_id)
     assert not checkpoints.is_complete(in_flight)
     assert in_flight not in checkpoints.list_complete()
 
