@@ -124,17 +124,30 @@ def _parse_kill(text: str) -> Any:
             f"--kill {text!r}: expected OPERATOR[:INDEX]@SECONDS, e.g. count:0@2.5") from None
 
 
+def _parse_kill_node(text: str) -> Any:
+    import bastion as bn
+
+    try:
+        node, at = text.rsplit("@", 1)
+        return bn.faults.KillNode(int(node) if node.isdigit() else node, at=float(at))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--kill-node {text!r}: expected NODE@SECONDS (NODE: a position among the "
+            f"live Ray nodes, or a node id), e.g. 0@2.5") from None
+
+
 def cmd_drill(args: argparse.Namespace) -> int:
     import bastion as bn
     from bastion.report import write_html
 
     topology = load_topology(args.file)
-    faults = list(args.kill)
+    faults = list(args.kill) + list(args.kill_node)
     if args.random_kills:
         first, _, last = args.between.partition(",")
         faults.append(bn.faults.RandomKills(args.random_kills, (float(first), float(last))))
     if not faults:
-        print("bastion: a drill needs faults: --kill OP[:I]@S or --random-kills N",
+        print("bastion: a drill needs faults: --kill OP[:I]@S, --kill-node N@S or "
+              "--random-kills N",
               file=sys.stderr)
         return 2
     try:
@@ -183,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--checkpoint-interval", type=float, default=1.0, metavar="S")
     drill.add_argument("--kill", type=_parse_kill, action="append", default=[],
                        metavar="OP[:I]@S", help="kill instance I of OP at S seconds")
+    drill.add_argument("--kill-node", type=_parse_kill_node, action="append", default=[],
+                       metavar="NODE@S", help="kill every process of the job on a Ray node")
     drill.add_argument("--random-kills", type=int, default=0, metavar="N")
     drill.add_argument("--between", default="1,3", metavar="FIRST,LAST",
                        help="window for random kills, seconds (default 1,3)")

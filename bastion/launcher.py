@@ -173,11 +173,14 @@ def run(topology: Topology, *, protocol: str = "none",
         max_restarts=max_restarts,
         faults=tuple(faults),
     )
-    fault_injection.validate(config.faults, plan)
+    kills = fault_injection.validate(config.faults, plan)
     for node in topology.nodes.values():
         if node.kind == "sink":
             node.params["sink"].prepare(node.parallelism)
     ensure_ray(address)
+    for kill in kills:
+        if kill.node is not None:  # a node that does not exist fails here, not mid-run
+            fault_injection.resolve_node(kill.node, fault_injection.live_nodes())
     ship_user_modules(topology)
     master = JobMaster.remote(plan, config)
     try:

@@ -172,3 +172,25 @@ def test_coordinated_rejects_a_cyclic_topology():
     with pytest.raises(bn.TopologyError, match="protocol 'coordinated' cannot run .*"
                                                 "feedback edge 'step' -> 'step'.*deadlock"):
         bn.run(topo, protocol="coordinated")
+
+
+@pytest.mark.parametrize("protocol", ["coordinated", "uncoordinated"])
+def test_losing_a_whole_node_kills_every_process_on_it_and_loses_nothing(protocol,
+                                                                        drill_storage):
+    # A single-machine Ray has one node: every worker and the standby die together, so
+    # the job comes back on fresh processes from its checkpoints alone.
+    report = bn.drill(wordcount(), protocol=protocol, checkpoint_interval=0.4,
+                      faults=[bn.faults.KillNode(0, at=1.0)],
+                      reference_outputs=reference(protocol, "wordcount", drill_storage),
+                      storage=drill_storage)
+    fault = next(e for e in report.events if e["kind"] == "fault")
+    assert fault["killed"] == ["standby", "worker 0", "worker 1"]
+    assert report.metrics.extra["attempts"] == 2
+    assert report.exactly_once, (report.lost_examples, report.duplicated_examples)
+
+
+def test_a_node_that_does_not_exist_fails_before_the_run():
+    with pytest.raises(ValueError, match=r"KillNode: node 7 does not exist \(the cluster "
+                                         r"has 1 live node\)"):
+        bn.run(wordcount(count=10), protocol="coordinated",
+               faults=[bn.faults.KillNode(7, at=1.0)])

@@ -206,8 +206,10 @@ class RecoveryLineCoordinator(Coordinator):
                 number = cp.record.number
                 if number in self.committed or (line is not None and number > line[task_id]):
                     continue
-                self.committed.add(number)
+                # Marked only once made: a commit cut short (the loop is cancelled when
+                # a failure is detected) is made again by the next attempt.
                 await self.master.commit_outputs(attempt, number)
+                self.committed.add(number)
 
     async def on_job_finished(self, task_reports: list[dict[str, Any]]) -> None:
         # No failure can come any more: every sink checkpoint of the surviving history
@@ -217,8 +219,8 @@ class RecoveryLineCoordinator(Coordinator):
             if report["task_id"] in self.sink_tasks:
                 for number in sorted(report["acknowledged"]):
                     if number not in self.committed:
-                        self.committed.add(number)
                         await self.master.commit_outputs(self.attempt, number)
+                        self.committed.add(number)
 
     async def recovery_line(self) -> Any:
         graph = self._graph()

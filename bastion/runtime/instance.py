@@ -343,12 +343,12 @@ class Task:
                                        self.op_names[0], self.index, state)
 
     async def stage_outputs(self, commit: int) -> None:
-        """Pre-commit: store what each sink staged since the last commit point."""
+        """Pre-commit: store what each sink staged since the last commit point. Stored
+        even when empty: an attempt that failed after its sinks finished may have
+        left a blob under the same end-of-stream key, which must not be read."""
         for sink in self.sinks:
-            values = sink.writer.take_staged()
-            if values:
-                key = staged_key(self.config.job_id, sink.ctx.name, self.index, commit)
-                await self.store.aput(key, encode_values(values))
+            key = staged_key(self.config.job_id, sink.ctx.name, self.index, commit)
+            await self.store.aput(key, encode_values(sink.writer.take_staged()))
 
     def checkpoint(self, checkpoint_id: int) -> Awaitable[BlobRef]:
         """Snapshot now; the returned awaitable stores the snapshot and this task's
@@ -484,6 +484,11 @@ class Worker:
         """Heartbeat. It runs on its own thread, so a user function that keeps the
         tasks' event loop busy does not make a live process look dead."""
         return self.worker_index
+
+    @ray.method(concurrency_group="liveness")
+    def node_id(self) -> str:
+        """The Ray node this worker runs on (what `KillNode` matches)."""
+        return ray.get_runtime_context().get_node_id()
 
     async def deploy(self, plan: PhysicalPlan, peers: list, master: Any, attempt: int,
                      restore: Any, worker_index: int) -> None:

@@ -209,13 +209,21 @@ class JobMaster:
         return Worker.remote(index, self.config)
 
     async def _replace_workers(self, failure: _Failure) -> None:
-        """Replace every worker that is dead; the survivors are reset by the next deploy."""
-        alive = await asyncio.gather(*[self._answers(w) for w in self.workers])
-        for i, ok in enumerate(alive):
+        """Replace every worker that is dead; the survivors are reset by the next deploy.
+        The first dead slot goes to the standby (when it survived too), the others to
+        fresh workers, all started at once."""
+        spare = [self.standby] if self.standby is not None else []
+        alive = await asyncio.gather(*[self._answers(w) for w in self.workers + spare])
+        standby_alive = bool(spare) and alive[-1]
+        if spare and not standby_alive:
+            ray.kill(self.standby, no_restart=True)  # lost with the others (a node)
+            self.standby = self._spawn(-1)
+        for i, ok in enumerate(alive[:len(self.workers)]):
             if not ok or i == failure.worker:
                 ray.kill(self.workers[i], no_restart=True)
-                if self.standby is not None and await self._answers(self.standby):
+                if standby_alive:
                     self.workers[i], self.standby = self.standby, self._spawn(-1)
+                    standby_alive = False
                 else:
                     self.workers[i] = self._spawn(i)
         await asyncio.gather(*[w.ping.remote() for w in self.workers])
@@ -277,15 +285,31 @@ class JobMaster:
                                    f"({self.config.heartbeat_timeout_s} s)", i)
 
     async def _inject_faults(self) -> None:
-        for at_s, worker, what, during_checkpoint in self.kills:
-            delay = self.started_s + at_s - time.time()
+        for kill in self.kills:
+            delay = self.started_s + kill.at_s - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            while during_checkpoint and not self.coordinator.checkpoint_in_progress():
+            while kill.during_checkpoint and not self.coordinator.checkpoint_in_progress():
                 await asyncio.sleep(0.002)
-            self.record_event("fault", what=what, worker=worker,
+            victims = await self._victims(kill)
+            self.record_event("fault", what=kill.what, worker=kill.worker,
+                              killed=sorted(victims),
                               checkpoint_in_progress=self.coordinator.checkpoint_in_progress())
-            ray.kill(self.workers[worker], no_restart=True)
+            for handle in victims.values():
+                ray.kill(handle, no_restart=True)
+
+    async def _victims(self, kill: fault_injection.ScheduledKill) -> dict[str, Any]:
+        """The processes a kill takes down, by name: a worker slot, or every process
+        of the job (standby included) that Ray placed on the node."""
+        if kill.node is None:
+            return {f"worker {kill.worker}": self.workers[kill.worker]}
+        node_id = fault_injection.resolve_node(kill.node, fault_injection.live_nodes())
+        named = {f"worker {i}": w for i, w in enumerate(self.workers)}
+        if self.standby is not None:
+            named["standby"] = self.standby
+        placed = await asyncio.gather(*[w.node_id.remote() for w in named.values()],
+                                      return_exceptions=True)
+        return {name: w for (name, w), node in zip(named.items(), placed) if node == node_id}
 
     async def _stop_after(self, duration_s: float) -> None:
         await asyncio.sleep(duration_s)
