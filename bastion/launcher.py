@@ -24,7 +24,8 @@ from bastion.protocols import get_protocol
 from bastion.runtime import faults as fault_injection
 from bastion.runtime.config import JobConfig
 from bastion.runtime.job import JobMaster
-from bastion.runtime.metrics import LatencyHistogram, OperatorCounts, RunMetrics
+from bastion.runtime.metrics import (LatencyHistogram, OperatorCounts, ProtocolMetrics,
+                                     RunMetrics)
 from bastion.runtime.outputs import read_committed
 from bastion.runtime.plan import PhysicalPlan, build_plan
 from bastion.storage import ObjectStore, open_store
@@ -233,6 +234,23 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
         v = latency.percentile(q)
         return None if v is None else v * 1000.0
 
+    stats = report["protocol"]
+    frame_protocol_bytes = sum(t["protocol_frame_bytes"] for t in tasks)
+    protocol = ProtocolMetrics(
+        protocol=config.protocol,
+        checkpoints_completed=stats.get("checkpoints_completed", 0),
+        checkpoints_aborted=stats.get("checkpoints_aborted", 0),
+        forced_checkpoints=stats.get("forced_checkpoints", 0),
+        checkpoint_duration_s_avg=stats.get("checkpoint_duration_s_avg"),
+        checkpoint_duration_s_max=stats.get("checkpoint_duration_s_max"),
+        invalid_checkpoints=stats.get("invalid_checkpoints", 0),
+        invalid_share=stats.get("invalid_share", 0.0),
+        protocol_bytes=frame_protocol_bytes + sum(t["protocol_message_bytes"] for t in tasks),
+        data_bytes=sum(t["bytes_sent"] for t in tasks) - frame_protocol_bytes,
+        log_bytes=stats.get("log_bytes", 0),
+        state_bytes_last=stats.get("state_bytes_last"),
+        failures=report["failures"],
+    )
     metrics = RunMetrics(
         duration_s=duration_s,
         source_records=source_records,
@@ -242,6 +260,9 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
         operators=operators,
         dead_letters=len(dead_letters),
         sink_timeline=dict(sorted(timeline.items())),
+        protocol=protocol,
+        latency_timeline=[(p["t_s"], p["latency_p50_ms"], p["latency_p99_ms"])
+                          for p in report["timeline"]],
         extra={
             "spawn_s": report["spawn_s"],
             "frames_sent": sum(t["frames_sent"] for t in tasks),
@@ -251,7 +272,6 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
             "workers": plan.workers,
             "tasks": len(plan.tasks),
             "attempts": report["attempts"],
-            **report["protocol"],
         },
     )
     return RunResult(config.job_id, outputs, metrics, dead_letters, plan.describe(),

@@ -47,8 +47,8 @@ def test_reachability_loop_terminates_with_the_bfs_answer(protocol, storage):
     assert any(e["kind"] == "loops_quiescent" for e in result.details["events"])
     if protocol == "cic":
         # HMNR forces checkpoints where a Z-cycle would form: none is useless
-        assert result.metrics.extra["checkpoints_completed"] > 0
-        assert result.metrics.extra["invalid_checkpoints"] == 0
+        assert result.metrics.protocol.checkpoints_completed > 0
+        assert result.metrics.protocol.invalid_checkpoints == 0
 
 
 @pytest.mark.parametrize("protocol", ["uncoordinated", "cic"])

@@ -40,8 +40,12 @@ class HmnrCheckpoints(IndependentCheckpoints):
             channel.decorate = self._piggyback(dst)
 
     def _piggyback(self, dst: int):
+        task, encode = self.task, self.task.codec.encode
+
         def decorate(frame: list) -> list:
-            return [ProtocolClock(self.hmnr.on_send(dst))] + frame
+            clock = ProtocolClock(self.hmnr.on_send(dst))
+            task.protocol_frame_bytes += len(encode([clock]))
+            return [clock] + frame
         return decorate
 
     async def on_frame(self, channel: Any, seq: int, frame: list) -> None:

@@ -64,7 +64,10 @@ class AlignedBarriers(TaskProtocol):
 
     async def _checkpoint(self, checkpoint_id: int) -> None:
         upload = self.task.checkpoint(checkpoint_id)      # snapshot, synchronously
-        await self.task.emit_control(Barrier(checkpoint_id))
+        barrier = Barrier(checkpoint_id)
+        self.task.protocol_frame_bytes += (len(self.task.codec.encode([barrier]))
+                                           * len(self.task.channels))
+        await self.task.emit_control(barrier)
         ref = await upload                                 # state + staged outputs stored
         self.task.acknowledge(checkpoint_id, ref)
 

@@ -106,6 +106,7 @@ class IndependentCheckpoints(TaskProtocol):
 
     async def checkpoint(self, forced: bool = False) -> None:
         task = self.task
+        started_s = time.monotonic()
         for channel in task.channels:
             await channel.flush()     # what the state produced is now sent
         number = checkpoint_number(task.attempt, self.local, task.task_id)
@@ -126,7 +127,8 @@ class IndependentCheckpoints(TaskProtocol):
         task.acknowledge(number, ref, {"sent": sent, "received": received,
                                        "channels": channel_blobs,
                                        "protocol_state": protocol_state,
-                                       "forced": forced})
+                                       "forced": forced,
+                                       "duration_s": time.monotonic() - started_s})
         self.due_s = time.monotonic() + self.interval_s
 
     def on_checkpoint(self) -> Any:
@@ -162,6 +164,7 @@ class RecoveryLineCoordinator(Coordinator):
         self.loop: asyncio.Task | None = None
         self.interval_s = master.config.checkpoint_interval_s
         self.log_bytes = 0
+        self.durations_s: list[float] = []
 
     def start(self, attempt: int) -> None:
         self.attempt = attempt
@@ -185,8 +188,10 @@ class RecoveryLineCoordinator(Coordinator):
         self.log_bytes += sum(b.size for b, _, _ in meta["channels"].values())
         asyncio.ensure_future(asyncio.to_thread(
             self.master.checkpoints.commit, checkpoint_id, blobs, {"task": task_id}))
+        self.durations_s.append(meta["duration_s"])
         self.master.record_event("checkpoint_completed", checkpoint_id=checkpoint_id,
-                                 task=task_id, duration_s=0.0, state_bytes=ref.size)
+                                 task=task_id, duration_s=meta["duration_s"],
+                                 state_bytes=ref.size, forced=meta["forced"])
 
     def _graph(self) -> CheckpointGraph:
         records = [cp.record for cps in self.history.values() for cp in cps]
@@ -265,8 +270,11 @@ class RecoveryLineCoordinator(Coordinator):
                   for task, (sent, received) in (final_counters or {}).items()]
         useless = invalid_checkpoints(records + finals, self.channels) if records else set()
         invalid = self.abandoned + len(useless - {(r.process, r.number) for r in finals})
+        durations = self.durations_s
         return {
             "checkpoints_completed": total,
+            "checkpoint_duration_s_avg": sum(durations) / len(durations) if durations else None,
+            "checkpoint_duration_s_max": max(durations, default=None),
             "invalid_checkpoints": invalid,
             "invalid_share": invalid / total if total else 0.0,
             "log_bytes": self.log_bytes,

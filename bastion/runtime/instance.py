@@ -158,6 +158,11 @@ class Task:
         self.triggers: list[int] = []       # checkpoints a source task is asked to start
         self.last_received: dict[int, int] = {}  # channel -> seq of the last frame processed
         self.acknowledged: list[int] = []   # checkpoints this task stored and reported
+        # Protocol overhead (CheckMate's message overhead): bytes of protocol
+        # information inside data frames (barriers, piggybacked clocks) and in the
+        # acknowledgments sent to the coordinator.
+        self.protocol_frame_bytes = 0
+        self.protocol_message_bytes = 0
         self.task_count = len(physical.tasks)
         self.channel_destinations: list[int] = []  # task id at the end of each channel
         self.stop_requested = False
@@ -367,6 +372,7 @@ class Task:
 
     def acknowledge(self, checkpoint_id: int, ref: BlobRef, meta: Any = None) -> None:
         self.acknowledged.append(checkpoint_id)
+        self.protocol_message_bytes += len(pickle.dumps((checkpoint_id, ref, meta), protocol=5))
         self.master.acknowledge.remote(self.attempt, self.task_id, checkpoint_id, ref, meta)
 
     async def emit_control(self, control: ControlRecord) -> None:
@@ -454,6 +460,8 @@ class Task:
             "finished_s": self.finished_s,
             "frames_sent": sum(c.frames_sent for c in self.channels),
             "bytes_sent": sum(c.bytes_sent for c in self.channels),
+            "protocol_frame_bytes": self.protocol_frame_bytes,
+            "protocol_message_bytes": self.protocol_message_bytes,
             "max_inflight_frames": max((c.max_inflight_seen for c in self.channels),
                                        default=0),
             "max_inbox_frames": self.gate.max_queued_seen,

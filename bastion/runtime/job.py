@@ -22,6 +22,7 @@ driver is a remote client. Its control loop has named phases:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
@@ -34,7 +35,7 @@ from bastion.protocols.base import cancel
 from bastion.runtime import faults as fault_injection
 from bastion.runtime.config import JobConfig
 from bastion.runtime.instance import Worker
-from bastion.runtime.metrics import LatencyHistogram
+from bastion.runtime.metrics import FailureRecovery, LatencyHistogram, rate_recovered_at
 from bastion.runtime.outputs import FINAL_COMMIT, marker_key
 from bastion.runtime.plan import PhysicalPlan
 from bastion.storage import CheckpointStore, open_store
@@ -177,6 +178,7 @@ class JobMaster:
             await self.coordinator.on_job_finished(tasks)
             await self.commit_outputs(self.attempt, FINAL_COMMIT)
             self.phase = "done"
+            failures = self._failures()
             return {
                 "failure": None,
                 "spawn_s": spawn_s,
@@ -188,11 +190,31 @@ class JobMaster:
                 "protocol": self.coordinator.stats(
                     {t["task_id"]: (t["final_sent"], t["final_received"]) for t in tasks}),
                 "attempts": self.attempt + 1,
+                "failures": failures,
             }
         finally:
             for w in self.workers + ([self.standby] if self.standby is not None else []):
                 ray.kill(w)
             await self._write_events()
+
+    def _failures(self) -> list[FailureRecovery]:
+        """Restart and recovery time of every failure, from the events and the progress
+        timeline; each is also recorded as a ``recovery`` event."""
+        failures = []
+        detections = [e for e in self.events if e["kind"] == "failure_detected"]
+        restarts = [e for e in self.events if e["kind"] == "restarted"]
+        for detected, restarted in zip(detections, restarts):
+            recovered_at_s = rate_recovered_at(self.timeline, detected["t_s"],
+                                               restarted["t_s"])
+            failure = FailureRecovery(
+                reason=detected["reason"], detected_at_s=detected["t_s"],
+                restart_s=restarted["t_s"] - detected["t_s"],
+                recovery_s=None if recovered_at_s is None
+                else recovered_at_s - detected["t_s"],
+                recovery_line=restarted["checkpoint"])
+            self.record_event("recovery", **dataclasses.asdict(failure))
+            failures.append(failure)
+        return failures
 
     async def _write_events(self) -> None:
         """Lifecycle events and the progress timeline, as concatenated msgpack maps
@@ -354,10 +376,11 @@ class JobMaster:
         if self.plan.topology.has_feedback():
             await self._check_loops(replies)
         if self.started_s is not None:
-            p99 = latency.percentile(99)
+            p50, p99 = latency.percentile(50), latency.percentile(99)
             self.timeline.append({"t_s": time.time() - self.started_s, **gained,
                                   "source_lag": lag, "workers_answering": sum(
                                       not isinstance(r, BaseException) for r in replies),
+                                  "latency_p50_ms": None if p50 is None else p50 * 1000,
                                   "latency_p99_ms": None if p99 is None else p99 * 1000})
 
     async def _check_loops(self, replies: list) -> None:

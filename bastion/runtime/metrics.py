@@ -1,10 +1,24 @@
-"""Run metrics: end-to-end latency and throughput, cheap enough for the hot path.
+"""Run metrics: end-to-end latency and throughput, cheap enough for the hot path,
+and what fault tolerance cost and bought (CheckMate §V).
 
 End-to-end latency of a record is the wall-clock time from its source emitting it
 (``born``) to a sink receiving it. Sinks sample it — at most `SAMPLES_PER_BATCH`
 records per batch, evenly spread — into a `LatencyHistogram`: log-spaced buckets 2%
 wide, so percentiles are within 2% and histograms of many instances merge by adding
 bucket counts. Sinks also count records per wall-clock second (a throughput timeline).
+
+The protocol's metrics (`ProtocolMetrics`) follow CheckMate's definitions:
+
+- *checkpoint duration*: coordinated — from the trigger until every task stored its
+  part; independent (uncoordinated, cic) — one task's flush, snapshot and upload;
+- *invalid checkpoints*: checkpoints no consistent recovery line can contain, or that
+  a recovery rolled back past; count and share of all checkpoints;
+- *message overhead*: bytes of protocol information (barriers and piggybacked clocks
+  inside data frames, acknowledgments to the coordinator) over bytes of data frames;
+- per failure (`FailureRecovery`): *restart time* — from detection until every task
+  runs again from the recovery line, states and replay loaded; *recovery time* —
+  from detection until the sinks' output rate is back to 90% of its rate before the
+  failure (it includes the restart).
 """
 
 from __future__ import annotations
@@ -67,6 +81,67 @@ class OperatorCounts:
     records_out: int = 0
 
 
+RECOVERED_RATE_SHARE = 0.9   # "normal execution again": this share of the rate before
+
+
+def rate_recovered_at(timeline: list[dict[str, Any]], failed_at_s: float,
+                      restarted_at_s: float) -> float | None:
+    """When (seconds since the job started) the sinks' output rate, over three
+    consecutive progress samples after the restart, is back to `RECOVERED_RATE_SHARE`
+    of its rate in the 1.5 s before the failure; None when it never is, or when
+    nothing was written before the failure to compare with."""
+    before = [p for p in timeline if failed_at_s - 1.5 <= p["t_s"] < failed_at_s
+              and p["t_s"] > 0.3]
+    if not before:
+        return None
+    span_s = max(before[-1]["t_s"] - before[0]["t_s"], 1e-9) + 0.1
+    rate_before = sum(p["sink_records"] for p in before) / span_s
+    if rate_before <= 0:
+        return None
+    after = [p for p in timeline if p["t_s"] >= restarted_at_s]
+    for i in range(len(after) - 2):
+        window = after[i:i + 3]
+        span_s = max(window[-1]["t_s"] - window[0]["t_s"], 1e-9) + 0.1
+        if sum(p["sink_records"] for p in window) / span_s >= RECOVERED_RATE_SHARE * rate_before:
+            return window[0]["t_s"]
+    return None
+
+
+@dataclass
+class FailureRecovery:
+    """One failure and how the job came back from it. Times in seconds."""
+
+    reason: str
+    detected_at_s: float          # since the job started
+    restart_s: float              # detection -> every task running from the recovery line
+    recovery_s: float | None      # detection -> output rate back to normal (None: never)
+    recovery_line: Any = None     # what the tasks restored (checkpoint id(s))
+
+
+@dataclass
+class ProtocolMetrics:
+    """What the fault-tolerance protocol cost and how recoveries went."""
+
+    protocol: str
+    checkpoints_completed: int = 0
+    checkpoints_aborted: int = 0
+    forced_checkpoints: int = 0
+    checkpoint_duration_s_avg: float | None = None
+    checkpoint_duration_s_max: float | None = None
+    invalid_checkpoints: int = 0
+    invalid_share: float = 0.0
+    protocol_bytes: int = 0
+    data_bytes: int = 0
+    log_bytes: int = 0            # in-flight frames stored with checkpoints
+    state_bytes_last: int | None = None
+    failures: list[FailureRecovery] = field(default_factory=list)
+
+    @property
+    def message_overhead(self) -> float:
+        """Protocol bytes per data byte (CheckMate Table II reports 1 + this)."""
+        return self.protocol_bytes / self.data_bytes if self.data_bytes else 0.0
+
+
 @dataclass
 class RunMetrics:
     """What a run measured. Latencies in milliseconds, rates in records per second."""
@@ -79,6 +154,11 @@ class RunMetrics:
     operators: dict[str, OperatorCounts]
     dead_letters: int
     sink_timeline: dict[int, int] = field(default_factory=dict)
+    protocol: ProtocolMetrics | None = None
+    # (seconds since the start, p50 ms, p99 ms) of records that reached a sink
+    # during each progress interval
+    latency_timeline: list[tuple[float, float | None, float | None]] = field(
+        default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def summary_rows(self) -> list[tuple[str, str]]:
@@ -95,4 +175,18 @@ class RunMetrics:
             ("latency p99", ms(self.latency_ms.get("p99"))),
             ("dead letters", f"{self.dead_letters:,}"),
         ]
+        proto = self.protocol
+        if proto is not None and proto.checkpoints_completed:
+            duration = proto.checkpoint_duration_s_avg
+            rows += [
+                ("checkpoints", f"{proto.checkpoints_completed:,} "
+                                f"(avg {'-' if duration is None else f'{duration * 1000:.1f} ms'}"
+                                f", invalid {proto.invalid_checkpoints} = "
+                                f"{proto.invalid_share:.0%})"),
+                ("message overhead", f"{proto.message_overhead:.2%}"),
+            ]
+        for failure in proto.failures if proto is not None else []:
+            rows.append(("recovery", f"restart {failure.restart_s:.2f} s, recovered "
+                         + ("never" if failure.recovery_s is None
+                            else f"after {failure.recovery_s:.2f} s")))
         return rows
