@@ -122,7 +122,8 @@ def ship_user_modules(topology: Topology) -> None:
 
 
 def run(topology: Topology, *, protocol: str = "none",
-        checkpoint_interval: float | None = None, storage: str = "local://.bastion",
+        checkpoint_interval: float | None = None, retained_checkpoints: int = 2,
+        storage: str = "local://.bastion",
         address: str | None = None,
         duration_s: float | None = None, buffer_timeout_ms: float = 5.0,
         frame_records: int = 4096, max_inflight_frames: int = 4,
@@ -132,8 +133,11 @@ def run(topology: Topology, *, protocol: str = "none",
         progress: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
 
-    ``protocol`` picks the fault-tolerance protocol (``"none"``, ``"coordinated"``);
+    ``protocol`` picks the fault-tolerance protocol (``"none"``, ``"coordinated"``,
+    ``"uncoordinated"``, ``"cic"``);
     ``checkpoint_interval`` is in seconds (default 1.0 for checkpointing protocols);
+    the newest ``retained_checkpoints`` complete checkpoints are kept, older ones
+    deleted (uncoordinated protocols delete what their recovery line has passed);
     ``storage`` is where checkpoints, committed outputs and events live
     (``local://PATH`` or ``s3://BUCKET/PREFIX?endpoint=HOST:PORT``). A worker that
     dies or misses its heartbeat for ``heartbeat_timeout_s`` is replaced and the job
@@ -170,6 +174,7 @@ def run(topology: Topology, *, protocol: str = "none",
         codecs=tuple(topology.codecs),
         storage_url=store.url,
         checkpoint_interval_s=checkpoint_interval,
+        retained_checkpoints=retained_checkpoints,
         heartbeat_timeout_s=heartbeat_timeout_s,
         max_restarts=max_restarts,
         faults=tuple(faults),

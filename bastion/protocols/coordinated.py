@@ -145,6 +145,9 @@ class CheckpointCoordinator(Coordinator):
         self.master.record_event("checkpoint_completed", checkpoint_id=checkpoint_id,
                                  duration_s=duration_s, state_bytes=state_bytes)
         await self.master.commit_outputs(attempt, checkpoint_id)
+        # Older checkpoints are never restored again: keep the newest few, delete the rest.
+        await asyncio.to_thread(self.master.checkpoints.gc,
+                                self.master.config.retained_checkpoints)
 
     def checkpoint_in_progress(self) -> int | None:
         return min(self.in_progress, default=None)

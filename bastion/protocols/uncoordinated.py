@@ -160,6 +160,7 @@ class RecoveryLineCoordinator(Coordinator):
         self.taken = 0
         self.abandoned = 0   # checkpoints above a recovery line: rolled back
         self.committed: set[int] = set()
+        self.reclaimed: set[int] = set()   # checkpoints deleted from the store
         self.attempt = -1
         self.loop: asyncio.Task | None = None
         self.interval_s = master.config.checkpoint_interval_s
@@ -200,8 +201,27 @@ class RecoveryLineCoordinator(Coordinator):
     async def _commit_loop(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
-            line = self._graph().recovery_line()
+            graph = self._graph()
+            line = graph.recovery_line()
             await self._commit_sinks(line)
+            await self._reclaim(line, graph.replay_from(line))
+
+    async def _reclaim(self, line: dict[int, int], replay_from: dict[int, int]) -> None:
+        """Delete the stored checkpoints no recovery can use any more (Wang et al.'s
+        checkpoint space reclamation). The line only moves forward, so a task's
+        checkpoint below its line checkpoint is never restored again, and its logged
+        frames are never replayed again once the receiver's line checkpoint has
+        received them all. Their records stay in the history: they still count in
+        the invalid-checkpoint statistics."""
+        for task_id, cps in self.history.items():
+            for cp in cps:
+                number = cp.record.number
+                if number >= line[task_id] or number in self.reclaimed:
+                    continue
+                if all(last < replay_from.get(channel_id, 0)
+                       for channel_id, (_, _, last) in cp.channels.items()):
+                    self.reclaimed.add(number)
+                    await asyncio.to_thread(self.master.checkpoints.discard, number)
 
     async def _commit_sinks(self, line: dict[int, int] | None) -> None:
         """Commit every sink checkpoint at or below the line (all of them if None)."""
@@ -220,6 +240,9 @@ class RecoveryLineCoordinator(Coordinator):
         # No failure can come any more: every sink checkpoint of the surviving history
         # is final, including those whose acknowledgment has not arrived yet.
         await self._commit_sinks(None)
+        graph = self._graph()
+        line = graph.recovery_line()
+        await self._reclaim(line, graph.replay_from(line))
         for report in task_reports:
             if report["task_id"] in self.sink_tasks:
                 for number in sorted(report["acknowledged"]):
@@ -232,13 +255,18 @@ class RecoveryLineCoordinator(Coordinator):
         line = graph.recovery_line()
         replay_from = graph.replay_from(line)  # channel -> first seq the receiver lacks
         tasks: dict[int, TaskRestore] = {}
+        abandoned = []
         for task_id, cps in self.history.items():
             # checkpoints above the line belong to an abandoned history: forget them
             self.history[task_id] = [cp for cp in cps if cp.record.number <= line[task_id]]
-            self.abandoned += len(cps) - len(self.history[task_id])
+            abandoned += [cp.record.number for cp in cps if cp.record.number > line[task_id]]
             kept = self.history[task_id]
             tasks[task_id] = TaskRestore(kept[-1].record.number if kept else None,
                                          protocol_state=kept[-1].protocol_state if kept else None)
+        self.abandoned += len(abandoned)
+        # off the restart's critical path: nothing reads an abandoned checkpoint
+        asyncio.ensure_future(asyncio.to_thread(
+            lambda: [self.master.checkpoints.discard(n) for n in abandoned]))
         for channel_id, (src, dst) in self.channels.items():
             sent = self._sent(src, channel_id)
             first = replay_from.get(channel_id, 0)
@@ -247,6 +275,7 @@ class RecoveryLineCoordinator(Coordinator):
             blobs = []
             for cp in self.history[src]:
                 entry = cp.channels.get(channel_id)
+                # a reclaimed checkpoint's frames all lie below ``first``: never picked
                 if entry is not None and entry[2] >= first and entry[1] <= sent:
                     blobs.append((entry[0].key, first, sent))
             if blobs:

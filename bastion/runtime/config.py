@@ -26,6 +26,7 @@ class JobConfig:
     # protocol checkpoints, when a silent worker counts as dead, how often to restart.
     storage_url: str = "local://.bastion"
     checkpoint_interval_s: float | None = None
+    retained_checkpoints: int = 2   # complete checkpoints kept; older ones are deleted
     heartbeat_timeout_s: float = 1.0
     max_restarts: int = 10
     faults: tuple = field(default_factory=tuple)
@@ -33,7 +34,7 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         for name in ("frame_records", "max_inflight_frames", "inbox_frames",
-                     "source_batch_records"):
+                     "source_batch_records", "retained_checkpoints"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")

@@ -36,7 +36,9 @@ Garbage collection and concurrent checkpoints
     complete ones and abandoned incomplete ones. Checkpoints above the newest complete
     id are never touched, so a checkpoint being written while GC runs keeps all its
     blobs. Deletion removes the manifest first, so a half-deleted checkpoint is never
-    mistaken for a complete one.
+    mistaken for a complete one. :meth:`CheckpointStore.discard` deletes one named
+    checkpoint the same way, for protocols whose checkpoints are per task and become
+    useless one by one (uncoordinated checkpoints below the recovery line).
 """
 
 from __future__ import annotations
@@ -310,16 +312,23 @@ class CheckpointStore:
             return GcReport([], [], 0)
         newest = complete[0]
         doomed = [i for i in ids if i < newest and i not in complete]
-        removed = 0
-        for i in doomed:
-            directory = self._dir(i)
-            keys = [k for k in sizes if k.startswith(directory) and k not in live]
-            # Manifest first: from then on the checkpoint reads as incomplete.
-            keys.sort(key=lambda k: k != directory + _MANIFEST)
-            for key in keys:
-                self._store.delete(key)
-                removed += 1
+        removed = sum(self._delete(i, sizes, live) for i in doomed)
         return GcReport(complete, doomed, removed)
+
+    def discard(self, checkpoint_id: int) -> int:
+        """Delete one checkpoint (manifest first); returns the number of keys deleted.
+        The caller knows no checkpoint it keeps names a blob of this one."""
+        _check_id(checkpoint_id)
+        return self._delete(checkpoint_id, self._store.list(self._dir(checkpoint_id)), set())
+
+    def _delete(self, checkpoint_id: int, keys: Iterable[str], live: set[str]) -> int:
+        directory = self._dir(checkpoint_id)
+        doomed = [k for k in keys if k.startswith(directory) and k not in live]
+        # Manifest first: from then on the checkpoint reads as incomplete.
+        doomed.sort(key=lambda k: k != directory + _MANIFEST)
+        for key in doomed:
+            self._store.delete(key)
+        return len(doomed)
 
     # -- async twins: the same calls in a worker thread
 

@@ -1,0 +1,50 @@
+"""Checkpoint garbage collection in the running job: the store keeps what a recovery
+can still use, and a recovery after collection still loses and duplicates nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+import bastion as bn
+from bastion.storage import CheckpointStore, open_store
+
+from test_drills import reference, wordcount
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def stored_checkpoints(storage: str, job_id: str) -> set[int]:
+    store = open_store(storage)
+    root = f"jobs/{job_id}/checkpoints/"
+    return {int(key[len(root):].split("/")[0]) for key in store.list(root)}
+
+
+@pytest.mark.parametrize("retained", [1, 3])
+def test_coordinated_keeps_the_newest_complete_checkpoints(retained, tmp_path):
+    storage = f"local://{tmp_path}"
+    result = bn.run(wordcount(), protocol="coordinated", checkpoint_interval=0.15,
+                    retained_checkpoints=retained, storage=storage)
+    completed = result.metrics.protocol.checkpoints_completed
+    assert completed > retained + 1
+    complete = CheckpointStore(open_store(storage), result.job_id).list_complete()
+    assert len(complete) == retained
+    # the kept ones are the newest, and nothing older is left behind
+    assert min(stored_checkpoints(storage, result.job_id)) == min(complete)
+
+
+def test_retained_checkpoints_must_be_positive():
+    with pytest.raises(ValueError, match="retained_checkpoints must be an int >= 1"):
+        bn.run(wordcount(count=10), protocol="coordinated", retained_checkpoints=0)
+
+
+@pytest.mark.parametrize("protocol", ["uncoordinated", "cic"])
+def test_independent_checkpoints_below_the_recovery_line_are_reclaimed(protocol, tmp_path):
+    storage = f"local://{tmp_path}"
+    report = bn.drill(wordcount(), protocol=protocol, checkpoint_interval=0.2,
+                      faults=[bn.faults.KillInstance("count", 0, at=1.4)],
+                      reference_outputs=reference(protocol, "wordcount", storage),
+                      storage=storage)
+    assert report.exactly_once, (report.lost_examples, report.duplicated_examples)
+    taken = report.metrics.protocol.checkpoints_completed
+    kept = stored_checkpoints(storage, report.job_id)
+    assert len(kept) < taken / 2, (len(kept), taken)
