@@ -13,7 +13,8 @@ exactly once. A drill reports
 - ``recovery_s``: from the kill until the sinks' output rate is back to 90% of its
   rate before the kill;
 - ``trt_s`` (total recovery time): from the kill until the sources have caught up
-  with the input that arrived meanwhile (no backlog left);
+  with the input that arrived meanwhile (their backlog is back to its level before
+  the kill);
 - time series of throughput and latency, with the faults marked.
 """
 
@@ -26,6 +27,7 @@ from typing import Any, Sequence
 
 from bastion.launcher import RunResult, run
 from bastion.runtime.faults import RandomKills
+from bastion.runtime.metrics import rate_recovered_at
 from bastion.topology import Topology
 
 
@@ -117,19 +119,15 @@ def _timings(result: RunResult) -> dict[str, float | None]:
     if restarted is None:
         return out
     t_fault, t_restart = fault["t_s"], restarted["t_s"]
-    before = [p for p in timeline if t_fault - 1.5 <= p["t_s"] < t_fault and p["t_s"] > 0.3]
-    if before:
-        span = max(before[-1]["t_s"] - before[0]["t_s"], 1e-9) + 0.1
-        rate_before = sum(p["sink_records"] for p in before) / span
-        after = [p for p in timeline if p["t_s"] >= t_restart]
-        for i in range(len(after) - 2):
-            window = after[i:i + 3]
-            span = max(window[-1]["t_s"] - window[0]["t_s"], 1e-9) + 0.1
-            if sum(p["sink_records"] for p in window) / span >= 0.9 * rate_before:
-                out["recovery_s"] = window[0]["t_s"] - t_fault
-                break
+    recovered_at_s = rate_recovered_at(timeline, t_fault, t_restart)
+    if recovered_at_s is not None:
+        out["recovery_s"] = recovered_at_s - t_fault
+    # Caught up: the backlog of input due but not read is back to what it was in
+    # steady state before the fault (a paced source is never exactly at zero).
+    steady_lag = max((p["source_lag"] for p in timeline
+                      if t_fault - 1.5 <= p["t_s"] < t_fault), default=0)
     for p in timeline:
-        if p["t_s"] >= t_restart and p["source_lag"] == 0 and p["sink_records"] > 0:
+        if p["t_s"] >= t_restart and p["source_lag"] <= steady_lag and p["sink_records"] > 0:
             out["trt_s"] = p["t_s"] - t_fault
             break
     return out

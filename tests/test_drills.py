@@ -186,3 +186,17 @@ def test_a_node_that_does_not_exist_fails_before_the_run():
                                          r"has 1 live node\)"):
         bn.run(wordcount(count=10), protocol="coordinated",
                faults=[bn.faults.KillNode(7, at=1.0)])
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_second_kill_during_the_recovery_is_recovered_too(protocol, drill_storage):
+    # The second kill lands while the job master replaces workers or redeploys after
+    # the first (detection takes ~0.05 s, a restart ~0.2 s).
+    report = bn.drill(wordcount(), protocol=protocol, checkpoint_interval=0.4,
+                      faults=[bn.faults.KillWorker(0, at=1.0), bn.faults.KillWorker(1, at=1.08)],
+                      reference_outputs=reference(protocol, "wordcount", drill_storage),
+                      storage=drill_storage)
+    assert [e["kind"] for e in report.events].count("fault") == 2
+    assert report.metrics.extra["attempts"] >= 2
+    assert report.exactly_once, (report.lost_examples, report.duplicated_examples)
+    assert 1 <= len(report.metrics.protocol.failures) <= 2

@@ -307,6 +307,9 @@ class RecoveryLineCoordinator(Coordinator):
             "invalid_checkpoints": invalid,
             "invalid_share": invalid / total if total else 0.0,
             "log_bytes": self.log_bytes,
+            # the state of every task's newest checkpoint (what a restart loads)
+            "state_bytes_last": sum(cps[-1].refs[0].size for cps in self.history.values()
+                                    if cps) or None,
         }
 
 

@@ -125,29 +125,35 @@ class JobMaster:
             self.workers = [self._spawn(i) for i in range(plan.workers)]
             # A standby worker, started now, takes over the slot of the first worker
             # to die: a restart then costs a deploy, not a process start.
-            self.standby = self._spawn(-1) if self.protocol.name != "none" else None
+            self._ensure_standby()
             await asyncio.gather(*[w.ping.remote() for w in self.workers])
             spawn_s = time.time() - t0
             restore: Any = None
             injector = None
             while True:
-                self.phase = "deploy"
-                await asyncio.gather(*[w.deploy.remote(plan, self.workers, me, self.attempt,
-                                                       restore, i)
-                                       for i, w in enumerate(self.workers)])
-                self.phase = "start"
-                self.finished_tasks = set()
-                if self.started_s is None:
-                    self.started_s = time.time()
-                    self.record_event("started")
-                    injector = asyncio.ensure_future(self._inject_faults())
-                await asyncio.gather(*[w.start.remote() for w in self.workers])
-                if self.attempt:
-                    self.record_event("restarted", attempt=self.attempt, checkpoint=(
-                        restore.get("summary") if isinstance(restore, dict) else restore))
-                self.coordinator.start(self.attempt)
-                self.phase = "watch"
                 try:
+                    # a worker may die here too (a second fault during a recovery)
+                    try:
+                        self.phase = "deploy"
+                        await asyncio.gather(*[w.deploy.remote(plan, self.workers, me,
+                                                               self.attempt, restore, i)
+                                               for i, w in enumerate(self.workers)])
+                        self.phase = "start"
+                        self.finished_tasks = set()
+                        if self.started_s is None:
+                            self.started_s = time.time()
+                            self.record_event("started")
+                            injector = asyncio.ensure_future(self._inject_faults())
+                        await asyncio.gather(*[w.start.remote() for w in self.workers])
+                    except ray.exceptions.RayActorError as exc:
+                        raise _Failure(f"a worker died during {self.phase}: "
+                                       f"{type(exc).__name__}") from None
+                    self._ensure_standby()
+                    if self.attempt:
+                        self.record_event("restarted", attempt=self.attempt, checkpoint=(
+                            restore.get("summary") if isinstance(restore, dict) else restore))
+                    self.coordinator.start(self.attempt)
+                    self.phase = "watch"
                     await self._watch()
                     break
                 except _Failure as failure:
@@ -201,9 +207,15 @@ class JobMaster:
         """Restart and recovery time of every failure, from the events and the progress
         timeline; each is also recorded as a ``recovery`` event."""
         failures = []
-        detections = [e for e in self.events if e["kind"] == "failure_detected"]
-        restarts = [e for e in self.events if e["kind"] == "restarted"]
-        for detected, restarted in zip(detections, restarts):
+        pairs = []
+        detected = None  # a failure during a recovery extends that recovery
+        for event in list(self.events):
+            if event["kind"] == "failure_detected" and detected is None:
+                detected = event
+            elif event["kind"] == "restarted" and detected is not None:
+                pairs.append((detected, event))
+                detected = None
+        for detected, restarted in pairs:
             recovered_at_s = rate_recovered_at(self.timeline, detected["t_s"],
                                                restarted["t_s"])
             failure = FailureRecovery(
@@ -227,28 +239,35 @@ class JobMaster:
         except Exception as exc:  # noqa: BLE001 - losing events must not fail the job
             self.record_event("events_not_stored", error=repr(exc))
 
+    def _ensure_standby(self) -> None:
+        if self.standby is None and self.protocol.name != "none":
+            self.standby = self._spawn(-1)
+
     def _spawn(self, index: int) -> Any:
         return Worker.remote(index, self.config)
 
     async def _replace_workers(self, failure: _Failure) -> None:
         """Replace every worker that is dead; the survivors are reset by the next deploy.
         The first dead slot goes to the standby (when it survived too), the others to
-        fresh workers, all started at once."""
+        fresh workers, all started at once. A new standby is only started once the job
+        runs again (`_ensure_standby`): starting a process costs a core for about a
+        second, which the restart needs more."""
         spare = [self.standby] if self.standby is not None else []
         alive = await asyncio.gather(*[self._answers(w) for w in self.workers + spare])
         standby_alive = bool(spare) and alive[-1]
         if spare and not standby_alive:
             ray.kill(self.standby, no_restart=True)  # lost with the others (a node)
-            self.standby = self._spawn(-1)
+            self.standby = None
         for i, ok in enumerate(alive[:len(self.workers)]):
             if not ok or i == failure.worker:
                 ray.kill(self.workers[i], no_restart=True)
                 if standby_alive:
-                    self.workers[i], self.standby = self.standby, self._spawn(-1)
+                    self.workers[i], self.standby = self.standby, None
                     standby_alive = False
                 else:
                     self.workers[i] = self._spawn(i)
-        await asyncio.gather(*[w.ping.remote() for w in self.workers])
+        # a worker that dies meanwhile fails the deploy, which starts another recovery
+        await asyncio.gather(*[w.ping.remote() for w in self.workers], return_exceptions=True)
 
     async def _answers(self, worker: Any) -> bool:
         try:
