@@ -155,10 +155,25 @@ class InputGate:
         self._blocked: dict[int, asyncio.Event] = {}
         self.duplicates_dropped = 0
         self.max_queued_seen = 0
+        self._delivering: set[asyncio.Task] = set()  # deliveries still waiting
 
     async def deliver(self, channel_id: int, seq: int, frame: Any) -> None:
         """Enqueue frame ``seq`` of a channel once every earlier frame is enqueued.
         Returns when it is in the inbox: that return is the sender's credit."""
+        delivery = asyncio.current_task()
+        self._delivering.add(delivery)
+        try:
+            await self._deliver(channel_id, seq, frame)
+        finally:
+            self._delivering.discard(delivery)
+
+    def close(self) -> None:
+        """The task is gone (its attempt failed): end every delivery still waiting for
+        its turn or for room in the inbox, so none is left waiting for ever."""
+        for delivery in list(self._delivering):
+            delivery.cancel()
+
+    async def _deliver(self, channel_id: int, seq: int, frame: Any) -> None:
         expected = self._expected[channel_id]
         if seq < expected:
             self.duplicates_dropped += 1

@@ -532,6 +532,8 @@ class Worker:
             runner.cancel()
         if self.runners:
             await asyncio.gather(*self.runners, return_exceptions=True)
+        for task in self.tasks.values():
+            task.gate.close()  # frames of the failed attempt still waiting to enter
         self.runners, self.tasks = [], {}
 
     async def start(self) -> None:

@@ -14,7 +14,7 @@ driver is a remote client. Its control loop has named phases:
    faults, ``duration_s`` for unbounded inputs, and a progress timeline;
 5. **recover** (on a failure) — stop the coordinator, replace dead workers, reset the
    others, ask the protocol for the recovery line, and go back to *deploy* with the
-   next attempt;
+   next attempt (a worker lost during *deploy* or *start* is one more failure);
 6. **commit and collect** — make the end-of-stream outputs visible, gather counters,
    latency histograms and dead letters, release the workers.
 """
@@ -209,7 +209,7 @@ class JobMaster:
         failures = []
         pairs = []
         detected = None  # a failure during a recovery extends that recovery
-        for event in list(self.events):
+        for event in self.events:
             if event["kind"] == "failure_detected" and detected is None:
                 detected = event
             elif event["kind"] == "restarted" and detected is not None:
