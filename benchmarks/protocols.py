@@ -96,7 +96,7 @@ def main() -> None:
                   f"{m.tuples_per_s / base:>7.2f}x {fmt(lat.latency_ms['p50']):>7} "
                   f"{fmt(lat.latency_ms['p99']):>7} {x.checkpoints_completed:>6} "
                   f"{fmt(x.checkpoint_duration_s_avg, '.3f'):>7} {invalid:>8} "
-                  f"{1 + x.message_overhead:>8.3f}x")
+                  f"{1 + x.message_overhead:>8.4f}x")
 
     if not args.quick:
         print("\nOne kill at half rate (kill an instance of the last operator at 2 s)")

@@ -180,3 +180,16 @@ def test_algorithm_1_matches_brute_force_on_random_executions():
         assert graph.invalid_checkpoints() == every - useful, seed
         dominoes += bool(every - useful)
     assert dominoes > 10   # the random runs do exercise invalid checkpoints
+
+
+def test_sink_commits_wait_for_a_late_acknowledgment():
+    """Checkpoints of one task are committed in the order taken: a gap in the numbers
+    (an acknowledgment still on its way) holds the later ones back."""
+    from bastion.protocols.uncoordinated import checkpoint_number as number, follows
+
+    assert follows(None, number(0, 1, 5)) and not follows(None, number(0, 2, 5))
+    assert follows(number(0, 1, 5), number(0, 2, 5))
+    assert not follows(number(0, 1, 5), number(0, 3, 5))
+    # a restored task numbers the checkpoints of its new attempt from 1 again
+    assert follows(number(0, 7, 5), number(1, 1, 5))
+    assert not follows(number(0, 7, 5), number(1, 2, 5))

@@ -48,6 +48,16 @@ def checkpoint_number(attempt: int, local: int, task_id: int) -> int:
     return (attempt << 40) | (local << 16) | task_id
 
 
+def follows(previous: int | None, number: int) -> bool:
+    """Is checkpoint ``number`` the one its task took right after ``previous`` (None:
+    before any)? Each attempt numbers its checkpoints 1, 2, ...; a restored task's
+    first checkpoint of an attempt follows whatever it restored."""
+    local = (number >> 16) & 0xFFFFFF
+    if previous is None or previous >> 40 != number >> 40:
+        return local == 1
+    return local == ((previous >> 16) & 0xFFFFFF) + 1
+
+
 @dataclass
 class TaskRestore:
     """What one task needs to resume from the recovery line."""
@@ -224,12 +234,21 @@ class RecoveryLineCoordinator(Coordinator):
                     await asyncio.to_thread(self.master.checkpoints.discard, number)
 
     async def _commit_sinks(self, line: dict[int, int] | None) -> None:
-        """Commit every sink checkpoint at or below the line (all of them if None)."""
+        """Commit every sink checkpoint at or below the line (all of them if None), in
+        the order the sink took them. Sinks with an outside effect skip a commit older
+        than one they applied, so a checkpoint whose acknowledgment is still on its way
+        holds back the later ones of its task."""
         attempt = self.attempt
         for task_id in self.sink_tasks:
+            previous = None
             for cp in self.history[task_id]:
                 number = cp.record.number
-                if number in self.committed or (line is not None and number > line[task_id]):
+                if line is not None and number > line[task_id]:
+                    break
+                if not follows(previous, number):
+                    break  # an acknowledgment in between has not arrived yet
+                previous = number
+                if number in self.committed:
                     continue
                 # Marked only once made: a commit cut short (the loop is cancelled when
                 # a failure is detected) is made again by the next attempt.
