@@ -32,3 +32,32 @@ async def test_close_ends_every_delivery_left_waiting():
     for delivery in (waiting_for_room, waiting_for_turn):
         with pytest.raises(asyncio.CancelledError):
             await delivery
+
+
+async def test_next_frame_returns_a_frame_or_none_after_the_timeout():
+    gate = InputGate(inbox_frames=4)
+    assert await gate.next_frame(timeout_s=0.01) is None
+    await gate.deliver(1, 0, "a")
+    assert await gate.next_frame(timeout_s=0.01) == (1, 0, "a")
+    await gate.deliver(1, 1, "b")
+    assert await gate.next_frame() == (1, 1, "b")
+
+
+@pytest.mark.parametrize("steps_before_cancel", [0, 1, 2, 3])
+async def test_a_cancelled_receive_ends_cancelled_and_keeps_its_frame(steps_before_cancel):
+    # A reset cancels the task loop while it waits for a frame; the frame may arrive in
+    # the same instant. Whatever the interleaving, a cancel that was accepted must end
+    # the receive (asyncio.wait_for on Python 3.11 returned the frame instead, and the
+    # task loop then waited for ever, hanging the recovery).
+    gate = InputGate(inbox_frames=4)
+    receive = asyncio.ensure_future(gate.next_frame(timeout_s=10.0))
+    await asyncio.sleep(0)
+    gate.inbox.put_nowait((1, 0, "x"))
+    for _ in range(steps_before_cancel):
+        await asyncio.sleep(0)
+    if receive.cancel():
+        with pytest.raises(asyncio.CancelledError):
+            await receive
+        assert gate.inbox.get_nowait() == (1, 0, "x")
+    else:
+        assert receive.result() == (1, 0, "x")

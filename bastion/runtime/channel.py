@@ -167,6 +167,19 @@ class InputGate:
         finally:
             self._delivering.discard(delivery)
 
+    async def next_frame(self, timeout_s: float | None = None) -> tuple[int, int, Any] | None:
+        """The next admitted ``(channel_id, seq, frame)``; None after ``timeout_s``
+        without one. A cancelled call always raises `CancelledError` and leaves the
+        frame in the inbox (unlike `asyncio.wait_for` before Python 3.12, which returns
+        a frame that arrived as it was cancelled: the task's loop then never ends)."""
+        if timeout_s is None:
+            return await self.inbox.get()
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self.inbox.get()
+        except TimeoutError:
+            return None
+
     def close(self) -> None:
         """The task is gone (its attempt failed): end every delivery still waiting for
         its turn or for room in the inbox, so none is left waiting for ever."""

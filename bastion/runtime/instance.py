@@ -50,6 +50,7 @@ from bastion.storage import BlobRef, CheckpointStore, ObjectStore, open_store
 
 _ROUTE_MEMO_KEYS = 65536  # keys whose partition a router remembers before starting over
 _IDLE_SOURCE_SLEEP_S = 0.001
+_RESET_RECANCEL_S = 0.5  # how long a reset waits for cancelled tasks before cancelling again
 
 
 def apply_key(batch: Batch, key_fn: Any, ctx: OperatorContext) -> Batch:
@@ -224,18 +225,16 @@ class Task:
             await asyncio.sleep(0 if len(batch) else _IDLE_SOURCE_SLEEP_S)
 
     async def _run_inputs(self) -> None:
-        inbox, inputs, decode = self.gate.inbox, self.inputs, self.codec.decode
+        gate, inputs, decode = self.gate, self.inputs, self.codec.decode
         timeout_s = self.config.buffer_timeout_s
         while self.open_inputs or (self.open_feedback and not self.loop_done):
-            if any(c.has_pending() for c in self.channels):        # receive
-                try:
-                    channel_id, seq, frame = await asyncio.wait_for(inbox.get(), timeout_s)
-                except asyncio.TimeoutError:
-                    await self._flush_aged()
-                    await self.protocol.between_frames()
-                    continue
-            else:
-                channel_id, seq, frame = await inbox.get()
+            pending = any(c.has_pending() for c in self.channels)
+            received = await gate.next_frame(timeout_s if pending else None)  # receive
+            if received is None:  # buffered output has aged meanwhile
+                await self._flush_aged()
+                await self.protocol.between_frames()
+                continue
+            channel_id, seq, frame = received
             if channel_id is None:  # the job master found the loop quiescent
                 self.loop_done = True
                 continue
@@ -528,10 +527,13 @@ class Worker:
 
     async def reset(self) -> None:
         """Stop every task of the current attempt (their state is discarded)."""
-        for runner in self.runners:
-            runner.cancel()
-        if self.runners:
-            await asyncio.gather(*self.runners, return_exceptions=True)
+        running = set(self.runners)
+        while running:
+            # Cancel again until they end: code that swallows one cancellation (a
+            # library's timeout racing with it) must not hang the recovery.
+            for runner in running:
+                runner.cancel()
+            _, running = await asyncio.wait(running, timeout=_RESET_RECANCEL_S)
         for task in self.tasks.values():
             task.gate.close()  # frames of the failed attempt still waiting to enter
         self.runners, self.tasks = [], {}

@@ -41,6 +41,16 @@ from bastion.runtime.plan import PhysicalPlan
 from bastion.storage import CheckpointStore, open_store
 
 
+_PROGRESS_TIMEOUT_S = 1.0  # a worker busier than this is left out of one timeline point
+
+
+async def _within(awaitable: Any, timeout_s: float) -> Any:
+    """``await awaitable``, raising `TimeoutError` after ``timeout_s``. Cancelling it
+    always cancels it (`asyncio.wait_for` before Python 3.12 can swallow that)."""
+    async with asyncio.timeout(timeout_s):
+        return await awaitable
+
+
 class _Failure(Exception):
     """Why the watch phase ended early. ``fatal`` failures (a task raised: a bug or bad
     data, which a restart would only repeat) end the job; a lost process is restarted."""
@@ -271,10 +281,9 @@ class JobMaster:
 
     async def _answers(self, worker: Any) -> bool:
         try:
-            await asyncio.wait_for(asyncio.ensure_future(worker.ping.remote()),
-                                   self.config.heartbeat_timeout_s)
+            await _within(worker.ping.remote(), self.config.heartbeat_timeout_s)
             return True
-        except (asyncio.TimeoutError, ray.exceptions.RayError):
+        except (TimeoutError, ray.exceptions.RayError):
             return False
 
     async def _watch(self) -> None:
@@ -368,9 +377,8 @@ class JobMaster:
         """Add one point to the timeline: records per second since the last point and
         the latency of what sinks received meanwhile. Counters restart with each
         attempt; only increments count, so a killed worker's history is kept."""
-        replies = await asyncio.gather(
-            *[asyncio.wait_for(asyncio.ensure_future(w.progress.remote()), 1.0)
-              for w in self.workers], return_exceptions=True)
+        replies = await asyncio.gather(*[_within(w.progress.remote(), _PROGRESS_TIMEOUT_S)
+                                         for w in self.workers], return_exceptions=True)
         gained = {"source_records": 0, "sink_records": 0}
         lag = 0
         latency = LatencyHistogram()
