@@ -67,6 +67,10 @@ def test_restart_and_recovery_time_of_a_failure_are_measured_and_stored(storage)
     assert failure.restart_s == pytest.approx(report.restart_s)
     assert failure.recovery_s is None or failure.recovery_s >= failure.restart_s
     assert isinstance(failure.recovery_line, dict)
+    # counters are restored with the state: they count the history of the outputs
+    assert report.metrics.source_records == 3000
+    assert report.metrics.sink_records == len(report.outputs["out"])
+    assert report.metrics.operators["split"].records_out == 9000
     data = open_store(storage).get(f"jobs/{report.job_id}/events/job-master")
     unpacker = msgpack.Unpacker(strict_map_key=False)
     unpacker.feed(data)
