@@ -8,6 +8,11 @@ run, the rest are marked slow (CI runs them too).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import bastion as bn
@@ -179,6 +184,20 @@ def test_losing_a_whole_node_kills_every_process_on_it_and_loses_nothing(protoco
     assert fault["killed"] == ["standby", "worker 0", "worker 1"]
     assert report.metrics.extra["attempts"] == 2
     assert report.exactly_once, (report.lost_examples, report.duplicated_examples)
+
+
+@pytest.mark.slow
+def test_losing_one_node_of_two_kills_only_the_workers_on_it(tmp_path):
+    script = Path(__file__).with_name("two_node_drill.py")
+    done = subprocess.run([sys.executable, str(script), "coordinated", str(tmp_path)],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome["nodes"] == 2
+    # slot i runs on node i mod 2 and the standby after the last slot, on node 0
+    assert outcome["killed"] == ["worker 1"]
+    assert outcome["attempts"] == 2
+    assert outcome["exactly_once"], outcome
 
 
 def test_a_node_that_does_not_exist_fails_before_the_run():

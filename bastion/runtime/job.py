@@ -28,6 +28,7 @@ from typing import Any
 
 import msgpack
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from bastion.errors import UDFError
 from bastion.protocols import get_protocol
@@ -256,7 +257,14 @@ class JobMaster:
             self.standby = self._spawn(-1)
 
     def _spawn(self, index: int) -> Any:
-        return Worker.remote(index, self.config)
+        """Start the worker of slot ``index`` (-1: the standby) on live node ``index``
+        modulo the node count (the standby after the last slot), so that losing a
+        node loses as few slots as possible. Only live nodes are counted; the
+        affinity is strict because Ray's soft affinity often ignored it."""
+        nodes = fault_injection.live_nodes()
+        slot = index if index >= 0 else self.plan.workers
+        placement = NodeAffinitySchedulingStrategy(nodes[slot % len(nodes)], soft=False)
+        return Worker.options(scheduling_strategy=placement).remote(index, self.config)
 
     async def _replace_workers(self, failure: _Failure) -> None:
         """Replace every worker that is dead; the survivors are reset by the next deploy.
