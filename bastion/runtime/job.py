@@ -3,7 +3,8 @@
 The job master is a Ray actor of its own, so a job keeps its coordinator when the
 driver is a remote client. Its control loop has named phases:
 
-1. **spawn** — start one worker actor per slot and wait until each answers;
+1. **spawn** — start one worker actor per slot (slot *i* on live node *i* mod the node
+   count) and, unless the protocol is `none`, a standby; wait until each answers;
 2. **deploy** — give every worker the plan, its peers and the attempt number; each
    builds its tasks and channels and, after a failure, restores their state from the
    recovery line;
