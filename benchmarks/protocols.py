@@ -143,7 +143,7 @@ def main() -> None:
               f"{'yes' if report.exactly_once else 'NO':>12} {fmt(report.detection_s):>9} "
               f"{fmt(report.restart_s):>9} {fmt(report.trt_s):>7} {fmt(bound):>11}")
 
-    records = 10_000_000  # several seconds: several checkpoints in every run
+    records = 10_000_000  # long enough that every checkpointed run takes a checkpoint
     print(f"\nW1 keyed running count ({records:,} tuples, parallelism 1), "
           f"checkpoint interval {args.interval} s, median of 3")
     medians: dict[str, float] = {}
@@ -154,6 +154,7 @@ def main() -> None:
         print(f"  {protocol:<12} {medians[protocol]:>12,.0f} tuples/s "
               f"{medians[protocol] / medians['none']:>6.2f}x of none   "
               f"checkpoints per run {checkpoints}")
+
 
 if __name__ == "__main__":
     main()

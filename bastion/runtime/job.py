@@ -139,8 +139,7 @@ class JobMaster:
             # to die: a restart then costs a deploy, not a process start. Waiting for
             # it here keeps its start (about a core-second) out of the job's run.
             self._ensure_standby()
-            spare = [self.standby] if self.standby is not None else []
-            await asyncio.gather(*[w.ping.remote() for w in self.workers + spare])
+            await asyncio.gather(*[w.ping.remote() for w in self.workers + self._spare()])
             spawn_s = time.time() - t0
             restore: Any = None
             injector = None
@@ -257,6 +256,9 @@ class JobMaster:
         if self.standby is None and self.protocol.name != "none":
             self.standby = self._spawn(-1)
 
+    def _spare(self) -> list[Any]:
+        return [self.standby] if self.standby is not None else []
+
     def _spawn(self, index: int) -> Any:
         """Start the worker of slot ``index`` (-1: the standby) on live node ``index``
         modulo the node count (the standby after the last slot), so that losing a
@@ -273,7 +275,7 @@ class JobMaster:
         fresh workers, all started at once. A new standby is only started once the job
         runs again (`_ensure_standby`): starting a process costs a core for about a
         second, which the restart needs more."""
-        spare = [self.standby] if self.standby is not None else []
+        spare = self._spare()
         alive = await asyncio.gather(*[self._answers(w) for w in self.workers + spare])
         standby_alive = bool(spare) and alive[-1]
         if spare and not standby_alive:
