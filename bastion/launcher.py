@@ -20,10 +20,11 @@ from ray import cloudpickle
 from ray._private import ray_constants
 
 from bastion.errors import JobFailedError, TopologyError, UDFError
-from bastion.protocols import get_protocol
+from bastion.protocols import Protocol, get_protocol
 from bastion.runtime import faults as fault_injection
 from bastion.runtime.config import JobConfig
 from bastion.runtime.job import JobMaster
+from bastion.runtime.merge import nondeterminism
 from bastion.runtime.metrics import (LatencyHistogram, OperatorCounts, ProtocolMetrics,
                                      RunMetrics)
 from bastion.runtime.outputs import read_committed
@@ -36,7 +37,9 @@ _PROGRESS_INTERVAL_S = 0.5
 
 @dataclass
 class RunResult:
-    """What a run produced: committed sink outputs, metrics and dead letters."""
+    """What a run produced: committed sink outputs, metrics and dead letters. With
+    ``lineage=True``, ``output_ids[sink]`` lists the lineage id of every committed
+    record, parallel to ``outputs[sink]`` (empty without lineage)."""
 
     job_id: str
     outputs: dict[str, list]
@@ -44,6 +47,7 @@ class RunResult:
     dead_letters: list = field(default_factory=list)
     plan: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+    output_ids: dict[str, list] = field(default_factory=dict)
 
 
 # Ray's own processes (its dashboard probes cloud metadata services over plain HTTP at
@@ -93,7 +97,7 @@ def _installed_roots() -> tuple[str, ...]:
                                                       "platlib"))
 
 
-def ship_user_modules(topology: Topology) -> None:
+def ship_user_modules(topology: Topology, *extra: Any) -> None:
     """Make the modules that define a topology's functions travel with it.
 
     Ray pickles functions and classes by reference to their module; a worker process
@@ -102,7 +106,7 @@ def ship_user_modules(topology: Topology) -> None:
     found, so such modules are pickled by value instead.
     """
     roots = _installed_roots()
-    objects: list[Any] = list(topology.codecs)
+    objects: list[Any] = list(topology.codecs) + list(extra)
     for node in topology.nodes.values():
         objects.extend(node.params.values())
         objects.extend(inp.key_fn for inp in node.inputs if inp.key_fn is not None)
@@ -130,6 +134,7 @@ def run(topology: Topology, *, protocol: str = "none",
         source_batch_records: int = 1024, chaining: bool = True,
         workers: int | None = None, fail_fast: bool = False,
         heartbeat_timeout_s: float = 1.0, max_restarts: int = 10, faults: Sequence = (),
+        lineage: bool = False, deterministic: bool = False,
         progress: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
 
@@ -154,6 +159,9 @@ def run(topology: Topology, *, protocol: str = "none",
     proto = get_protocol(protocol)
     plan = build_plan(topology, chaining=chaining, workers=workers)
     proto.check(topology)
+    if deterministic and (reason := nondeterminism(topology)) is not None:
+        raise TopologyError(f"topology {topology.name!r} cannot run with "
+                            f"deterministic=True: {reason}")
     if checkpoint_interval is None and proto.needs_checkpoint_interval:
         checkpoint_interval = 1.0
     store = open_store(storage)  # fails here, naming the URL, if it is unusable
@@ -164,7 +172,9 @@ def run(topology: Topology, *, protocol: str = "none",
                             "bn.run (or --duration to bastion run) to say when to stop")
     config = JobConfig(
         job_id=f"{topology.name}-{uuid.uuid4().hex[:8]}",
-        protocol=proto.name,
+        protocol=protocol if isinstance(protocol, Protocol) else proto.name,
+        lineage=lineage,
+        deterministic=deterministic,
         frame_records=frame_records,
         buffer_timeout_s=buffer_timeout_ms / 1000.0,
         max_inflight_frames=max_inflight_frames,
@@ -187,7 +197,7 @@ def run(topology: Topology, *, protocol: str = "none",
     for kill in kills:
         if kill.node is not None:  # a node that does not exist fails here, not mid-run
             fault_injection.resolve_node(kill.node, fault_injection.live_nodes())
-    ship_user_modules(topology)
+    ship_user_modules(topology, proto)
     master = JobMaster.remote(plan, config)
     try:
         pending = master.run.remote()
@@ -226,9 +236,12 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
             for second, count in sink["timeline"].items():
                 timeline[second] = timeline.get(second, 0) + count
         dead_letters.extend(task["dead_letters"])
+    output_ids: dict[str, list] = {}
     for name, node in plan.topology.nodes.items():
         if node.kind == "sink":
-            outputs[name] = read_committed(store, config.job_id, name)
+            outputs[name], ids = read_committed(store, config.job_id, name)
+            if config.lineage:
+                output_ids[name] = ids or []
     duration_s = max(report["finished_s"] - report["started_s"], 1e-9)
     source_records = sum(c.records_out for n, c in operators.items()
                          if plan.topology.nodes[n].kind == "source")
@@ -242,7 +255,7 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
     stats = report["protocol"]
     frame_protocol_bytes = sum(t["protocol_frame_bytes"] for t in tasks)
     protocol = ProtocolMetrics(
-        protocol=config.protocol,
+        protocol=get_protocol(config.protocol).name,
         checkpoints_completed=stats.get("checkpoints_completed", 0),
         checkpoints_aborted=stats.get("checkpoints_aborted", 0),
         forced_checkpoints=stats.get("forced_checkpoints", 0),
@@ -281,4 +294,5 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
     )
     return RunResult(config.job_id, outputs, metrics, dead_letters, plan.describe(),
                      {"tasks": tasks, "events": report["events"],
-                      "timeline": report["timeline"], "started_s": report["started_s"]})
+                      "timeline": report["timeline"], "started_s": report["started_s"]},
+                     output_ids)

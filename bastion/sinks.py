@@ -37,6 +37,9 @@ class SinkWriter:
     for sinks with an outside effect (a file). `apply` must be idempotent per commit
     point: after a failure it may be called again for a commit it already applied."""
 
+    # False for writers that drop values (Discard): lineage ids are not kept for them.
+    keeps_values = True
+
     def __init__(self) -> None:
         self.staged: list = []
 
@@ -70,6 +73,8 @@ class Collect(Sink):
 
 
 class _DiscardWriter(SinkWriter):
+    keeps_values = False
+
     def write(self, values: list) -> None:
         pass
 

@@ -12,8 +12,17 @@ staged outputs. The coordinator completes the checkpoint when every task has
 acknowledged: it writes the manifest (the commit point of the state) and then the
 output marker (the commit point of the sinks).
 
-No records are in flight across a barrier, so no channel state is stored, and the
-latest complete checkpoint is always a consistent recovery line: after a failure every
+In deterministic mode a task may not hold an input back: its merge takes the inputs
+in a fixed order, and blocking one would change it. There the barriers are
+*unaligned* (as Flink's unaligned checkpoints): the first barrier to arrive makes the
+task snapshot at once — its state, its merge position and the input queued in the
+merge, all of which precedes the barriers — and forward the barrier; what arrives on
+the other inputs until their barrier is recorded as *channel state* and stored with
+the checkpoint. A restored task queues that recorded input again, after the queue it
+snapshotted, and resumes the same merge order.
+
+With aligned barriers no records are in flight across a barrier, so no channel state
+is stored. Either way the latest complete checkpoint is a consistent recovery line: after a failure every
 task restores it and the sources rewind to its offsets. A failure while a checkpoint
 is in progress leaves it without a manifest, so it is never used. Barriers cannot be
 aligned around a cycle (a task would wait for a barrier that waits for it), so this
@@ -23,6 +32,7 @@ protocol rejects topologies with feedback edges.
 from __future__ import annotations
 
 import asyncio
+import pickle
 import time
 from typing import Any
 
@@ -64,12 +74,67 @@ class AlignedBarriers(TaskProtocol):
 
     async def _checkpoint(self, checkpoint_id: int) -> None:
         upload = self.task.checkpoint(checkpoint_id)      # snapshot, synchronously
-        barrier = Barrier(checkpoint_id)
-        self.task.protocol_frame_bytes += (len(self.task.codec.encode([barrier]))
-                                           * len(self.task.channels))
-        await self.task.emit_control(barrier)
+        await _forward(self.task, checkpoint_id)
         ref = await upload                                 # state + staged outputs stored
         self.task.acknowledge(checkpoint_id, ref)
+
+
+async def _forward(task: Any, checkpoint_id: int) -> None:
+    barrier = Barrier(checkpoint_id)
+    task.protocol_frame_bytes += len(task.codec.encode([barrier])) * len(task.channels)
+    await task.emit_control(barrier)
+
+
+def _channel_state_name(task: Any) -> str:
+    return f"inputs-{task.task_id}"
+
+
+class UnalignedBarriers(AlignedBarriers):
+    """Deterministic mode's task half: snapshot at the first barrier, record the
+    other inputs until their barrier (channel state), never block an input."""
+
+    def __init__(self, task: Any):
+        super().__init__(task)
+        # checkpoint id -> (upload of the snapshot, the merge's capture, recorded input)
+        self.pending: dict[int, tuple[Any, dict[int, list], dict[int, list]]] = {}
+
+    async def restore(self, recovery_line: Any) -> None:
+        await super().restore(recovery_line)
+        if recovery_line is None:
+            return
+        data = await asyncio.to_thread(self.task.checkpoints.load_channel, recovery_line,
+                                       _channel_state_name(self.task))
+        for channel_id, frame in pickle.loads(data).items():
+            self.task.merge.extend(channel_id, self.task.codec.decode(frame))
+
+    async def on_control(self, channel: Any, control: ControlRecord) -> None:
+        if not isinstance(control, Barrier):
+            await TaskProtocol.on_control(self, channel, control)
+            return
+        task, merge, checkpoint_id = self.task, self.task.merge, control.checkpoint_id
+        entry = self.pending.get(checkpoint_id)
+        if entry is None:
+            # The first barrier: everything queued in the merge precedes the barriers.
+            others = {c for c in task.open_inputs
+                      if c != channel.channel_id and c not in merge.ended_on_arrival}
+            # The upload starts now: the other barriers may take a while.
+            entry = (asyncio.ensure_future(task.checkpoint(checkpoint_id)),
+                     merge.capture(others), {})
+            self.pending[checkpoint_id] = entry
+            await _forward(task, checkpoint_id)
+        else:
+            entry[2][channel.channel_id] = merge.end_capture(entry[1], channel.channel_id)
+        upload, capture, recorded = entry
+        if capture:
+            return  # still waiting for the barrier on another input
+        del self.pending[checkpoint_id]
+        ref = await upload
+        channel_state = pickle.dumps({c: task.codec.encode(elements)
+                                      for c, elements in recorded.items() if elements},
+                                     protocol=5)
+        channel_ref = await asyncio.to_thread(task.checkpoints.put_channel, checkpoint_id,
+                                              _channel_state_name(task), channel_state)
+        task.acknowledge(checkpoint_id, ref, {"channel_state": channel_ref})
 
 
 class CheckpointCoordinator(Coordinator):
@@ -124,6 +189,8 @@ class CheckpointCoordinator(Coordinator):
             return
         cp["waiting"].discard(task_id)
         cp["refs"].append(ref)
+        if meta and meta.get("channel_state") is not None:
+            cp["refs"].append(meta["channel_state"])
         if not cp["waiting"]:
             del self.in_progress[checkpoint_id]
             asyncio.ensure_future(self._complete(checkpoint_id, cp))
@@ -190,7 +257,7 @@ class CoordinatedProtocol(Protocol):
                         "protocol='uncoordinated' or 'cic'")
 
     def task_protocol(self, task: Any) -> TaskProtocol:
-        return AlignedBarriers(task)
+        return AlignedBarriers(task) if task.merge is None else UnalignedBarriers(task)
 
     def coordinator(self, master: Any) -> Coordinator:
         return CheckpointCoordinator(master)

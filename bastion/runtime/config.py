@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from bastion.codecs import Codec
 
@@ -10,7 +11,12 @@ from bastion.codecs import Codec
 @dataclass
 class JobConfig:
     job_id: str
-    protocol: str = "none"
+    # A protocol's name, or a `Protocol` object (tests pass deliberately broken ones).
+    protocol: Any = "none"
+    # Lineage: records carry composite ids (`bastion.runtime.lineage`). Deterministic:
+    # multi-input tasks merge their inputs in a fixed order (`bastion.runtime.merge`).
+    lineage: bool = False
+    deterministic: bool = False
     # Data plane: a frame is sent when it holds frame_records records or its oldest
     # record has waited buffer_timeout_s; at most max_inflight_frames frames per
     # channel are unacknowledged (credits); a task's inbox holds inbox_frames frames.

@@ -33,10 +33,12 @@ from typing import Any, Awaitable
 import ray
 
 from bastion.errors import UDFError
+from bastion.lineage import broadcast_ids, op_codes
 from bastion.protocols import get_protocol
 from bastion.runtime.channel import (InputGate, LocalOutputChannel, OutputChannel,
                                      RemoteOutputChannel)
 from bastion.runtime.config import JobConfig
+from bastion.runtime.merge import DeterministicMerge
 from bastion.runtime.metrics import OperatorCounts
 from bastion.runtime.operators import (OperatorContext, SinkOp, SourceOp, make_operator)
 from bastion.runtime.plan import (BROADCAST, FORWARD, HASH, InputChannel, OutputRoute,
@@ -80,10 +82,13 @@ class Router:
     """Routes a task's output batches on one out-edge to that edge's channels."""
 
     def __init__(self, route: OutputRoute, channels: list[OutputChannel],
-                 key_ctx: OperatorContext):
+                 key_ctx: OperatorContext, per_record: bool):
         self.edge = route.edge
         self.channels = channels
-        self.key_ctx = key_ctx
+        self.key_ctx = key_ctx  # the downstream operator: its code and dead letters
+        # Deterministic mode deals rebalanced records one by one: whole batches would
+        # make where a record goes depend on how the source's reads were cut.
+        self.per_record = per_record
         self.next_channel = 0
         self.memo: dict = {}
 
@@ -96,7 +101,15 @@ class Router:
         if n == 1 or edge.partition == FORWARD:
             return [channels[0]] if channels[0].add_batch(batch) else []
         if edge.partition == BROADCAST:
-            return [c for c in channels if c.add_batch(batch)]
+            if batch.ids is None:
+                return [c for c in channels if c.add_batch(batch)]
+            # every copy is a tuple of its own: the receiving instance tells them apart
+            code = self.key_ctx.code
+            return [c for d, c in enumerate(channels) if c.add_batch(Batch(
+                batch.keys, batch.values, batch.ts, batch.born,
+                broadcast_ids(code, d, batch.ids)))]
+        if edge.partition != HASH and self.per_record:  # rebalance: record by record
+            return self._deal(batch)
         if edge.partition != HASH:  # rebalance: whole batches, round-robin
             channel = channels[self.next_channel]
             self.next_channel = (self.next_channel + 1) % n
@@ -122,6 +135,18 @@ class Router:
                 full.append(channels[p])
         return full
 
+    def _deal(self, batch: Batch) -> list[OutputChannel]:
+        """Record ``i`` of the batch goes to channel ``(next_channel + i) % n``."""
+        channels, records = self.channels, len(batch)
+        n, start = len(channels), self.next_channel
+        full = []
+        for p, channel in enumerate(channels):
+            positions = list(range((p - start) % n, records, n))
+            if positions and channel.add_batch(batch.take(positions)):
+                full.append(channel)
+        self.next_channel = (start + records) % n
+        return full
+
 
 class Task:
     """One instance of a chain: its operators, inputs, routes and loop."""
@@ -137,8 +162,10 @@ class Task:
         self.config = config
         self.codec = FrameCodec(config.codecs)
         self.op_names = chain.ops
+        codes = self.op_codes = op_codes(physical.topology)
         self.ops = [make_operator(nodes[name], OperatorContext(
-            name, plan.index, plan.parallelism, config.fail_fast)) for name in chain.ops]
+            name, plan.index, plan.parallelism, config.fail_fast, codes[name],
+            config.lineage)) for name in chain.ops]
         self.link_keys = chain.link_key_fns
         self.counts = [OperatorCounts() for _ in self.ops]
         self.source: SourceOp | None = self.ops[0] if isinstance(self.ops[0], SourceOp) else None
@@ -151,6 +178,9 @@ class Task:
         # its other inputs ended, until the job master finds the loop quiescent.
         self.open_feedback = {c.channel_id for c in plan.inputs if c.feedback}
         self.loop_done = False
+        # Deterministic mode: inputs are consumed in a fixed order, not as they arrive.
+        self.merge = (DeterministicMerge(self.open_inputs)
+                      if config.deterministic and self.open_inputs else None)
         self.watermark = -math.inf
         self.gate = InputGate(config.inbox_frames)
         self.routers: list[Router] = []
@@ -183,8 +213,9 @@ class Task:
 
     def connect(self, route: OutputRoute, channels: list[OutputChannel]) -> None:
         key_ctx = OperatorContext(route.edge.dst_op, self.index, self.plan.parallelism,
-                                  self.config.fail_fast)
-        self.routers.append(Router(route, channels, key_ctx))
+                                  self.config.fail_fast,
+                                  self.op_codes[route.edge.dst_op])
+        self.routers.append(Router(route, channels, key_ctx, self.config.deterministic))
         self.channels.extend(channels)
         self.channel_destinations.extend(route.dst_tasks)
 
@@ -202,6 +233,8 @@ class Task:
             await self.protocol.on_start()
             if self.source is not None:
                 await self._run_source()
+            elif self.merge is not None:
+                await self._run_merged()
             else:
                 await self._run_inputs()
             await self._finish()
@@ -257,6 +290,58 @@ class Task:
             await self.protocol.between_frames()
             await self._pause()
 
+    async def _run_merged(self) -> None:
+        """The loop in deterministic mode: process what the merge says comes next;
+        receive only while the channel whose turn it is has nothing queued."""
+        merge, gate, inputs, decode = self.merge, self.gate, self.inputs, self.codec.decode
+        timeout_s = self.config.buffer_timeout_s
+        while self.open_inputs:
+            step = merge.next()
+            if step is None:                                        # receive
+                pending = any(c.has_pending() for c in self.channels)
+                received = await gate.next_frame(timeout_s if pending else None)
+                if received is None:
+                    await self._flush_aged()
+                    await self.protocol.between_frames()
+                    continue
+                channel_id, seq, frame = received
+                await self._admit(inputs[channel_id], seq, decode(frame))
+                continue
+            channel_id, element = step
+            channel = inputs[channel_id]
+            kind = type(element)
+            if kind is Batch:                                       # process
+                batch = self.protocol.on_batch(channel, element)
+                if batch is not None and len(batch):
+                    await self._process(batch, 0, channel.input_index, keyed=True)
+            elif kind is Watermark:
+                await self._on_watermark(channel_id, element.time)
+            else:
+                await self._end_input(channel)
+            await self._flush_aged()                                # emit
+            await self.protocol.between_frames()
+            await self._pause()
+
+    async def _admit(self, channel: InputChannel, seq: int, elements: list) -> None:
+        """A frame enters the merge's queues: it is now received. Protocol control
+        records act on arrival (an unaligned barrier snapshots here)."""
+        channel_id = channel.channel_id
+        await self.protocol.on_frame(channel, seq, elements)
+        for element in elements:
+            if type(element) in (Batch, Watermark, EndOfStream):
+                self.merge.push(channel_id, element)
+            else:
+                await self.protocol.on_control(channel, element)
+        self.last_received[channel_id] = seq
+
+    async def _end_input(self, channel: InputChannel) -> None:
+        channel_id = channel.channel_id
+        self.open_inputs.discard(channel_id)
+        self.open_feedback.discard(channel_id)
+        if self.open_inputs:
+            await self._on_watermark(channel_id, math.inf)
+        await self.protocol.on_input_ended(channel)
+
     async def _pause(self) -> None:
         """Let the worker's other tasks run, and now and then its other threads."""
         now_s = time.monotonic()
@@ -279,11 +364,7 @@ class Task:
             elif kind is Watermark:
                 await self._on_watermark(channel_id, element.time)
             elif kind is EndOfStream:
-                self.open_inputs.discard(channel_id)
-                self.open_feedback.discard(channel_id)
-                if self.open_inputs:
-                    await self._on_watermark(channel_id, math.inf)
-                await self.protocol.on_input_ended(channel)
+                await self._end_input(channel)
             else:
                 await self.protocol.on_control(channel, element)
 
@@ -354,11 +435,17 @@ class Task:
 
     def snapshot(self) -> bytes:
         """Every operator's state and record counters, copied now (pickle keeps Python
-        types exact). The counters travel with the state so that after a recovery
-        they describe the history the outputs come from, as in a failure-free run."""
-        return pickle.dumps({"operators": [op.snapshot() for op in self.ops],
-                             "counts": [(c.records_in, c.records_out) for c in self.counts]},
-                            protocol=5)
+        types exact), with the task's own position: watermarks, round-robin cursors
+        and, in deterministic mode, the merge with the input it holds. The counters
+        travel with the state so that after a recovery they describe the history the
+        outputs come from, as in a failure-free run."""
+        state = {"operators": [op.snapshot() for op in self.ops],
+                 "counts": [(c.records_in, c.records_out) for c in self.counts],
+                 "routers": [r.next_channel for r in self.routers],
+                 "watermarks": (self.watermark, self.channel_watermarks)}
+        if self.merge is not None:
+            state["merge"] = self.merge.snapshot(self.codec)
+        return pickle.dumps(state, protocol=5)
 
     def restore(self, data: bytes) -> None:
         snapshot = pickle.loads(data)
@@ -366,6 +453,12 @@ class Task:
             op.restore(state)
         for counts, (records_in, records_out) in zip(self.counts, snapshot["counts"]):
             counts.records_in, counts.records_out = records_in, records_out
+        for router, next_channel in zip(self.routers, snapshot["routers"]):
+            router.next_channel = next_channel
+        self.watermark, self.channel_watermarks = snapshot["watermarks"]
+        if self.merge is not None:
+            self.merge.restore(snapshot["merge"], self.codec)
+            self.open_inputs = set(self.merge.active)
         self.restored_progress = self._records_read_and_written()
 
     async def store_state(self, checkpoint_id: int, state: bytes) -> BlobRef:
@@ -378,19 +471,19 @@ class Task:
         left a blob under the same end-of-stream key, which must not be read."""
         for sink in self.sinks:
             key = staged_key(self.config.job_id, sink.ctx.name, self.index, commit)
-            await self.store.aput(key, encode_values(sink.writer.take_staged()))
+            await self.store.aput(key, encode_values(*sink.take_staged()))
 
     def checkpoint(self, checkpoint_id: int) -> Awaitable[BlobRef]:
         """Snapshot now; the returned awaitable stores the snapshot and this task's
         staged sink outputs, and yields the state blob to acknowledge."""
         state = self.snapshot()
-        staged = [(sink.ctx.name, sink.writer.take_staged()) for sink in self.sinks]
+        staged = [(sink.ctx.name, *sink.take_staged()) for sink in self.sinks]
 
         async def upload() -> BlobRef:
-            for name, values in staged:
+            for name, values, ids in staged:
                 if values:
                     key = staged_key(self.config.job_id, name, self.index, checkpoint_id)
-                    await self.store.aput(key, encode_values(values))
+                    await self.store.aput(key, encode_values(values, ids))
             return await self.store_state(checkpoint_id, state)
 
         return upload()

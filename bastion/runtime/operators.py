@@ -23,11 +23,12 @@ import heapq
 import math
 import time
 import traceback
-from itertools import compress
+from itertools import compress, repeat
 from typing import Any, Callable
 
 from bastion import windows as window_specs
 from bastion.errors import UDFError
+from bastion.lineage import derived_ids, root_ids, union_ids
 from bastion.runtime.metrics import LatencyHistogram
 from bastion.runtime.records import Batch
 from bastion.runtime.windows import TimeWindows
@@ -60,11 +61,14 @@ class DeadLetter:
 class OperatorContext:
     """What an operator instance knows about where it runs."""
 
-    def __init__(self, name: str, index: int, parallelism: int, fail_fast: bool):
+    def __init__(self, name: str, index: int, parallelism: int, fail_fast: bool,
+                 code: int = 0, lineage: bool = False):
         self.name = name
         self.index = index
         self.parallelism = parallelism
         self.fail_fast = fail_fast
+        self.code = code          # what lineage ids call this operator
+        self.lineage = lineage    # sources start ids; the others derive from their input
         self.dead_letters: list[DeadLetter] = []
 
     def dead_letter(self, value: Any, error: BaseException | str, reason: str = "udf",
@@ -134,10 +138,10 @@ class MapOp(_UdfOp):
             values = list(map(fn, batch.values))  # C-level loop: faster than a comprehension
         except Exception:  # noqa: BLE001
             positions, values = _per_record(batch, self.ctx, fn)
-            out = batch.take(positions)
-            out.values = values
-            return out
-        return Batch(batch.keys, values, batch.ts, batch.born, batch.ids)
+            batch = batch.take(positions)
+        ids = batch.ids
+        return Batch(batch.keys, values, batch.ts, batch.born,
+                     None if ids is None else derived_ids(self.ctx.code, ids))
 
 
 class FilterOp(_UdfOp):
@@ -166,6 +170,7 @@ class FlatMapOp(_UdfOp):
             positions, outs = _per_record(batch, self.ctx, fn)
         values: list = []
         source_pos: list[int] = []
+        emit_index: list[int] = []
         for i, out in zip(positions, outs):
             try:
                 items = list(out)
@@ -174,8 +179,12 @@ class FlatMapOp(_UdfOp):
                 continue
             values.extend(items)
             source_pos.extend([i] * len(items))
+            if batch.ids is not None:
+                emit_index.extend(range(len(items)))
         out_batch = batch.take(source_pos)
         out_batch.values = values
+        if batch.ids is not None:
+            out_batch.ids = list(zip(repeat(self.ctx.code), out_batch.ids, emit_index))
         return out_batch
 
 
@@ -205,7 +214,9 @@ class KeyedFoldOp(Operator):
             self._fold(keys, values, out)
         except Exception:  # noqa: BLE001 - a record failed: finish record by record
             return self._fold_slow(batch, out)
-        return Batch(keys, out, batch.ts, batch.born, batch.ids)
+        ids = batch.ids
+        return Batch(keys, out, batch.ts, batch.born,
+                     None if ids is None else derived_ids(self.ctx.code, ids))
 
     def _fold(self, keys: Any, values: Any, out: list) -> None:
         """The fast path: one output per input, appended to ``out``."""
@@ -242,6 +253,8 @@ class KeyedFoldOp(Operator):
             kept.append(i)
         out_batch = batch.take(kept)
         out_batch.values = out
+        if out_batch.ids is not None:
+            out_batch.ids = derived_ids(self.ctx.code, out_batch.ids)
         return out_batch
 
     def snapshot(self) -> Any:
@@ -254,24 +267,28 @@ class KeyedFoldOp(Operator):
 class _Emitter:
     """Collects output records one by one (for operators whose outputs are sparse)."""
 
-    __slots__ = ("keys", "values", "ts", "born")
+    __slots__ = ("keys", "values", "ts", "born", "ids")
 
-    def __init__(self) -> None:
+    def __init__(self, lineage: bool) -> None:
         self.keys: list = []
         self.values: list = []
         self.ts: list = []
         self.born: list = []
+        self.ids: list | None = [] if lineage else None
 
-    def emit(self, key: Any, value: Any, ts: float, born: float) -> None:
+    def emit(self, key: Any, value: Any, ts: float, born: float, record_id: Any = None
+             ) -> None:
         self.keys.append(key)
         self.values.append(value)
         self.ts.append(ts)
         self.born.append(born)
+        if self.ids is not None:
+            self.ids.append(record_id)
 
     def batch(self) -> Batch | None:
         if not self.values:
             return None
-        return Batch(self.keys, self.values, self.ts, self.born)
+        return Batch(self.keys, self.values, self.ts, self.born, self.ids)
 
 
 class TimeWindowOp(Operator):
@@ -309,7 +326,8 @@ class TimeWindowOp(Operator):
         return None
 
     def on_watermark(self, watermark: float) -> Batch | None:
-        out = _Emitter()
+        out = _Emitter(self.ctx.lineage)
+        code = self.ctx.code
         windows, pending = self.windows, self.pending
         while pending and windows.end(pending[0]) <= watermark:
             k = heapq.heappop(pending)
@@ -322,7 +340,7 @@ class TimeWindowOp(Operator):
                 except Exception as exc:  # noqa: BLE001
                     self.ctx.dead_letter((key, start, end), exc, what="aggregation result")
                     continue
-                out.emit(key, (key, start, end, result), ts, born)
+                out.emit(key, (key, start, end, result), ts, born, (code, key, start, end))
         return out.batch()
 
     def on_end(self) -> Batch | None:
@@ -346,9 +364,10 @@ class CountWindowOp(Operator):
         self.n = node.params["spec"].n
         self.agg = node.params["agg"]
         self.state: dict = {}  # key -> [count, first_ts, acc]
+        self.fired: dict = {}  # key -> windows fired (lineage ids number them)
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
-        out = _Emitter()
+        out = _Emitter(self.ctx.lineage)
         state, n, agg = self.state, self.n, self.agg
         for key, value, ts, born in zip(batch.keys, batch.values, batch.ts, batch.born):
             entry = state.get(key)
@@ -363,19 +382,23 @@ class CountWindowOp(Operator):
             entry[2] = acc
             if entry[0] == n:
                 del state[key]
+                nth = self.fired.get(key, 0)
+                self.fired[key] = nth + 1
                 try:
                     result = agg.result(acc)
                 except Exception as exc:  # noqa: BLE001
                     self.ctx.dead_letter(value, exc, what="aggregation result")
                     continue
-                out.emit(key, (key, entry[1], ts, result), ts, born)
+                out.emit(key, (key, entry[1], ts, result), ts, born, (self.ctx.code, key, nth))
         return out.batch()
 
     def snapshot(self) -> Any:
-        return [(k, tuple(v)) for k, v in self.state.items()]
+        return ([(k, tuple(v)) for k, v in self.state.items()], list(self.fired.items()))
 
     def restore(self, state: Any) -> None:
-        self.state = {k: list(v) for k, v in state}
+        entries, fired = state
+        self.state = {k: list(v) for k, v in entries}
+        self.fired = dict(fired)
 
 
 class JoinOp(Operator):
@@ -390,10 +413,12 @@ class JoinOp(Operator):
         self.pending: list[int] = []
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
-        out = _Emitter()
-        assign, open_ = self.windows.assign, self.open
+        out = _Emitter(batch.ids is not None)
+        assign, open_, code = self.windows.assign, self.open, self.ctx.code
         left = input_index == 0
-        for key, value, ts, born in zip(batch.keys, batch.values, batch.ts, batch.born):
+        ids = batch.ids if batch.ids is not None else repeat(None)
+        for key, value, ts, born, rid in zip(batch.keys, batch.values, batch.ts, batch.born,
+                                             ids):
             for k in assign(ts):
                 sides = open_.get(k)
                 if sides is None:
@@ -403,10 +428,13 @@ class JoinOp(Operator):
                 if pair is None:
                     pair = sides[key] = ([], [])
                 mine, theirs = (pair[0], pair[1]) if left else (pair[1], pair[0])
-                for other_value, other_ts in theirs:
-                    joined = (key, value, other_value) if left else (key, other_value, value)
-                    out.emit(key, joined, max(ts, other_ts), born)
-                mine.append((value, ts))
+                for other_value, other_ts, other_id in theirs:
+                    if left:
+                        joined, pair_id = (key, value, other_value), (code, rid, other_id, k)
+                    else:
+                        joined, pair_id = (key, other_value, value), (code, other_id, rid, k)
+                    out.emit(key, joined, max(ts, other_ts), born, pair_id)
+                mine.append((value, ts, rid))
         return out.batch()
 
     def on_watermark(self, watermark: float) -> Batch | None:
@@ -429,7 +457,10 @@ class UnionOp(Operator):
     """Passes every input through; the output is no longer keyed."""
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
-        return batch
+        if batch.ids is None:
+            return batch
+        return Batch(batch.keys, batch.values, batch.ts, batch.born,
+                     union_ids(self.ctx.code, input_index, batch.ids))
 
 
 class SourceOp(Operator):
@@ -449,6 +480,7 @@ class SourceOp(Operator):
         self.timestamp = node.params["timestamp"]
         self.out_of_orderness = node.params["max_out_of_orderness"]
         self.max_ts = -math.inf
+        self.position = 0  # records read from the share: what lineage root ids count
 
     @property
     def watermark(self) -> float:
@@ -460,18 +492,21 @@ class SourceOp(Operator):
         if values is None:
             return None
         n = len(values)
+        ctx = self.ctx
+        ids = root_ids(ctx.code, ctx.index, self.position, n) if ctx.lineage else None
+        self.position += n
         if self.timestamp is None:
             if n:
                 self.max_ts = max(self.max_ts, now_s)
             stamps = [now_s] * n  # shared: batches are never mutated
-            return Batch(None, values, stamps, stamps)
-        return self._stamp(values, now_s)
+            return Batch(None, values, stamps, stamps, ids)
+        return self._stamp(values, now_s, ids)
 
-    def _stamp(self, values: list, now_s: float) -> Batch:
+    def _stamp(self, values: list, now_s: float, ids: list | None) -> Batch:
         fn, ctx = self.timestamp, self.ctx
         max_ts, ooo = self.max_ts, self.out_of_orderness
-        kept, stamps = [], []
-        for value in values:
+        kept, stamps, positions = [], [], []
+        for i, value in enumerate(values):
             try:
                 ts = float(fn(value))
             except Exception as exc:  # noqa: BLE001
@@ -485,32 +520,47 @@ class SourceOp(Operator):
                 max_ts = ts
             kept.append(value)
             stamps.append(ts)
+            positions.append(i)
         self.max_ts = max_ts
-        return Batch(None, kept, stamps, [now_s] * len(kept))
+        if ids is not None and len(positions) < len(ids):
+            ids = [ids[i] for i in positions]
+        return Batch(None, kept, stamps, [now_s] * len(kept), ids)
 
     def snapshot(self) -> Any:
-        return (self.reader.state(), self.max_ts)
+        return (self.reader.state(), self.max_ts, self.position)
 
     def restore(self, state: Any) -> None:
-        reader_state, self.max_ts = state
+        reader_state, self.max_ts, self.position = state
         self.reader.restore(reader_state)
 
 
 class SinkOp(Operator):
-    """Stages records in the sink writer; samples latency; counts records per second.
-    Staged records are exposed by `commit`, which the protocol calls."""
+    """Stages records in the sink writer (and, with lineage, their ids beside them);
+    samples latency; counts records per second. The runtime takes what was staged at
+    each commit point (`take_staged`)."""
 
     def __init__(self, node: OpNode, ctx: OperatorContext):
         super().__init__(node, ctx)
         self.writer = node.params["sink"].open(ctx.index, ctx.parallelism)
         self.latency = LatencyHistogram()
         self.timeline: dict[int, int] = {}
+        self.keeps_ids = ctx.lineage and self.writer.keeps_values
+        self.staged_ids: list = []
+
+    def take_staged(self) -> tuple[list, list | None]:
+        """The values staged since the last commit point and, with lineage, their ids."""
+        ids = None
+        if self.keeps_ids:
+            ids, self.staged_ids = self.staged_ids, []
+        return self.writer.take_staged(), ids
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         if not batch.values:
             return None
         now_s = time.time()
         self.writer.write(batch.values)
+        if self.keeps_ids:
+            self.staged_ids.extend(batch.ids)
         self.latency.add_batch(batch.born, now_s)
         second = int(now_s)
         self.timeline[second] = self.timeline.get(second, 0) + len(batch.values)

@@ -10,7 +10,8 @@ point never completed — the job failed before — is never read: the records i
 are produced again by the replay and land in a later commit.
 
 `RunResult.outputs[sink]` is the concatenation, instance by instance, of the sink's
-committed blobs in commit order.
+committed blobs in commit order. With lineage a blob holds the records' ids beside
+their values, and `RunResult.output_ids[sink]` is concatenated the same way.
 """
 
 from __future__ import annotations
@@ -36,12 +37,17 @@ def marker_key(job: str, commit: int) -> str:
     return f"{_root(job)}COMMITTED/{commit:0{_DIGITS}d}"
 
 
-def encode_values(values: list) -> bytes:
-    return pickle.dumps(values, protocol=5)
+def encode_values(values: list, ids: list | None = None) -> bytes:
+    """A staged blob: the values and, with lineage, their ids (parallel lists)."""
+    return pickle.dumps((values, ids), protocol=5)
+
+
+def decode_staged(data: bytes) -> tuple[list, list | None]:
+    return pickle.loads(data)
 
 
 def decode_values(data: bytes) -> list:
-    return pickle.loads(data)
+    return decode_staged(data)[0]
 
 
 def committed_points(store: ObjectStore, job: str) -> set[int]:
@@ -62,8 +68,16 @@ def committed_blobs(store: ObjectStore, job: str, sink: str, index: int | None =
     return sorted(found)
 
 
-def read_committed(store: ObjectStore, job: str, sink: str) -> list[Any]:
+def read_committed(store: ObjectStore, job: str, sink: str
+                   ) -> tuple[list[Any], list[Any] | None]:
+    """The committed values of ``sink`` and, if the run kept lineage, their ids."""
     values: list[Any] = []
+    ids: list[Any] = []
+    with_ids = False
     for _, _, key in committed_blobs(store, job, sink):
-        values.extend(decode_values(store.get(key)))
-    return values
+        blob_values, blob_ids = decode_staged(store.get(key))
+        values.extend(blob_values)
+        if blob_ids is not None:
+            with_ids = True
+            ids.extend(blob_ids)
+    return values, (ids if with_ids else None)

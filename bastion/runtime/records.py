@@ -66,6 +66,12 @@ class Batch:
                      _take_column(self.ts, get, n), _take_column(self.born, get, n),
                      None if self.ids is None else get(self.ids))
 
+    def slice(self, start: int, stop: int) -> "Batch":
+        """The records from ``start`` up to ``stop``."""
+        return Batch(None if self.keys is None else self.keys[start:stop],
+                     self.values[start:stop], self.ts[start:stop], self.born[start:stop],
+                     None if self.ids is None else self.ids[start:stop])
+
     def records(self) -> list["Record"]:
         keys = self.keys or [None] * len(self.values)
         return [Record(k, v, t, b) for k, v, t, b in zip(keys, self.values, self.ts, self.born)]
