@@ -9,7 +9,10 @@ For each, the median of ``--repeats`` runs (default 3) in tuples/s; Bastion's fi
 measured from the moment the job starts (after its worker actors are up), Bytewax's
 around ``run_main``. Then p50/p99 end-to-end latency of W0 and W1 (parallelism 1) with
 a rate-limited source at half of the measured maximum rate and the default 5 ms buffer
-timeout. Prints figures and ratios; asserts nothing.
+timeout. Then the cost of drill-grade runs: W1 at parallelism 1 and 2 with lineage ids
+(``lineage=True``) and in deterministic mode (``deterministic=True``), as ratios to
+plain W1 measured alternately in the same run. Prints figures and ratios; asserts
+nothing; the last line is the headline.
 
     .venv/bin/python benchmarks/throughput.py [--records N] [--repeats K] [--no-bytewax]
 """
@@ -50,8 +53,8 @@ def w1(n: int, parallelism: int, rate: float | None = None) -> bn.Topology:
     return topo
 
 
-def bastion_rate(topo: bn.Topology) -> float:
-    return bn.run(topo).metrics.tuples_per_s
+def bastion_rate(topo: bn.Topology, **options) -> float:
+    return bn.run(topo, **options).metrics.tuples_per_s
 
 
 # -- Bytewax -------------------------------------------------------------------------------
@@ -173,6 +176,27 @@ def main() -> None:
         count = int(rate * args.latency_s)
         m = bn.run(make(rate, count)).metrics
         print(f"{name:<10} {rate:>12,.0f} {m.latency_ms['p50']:>8.2f} {m.latency_ms['p99']:>8.2f}")
+
+    print(f"\nDrill-grade runs, W1, {n:,} tuples, median of {k}, modes alternating "
+          "(tuples/s)")
+    modes = {"plain": {}, "lineage": {"lineage": True}, "deterministic": {"deterministic": True},
+             "both": {"lineage": True, "deterministic": True}}
+    print(f"{'workload':<10} " + " ".join(f"{m:>14}" for m in modes))
+    ratios: dict[int, dict[str, float]] = {}
+    for p in (1, 2):
+        samples: dict[str, list[float]] = {m: [] for m in modes}
+        for _ in range(k):
+            for mode, options in modes.items():
+                samples[mode].append(bastion_rate(w1(n, p), **options))
+        rates = {m: statistics.median(v) for m, v in samples.items()}
+        ratios[p] = {m: rates[m] / rates["plain"] for m in modes}
+        print(f"{'W1 p=' + str(p):<10} " + " ".join(
+            f"{rates[m]:>14,.0f}" for m in modes))
+        print(f"{'  ratio':<10} " + " ".join(f"{ratios[p][m]:>13.2f}x" for m in modes))
+    print(f"W1 p=2 vs plain: lineage {ratios[2]['lineage']:.2f}x, deterministic "
+          f"{ratios[2]['deterministic']:.2f}x, both {ratios[2]['both']:.2f}x "
+          f"(p=1: {ratios[1]['lineage']:.2f}x, {ratios[1]['deterministic']:.2f}x, "
+          f"{ratios[1]['both']:.2f}x)")
 
 
 if __name__ == "__main__":
