@@ -4,6 +4,23 @@
 variable; name it ``topology`` when the file has several), runs it with a live
 progress line, and prints a summary: throughput, latency percentiles, per-operator
 record counts, dead letters, and the first committed records of each sink.
+
+``bastion drill FILE --kill OP[:I]@S ...`` runs a recovery drill (`bastion.drills`):
+a failure-free reference and a faulty run, with a progress line for each, then a
+summary table, the first lost / duplicated / corrupted records with their lineage
+ids, and a self-contained HTML report. Its exit code is the verdict, so scripts and
+CI can act on it:
+
+====  ===================================================================
+code  meaning
+====  ===================================================================
+0     exactly-once: every fault landed; nothing lost, duplicated, corrupted
+1     violated: a record was lost, duplicated or corrupted
+2     usage error: bad arguments, no faults, a fault target that does not exist
+3     inconclusive: nothing violated, but a fault did not land (the job ended
+      first, nothing to kill) — the drill proved nothing
+4     the drill could not run (a topology error, a job that failed)
+====  ===================================================================
 """
 
 from __future__ import annotations
@@ -41,20 +58,29 @@ def load_topology(path: str) -> Topology:
 
 
 class ProgressLine:
-    """Rewrites one terminal line with records read and written and the current rate."""
+    """Rewrites one terminal line with records read and written and the current rate.
+
+    A drill makes several runs; progress that names its run (``"run"``) starts a new
+    line for each, and the rate restarts with it."""
 
     def __init__(self, stream: Any = sys.stderr):
         self.stream = stream
         self.last: tuple[float, int] | None = None
+        self.run: str | None = None
         self.enabled = stream.isatty()
 
     def __call__(self, progress: dict[str, Any]) -> None:
+        run = progress.get("run")
+        if run != self.run:
+            self.close()
+            self.run, self.last = run, None
         now, read = time.monotonic(), progress["source_records"]
         rate = 0.0
         if self.last is not None and now > self.last[0]:
             rate = (read - self.last[1]) / (now - self.last[0])
         self.last = (now, read)
-        line = (f"[{progress['phase']:>7}] {progress['elapsed_s']:6.1f} s  "
+        label = f"{run}: " if run else ""
+        line = (f"{label}[{progress['phase']:>7}] {progress['elapsed_s']:6.1f} s  "
                 f"in {read:>12,}  out {progress['sink_records']:>12,}  {rate:>12,.0f} rec/s")
         if self.enabled:
             self.stream.write("\r" + line)
@@ -66,6 +92,7 @@ class ProgressLine:
         if self.enabled and self.last is not None:
             self.stream.write("\n")
             self.stream.flush()
+        self.last = None
 
 
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> str:
@@ -136,37 +163,72 @@ def _parse_kill_node(text: str) -> Any:
             f"live Ray nodes, or a node id), e.g. 0@2.5") from None
 
 
+EXIT_OK, EXIT_VIOLATED, EXIT_USAGE, EXIT_INCONCLUSIVE, EXIT_FAILED = 0, 1, 2, 3, 4
+_EXIT_CODES = {"exactly-once": EXIT_OK, "violated": EXIT_VIOLATED,
+               "inconclusive": EXIT_INCONCLUSIVE}
+
+
+def drill_exit_code(report: Any) -> int:
+    """The exit code of ``bastion drill`` for a drill's verdict."""
+    return _EXIT_CODES[report.verdict]
+
+
+def print_drill(report: Any, show: int, stream: Any = None) -> None:
+    """The drill's summary table, then the first violations with their ids."""
+    stream = stream or sys.stdout
+    print(table(report.summary_rows()), file=stream)
+    for kind, total, items in (("lost", report.lost, report.lost_examples),
+                               ("duplicated", report.duplicated, report.duplicated_examples),
+                               ("corrupted", report.corrupted, report.corrupted_examples)):
+        if items and show > 0:
+            print(f"\nfirst {min(show, len(items))} of {total:,} {kind} records:",
+                  file=stream)
+            for violation in items[:show]:
+                print(f"  {report.describe(violation)}", file=stream)
+
+
+def _random_kills(args: argparse.Namespace) -> Any:
+    import bastion as bn
+
+    try:
+        first, last = (float(x) for x in args.between.split(","))
+    except ValueError:
+        raise ValueError(f"--between {args.between!r}: expected FIRST,LAST in seconds, "
+                         "e.g. 1,4") from None
+    if not 0 <= first <= last:
+        raise ValueError(f"--between {args.between!r}: need 0 <= FIRST <= LAST")
+    return bn.faults.RandomKills(args.random_kills, (first, last))
+
+
 def cmd_drill(args: argparse.Namespace) -> int:
     import bastion as bn
     from bastion.report import write_html
 
     topology = load_topology(args.file)
     faults = list(args.kill) + list(args.kill_node)
-    if args.random_kills:
-        first, _, last = args.between.partition(",")
-        faults.append(bn.faults.RandomKills(args.random_kills, (float(first), float(last))))
-    if not faults:
-        print("bastion: a drill needs faults: --kill OP[:I]@S, --kill-node N@S or "
-              "--random-kills N",
-              file=sys.stderr)
-        return 2
+    progress = ProgressLine()
     try:
+        if args.random_kills:
+            faults.append(_random_kills(args))
+        if not faults:
+            raise ValueError("a drill needs faults: --kill OP[:I]@S, --kill-node N@S or "
+                             "--random-kills N")
         report = bn.drill(topology, protocol=args.protocol, faults=faults, seed=args.seed,
                           checkpoint_interval=args.checkpoint_interval,
-                          storage=args.storage, address=args.address)
-    except BastionError as exc:
+                          storage=args.storage, address=args.address, progress=progress)
+    except ValueError as exc:  # bad arguments, a fault target that does not exist
+        progress.close()
         print(f"bastion: {exc}", file=sys.stderr)
-        return 1
-    print(table(report.summary_rows()))
+        return EXIT_USAGE
+    except BastionError as exc:
+        progress.close()
+        print(f"bastion: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    progress.close()
+    print_drill(report, args.show)
     page = write_html(report, args.html, title=f"Drill: {topology.name} ({args.protocol})")
     print(f"\nreport: {page}")
-    if not report.exactly_once:
-        for name, items in (("lost", report.lost_examples),
-                            ("duplicated", report.duplicated_examples)):
-            for sink, value in items:
-                print(f"{name}: {sink}: {value!r}")
-        return 1
-    return 0
+    return drill_exit_code(report)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,7 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="committed records to print per sink (default 5)")
     run.set_defaults(handler=cmd_run)
 
-    drill = sub.add_parser("drill", help="kill processes mid-run and verify exactly-once")
+    drill = sub.add_parser(
+        "drill", help="kill processes mid-run and verify exactly-once",
+        description="Run FILE failure-free and with faults, compare the committed records "
+                    "by lineage id, print a summary and write an HTML report.",
+        epilog="exit codes: 0 exactly-once, 1 violated (lost/duplicated/corrupted "
+               "records), 2 usage error, 3 inconclusive (a fault did not land), "
+               "4 the drill could not run")
     drill.add_argument("file", help="Python file that builds a bastion Topology")
     drill.add_argument("--protocol", default="coordinated")
     drill.add_argument("--checkpoint-interval", type=float, default=1.0, metavar="S")
@@ -206,6 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--address", default=None)
     drill.add_argument("--html", default="drill-report.html", metavar="PATH",
                        help="where to write the HTML report (default drill-report.html)")
+    drill.add_argument("--show", type=int, default=5, metavar="N",
+                       help="violations to print per kind (default 5)")
     drill.set_defaults(handler=cmd_drill)
     return parser
 

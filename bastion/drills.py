@@ -1,161 +1,641 @@
-"""Recovery drills: prove that a job loses nothing and duplicates nothing when it fails.
+"""Recovery drills: prove, by record identity, that a job loses, duplicates and
+corrupts nothing when its processes are killed.
 
-A drill runs a topology twice on the same (deterministic, seeded) input: a
-failure-free *reference* run, and a *faulty* run in which processes are killed on a
-schedule. Exactly-once means the committed outputs of the two runs are equal as
-multisets: every record the reference committed is committed by the faulty run
-exactly once. A drill reports
+A drill runs a topology failure-free (the *reference*) and again while processes are
+killed on a schedule (the *faulty* run), both with lineage ids (`bastion.lineage`):
+every committed record carries the identity of the logical tuple it is, the same in
+every run that produces it. The verifier then compares, per sink and per id:
 
-- ``lost``: records the reference committed and the faulty run did not (counted with
-  multiplicity), and ``duplicated``: records the faulty run committed more often;
-- ``detection_s``: from the first kill to the job master noticing it;
-- ``restart_s``: from detection until every task runs again from the recovery line;
-- ``recovery_s``: from the kill until the sinks' output rate is back to 90% of its
-  rate before the kill;
-- ``trt_s`` (total recovery time): from the kill until the sources have caught up
-  with the input that arrived meanwhile (their backlog is back to its level before
-  the kill);
-- time series of throughput and latency, with the faults marked.
+- ``lost``: ids the reference committed that the faulty run did not;
+- ``duplicated``: extra commits of an id (ids are unique within a sink, so every
+  commit of an id after its first is one too many, whatever the reference says);
+- ``corrupted``: ids committed with a value other than the reference's.
+
+Why ids and not values: a running aggregate fed by several channels sees its inputs
+in an interleaving that changes from run to run, so two *correct* runs commit
+different intermediate values; comparing value multisets reports thousands of lost
+and duplicated records where there are none. And the opposite error: a recovery that
+restores a state already containing an input *and* replays that input commits the
+right number of records with wrong values — only an id-by-id value check sees it.
+
+Values are only comparable where the reference is reproducible, so the drill picks a
+mode (`DrillReport.verified_by`):
+
+- ``"deterministic"``: whenever the topology can run in deterministic mode
+  (`bn.run(deterministic=True)`: every multi-input task merges its inputs in a fixed
+  order), reference and faulty run both do, and every id's value must match;
+- ``"ids"``: otherwise (a feedback edge, windows on ingest time, ...) the reference
+  runs twice. Ids present in both references must be committed; values are checked
+  only where the two references agree; the report says how much was comparable.
+
+The reference runs under protocol ``"none"`` (no checkpoints, one commit at the end):
+a reference produced by the protocol under test would share that protocol's bugs,
+and a bug present in both runs cancels out.
+
+A drill must also have tested something. Fault targets are validated before the
+reference runs, and after the faulty run each scheduled kill is checked: it *landed*
+if it killed a process and the job then detected a failure (or the kill hit a
+recovery already in progress, which the restart then covered). The verdict:
+
+- ``"exactly-once"``: every fault landed and lost == duplicated == corrupted == 0;
+- ``"violated"``: a record was lost, duplicated or corrupted (found even when some
+  fault did not land: a violation is a violation);
+- ``"inconclusive"``: nothing was violated, but a fault did not land (the job ended
+  first, the target had nothing to kill) or no reference record was reproducible —
+  the drill proves nothing, and never says "exactly once".
+
+For every fault the report gives detection (kill → job master notices), restart
+(detection → every task runs again from the recovery line), recovery (kill → sink
+output rate back to 90% of its rate before the kill) and total recovery time (kill →
+sources caught up with the input that arrived meanwhile).
+
+`compare` and `fault_outcomes` are plain functions over run outputs and events:
+unit-testable without Ray.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
+import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from datetime import datetime, timezone
+from typing import Any, Callable, Literal, Sequence
 
-from bastion.launcher import RunResult, run
-from bastion.runtime.faults import RandomKills
+from bastion.launcher import RunResult, ensure_ray, run
+from bastion.protocols import Protocol, get_protocol
+from bastion.runtime import faults as fault_injection
+from bastion.runtime.faults import RandomKills, ScheduledKill
 from bastion.runtime.metrics import rate_recovered_at
+from bastion.runtime.plan import build_plan
 from bastion.topology import Topology
+
+Verdict = Literal["exactly-once", "violated", "inconclusive"]
+VERDICTS: tuple[Verdict, ...] = ("exactly-once", "violated", "inconclusive")
+KINDS = ("lost", "duplicated", "corrupted")
+EXAMPLES = 5  # violations of each kind kept as examples
+REFERENCE_PROTOCOL = "none"
+
+
+# -- comparing committed outputs by id ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What one run committed: per sink, the values and their lineage ids (parallel
+    lists, as `RunResult.outputs` and `RunResult.output_ids`)."""
+
+    outputs: dict[str, list]
+    ids: dict[str, list]
+
+    @classmethod
+    def of(cls, result: RunResult) -> "Committed":
+        for sink, values in result.outputs.items():
+            ids = result.output_ids.get(sink)
+            if ids is None or len(ids) != len(values):
+                raise ValueError(
+                    f"run {result.job_id}: sink {sink!r} committed {len(values)} records "
+                    f"but {'no' if ids is None else len(ids)} lineage ids; a drill compares "
+                    "runs made with bn.run(..., lineage=True)")
+        return cls(result.outputs, result.output_ids)
+
+
+_ABSENT = object()  # "the reference has no record with this id"
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One lost, duplicated or corrupted record: its id, the value the reference
+    committed under it (``expected``, None when the reference has no such id, see
+    ``unexpected``) and every value the faulty run committed under it (``got``)."""
+
+    kind: str
+    sink: str
+    record_id: Any
+    expected: Any = None
+    got: tuple = ()
+    unexpected: bool = False  # the faulty run committed an id the reference never did
 
 
 @dataclass
-class DrillReport:
-    protocol: str
-    job_id: str
-    outputs: dict[str, list]
-    reference_outputs: dict[str, list]
-    lost: int
-    duplicated: int
-    lost_examples: list = field(default_factory=list)
-    duplicated_examples: list = field(default_factory=list)
+class Comparison:
+    """The verifier's counts. ``comparable_ids``: reference records whose presence
+    was checked (all of them in deterministic mode; in ids mode those whose id both
+    references committed); ``comparable_values``: those whose value was checked too."""
+
+    lost: int = 0
+    duplicated: int = 0
+    corrupted: int = 0
+    reference_records: int = 0
+    comparable_ids: int = 0
+    comparable_values: int = 0
+    unverified: int = 0            # ids mode: faulty ids neither reference had both times
+    reference_duplicates: int = 0  # ids a failure-free run committed twice (an engine bug)
+    examples: dict[str, list[Violation]] = field(
+        default_factory=lambda: {kind: [] for kind in KINDS})
+
+    @property
+    def violations(self) -> int:
+        return self.lost + self.duplicated + self.corrupted
+
+    def _note(self, violation: Violation, limit: int) -> None:
+        kept = self.examples[violation.kind]
+        if len(kept) < limit:
+            kept.append(violation)
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Equality of committed values, where NaN equals NaN (a float aggregate can be
+    NaN in both runs) and a list equals the tuple with the same items."""
+    try:
+        if a == b:
+            return True
+    except Exception:  # noqa: BLE001 - a value whose == raises is not "equal"
+        pass
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isnan(a) and math.isnan(b)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(map(same_value, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    return False
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    return value
+
+
+def _by_id(committed: Committed, sink: str) -> dict[Any, list]:
+    """id -> every value committed under it, ids in order of first commit."""
+    values = committed.outputs.get(sink, [])
+    ids = committed.ids.get(sink, [])
+    index: dict[Any, list] = {}
+    for rid, value in zip(ids, values):
+        try:
+            index.setdefault(rid, []).append(value)
+        except TypeError:  # an id holding an unhashable key (never in Bastion's ids)
+            index.setdefault(_hashable(rid), []).append(value)
+    return index
+
+
+def compare(reference: Committed, faulty: Committed,
+            second_reference: Committed | None = None, *, examples: int = EXAMPLES
+            ) -> Comparison:
+    """Compare a faulty run's committed records with the reference's, id by id.
+
+    Without ``second_reference`` the reference is taken as reproducible
+    (deterministic mode): every id it committed must be committed once with the same
+    value, and an id it never committed counts as corrupted (a record that should
+    not exist). With ``second_reference`` (ids mode) only ids both references
+    committed are checked for presence, only values both agree on are checked, and
+    ids neither reference had both times are counted as ``unverified``.
+    """
+    result = Comparison()
+    deterministic = second_reference is None
+    sinks = list(dict.fromkeys([*reference.outputs, *faulty.outputs]))
+    for sink in sinks:
+        want = _by_id(reference, sink)
+        other = want if deterministic else _by_id(second_reference, sink)
+        got = _by_id(faulty, sink)
+        result.reference_records += len(reference.outputs.get(sink, []))
+        result.reference_duplicates += sum(len(v) - 1 for v in want.values())
+        if not deterministic:
+            result.reference_duplicates += sum(len(v) - 1 for v in other.values())
+        for rid, expected_values in want.items():
+            second = other.get(rid)
+            if second is None:
+                continue  # ids mode: this id is not reproducible, nothing to check
+            result.comparable_ids += 1
+            expected = expected_values[0]
+            values_agree = deterministic or (
+                len(expected_values) == len(second) == 1 and same_value(expected, second[0]))
+            result.comparable_values += values_agree
+            committed = got.get(rid)
+            if committed is None:
+                result.lost += 1
+                result._note(Violation("lost", sink, rid, expected), examples)
+            elif values_agree and not all(same_value(v, expected) for v in committed):
+                result.corrupted += 1
+                result._note(Violation("corrupted", sink, rid, expected, tuple(committed)),
+                             examples)
+        for rid, committed in got.items():
+            if len(committed) > 1:
+                result.duplicated += len(committed) - 1
+                expected = want[rid][0] if rid in want else None
+                result._note(Violation("duplicated", sink, rid, expected, tuple(committed),
+                                       unexpected=rid not in want), examples)
+            if rid in want and rid in other:
+                continue
+            if deterministic:
+                result.corrupted += 1
+                result._note(Violation("corrupted", sink, rid, None, tuple(committed),
+                                       unexpected=True), examples)
+            else:
+                result.unverified += 1
+    return result
+
+
+# -- did every fault land? ----------------------------------------------------------------
+
+
+@dataclass
+class FaultOutcome:
+    """One scheduled kill: whether it landed, and how the job came back from it.
+    Times in seconds; ``at_s`` since the job started, the others since the kill."""
+
+    what: str
+    scheduled_s: float
+    landed: bool
+    note: str = ""                 # why it did not land, or how it landed
+    at_s: float | None = None      # when it was carried out
+    killed: list[str] = field(default_factory=list)
     detection_s: float | None = None
     restart_s: float | None = None
     recovery_s: float | None = None
     trt_s: float | None = None
-    timeline: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    metrics: Any = None
 
-    @property
-    def exactly_once(self) -> bool:
-        return self.lost == 0 and self.duplicated == 0
-
-    def summary_rows(self) -> list[tuple[str, str]]:
+    def describe(self) -> str:
         def secs(v: float | None) -> str:
             return "-" if v is None else f"{v:.2f} s"
 
-        kills = [e for e in self.events if e["kind"] == "fault"]
-        return [
-            ("protocol", self.protocol),
-            ("faults", ", ".join(f"{e['what']} at {e['t_s']:.2f} s" for e in kills) or "-"),
-            ("committed records", f"{sum(map(len, self.outputs.values())):,} "
-                                  f"(reference {sum(map(len, self.reference_outputs.values())):,})"),
-            ("lost", f"{self.lost:,}"),
-            ("duplicated", f"{self.duplicated:,}"),
-            ("exactly once", "yes" if self.exactly_once else "NO"),
-            ("detection", secs(self.detection_s)),
-            ("restart", secs(self.restart_s)),
-            ("recovery", secs(self.recovery_s)),
-            ("total recovery time", secs(self.trt_s)),
-        ]
+        head = f"{self.what} at {self.scheduled_s:.2f} s"
+        if not self.landed:
+            return f"{head}: DID NOT LAND ({self.note})"
+        text = (f"{head}: landed (killed {', '.join(self.killed)}); "
+                f"detection {secs(self.detection_s)}, restart {secs(self.restart_s)}, "
+                f"recovery {secs(self.recovery_s)}, total recovery {secs(self.trt_s)}")
+        return text + (f" ({self.note})" if self.note else "")
 
 
-def _freeze(value: Any) -> Any:
-    """A hashable stand-in for a record, so outputs compare as multisets."""
-    if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
-    if isinstance(value, set):
-        return frozenset(value)
-    return value
-
-
-def compare(reference: dict[str, list], faulty: dict[str, list]
-            ) -> tuple[int, int, list, list]:
-    lost = duplicated = 0
-    lost_examples: list = []
-    duplicated_examples: list = []
-    for sink in reference:
-        want = collections.Counter(map(_freeze, reference[sink]))
-        got = collections.Counter(map(_freeze, faulty.get(sink, [])))
-        missing, extra = want - got, got - want
-        lost += sum(missing.values())
-        duplicated += sum(extra.values())
-        lost_examples += [(sink, v) for v in list(missing)[:5]]
-        duplicated_examples += [(sink, v) for v in list(extra)[:5]]
-    return lost, duplicated, lost_examples, duplicated_examples
-
-
-def _timings(result: RunResult) -> dict[str, float | None]:
-    events = result.details["events"]
-    timeline = result.details["timeline"]
-    fault = next((e for e in events if e["kind"] == "fault"), None)
-    if fault is None:
-        return {}
-    detected = next((e for e in events if e["kind"] == "failure_detected"
-                     and e["t"] >= fault["t"]), None)
-    restarted = next((e for e in events if e["kind"] == "restarted"
-                      and e["t"] >= fault["t"]), None)
-    out: dict[str, float | None] = {
-        "detection_s": None if detected is None else detected["t"] - fault["t"],
-        "restart_s": None if detected is None or restarted is None
-        else restarted["t"] - detected["t"],
-        "recovery_s": None, "trt_s": None,
-    }
-    if restarted is None:
-        return out
-    t_fault, t_restart = fault["t_s"], restarted["t_s"]
-    recovered_at_s = rate_recovered_at(timeline, t_fault, t_restart)
-    if recovered_at_s is not None:
-        out["recovery_s"] = recovered_at_s - t_fault
-    # Caught up: the backlog of input due but not read is back to what it was in
-    # steady state before the fault (a paced source is never exactly at zero).
+def _caught_up_at(timeline: list[dict[str, Any]], fault_s: float, restart_s: float
+                  ) -> float | None:
+    """When the sources caught up after a restart: their backlog of input due but not
+    read is back to its steady level before the fault (a paced source is never at 0)."""
     steady_lag = max((p["source_lag"] for p in timeline
-                      if t_fault - 1.5 <= p["t_s"] < t_fault), default=0)
+                      if fault_s - 1.5 <= p["t_s"] < fault_s), default=0)
     for p in timeline:
-        if p["t_s"] >= t_restart and p["source_lag"] <= steady_lag and p["sink_records"] > 0:
-            out["trt_s"] = p["t_s"] - t_fault
-            break
-    return out
+        if p["t_s"] >= restart_s and p["source_lag"] <= steady_lag and p["sink_records"] > 0:
+            return p["t_s"]
+    return None
 
 
-def drill(topology: Topology, *, protocol: str = "coordinated", faults: Sequence = (),
-          checkpoint_interval: float | None = None, seed: int | None = None,
-          reference_outputs: dict[str, list] | None = None, **run_options: Any
-          ) -> DrillReport:
-    """Run ``topology`` failure-free and with ``faults``; compare committed outputs.
+def fault_outcomes(kills: Sequence[ScheduledKill], events: Sequence[dict[str, Any]],
+                   timeline: Sequence[dict[str, Any]], ended_s: float | None = None
+                   ) -> list[FaultOutcome]:
+    """Match each scheduled kill with what the job master recorded (``fault``,
+    ``failure_detected`` and ``restarted`` events, in the order they happened) and
+    decide whether it landed; ``ended_s`` is when the job ended, for the note."""
+    timeline = list(timeline)
+    consumed: set[int] = set()
+    outcomes = []
+    for kill in sorted(kills):
+        outcome = FaultOutcome(kill.what, kill.at_s, landed=False)
+        outcomes.append(outcome)
+        found = next((i for i, e in enumerate(events) if e["kind"] == "fault"
+                      and i not in consumed and e.get("what") == kill.what), None)
+        if found is None:
+            ended = "" if ended_s is None else f" after {ended_s:.2f} s"
+            outcome.note = f"never carried out: the job ended{ended}, before it was due"
+            continue
+        consumed.add(found)
+        fault = events[found]
+        outcome.at_s, outcome.killed = fault["t_s"], list(fault.get("killed") or [])
+        if not outcome.killed:
+            outcome.note = "there was no process of the job to kill"
+            continue
+        before = [e for e in events[:found] if e["kind"] in ("failure_detected", "restarted")]
+        after = events[found + 1:]
+        recovering = bool(before) and before[-1]["kind"] == "failure_detected"
+        if recovering:
+            # The kill hit a recovery in progress: that recovery's restart covers it.
+            detected = None
+            restarted = next((e for e in after if e["kind"] == "restarted"), None)
+            outcome.note = "during the recovery from an earlier failure"
+        else:
+            at = next((i for i, e in enumerate(after) if e["kind"] == "failure_detected"),
+                      None)
+            if at is None:
+                outcome.note = ("no failure was detected: the killed processes had "
+                                "already finished their work")
+                continue
+            detected = after[at]
+            restarted = next((e for e in after[at + 1:] if e["kind"] == "restarted"), None)
+            outcome.detection_s = detected["t"] - fault["t"]
+        outcome.landed = detected is not None or restarted is not None
+        if restarted is None:
+            if not outcome.landed:
+                outcome.note = "the job never restarted after it"
+            continue
+        outcome.restart_s = restarted["t"] - (detected or fault)["t"]
+        recovered = rate_recovered_at(timeline, fault["t_s"], restarted["t_s"])
+        if recovered is not None:
+            outcome.recovery_s = recovered - fault["t_s"]
+        caught_up = _caught_up_at(timeline, fault["t_s"], restarted["t_s"])
+        if caught_up is not None:
+            outcome.trt_s = caught_up - fault["t_s"]
+    return outcomes
 
-    ``seed`` seeds `RandomKills` that have none of their own. Pass the outputs of an
-    earlier reference run as ``reference_outputs`` to skip the reference run (the
-    input must be the same). Other keyword arguments go to `bastion.run`.
+
+# -- the report --------------------------------------------------------------------------
+
+
+@dataclass
+class DrillReport:
+    """What a drill found. ``verdict`` is the answer (see the module docstring);
+    ``exactly_once`` is ``verdict == "exactly-once"``."""
+
+    topology: str
+    protocol: str
+    verified_by: str                       # "deterministic" or "ids"
+    comparison: Comparison
+    faults: list[FaultOutcome]
+    job_id: str                            # the faulty run
+    reference_job_ids: list[str]
+    outputs: dict[str, list]
+    output_ids: dict[str, list]
+    reference_outputs: dict[str, list]     # the (first) reference's committed records
+    seed: int | None = None
+    date: str = ""                         # when the drill started, ISO 8601, UTC
+    nondeterminism: str | None = None      # why the topology cannot run deterministic
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    metrics: Any = None                    # the faulty run's `RunMetrics`
+    format_id: Callable[[Any], str] = field(default=repr, repr=False)
+
+    # -- the verdict ----------------------------------------------------------------
+
+    @property
+    def lost(self) -> int:
+        return self.comparison.lost
+
+    @property
+    def duplicated(self) -> int:
+        return self.comparison.duplicated
+
+    @property
+    def corrupted(self) -> int:
+        return self.comparison.corrupted
+
+    @property
+    def faults_landed(self) -> bool:
+        return all(f.landed for f in self.faults)
+
+    @property
+    def verdict(self) -> Verdict:
+        if self.comparison.violations:
+            return "violated"
+        if not self.faults_landed or self._unverifiable():
+            return "inconclusive"
+        return "exactly-once"
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.verdict == "exactly-once"
+
+    def _unverifiable(self) -> str | None:
+        c = self.comparison
+        if c.reference_duplicates:
+            return (f"the failure-free reference committed {c.reference_duplicates:,} "
+                    "record(s) under an id it had already committed")
+        if c.reference_records and not c.comparable_ids:
+            return "no record of the reference was committed by both reference runs"
+        return None
+
+    @property
+    def verdict_reason(self) -> str:
+        """The verdict in one sentence, with its evidence."""
+        verdict, c = self.verdict, self.comparison
+        if verdict == "violated":
+            found = ", ".join(f"{n:,} {kind}" for kind, n in zip(
+                KINDS, (c.lost, c.duplicated, c.corrupted)) if n)
+            return f"not exactly-once: {found}"
+        if verdict == "inconclusive":
+            missed = [f for f in self.faults if not f.landed]
+            if missed:
+                return "; ".join(f"{f.what} at {f.scheduled_s:.2f} s did not land: {f.note}"
+                                 for f in missed)
+            return self._unverifiable() or ""
+        landed = len(self.faults)
+        return (f"exactly-once: nothing lost, duplicated or corrupted"
+                + (f" across {landed} landed fault{'s' if landed != 1 else ''}"
+                   if landed else " (no fault was scheduled)"))
+
+    # -- what the first fault did (most drills have one) ---------------------------------
+
+    def _first(self, name: str) -> float | None:
+        landed = [f for f in self.faults if f.landed]
+        return getattr(landed[0], name) if landed else None
+
+    @property
+    def detection_s(self) -> float | None:
+        return self._first("detection_s")
+
+    @property
+    def restart_s(self) -> float | None:
+        return self._first("restart_s")
+
+    @property
+    def recovery_s(self) -> float | None:
+        return self._first("recovery_s")
+
+    @property
+    def trt_s(self) -> float | None:
+        return self._first("trt_s")
+
+    # -- violations ------------------------------------------------------------------
+
+    @property
+    def lost_examples(self) -> list[Violation]:
+        return self.comparison.examples["lost"]
+
+    @property
+    def duplicated_examples(self) -> list[Violation]:
+        return self.comparison.examples["duplicated"]
+
+    @property
+    def corrupted_examples(self) -> list[Violation]:
+        return self.comparison.examples["corrupted"]
+
+    def describe(self, violation: Violation) -> str:
+        """One violation, readably: sink, id with operator names, values."""
+        rid = self.format_id(violation.record_id)
+        if violation.kind == "lost":
+            return f"{violation.sink}: {rid}: expected {violation.expected!r}"
+        if violation.kind == "duplicated":
+            return (f"{violation.sink}: {rid}: committed {len(violation.got)} times: "
+                    f"{', '.join(map(repr, violation.got))}")
+        if violation.unexpected:
+            return (f"{violation.sink}: {rid}: the reference has no such record; got "
+                    f"{', '.join(map(repr, violation.got))}")
+        return (f"{violation.sink}: {rid}: expected {violation.expected!r}, got "
+                f"{', '.join(map(repr, violation.got))}")
+
+    def verification(self) -> str:
+        c = self.comparison
+        if self.verified_by == "deterministic":
+            return (f"deterministic runs: ids and values of all "
+                    f"{c.reference_records:,} reference records")
+        text = (f"ids: {c.comparable_ids:,} of {c.reference_records:,} reference records "
+                f"committed by both reference runs, values compared for "
+                f"{c.comparable_values:,}")
+        if c.unverified:
+            text += f"; {c.unverified:,} faulty-run records not verifiable"
+        return text + (f" (not deterministic: {self.nondeterminism})"
+                       if self.nondeterminism else "")
+
+    def checkpoint_summary(self) -> str:
+        proto = getattr(self.metrics, "protocol", None)
+        if proto is None:
+            return "-"
+        avg = proto.checkpoint_duration_s_avg
+        return (f"{proto.checkpoints_completed:,} completed, {proto.checkpoints_aborted:,} "
+                f"aborted, avg {'-' if avg is None else f'{avg * 1000:.1f} ms'}, "
+                f"invalid {proto.invalid_checkpoints} ({proto.invalid_share:.0%})")
+
+    def summary_rows(self) -> list[tuple[str, str]]:
+        c = self.comparison
+        rows = [
+            ("topology", self.topology),
+            ("protocol", self.protocol),
+            ("verified by", self.verification()),
+            ("seed", "-" if self.seed is None else str(self.seed)),
+            ("jobs", f"faulty {self.job_id}; reference {', '.join(self.reference_job_ids)}"),
+        ]
+        rows += [(f"fault {i}", f.describe()) for i, f in enumerate(self.faults, 1)]
+        if not self.faults:
+            rows.append(("faults", "none scheduled"))
+        rows += [
+            ("committed records", f"{sum(map(len, self.outputs.values())):,} "
+                                  f"(reference {c.reference_records:,})"),
+            ("lost", f"{c.lost:,}"),
+            ("duplicated", f"{c.duplicated:,}"),
+            ("corrupted", f"{c.corrupted:,}"),
+            ("checkpoints", self.checkpoint_summary()),
+            ("verdict", f"{self.verdict.upper() if self.verdict != 'exactly-once' else self.verdict}"
+                        f": {self.verdict_reason}"),
+        ]
+        return rows
+
+
+# -- running a drill ----------------------------------------------------------------------
+
+
+def nondeterminism(topology: Topology) -> str | None:
+    """Why ``topology`` cannot run in deterministic mode (None: it can)."""
+    try:
+        from bastion.runtime.merge import nondeterminism as reason
+    except ImportError:  # an engine without the deterministic mode: verify by ids
+        return "this version of Bastion has no deterministic execution mode"
+    return reason(topology)
+
+
+def _labelled(progress: Callable[[dict[str, Any]], None] | None, label: str
+              ) -> Callable[[dict[str, Any]], None] | None:
+    if progress is None:
+        return None
+    return lambda p: progress({**p, "run": label})
+
+
+def reference_runs(topology: Topology, *, runs: int | None = None,
+                   progress: Callable[[dict[str, Any]], None] | None = None,
+                   protocol: str | Protocol = REFERENCE_PROTOCOL, **run_options: Any
+                   ) -> list[RunResult]:
+    """The failure-free runs a drill of ``topology`` compares with: one in
+    deterministic mode, or two when the topology cannot be deterministic (``runs``
+    overrides the count). Pass them to `drill` as ``reference=`` to drill the same
+    topology several times for the price of one reference."""
+    deterministic = nondeterminism(topology) is None
+    runs = runs if runs is not None else (1 if deterministic else 2)
+    return [run(topology, protocol=protocol, lineage=True, deterministic=deterministic,
+                progress=_labelled(progress, f"reference {i + 1}/{runs}"), **run_options)
+            for i in range(runs)]
+
+
+def _protocol_name(protocol: str | Protocol) -> str:
+    if isinstance(protocol, str):
+        return protocol
+    return f"{protocol.name} ({type(protocol).__name__})"
+
+
+def drill(topology: Topology, *, protocol: str | Protocol = "coordinated",
+          faults: Sequence = (), checkpoint_interval: float | None = None,
+          seed: int | None = None, reference: RunResult | Sequence[RunResult] | None = None,
+          progress: Callable[[dict[str, Any]], None] | None = None,
+          **run_options: Any) -> DrillReport:
+    """Run ``topology`` failure-free and with ``faults`` under ``protocol``; compare
+    the committed records by lineage id and report the verdict.
+
+    ``seed`` seeds `RandomKills` that have none of their own. ``reference``: runs from
+    `reference_runs` (or one `RunResult` made with ``lineage=True`` and, if the
+    topology allows it, ``deterministic=True``) to compare with instead of running
+    the reference again; the input must be the same. ``progress`` is called about
+    twice a second during every run with the job's progress and ``"run"`` naming the
+    run. Other keyword arguments go to `bastion.run` (for every run). Bad fault
+    targets raise `ValueError` before anything runs.
     """
+    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if seed is not None:
         faults = [dataclasses.replace(f, seed=seed) if isinstance(f, RandomKills)
                   and f.seed is None else f for f in faults]
-    if reference_outputs is None:
-        reference_outputs = run(topology, protocol=protocol,
-                                checkpoint_interval=checkpoint_interval,
-                                **run_options).outputs
+    faults = list(faults)
+    # Everything that can be refused is refused before the first run.
+    get_protocol(protocol).check(topology)
+    plan = build_plan(topology, chaining=run_options.get("chaining", True),
+                      workers=run_options.get("workers"))
+    kills = fault_injection.validate(faults, plan)
+    if any(kill.node is not None for kill in kills):
+        ensure_ray(run_options.get("address"))
+        nodes = fault_injection.live_nodes()
+        for kill in kills:
+            if kill.node is not None:
+                fault_injection.resolve_node(kill.node, nodes)
+
+    reason = nondeterminism(topology)
+    deterministic = reason is None
+    references = [reference] if isinstance(reference, RunResult) else list(reference or [])
+    needed = 1 if deterministic else 2
+    if len(references) < needed:
+        references += reference_runs(topology, runs=needed - len(references),
+                                     progress=progress, **run_options)
+    references = references[:needed]
+
     result = run(topology, protocol=protocol, checkpoint_interval=checkpoint_interval,
-                 faults=faults, **run_options)
-    lost, duplicated, lost_examples, duplicated_examples = compare(reference_outputs,
-                                                                   result.outputs)
+                 faults=faults, lineage=True, deterministic=deterministic,
+                 progress=_labelled(progress, "faulty"), **run_options)
+    committed = [Committed.of(r) for r in references]
+    comparison = compare(committed[0], Committed.of(result),
+                         None if deterministic else committed[1])
+    outcomes = fault_outcomes(kills, result.details["events"], result.details["timeline"],
+                              result.metrics.duration_s)
     return DrillReport(
-        protocol=protocol, job_id=result.job_id, outputs=result.outputs, reference_outputs=reference_outputs,
-        lost=lost, duplicated=duplicated, lost_examples=lost_examples,
-        duplicated_examples=duplicated_examples, timeline=result.details["timeline"],
-        events=result.details["events"], metrics=result.metrics, **_timings(result))
+        topology=topology.name, protocol=_protocol_name(protocol),
+        verified_by="deterministic" if deterministic else "ids",
+        comparison=comparison, faults=outcomes, job_id=result.job_id,
+        reference_job_ids=[r.job_id for r in references], outputs=result.outputs,
+        output_ids=result.output_ids, reference_outputs=references[0].outputs, seed=seed,
+        date=date, nondeterminism=reason, timeline=result.details["timeline"],
+        events=result.details["events"], metrics=result.metrics,
+        format_id=_id_formatter(topology))
+
+
+def _id_formatter(topology: Topology) -> Callable[[Any], str]:
+    try:
+        from bastion.lineage import format_id
+    except ImportError:  # pragma: no cover - an engine without readable ids
+        return repr
+
+    def fmt(record_id: Any) -> str:
+        try:
+            return format_id(record_id, topology)
+        except Exception:  # noqa: BLE001 - a report must not fail on an odd id
+            return repr(record_id)
+
+    return fmt
+
+
+__all__ = ["Committed", "Comparison", "DrillReport", "FaultOutcome", "Verdict", "Violation",
+           "compare", "drill", "fault_outcomes", "nondeterminism", "reference_runs",
+           "same_value"]

@@ -1,9 +1,11 @@
 """Recovery drills with real process kills: exactly-once under failure.
 
-Every exactly-once protocol must commit exactly the reference run's outputs — nothing
-lost, nothing duplicated — when worker processes are killed mid-stream. Each drill
-runs a seeded kill schedule; the first schedules of each workload run in every CI
-run, the rest are marked slow (CI runs them too).
+Every exactly-once protocol must commit exactly the reference run's records — by
+lineage id: nothing lost, nothing duplicated, nothing corrupted — when worker
+processes are killed mid-stream. Each drill runs a seeded kill schedule; the first
+schedules of each workload run in every CI run, the rest are marked slow (CI runs
+them too). The failure-free reference runs under protocol "none" (see
+`bastion.drills`), so one reference per workload serves every protocol.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import bastion as bn
+from bastion.drills import reference_runs
 from bastion.storage import CheckpointStore, open_store
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -62,15 +65,14 @@ def keyed_join(rate=1000, count=2000):
 
 
 WORKLOADS = {"wordcount": wordcount, "tumbling": tumbling_count, "join": keyed_join}
-_references: dict[tuple[str, str], dict] = {}
+_references: dict[str, list] = {}
 
 
-def reference(protocol: str, workload: str, storage: str) -> dict:
-    key = (protocol, workload)
-    if key not in _references:
-        _references[key] = bn.run(WORKLOADS[workload](), protocol=protocol,
-                                  checkpoint_interval=0.4, storage=storage).outputs
-    return _references[key]
+def reference(workload: str, storage: str) -> list:
+    """The failure-free runs a drill of ``workload`` compares with, made once."""
+    if workload not in _references:
+        _references[workload] = reference_runs(WORKLOADS[workload](), storage=storage)
+    return _references[workload]
 
 
 # Ten seeded kill schedules per protocol in every run (spread over the workloads), two
@@ -89,15 +91,17 @@ def drill_storage(tmp_path_factory):
 @pytest.mark.parametrize("workload,seed", SCHEDULES + [
     pytest.param(w, s, marks=pytest.mark.slow) for w, s in SLOW_SCHEDULES])
 def test_random_kills_lose_and_duplicate_nothing(protocol, workload, seed, drill_storage):
-    ref = reference(protocol, workload, drill_storage)
-    assert sum(map(len, ref.values())) > 0
+    ref = reference(workload, drill_storage)
+    assert sum(map(len, ref[0].outputs.values())) > 0
     report = bn.drill(WORKLOADS[workload](), protocol=protocol, checkpoint_interval=0.4,
                       faults=[bn.faults.RandomKills(count=1, between=(0.6, 1.5))], seed=seed,
-                      reference_outputs=ref, storage=drill_storage)
+                      reference=ref, storage=drill_storage)
     assert [e["kind"] for e in report.events].count("fault") == 1
     assert report.metrics.extra["attempts"] == 2, "the kill must have forced a restart"
     assert report.lost == 0, report.lost_examples
     assert report.duplicated == 0, report.duplicated_examples
+    assert report.corrupted == 0, report.corrupted_examples
+    assert report.faults_landed and report.verdict == "exactly-once"
     assert report.exactly_once
     assert report.detection_s is not None and report.detection_s < 1.5
     assert report.restart_s is not None
@@ -109,10 +113,12 @@ def test_two_kills_in_one_run(protocol, drill_storage):
     report = bn.drill(wordcount(), protocol=protocol, checkpoint_interval=0.4,
                       faults=[bn.faults.KillInstance("count", 0, at=0.6),
                               bn.faults.KillInstance("split", 1, at=1.6)],
-                      reference_outputs=reference(protocol, "wordcount", drill_storage),
+                      reference=reference("wordcount", drill_storage),
                       storage=drill_storage)
     assert report.metrics.extra["attempts"] == 3
-    assert report.exactly_once, (report.lost_examples, report.duplicated_examples)
+    assert [f.landed for f in report.faults] == [True, True]
+    assert all(f.restart_s is not None for f in report.faults)
+    assert report.exactly_once, report.verdict_reason
 
 
 def test_kill_during_a_checkpoint_in_progress_never_completes_it(drill_storage):
@@ -120,8 +126,8 @@ def test_kill_during_a_checkpoint_in_progress_never_completes_it(drill_storage):
     report = bn.drill(topo, protocol="coordinated", checkpoint_interval=0.3,
                       faults=[bn.faults.KillInstance("count", 1, at=1.0,
                                                      during_checkpoint=True)],
-                      storage=drill_storage)
-    assert report.exactly_once, (report.lost_examples, report.duplicated_examples)
+                      reference=reference("wordcount", drill_storage), storage=drill_storage)
+    assert report.exactly_once, report.verdict_reason
     fault = next(e for e in report.events if e["kind"] == "fault")
     assert fault["checkpoint_in_progress"] is not None
     # A checkpoint still waiting for acknowledgments when the failure is detected is
@@ -178,12 +184,12 @@ def test_losing_a_whole_node_kills_every_process_on_it_and_loses_nothing(protoco
     # the job comes back on fresh processes from its checkpoints alone.
     report = bn.drill(wordcount(), protocol=protocol, checkpoint_interval=0.4,
                       faults=[bn.faults.KillNode(0, at=1.0)],
-                      reference_outputs=reference(protocol, "wordcount", drill_storage),
+                      reference=reference("wordcount", drill_storage),
                       storage=drill_storage)
     fault = next(e for e in report.events if e["kind"] == "fault")
     assert fault["killed"] == ["standby", "worker 0", "worker 1"]
     assert report.metrics.extra["attempts"] == 2
-    assert report.exactly_once, (report.lost_examples, report.duplicated_examples)
+    assert report.exactly_once, report.verdict_reason
 
 
 @pytest.mark.slow
@@ -213,9 +219,12 @@ def test_a_second_kill_during_the_recovery_is_recovered_too(protocol, drill_stor
     # the first (detection takes ~0.05 s, a restart ~0.2 s).
     report = bn.drill(wordcount(), protocol=protocol, checkpoint_interval=0.4,
                       faults=[bn.faults.KillWorker(0, at=1.0), bn.faults.KillWorker(1, at=1.08)],
-                      reference_outputs=reference(protocol, "wordcount", drill_storage),
+                      reference=reference("wordcount", drill_storage),
                       storage=drill_storage)
     assert [e["kind"] for e in report.events].count("fault") == 2
     assert report.metrics.extra["attempts"] >= 2
-    assert report.exactly_once, (report.lost_examples, report.duplicated_examples)
+    # both kills landed: the second one either failed the recovery in progress or
+    # was detected on its own
+    assert [f.landed for f in report.faults] == [True, True]
+    assert report.exactly_once, report.verdict_reason
     assert 1 <= len(report.metrics.protocol.failures) <= 2
