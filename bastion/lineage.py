@@ -36,14 +36,92 @@ the source's own offsets look like.
 
 Ids travel only when a run asks for them (``bn.run(topo, lineage=True)``); without
 lineage every batch's ``ids`` column is None and no operator spends anything on them.
+With lineage, a batch's ids are kept *unbuilt* for as long as they can be: an `IdRun`
+holds the source, instance and positions of its records and the prefixes operators
+added since (map, reduce: ``(op,)``; union: ``(op, input_index)``; broadcast:
+``(op, -1 - instance)``) — an int per record instead of a tuple per record per
+operator, on the wire too. The tuples are built (`ids_of`) only where an operator
+needs them: flat_map, join, sinks that keep what they receive.
 """
 
 from __future__ import annotations
 
 from itertools import repeat
+from operator import itemgetter
 from typing import Any, Sequence
 
 RecordId = tuple
+
+
+class IdRun:
+    """The ids of records of one source instance, not built yet (see the module)."""
+
+    __slots__ = ("source", "instance", "positions", "path")
+
+    def __init__(self, source: int, instance: int, positions: Sequence[int],
+                 path: tuple = ()):
+        self.source = source
+        self.instance = instance
+        self.positions = positions
+        self.path = path  # prefixes, innermost first
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def take(self, positions: list[int]) -> "IdRun":
+        if len(positions) == 1:
+            picked: Sequence[int] = (self.positions[positions[0]],)
+        else:
+            picked = itemgetter(*positions)(self.positions) if positions else ()
+        return IdRun(self.source, self.instance, picked, self.path)
+
+    def slice(self, start: int, stop: int) -> "IdRun":
+        return IdRun(self.source, self.instance, self.positions[start:stop], self.path)
+
+    def derive(self, prefix: tuple) -> "IdRun":
+        return IdRun(self.source, self.instance, self.positions, self.path + (prefix,))
+
+    def build(self) -> list[RecordId]:
+        n = len(self.positions)
+        ids: Any = zip(repeat(self.source, n), repeat(self.instance, n), self.positions)
+        for prefix in self.path:
+            ids = zip(*[repeat(part, n) for part in prefix], ids)
+        return list(ids)
+
+    def wire(self) -> tuple:
+        positions = self.positions
+        return (1, self.source, self.instance,
+                list(positions) if isinstance(positions, range) else positions, self.path)
+
+
+IdColumn = IdRun | Sequence[RecordId]
+
+
+def ids_of(column: IdColumn) -> Sequence[RecordId]:
+    """The ids of a batch's ``ids`` column, built."""
+    return column.build() if type(column) is IdRun else column
+
+
+def take_ids(column: IdColumn, positions: list[int]) -> IdColumn:
+    if type(column) is IdRun:
+        return column.take(positions)
+    if len(positions) == 1:
+        return [column[positions[0]]]
+    return itemgetter(*positions)(column) if positions else []
+
+
+def to_wire(column: IdColumn | None) -> Any:
+    if column is None:
+        return None
+    return column.wire() if type(column) is IdRun else (0, column)
+
+
+def from_wire(wire: Any) -> IdColumn | None:
+    if wire is None:
+        return None
+    if wire[0] == 1:
+        return IdRun(wire[1], wire[2], wire[3], tuple(wire[4]))
+    return wire[1]
 
 
 def op_codes(topology: Any) -> dict[str, int]:
@@ -51,23 +129,28 @@ def op_codes(topology: Any) -> dict[str, int]:
     return {name: code for code, name in enumerate(topology.nodes)}
 
 
-def root_ids(op: int, instance: int, first_position: int, n: int) -> list[RecordId]:
+def root_ids(op: int, instance: int, first_position: int, n: int) -> IdRun:
     """Ids of ``n`` records a source instance read from ``first_position`` on."""
-    return list(zip(repeat(op, n), repeat(instance, n),
-                    range(first_position, first_position + n)))
+    return IdRun(op, instance, range(first_position, first_position + n))
 
 
-def derived_ids(op: int, parents: Sequence[RecordId]) -> list[RecordId]:
+def _derive(column: IdColumn, prefix: tuple) -> IdColumn:
+    if type(column) is IdRun:
+        return column.derive(prefix)
+    return list(zip(*[repeat(part) for part in prefix], column))
+
+
+def derived_ids(op: int, parents: IdColumn) -> IdColumn:
     """One new tuple per input tuple (map, reduce, stateful_map)."""
-    return list(zip(repeat(op), parents))
+    return _derive(parents, (op,))
 
 
-def union_ids(op: int, input_index: int, parents: Sequence[RecordId]) -> list[RecordId]:
-    return list(zip(repeat(op), repeat(input_index), parents))
+def union_ids(op: int, input_index: int, parents: IdColumn) -> IdColumn:
+    return _derive(parents, (op, input_index))
 
 
-def broadcast_ids(dst_op: int, instance: int, parents: Sequence[RecordId]) -> list[RecordId]:
-    return list(zip(repeat(dst_op), repeat(-1 - instance), parents))
+def broadcast_ids(dst_op: int, instance: int, parents: IdColumn) -> IdColumn:
+    return _derive(parents, (dst_op, -1 - instance))
 
 
 def format_id(record_id: Any, topology: Any) -> str:
@@ -103,5 +186,5 @@ def format_id(record_id: Any, topology: Any) -> str:
     return fmt(record_id)
 
 
-__all__ = ["RecordId", "broadcast_ids", "derived_ids", "format_id", "op_codes",
-           "root_ids", "union_ids"]
+__all__ = ["IdRun", "RecordId", "broadcast_ids", "derived_ids", "format_id", "from_wire",
+           "ids_of", "op_codes", "root_ids", "take_ids", "to_wire", "union_ids"]

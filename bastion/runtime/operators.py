@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from bastion import windows as window_specs
 from bastion.errors import UDFError
-from bastion.lineage import derived_ids, root_ids, union_ids
+from bastion.lineage import derived_ids, ids_of, root_ids, union_ids
 from bastion.runtime.metrics import LatencyHistogram
 from bastion.runtime.records import Batch
 from bastion.runtime.windows import TimeWindows
@@ -184,7 +184,7 @@ class FlatMapOp(_UdfOp):
         out_batch = batch.take(source_pos)
         out_batch.values = values
         if batch.ids is not None:
-            out_batch.ids = list(zip(repeat(self.ctx.code), out_batch.ids, emit_index))
+            out_batch.ids = list(zip(repeat(self.ctx.code), ids_of(out_batch.ids), emit_index))
         return out_batch
 
 
@@ -416,7 +416,7 @@ class JoinOp(Operator):
         out = _Emitter(batch.ids is not None)
         assign, open_, code = self.windows.assign, self.open, self.ctx.code
         left = input_index == 0
-        ids = batch.ids if batch.ids is not None else repeat(None)
+        ids = ids_of(batch.ids) if batch.ids is not None else repeat(None)
         for key, value, ts, born, rid in zip(batch.keys, batch.values, batch.ts, batch.born,
                                              ids):
             for k in assign(ts):
@@ -523,7 +523,7 @@ class SourceOp(Operator):
             positions.append(i)
         self.max_ts = max_ts
         if ids is not None and len(positions) < len(ids):
-            ids = [ids[i] for i in positions]
+            ids = ids.take(positions)
         return Batch(None, kept, stamps, [now_s] * len(kept), ids)
 
     def snapshot(self) -> Any:
@@ -560,7 +560,7 @@ class SinkOp(Operator):
         now_s = time.time()
         self.writer.write(batch.values)
         if self.keeps_ids:
-            self.staged_ids.extend(batch.ids)
+            self.staged_ids.extend(ids_of(batch.ids))
         self.latency.add_batch(batch.born, now_s)
         second = int(now_s)
         self.timeline[second] = self.timeline.get(second, 0) + len(batch.values)

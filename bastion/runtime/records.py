@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Sequence
 import msgpack
 
 from bastion.codecs import Codec
+from bastion.lineage import IdRun, from_wire, take_ids, to_wire
 
 DATA = 0
 CONTROL = 1
@@ -36,7 +37,8 @@ CONTROL = 1
 
 class Batch:
     """A columnar batch of records. ``keys`` and ``ids`` are None when unused. Columns
-    are sequences (lists or tuples); nobody mutates a batch after building it."""
+    are sequences (lists or tuples; ``ids`` may be an unbuilt `IdRun`); nobody mutates
+    a batch after building it."""
 
     __slots__ = ("keys", "values", "ts", "born", "ids")
 
@@ -54,23 +56,24 @@ class Batch:
     def take(self, positions: list[int]) -> "Batch":
         """The records at ``positions``, in that order."""
         n = len(positions)
+        ids = None if self.ids is None else take_ids(self.ids, positions)
         if n == 0:
-            return Batch(None if self.keys is None else [], [], [], [],
-                         None if self.ids is None else [])
+            return Batch(None if self.keys is None else [], [], [], [], ids)
         if n == 1:
             i = positions[0]
             return Batch(None if self.keys is None else [self.keys[i]], [self.values[i]],
-                         [self.ts[i]], [self.born[i]], None if self.ids is None else [self.ids[i]])
+                         [self.ts[i]], [self.born[i]], ids)
         get = itemgetter(*positions)  # one C-level gather per column
         return Batch(None if self.keys is None else get(self.keys), get(self.values),
-                     _take_column(self.ts, get, n), _take_column(self.born, get, n),
-                     None if self.ids is None else get(self.ids))
+                     _take_column(self.ts, get, n), _take_column(self.born, get, n), ids)
 
     def slice(self, start: int, stop: int) -> "Batch":
         """The records from ``start`` up to ``stop``."""
+        ids = self.ids
         return Batch(None if self.keys is None else self.keys[start:stop],
                      self.values[start:stop], self.ts[start:stop], self.born[start:stop],
-                     None if self.ids is None else self.ids[start:stop])
+                     None if ids is None else (ids.slice(start, stop) if type(ids) is IdRun
+                                               else ids[start:stop]))
 
     def records(self) -> list["Record"]:
         keys = self.keys or [None] * len(self.values)
@@ -224,7 +227,7 @@ class FrameCodec:
         for e in elements:
             if isinstance(e, Batch):
                 wire.append((DATA, e.keys, e.values, _constant(e.ts), _constant(e.born),
-                             e.ids))
+                             to_wire(e.ids)))
             else:
                 wire.append((CONTROL, e.code, e.payload()))
         return self._packer.pack(wire)
@@ -236,7 +239,8 @@ class FrameCodec:
         for e in wire:
             if e[0] == DATA:
                 n = len(e[2])
-                out.append(Batch(e[1], e[2], _expand(e[3], n), _expand(e[4], n), e[5]))
+                out.append(Batch(e[1], e[2], _expand(e[3], n), _expand(e[4], n),
+                                 from_wire(e[5])))
             else:
                 out.append(_CONTROL_TYPES[e[1]].from_payload(e[2]))
         return out
