@@ -155,6 +155,11 @@ def run(topology: Topology, *, protocol: str = "none",
     largest parallelism); ``fail_fast`` stops the job at the first user-function
     error instead of sending the record to the dead-letter output; ``progress`` is
     called about twice a second with the records read and written so far.
+    ``lineage`` gives every record a lineage id (`bastion.lineage`) and fills
+    ``RunResult.output_ids``; ``deterministic`` merges every multi-input task's
+    inputs in a fixed order (`bastion.runtime.merge`), so every run commits the same
+    outputs in the same order — a topology that cannot (a feedback edge, windows on
+    ingest time) raises `TopologyError` saying why.
     """
     proto = get_protocol(protocol)
     plan = build_plan(topology, chaining=chaining, workers=workers)
