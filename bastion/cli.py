@@ -63,11 +63,11 @@ class ProgressLine:
     A drill makes several runs; progress that names its run (``"run"``) starts a new
     line for each, and the rate restarts with it."""
 
-    def __init__(self, stream: Any = sys.stderr):
-        self.stream = stream
+    def __init__(self, stream: Any = None):
+        self.stream = stream if stream is not None else sys.stderr  # as it is now
         self.last: tuple[float, int] | None = None
         self.run: str | None = None
-        self.enabled = stream.isatty()
+        self.enabled = self.stream.isatty()
 
     def __call__(self, progress: dict[str, Any]) -> None:
         run = progress.get("run")
@@ -95,11 +95,15 @@ class ProgressLine:
         self.last = None
 
 
-def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> str:
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None,
+          numbers: bool = True) -> str:
+    """Aligned columns; the first is left-aligned, the others right-aligned as
+    numbers, or left-aligned too when they hold text (``numbers=False``)."""
     cells = [list(map(str, r)) for r in ([header] if header else []) + list(rows)]
     widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
-                       enumerate(zip(row, widths))) for row in cells]
+    lines = ["  ".join(c.ljust(w) if i == 0 or not numbers else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+             for row in cells]
     if header:
         lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -176,7 +180,7 @@ def drill_exit_code(report: Any) -> int:
 def print_drill(report: Any, show: int, stream: Any = None) -> None:
     """The drill's summary table, then the first violations with their ids."""
     stream = stream or sys.stdout
-    print(table(report.summary_rows()), file=stream)
+    print(table(report.summary_rows(), numbers=False), file=stream)
     for kind, total, items in (("lost", report.lost, report.lost_examples),
                                ("duplicated", report.duplicated, report.duplicated_examples),
                                ("corrupted", report.corrupted, report.corrupted_examples)):

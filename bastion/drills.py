@@ -429,12 +429,11 @@ class DrillReport:
 
     @property
     def verdict_reason(self) -> str:
-        """The verdict in one sentence, with its evidence."""
+        """The evidence for the verdict, in one sentence."""
         verdict, c = self.verdict, self.comparison
         if verdict == "violated":
-            found = ", ".join(f"{n:,} {kind}" for kind, n in zip(
+            return ", ".join(f"{n:,} {kind}" for kind, n in zip(
                 KINDS, (c.lost, c.duplicated, c.corrupted)) if n)
-            return f"not exactly-once: {found}"
         if verdict == "inconclusive":
             missed = [f for f in self.faults if not f.landed]
             if missed:
@@ -442,7 +441,7 @@ class DrillReport:
                                  for f in missed)
             return self._unverifiable() or ""
         landed = len(self.faults)
-        return (f"exactly-once: nothing lost, duplicated or corrupted"
+        return ("nothing lost, duplicated or corrupted"
                 + (f" across {landed} landed fault{'s' if landed != 1 else ''}"
                    if landed else " (no fault was scheduled)"))
 
@@ -546,8 +545,9 @@ class DrillReport:
             ("duplicated", f"{c.duplicated:,}"),
             ("corrupted", f"{c.corrupted:,}"),
             ("checkpoints", self.checkpoint_summary()),
-            ("verdict", f"{self.verdict.upper() if self.verdict != 'exactly-once' else self.verdict}"
-                        f": {self.verdict_reason}"),
+            # shouted unless it is good news
+            ("verdict", f"{self.verdict if self.exactly_once else self.verdict.upper()}: "
+                        f"{self.verdict_reason}"),
         ]
         return rows
 

@@ -4,8 +4,10 @@ Orders and payments arrive on two streams keyed by order id. The join pairs ever
 order with every payment of the same order id that falls in the same 30-second
 event-time window, as soon as the second of the two arrives, and emits
 ``(order_id, order, payment)``. Orders that were never paid (every 7th) produce nothing.
+Each stream delivers 750 records a second: about 7 s for the 5,000 orders.
 
     bastion run examples/orders_payments_join.py
+    bastion drill examples/orders_payments_join.py --protocol uncoordinated --kill-node 0@3
 """
 
 import random
@@ -13,6 +15,7 @@ import random
 import bastion as bn
 
 ORDERS = 5_000
+RATE = 750  # records per second, per stream
 
 
 def order(i: int) -> dict:
@@ -29,9 +32,11 @@ def payment(i: int) -> dict:
 
 
 topology = bn.Topology("orders-payments")
-orders = topology.source("orders", bn.sources.Generator(order, count=ORDERS),
+orders = topology.source("orders",
+                         bn.sources.Generator(order, count=ORDERS, rate=RATE),
                          timestamp=lambda o: o["ts"])
-payments = topology.source("payments", bn.sources.Generator(payment, count=ORDERS),
+payments = topology.source("payments",
+                           bn.sources.Generator(payment, count=ORDERS, rate=RATE),
                            timestamp=lambda p: p["ts"], max_out_of_orderness=5.0)
 paid = payments.filter("paid-only", lambda p: p["order_id"] is not None)
 matched = orders.key_by(lambda o: o["order_id"]).join(
