@@ -87,6 +87,10 @@ def _secs(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} s"
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f} ms"
+
+
 def render_html(report: Any, title: str = "Bastion recovery drill") -> str:
     """The drill report as one HTML document (plots embedded)."""
     c = report.comparison
@@ -112,8 +116,8 @@ def render_html(report: Any, title: str = "Bastion recovery drill") -> str:
         checkpoints = [
             ("completed", proto.checkpoints_completed), ("aborted", proto.checkpoints_aborted),
             ("forced", proto.forced_checkpoints),
-            ("duration avg", _secs(proto.checkpoint_duration_s_avg)),
-            ("duration max", _secs(proto.checkpoint_duration_s_max)),
+            ("duration avg", _ms(proto.checkpoint_duration_s_avg)),
+            ("duration max", _ms(proto.checkpoint_duration_s_max)),
             ("invalid", f"{proto.invalid_checkpoints} ({proto.invalid_share:.0%})"),
             ("message overhead", f"{proto.message_overhead:.2%}"),
             ("in-flight log bytes", f"{proto.log_bytes:,}"),
