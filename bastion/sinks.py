@@ -8,8 +8,9 @@ again by the replay (see `bastion.runtime.outputs`).
 
 - ``Collect()`` keeps committed values in memory; `RunResult.outputs[name]` lists them,
   in order per sink instance, instances in index order.
-- ``File(path)`` appends committed values as JSON lines; with parallelism > 1 instance
-  ``i`` writes ``<stem>-<i><suffix>``.
+- ``File(path)`` appends committed values as JSON lines, each commit point once even
+  when a crash interrupts the append (a marker written ahead says which bytes it
+  owns); with parallelism > 1 instance ``i`` writes ``<stem>-<i><suffix>``.
 - ``Discard()`` only counts (for benchmarks).
 - ``Log(url)`` appends committed values to a segmented log in an object store
   (`bastion.storage.log`), which ``bn.sources.Log(url)`` reads back.
@@ -98,36 +99,75 @@ def _json_default(value: Any) -> Any:
 
 
 class _FileWriter(SinkWriter):
-    """Appends each committed commit point once: a sidecar file ``<path>.commit``
-    remembers the last commit point applied, so a replayed `apply` is skipped."""
+    """Appends each committed commit point to the file exactly once.
+
+    Before it appends the values of commit point ``c`` the writer stores, in a
+    sidecar file ``<path>.commit``, the marker "``c`` occupies bytes ``[start, end)``
+    of the file" (write-ahead, like `_LogSinkWriter`), then appends and fsyncs. A
+    crash anywhere in between leaves a marker that describes the file: a replayed
+    ``apply(c)`` — by this writer or by the one a replacement worker opens — cuts the
+    file back to ``start`` and writes ``c`` again, so a record half-written or
+    written whole before the crash is never there twice. A commit older than the
+    marker's was applied whole before the marker moved on and is skipped. Bytes past
+    the marker's ``end`` belong to no complete commit and are cut off before the
+    next commit is appended. Commits with no values change nothing and are not
+    recorded.
+    """
 
     def __init__(self, path: Path):
         super().__init__()
         self.path = path
         self.marker = path.with_name(path.name + ".commit")
 
-    def _last_applied(self) -> int:
+    def _read_marker(self) -> tuple[int, int, int] | None:
+        """The marker (commit, start, end), or None before the first commit."""
         try:
-            return int(self.marker.read_text())
-        except (FileNotFoundError, ValueError):
-            return -1
+            doc = json.loads(self.marker.read_text())
+        except FileNotFoundError:
+            return None
+        return int(doc["commit"]), int(doc["start"]), int(doc["end"])
+
+    def _write_marker(self, commit: int, start: int, end: int) -> None:
+        # tmp + fsync + rename: a crash leaves the old marker or the new one, whole.
+        tmp = self.marker.with_name(self.marker.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"commit": commit, "start": start, "end": end}))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.marker)
 
     def apply(self, commit: int, values: list) -> None:
-        if commit <= self._last_applied():
+        if not values:
             return
+        payload = "".join(json.dumps(v, default=_json_default) + "\n"
+                          for v in values).encode("utf-8")
+        marker = self._read_marker()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if values:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write("".join(json.dumps(v, default=_json_default) + "\n" for v in values))
-                f.flush()
-                os.fsync(f.fileno())
-        tmp = self.marker.with_name(self.marker.name + ".tmp")
-        tmp.write_text(str(commit))
-        os.replace(tmp, self.marker)
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if marker is not None and commit < marker[0]:
+            return  # applied whole before the marker moved on
+        if marker is not None and commit == marker[0]:
+            start = marker[1]  # replayed: whatever of it reached the file is redone
+        else:
+            start = 0 if marker is None else marker[2]
+        if marker != (commit, start, start + len(payload)):
+            self._write_marker(commit, start, start + len(payload))
+        if size < start:
+            raise OSError(f"{self.path} ends at byte {size}, before the {start} bytes its "
+                          f"commit marker {self.marker.name} accounts for: it was cut by "
+                          "something other than this sink")
+        with open(self.path, "r+b" if size else "wb") as f:
+            f.truncate(start)
+            f.seek(start)
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 class File(Sink):
-    """Append committed values to a JSON-lines file (one file per instance)."""
+    """Append committed values to a JSON-lines file (one file per instance), each
+    commit point exactly once (see `_FileWriter`); ``<path>.commit`` beside it is the
+    sink's commit marker."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path).absolute()
