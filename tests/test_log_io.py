@@ -285,6 +285,7 @@ def test_killed_sink_instance_leaves_the_log_exactly_once(tmp_path):
                       faults=[bn.faults.KillInstance("log", 0, at=0.8)],
                       storage=f"local://{tmp_path}/jobs")
     assert any(e["kind"] == "fault" for e in report.events)
-    assert sorted(report.reference_outputs["log"]) == expected
+    # a chained sink receives the map's lists as they are (no frame in between)
+    assert sorted(map(tuple, report.reference_outputs["log"])) == expected
     assert report.exactly_once, report.verdict_reason
     assert sorted(read_log(url)) == expected
