@@ -4,12 +4,14 @@ An `Operator` instance turns an input `Batch` into an output batch (or nothing),
 to the watermark advancing (time windows fire) and to the end of its input (flush), and
 can snapshot and restore its state — a msgpack-able value — for checkpoints.
 
-User functions run inside list comprehensions over a whole batch (the fast path). When
-one raises, the batch is processed again record by record (the slow path) so that only
-the failing record goes to the dead-letter output, with the error, and the job goes on
-— unless it runs with ``fail_fast``, where the first failure stops it with a `UDFError`
-naming the operator and the record. User functions must therefore be deterministic and
-free of side effects, which exactly-once replay needs anyway.
+User functions run over a whole batch in a C-level loop (``map``), and each is called
+once per record a batch holds: when one raises, only the failing record goes to the
+dead-letter output, with the error, and the batch goes on after it without calling the
+function again on the records before it (`_apply_udf`) — unless the job runs with
+``fail_fast``, where the first failure stops it with a `UDFError` naming the operator
+and the record. A recovery replays records, so user functions must still be
+deterministic, and side effects may repeat across a failure of the job; exactly-once
+applies to what the sinks commit.
 
 Keyed state is a plain dict per instance: ``{key: state}``, or ``{window: {key: acc}}``
 for windows. The key routing upstream guarantees that an instance sees every record of
@@ -23,7 +25,7 @@ import heapq
 import math
 import time
 import traceback
-from itertools import compress, repeat
+from itertools import compress, islice, repeat
 from typing import Any, Callable
 
 from bastion import windows as window_specs
@@ -107,19 +109,45 @@ class Operator:
         pass
 
 
-def _per_record(batch: Batch, ctx: OperatorContext, fn: Callable[[Any], Any]
-                ) -> tuple[list[int], list]:
-    """The slow path: apply ``fn`` record by record; failures become dead letters.
-    Returns the positions that succeeded and their results."""
-    positions, results = [], []
-    for i, value in enumerate(batch.values):
+def _apply_udf(batch: Batch, ctx: OperatorContext, fn: Callable[[Any], Any]
+               ) -> tuple[list[int] | None, list]:
+    """Call ``fn`` once on every value of ``batch``; a call that raises dead-letters its
+    record. Returns the positions that succeeded (None: all of them) and their results.
+
+    ``list.extend`` consumes ``map(fn, values)`` in C and keeps what it appended when
+    the iterator raises (CPython's ``list_extend``), so after a failure ``results``
+    tells how far the batch got: the failing record is dead-lettered with the error
+    it raised — never called again — and the batch resumes, still in C, after it.
+    A user function that raises ``StopIteration`` ends ``map`` as if the batch were
+    over; the short count gives it away and its record is dead-lettered too.
+    """
+    values = batch.values
+    n = len(values)
+    results: list = []
+    positions: list[int] | None = None  # stays None while nothing failed
+    start = 0
+    while True:
+        before = len(results)
+        error: Exception | None = None
         try:
-            results.append(fn(value))
+            results.extend(map(fn, values) if start == 0 else
+                           map(fn, islice(values, start, None)))
         except Exception as exc:  # noqa: BLE001 - any user error is a dead letter
-            ctx.dead_letter(value, exc)
-            continue
-        positions.append(i)
-    return positions, results
+            error = exc
+        done = len(results) - before
+        failed = start + done
+        if error is None and failed == n:
+            if positions is None:
+                return None, results
+            positions.extend(range(start, n))
+            return positions, results
+        if positions is None:
+            positions = list(range(failed))
+        else:
+            positions.extend(range(start, failed))
+        ctx.dead_letter(values[failed], error if error is not None else StopIteration(
+            "the function raised StopIteration"))
+        start = failed + 1
 
 
 class _UdfOp(Operator):
@@ -133,11 +161,8 @@ class _UdfOp(Operator):
 class MapOp(_UdfOp):
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
-        fn = self.fn
-        try:
-            values = list(map(fn, batch.values))  # C-level loop: faster than a comprehension
-        except Exception:  # noqa: BLE001
-            positions, values = _per_record(batch, self.ctx, fn)
+        positions, values = _apply_udf(batch, self.ctx, self.fn)
+        if positions is not None:
             batch = batch.take(positions)
         ids = batch.ids
         return Batch(batch.keys, values, batch.ts, batch.born,
@@ -147,13 +172,9 @@ class MapOp(_UdfOp):
 class FilterOp(_UdfOp):
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
-        fn = self.fn
-        try:
-            verdicts = list(map(fn, batch.values))
-            positions = range(len(verdicts))
-        except Exception:  # noqa: BLE001
-            positions, verdicts = _per_record(batch, self.ctx, fn)
-        keep = list(compress(positions, verdicts))
+        positions, verdicts = _apply_udf(batch, self.ctx, self.fn)
+        keep = list(compress(range(len(verdicts)) if positions is None else positions,
+                             verdicts))
         if len(keep) == len(batch):
             return batch
         return batch.take(keep)
@@ -162,12 +183,9 @@ class FilterOp(_UdfOp):
 class FlatMapOp(_UdfOp):
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
-        fn = self.fn
-        try:
-            outs = list(map(fn, batch.values))
+        positions, outs = _apply_udf(batch, self.ctx, self.fn)
+        if positions is None:
             positions = range(len(outs))
-        except Exception:  # noqa: BLE001
-            positions, outs = _per_record(batch, self.ctx, fn)
         values: list = []
         source_pos: list[int] = []
         emit_index: list[int] = []
