@@ -281,7 +281,7 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
         tuples_per_s=source_records / duration_s,
         latency_ms={"p50": pct(50), "p95": pct(95), "p99": pct(99)},
         operators=operators,
-        dead_letters=len(dead_letters),
+        dead_letters=sum(task["dead_letter_count"] for task in tasks),  # not just examples
         sink_timeline=dict(sorted(timeline.items())),
         protocol=protocol,
         latency_timeline=[(p["t_s"], p["latency_p50_ms"], p["latency_p99_ms"])

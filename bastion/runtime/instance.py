@@ -580,7 +580,9 @@ class Task:
                           for name, c in zip(self.op_names, self.counts)},
             "sinks": {op.ctx.name: {"latency": op.latency.buckets,
                                     "timeline": op.timeline} for op in self.sinks},
-            "dead_letters": self.dead_letters,
+            "dead_letters": self.dead_letters,  # the examples each context kept
+            "dead_letter_count": sum(c.dead_letter_count for c in [op.ctx for op in self.ops]
+                                     + [r.key_ctx for r in self.routers]),
             "started_s": self.started_s,
             "finished_s": self.finished_s,
             "frames_sent": sum(c.frames_sent for c in self.channels),

@@ -11,7 +11,9 @@ function again on the records before it (`_apply_udf`) — unless the job runs w
 ``fail_fast``, where the first failure stops it with a `UDFError` naming the operator
 and the record. A recovery replays records, so user functions must still be
 deterministic, and side effects may repeat across a failure of the job; exactly-once
-applies to what the sinks commit.
+applies to what the sinks commit. Each operator instance counts every record it
+dead-letters but keeps only the first `DEAD_LETTER_EXAMPLES` (with their errors) as
+examples: a function failing on every record of a long stream costs a counter.
 
 Keyed state is a plain dict per instance: ``{key: state}``, or ``{window: {key: acc}}``
 for windows. The key routing upstream guarantees that an instance sees every record of
@@ -38,6 +40,9 @@ from bastion.topology import OpNode
 
 _IMMUTABLE = (int, float, str, bytes, bool, type(None), tuple, frozenset)
 _MISSING = object()
+# Dead letters an operator instance keeps as examples; the others are only counted, so
+# a function that fails on every record of an endless stream does not fill the memory.
+DEAD_LETTER_EXAMPLES = 100
 
 
 class DeadLetter:
@@ -61,17 +66,22 @@ class DeadLetter:
 
 
 class OperatorContext:
-    """What an operator instance knows about where it runs."""
+    """What an operator instance knows about where it runs, and the records it could not
+    process: ``dead_letter_count`` counts them all, ``dead_letters`` keeps the first
+    ``dead_letter_examples`` of them."""
 
     def __init__(self, name: str, index: int, parallelism: int, fail_fast: bool,
-                 code: int = 0, lineage: bool = False):
+                 code: int = 0, lineage: bool = False,
+                 dead_letter_examples: int = DEAD_LETTER_EXAMPLES):
         self.name = name
         self.index = index
         self.parallelism = parallelism
         self.fail_fast = fail_fast
         self.code = code          # what lineage ids call this operator
         self.lineage = lineage    # sources start ids; the others derive from their input
+        self.dead_letter_examples = dead_letter_examples
         self.dead_letters: list[DeadLetter] = []
+        self.dead_letter_count = 0
 
     def dead_letter(self, value: Any, error: BaseException | str, reason: str = "udf",
                     what: str = "") -> None:
@@ -83,7 +93,9 @@ class OperatorContext:
             text = f"{what}: {text}"
         if self.fail_fast and reason == "udf":
             raise UDFError(self.name, self.index, value, text)
-        self.dead_letters.append(DeadLetter(self.name, self.index, value, text, reason))
+        self.dead_letter_count += 1
+        if len(self.dead_letters) < self.dead_letter_examples:
+            self.dead_letters.append(DeadLetter(self.name, self.index, value, text, reason))
 
 
 class Operator:
