@@ -165,6 +165,10 @@ def format_id(record_id: Any, topology: Any) -> str:
                 0 <= rid[0] < len(names)):
             return repr(rid)
         name, kind, rest = names[rid[0]], kinds[rid[0]], rid[1:]
+        if kind == "window" and len(rest) == 3:
+            return f"{name}(key {rest[0]!r}, [{rest[1]}, {rest[2]}))"
+        if kind == "window" and len(rest) == 2:  # keyed: never behind a broadcast
+            return f"{name}(key {rest[0]!r}, firing {rest[1]})"
         if len(rest) == 2 and isinstance(rest[0], int) and rest[0] < 0:
             return f"{name}<broadcast to [{-1 - rest[0]}]>({fmt(rest[1])})"
         if kind == "source" and len(rest) == 2:
@@ -175,10 +179,6 @@ def format_id(record_id: Any, topology: Any) -> str:
             return f"{name}(input {rest[0]}: {fmt(rest[1])})"
         if kind == "join" and len(rest) == 3:
             return f"{name}({fmt(rest[0])} x {fmt(rest[1])} in window {rest[2]})"
-        if kind == "window" and len(rest) == 3:
-            return f"{name}(key {rest[0]!r}, [{rest[1]}, {rest[2]}))"
-        if kind == "window" and len(rest) == 2:
-            return f"{name}(key {rest[0]!r}, firing {rest[1]})"
         if len(rest) == 1:
             return f"{name}({fmt(rest[0])})"
         return f"{name}{rest!r}"

@@ -107,3 +107,18 @@ def test_windows_and_joins_are_named_by_what_they_cover():
     assert len(pairs) == len(set(pairs)) and set(pairs) == want
     for (_, a, b), (_, (_, _, i), (_, _, j), _) in zip(result.outputs["pairs"], pairs):
         assert (a["n"], b["n"]) == (i, j)
+
+
+def test_format_id_names_every_kind_of_tuple():
+    topo = bn.Topology("lineage-format")
+    src = topo.source("src", bn.sources.Collection([1]))
+    src.key_by(lambda x: -x).window(bn.windows.Count(1)).aggregate(
+        "ones", bn.aggregations.Count()).sink("out", bn.sinks.Collect())
+    src.broadcast().map("copy", lambda x: x, parallelism=2).sink("copies", bn.sinks.Collect())
+    code = op_codes(topo)
+    root = (code["src"], 0, 4)
+    assert format_id(root, topo) == "src[0]@4"
+    assert format_id((code["ones"], -3, 2), topo) == "ones(key -3, firing 2)"
+    assert format_id((code["copy"], (code["copy"], -2, root)), topo) == \
+        "copy(copy<broadcast to [1]>(src[0]@4))"
+    assert format_id("not an id", topo) == "'not an id'"
