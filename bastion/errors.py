@@ -4,14 +4,15 @@ Every error names the thing that is wrong — the operator, the record, the reso
 and, where there is one, what to do about it. `TopologyError` is raised while a
 topology is built or validated, always before anything is deployed; `UDFError` carries
 a user function's exception out of a running job when `fail_fast=True`; `JobFailedError`
-reports a job that stopped for any other reason.
+reports a job that stopped for any other reason. `StorageError` (a store that cannot
+be reached, a bad URL, missing credentials) is one too: `BastionError` is defined by
+the storage layer, which imports nothing of ours, and re-exported here.
 """
 
 from __future__ import annotations
 
-
-class BastionError(Exception):
-    """Base class of every error Bastion raises on purpose."""
+# The one root class; storage defines it because storage may import nothing above it.
+from bastion.storage.errors import BastionError, StorageError
 
 
 class TopologyError(BastionError, ValueError):
@@ -36,3 +37,6 @@ class UDFError(BastionError):
 
 class JobFailedError(BastionError):
     """A job stopped because an instance failed for a reason other than a user function."""
+
+
+__all__ = ["BastionError", "JobFailedError", "StorageError", "TopologyError", "UDFError"]

@@ -15,32 +15,48 @@ Three layers, each built only on the one below:
 The package depends on nothing else in Bastion.
 """
 
-from .checkpoints import BlobRef, CheckpointStore, GcReport, Manifest
-from .errors import (
-    CorruptBlobError,
-    CorruptRecordError,
-    IncompleteCheckpointError,
-    InvalidStoreURLError,
-    KeyNotFoundError,
-    StorageError,
-    StoreUnavailableError,
-)
-from .log import (
-    LogReader,
-    LogRecord,
-    LogWriter,
-    RecoveryInfo,
-    SegmentInfo,
-    TornTailReport,
-    recover_log,
-)
-from .store import LocalStore, MinioStore, ObjectStore, open_store
+from __future__ import annotations
 
-__all__ = [
-    "ObjectStore", "LocalStore", "MinioStore", "open_store",
-    "LogWriter", "LogReader", "LogRecord", "SegmentInfo", "TornTailReport",
-    "RecoveryInfo", "recover_log",
-    "CheckpointStore", "BlobRef", "Manifest", "GcReport",
-    "StorageError", "InvalidStoreURLError", "KeyNotFoundError", "StoreUnavailableError",
-    "CorruptRecordError", "CorruptBlobError", "IncompleteCheckpointError",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Names are imported on first use (PEP 562), not here: `bastion.errors` imports
+# `bastion.storage.errors` for the root error class, and that must not pull the S3
+# client and the log code into every program that only builds a topology.
+_EXPORTS = {
+    "checkpoints": ("BlobRef", "CheckpointStore", "GcReport", "Manifest"),
+    "errors": ("BastionError", "CorruptBlobError", "CorruptRecordError",
+               "IncompleteCheckpointError", "InvalidStoreURLError", "KeyNotFoundError",
+               "StorageError", "StoreUnavailableError"),
+    "log": ("LogReader", "LogRecord", "LogWriter", "RecoveryInfo", "SegmentInfo",
+            "TornTailReport", "recover_log"),
+    "store": ("LocalStore", "MinioStore", "ObjectStore", "open_store"),
+    "retention": ("JobFolder", "PruneReport", "list_jobs", "prune_jobs"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__ loads
+    from .checkpoints import BlobRef, CheckpointStore, GcReport, Manifest
+    from .errors import (BastionError, CorruptBlobError, CorruptRecordError,
+                         IncompleteCheckpointError, InvalidStoreURLError, KeyNotFoundError,
+                         StorageError, StoreUnavailableError)
+    from .log import (LogReader, LogRecord, LogWriter, RecoveryInfo, SegmentInfo,
+                      TornTailReport, recover_log)
+    from .retention import JobFolder, PruneReport, list_jobs, prune_jobs
+    from .store import LocalStore, MinioStore, ObjectStore, open_store
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_MODULE_OF))
+
+
+__all__ = sorted(_MODULE_OF)

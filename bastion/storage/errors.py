@@ -16,12 +16,23 @@ right reaction differs:
   because a blob it needs is missing or has the wrong size.
 
 Messages never contain credentials: stores render themselves by their public URL.
+
+:class:`BastionError`, the root of every error Bastion raises on purpose, is defined
+here rather than in ``bastion.errors``: storage is the bottom layer and imports nothing
+else of Bastion, yet a storage failure is one of Bastion's errors (a caller that
+catches ``bn.BastionError`` — the command line, a user's script — must see a bad
+bucket or an unreachable endpoint too). ``bastion.errors`` re-exports it, so both names
+are one class.
 """
 
 from __future__ import annotations
 
 
-class StorageError(Exception):
+class BastionError(Exception):
+    """Base class of every error Bastion raises on purpose (``bn.BastionError``)."""
+
+
+class StorageError(BastionError):
     """Base class of every storage failure."""
 
 

@@ -130,6 +130,11 @@ class ObjectStore(abc.ABC):
         no per-key round trip)."""
 
     @abc.abstractmethod
+    def list_modified(self, prefix: str = "") -> dict[str, float]:
+        """Every key that starts with ``prefix`` with the time it was last written
+        (seconds since the epoch): what retention ranks old jobs by."""
+
+    @abc.abstractmethod
     def delete(self, key: str) -> None:
         """Remove ``key``; a missing key is not an error."""
 
@@ -291,6 +296,15 @@ class LocalStore(ObjectStore):
             except FileNotFoundError:
                 continue  # deleted since the directory was scanned
         return sizes
+
+    def list_modified(self, prefix: str = "") -> dict[str, float]:
+        times: dict[str, float] = {}
+        for key, entry in sorted(self._walk(prefix), key=lambda kv: kv[0]):
+            try:
+                times[key] = entry.stat(follow_symlinks=False).st_mtime
+            except FileNotFoundError:
+                continue  # deleted since the directory was scanned
+        return times
 
     def delete(self, key: str) -> None:
         path = self._path(key)
@@ -614,6 +628,11 @@ class MinioStore(ObjectStore):
     def list_sizes(self, prefix: str = "") -> dict[str, int]:
         cut = len(self._prefix)
         return {o.object_name[cut:]: o.size
+                for o in sorted(self._listing(prefix), key=lambda o: o.object_name)}
+
+    def list_modified(self, prefix: str = "") -> dict[str, float]:
+        cut = len(self._prefix)
+        return {o.object_name[cut:]: o.last_modified.timestamp()
                 for o in sorted(self._listing(prefix), key=lambda o: o.object_name)}
 
     def delete(self, key: str) -> None:
