@@ -1,4 +1,4 @@
-"""The ``bastion`` command line.
+"""The ``bastion`` command line: run a job, drill its recovery, prune the store.
 
 ``bastion run FILE`` loads a Python file that builds a `Topology` (a module-level
 variable; name it ``topology`` when the file has several), runs it with a live
@@ -8,18 +8,37 @@ record counts, dead letters, and the first committed records of each sink.
 ``bastion drill FILE --kill OP[:I]@S ...`` runs a recovery drill (`bastion.drills`):
 a failure-free reference and a faulty run, with a progress line for each, then a
 summary table, the first lost / duplicated / corrupted records with their lineage
-ids, and a self-contained HTML report. Its exit code is the verdict, so scripts and
-CI can act on it:
+ids, and a self-contained HTML report.
+
+``bastion gc`` deletes old job folders from a store (`bastion.storage.retention`);
+``run`` and ``drill`` do the same to a local store after every run, keeping the
+newest ``--keep-jobs``, so ``.bastion/`` does not grow by a folder per run for ever.
+
+**A user error is one line, never a traceback.** A mistake the user can fix — an
+unknown protocol, a malformed flag, a job file that does not load or builds a bad
+topology, a store that cannot be reached or has no credentials, a fault naming an
+operator that does not exist — prints ``bastion: <what is wrong>; <what to do>`` on
+stderr and exits 2, before any job runs wherever it can be found that early.
+Ctrl-C prints one line and exits 130 (the shell's code for SIGINT). Tracebacks are
+kept for what only a bug in Bastion can cause; ``--verbose`` shows them for user
+errors too, with Ray's start-up notices and Bastion's storage retries.
+
+Exit codes, the same for every command where they apply, so scripts and CI can act
+on them:
 
 ====  ===================================================================
 code  meaning
 ====  ===================================================================
-0     exactly-once: every fault landed; nothing lost, duplicated, corrupted
-1     violated: a record was lost, duplicated or corrupted
-2     usage error: bad arguments, no faults, a fault target that does not exist
-3     inconclusive: nothing violated, but a fault did not land (the job ended
-      first, nothing to kill) — the drill proved nothing
-4     the drill could not run (a topology error, a job that failed)
+0     done; for a drill: exactly-once, every fault landed, nothing lost,
+      duplicated or corrupted
+1     ``run``: the job failed; ``drill``: violated — a record was lost,
+      duplicated or corrupted
+2     usage error: bad arguments, a job file that does not load, an unusable
+      store, no faults or a fault target that does not exist (nothing ran)
+3     ``drill``: inconclusive — nothing violated, but a fault did not land (the
+      job ended first, nothing to kill): the drill proved nothing
+4     ``drill``: the drill could not run (the topology was refused, a job failed)
+130   interrupted (Ctrl-C)
 ====  ===================================================================
 """
 
@@ -27,72 +46,144 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 import sys
 import time
+import traceback
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
-from bastion.errors import BastionError
+from bastion.errors import BastionError, StorageError, TopologyError
 from bastion.topology import Topology
+
+EXIT_OK, EXIT_VIOLATED, EXIT_USAGE, EXIT_INCONCLUSIVE, EXIT_FAILED = 0, 1, 2, 3, 4
+EXIT_JOB_FAILED = 1  # `bastion run`: the job failed (a drill's 1 is "violated")
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+_EXIT_CODES = {"exactly-once": EXIT_OK, "violated": EXIT_VIOLATED,
+               "inconclusive": EXIT_INCONCLUSIVE}
+
+DEFAULT_STORAGE = "local://.bastion"
+#: Jobs a local store keeps after ``run``/``drill`` (the newest ones; see `retain`).
+DEFAULT_KEEP_JOBS = 20
+#: A job written this recently is never deleted: it may be running elsewhere.
+RETENTION_MIN_AGE_S = 3600.0
+#: Without a terminal (CI logs, a pipe), one progress line per this many seconds:
+#: the launcher reports twice a second, which floods a log file.
+PIPE_PROGRESS_EVERY_S = 5.0
+
+
+class UsageError(Exception):
+    """A mistake the user can fix; its message says what is wrong and what to do."""
+
+
+# -- loading the job file ----------------------------------------------------------------
+
+
+def _user_frame(exc: BaseException, file: Path) -> str:
+    """``job.py line 7`` for the deepest frame of ``exc`` inside the user's file."""
+    line = None
+    if isinstance(exc, SyntaxError) and exc.filename and Path(exc.filename) == file:
+        line = exc.lineno
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if Path(frame.filename).resolve() == file.resolve():
+            line = frame.lineno
+    return f"{file}" + (f" line {line}" if line else "")
 
 
 def load_topology(path: str) -> Topology:
-    """The topology defined by the Python file at ``path``."""
+    """The topology defined by the Python file at ``path``. Everything that can go
+    wrong while the file runs is a `UsageError` naming the file and line: a typo in
+    the topology (`TopologyError`), a syntax error, a failing import, any exception
+    of the file's own code."""
     file = Path(path)
     if not file.is_file():
-        raise SystemExit(f"bastion: no such file: {path}")
-    name = file.stem.replace("-", "_")
+        raise UsageError(f"no such file: {path}; pass the Python file that builds the "
+                         "topology")
+    name = file.stem.replace("-", "_").replace(".", "_")
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
-        raise SystemExit(f"bastion: cannot load {path} as a Python module")
+        raise UsageError(f"cannot load {path} as a Python module; pass a .py file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # so its functions can be shipped to the workers
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except TopologyError as exc:
+        raise UsageError(f"{_user_frame(exc, file)}: {exc}") from exc
+    except SyntaxError as exc:
+        raise UsageError(f"{_user_frame(exc, file)}: syntax error: {exc.msg}") from exc
+    except Exception as exc:  # the user's own code failed: point at their line
+        raise UsageError(f"{_user_frame(exc, file)}: {type(exc).__name__}: {exc}; fix "
+                         "the job file (--verbose shows the traceback)") from exc
     if isinstance(getattr(module, "topology", None), Topology):
         return module.topology
     found = [v for v in vars(module).values() if isinstance(v, Topology)]
     if len(found) != 1:
-        raise SystemExit(f"bastion: {path} defines {len(found)} Topology objects; "
-                         "name the one to run `topology`")
+        raise UsageError(f"{path} defines {len(found)} Topology objects at module level; "
+                         "define one, or name the one to run `topology`")
     return found[0]
 
 
+# -- output ------------------------------------------------------------------------------
+
+
 class ProgressLine:
-    """Rewrites one terminal line with records read and written and the current rate.
+    """Shows a run's progress: records read and written and the current rate.
 
-    A drill makes several runs; progress that names its run (``"run"``) starts a new
-    line for each, and the rate restarts with it."""
+    On a terminal it rewrites one line in place at every report (twice a second).
+    Without one (a CI log, a pipe) it appends a line at most every
+    ``every_s`` seconds, and at once when the phase or the run changes — never a
+    line that repeats the previous one. A drill makes several runs; progress that
+    names its run (``"run"``) starts a new line for each, and the rate restarts."""
 
-    def __init__(self, stream: Any = None):
-        self.stream = stream if stream is not None else sys.stderr  # as it is now
-        self.last: tuple[float, int] | None = None
+    def __init__(self, stream: Any = None, *, tty: bool | None = None,
+                 every_s: float = PIPE_PROGRESS_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = self.stream.isatty() if tty is None else tty
+        self.every_s = every_s
+        self.clock = clock
+        self.last: tuple[float, int] | None = None  # (time, records read) of the rate
         self.run: str | None = None
-        self.enabled = self.stream.isatty()
+        self.phase: str | None = None
+        self.printed_at: float | None = None
+        self.printed: str | None = None
+        self.width = 0
 
     def __call__(self, progress: dict[str, Any]) -> None:
         run = progress.get("run")
         if run != self.run:
             self.close()
-            self.run, self.last = run, None
-        now, read = time.monotonic(), progress["source_records"]
+            self.run, self.last, self.phase = run, None, None
+        now, read = self.clock(), progress["source_records"]
         rate = 0.0
         if self.last is not None and now > self.last[0]:
             rate = (read - self.last[1]) / (now - self.last[0])
         self.last = (now, read)
         label = f"{run}: " if run else ""
-        line = (f"{label}[{progress['phase']:>7}] {progress['elapsed_s']:6.1f} s  "
-                f"in {read:>12,}  out {progress['sink_records']:>12,}  {rate:>12,.0f} rec/s")
+        counts = (f"{label}[{progress['phase']:>7}] {progress['elapsed_s']:6.1f} s  "
+                  f"in {read:>12,}  out {progress['sink_records']:>12,}")
+        line = f"{counts}  {rate:>12,.0f} rec/s"
         if self.enabled:
-            self.stream.write("\r" + line)
+            # pad: a shorter line must cover the end of the previous one
+            self.stream.write("\r" + line.ljust(self.width))
+            self.width = len(line)
+            self.printed = line
         else:
+            new_phase = progress["phase"] != self.phase
+            due = self.printed_at is None or now - self.printed_at >= self.every_s
+            if not (new_phase or due) or counts == self.printed:
+                self.phase = progress["phase"]
+                return
             self.stream.write(line + "\n")
+            self.printed_at, self.printed = now, counts
+        self.phase = progress["phase"]
         self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled and self.last is not None:
+        if self.enabled and self.printed is not None:
             self.stream.write("\n")
             self.stream.flush()
-        self.last = None
+        self.last, self.printed, self.printed_at, self.width = None, None, None, 0
 
 
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None,
@@ -109,21 +200,97 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None,
     return "\n".join(lines)
 
 
+def one_line(text: object) -> str:
+    """``text`` on one line: an error message must not spill over several."""
+    return " ".join(str(text).split())
+
+
+def _say(message: str) -> None:
+    print(f"bastion: {one_line(message)}", file=sys.stderr)
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+# -- the store: open it early, keep it bounded ---------------------------------------------
+
+
+def open_storage(url: str) -> Any:
+    """The store at ``url``, opened before anything runs: a bad URL, missing
+    credentials or an unreachable endpoint is a usage error, not a failed job."""
+    from bastion.storage import open_store
+
+    try:
+        return open_store(url)
+    except StorageError as exc:  # its message names the URL and what to check
+        raise UsageError(str(exc)) from exc
+
+
+def retain(store: Any, keep: int) -> None:
+    """After a run: a local store keeps its ``keep`` newest jobs (0: all of them) and
+    any job written in the last hour. A bucket is left alone — it may be shared,
+    and `bastion gc` prunes it on request."""
+    from bastion.storage import LocalStore, prune_jobs
+
+    if keep <= 0 or not isinstance(store, LocalStore):
+        return
+    try:
+        prune_jobs(store, keep=keep, min_age_s=RETENTION_MIN_AGE_S)
+    except StorageError as exc:  # the run succeeded; a failed clean-up must not hide it
+        _say(f"warning: could not delete old jobs from {store.url}: {exc}")
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+def _protocols() -> list[str]:
+    """The protocols this version runs (the registry knows names it cannot run yet)."""
+    from bastion.protocols import KNOWN, get_protocol
+
+    available = []
+    for name in KNOWN:
+        try:
+            get_protocol(name)
+        except (NotImplementedError, ValueError):
+            continue
+        available.append(name)
+    return available
+
+
+def _warn_local_storage_on_a_cluster(args: argparse.Namespace) -> None:
+    if args.address and args.storage.startswith("local://"):
+        _say(f"warning: --address with --storage {args.storage}: workers on other "
+             "machines write to their own disks, so outputs and checkpoints of a "
+             "multi-node run are lost; pass --storage s3://BUCKET/PREFIX?endpoint=HOST:PORT")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import bastion as bn
 
+    if args.checkpoint_interval is not None and args.protocol == "none":
+        raise UsageError("--checkpoint-interval has no effect under --protocol none; "
+                         "pick a checkpointing protocol, e.g. --protocol coordinated")
     topology = load_topology(args.file)
+    store = open_storage(args.storage)
+    _warn_local_storage_on_a_cluster(args)
     progress = ProgressLine()
     try:
-        result = bn.run(topology, protocol=args.protocol, address=args.address,
-                        duration_s=args.duration, buffer_timeout_ms=args.buffer_timeout_ms,
+        result = bn.run(topology, protocol=args.protocol,
+                        checkpoint_interval=args.checkpoint_interval, storage=store.url,
+                        address=args.address, duration_s=args.duration,
+                        buffer_timeout_ms=args.buffer_timeout_ms,
                         chaining=not args.no_chaining, fail_fast=args.fail_fast,
                         progress=progress)
-    except BastionError as exc:
+    except (TopologyError, StorageError):
+        raise  # user errors: main prints them as one line, exit 2
+    except BastionError as exc:  # the job ran and failed (a UDF error, a lost worker)
         progress.close()
-        print(f"bastion: {exc}", file=sys.stderr)
-        return 1
-    progress.close()
+        _say(str(exc))
+        return EXIT_JOB_FAILED
+    finally:
+        progress.close()
+        retain(store, args.keep_jobs)
     m = result.metrics
     print(f"\njob {result.job_id}: {result.plan.splitlines()[0]}")
     print(table(m.summary_rows()))
@@ -136,40 +303,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         for value in values[: args.show]:
             print(f"  {value!r}")
     if result.dead_letters:
-        print(f"\ndead letters: {len(result.dead_letters):,}, first ones:")
+        print(f"\ndead letters: {m.dead_letters:,}, first ones:")
         for letter in result.dead_letters[: args.show]:
             print(f"  {letter.operator}[{letter.index}] {letter.reason}: {letter.value!r} "
                   f"({letter.error})")
-    return 0
-
-
-def _parse_kill(text: str) -> Any:
-    import bastion as bn
-
-    try:
-        target, at = text.rsplit("@", 1)
-        op, _, index = target.partition(":")
-        return bn.faults.KillInstance(op, int(index or 0), at=float(at))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--kill {text!r}: expected OPERATOR[:INDEX]@SECONDS, e.g. count:0@2.5") from None
-
-
-def _parse_kill_node(text: str) -> Any:
-    import bastion as bn
-
-    try:
-        node, at = text.rsplit("@", 1)
-        return bn.faults.KillNode(int(node) if node.isdigit() else node, at=float(at))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--kill-node {text!r}: expected NODE@SECONDS (NODE: a position among the "
-            f"live Ray nodes, or a node id), e.g. 0@2.5") from None
-
-
-EXIT_OK, EXIT_VIOLATED, EXIT_USAGE, EXIT_INCONCLUSIVE, EXIT_FAILED = 0, 1, 2, 3, 4
-_EXIT_CODES = {"exactly-once": EXIT_OK, "violated": EXIT_VIOLATED,
-               "inconclusive": EXIT_INCONCLUSIVE}
+    return EXIT_OK
 
 
 def drill_exit_code(report: Any) -> int:
@@ -191,68 +329,200 @@ def print_drill(report: Any, show: int, stream: Any = None) -> None:
                 print(f"  {report.describe(violation)}", file=stream)
 
 
-def _random_kills(args: argparse.Namespace) -> Any:
-    import bastion as bn
-
-    try:
-        first, last = (float(x) for x in args.between.split(","))
-    except ValueError:
-        raise ValueError(f"--between {args.between!r}: expected FIRST,LAST in seconds, "
-                         "e.g. 1,4") from None
-    if not 0 <= first <= last:
-        raise ValueError(f"--between {args.between!r}: need 0 <= FIRST <= LAST")
-    return bn.faults.RandomKills(args.random_kills, (first, last))
-
-
 def cmd_drill(args: argparse.Namespace) -> int:
     import bastion as bn
     from bastion.report import write_html
 
-    topology = load_topology(args.file)
     faults = list(args.kill) + list(args.kill_node)
+    if args.random_kills:
+        first, last = args.between
+        faults.append(bn.faults.RandomKills(args.random_kills, (first, last)))
+    if not faults:
+        raise UsageError("a drill needs faults: --kill OP[:I]@S, --kill-node N@S or "
+                         "--random-kills N")
+    topology = load_topology(args.file)
+    store = open_storage(args.storage)
+    _warn_local_storage_on_a_cluster(args)
     progress = ProgressLine()
     try:
-        if args.random_kills:
-            faults.append(_random_kills(args))
-        if not faults:
-            raise ValueError("a drill needs faults: --kill OP[:I]@S, --kill-node N@S or "
-                             "--random-kills N")
+        # bn.drill checks every fault target against the plan before the first run
         report = bn.drill(topology, protocol=args.protocol, faults=faults, seed=args.seed,
                           checkpoint_interval=args.checkpoint_interval,
-                          storage=args.storage, address=args.address, progress=progress)
-    except ValueError as exc:  # bad arguments, a fault target that does not exist
+                          storage=store.url, address=args.address, progress=progress)
+    except StorageError:
+        raise  # a usage error (exit 2), printed by main
+    except TopologyError as exc:  # refused (e.g. a cycle under coordinated): exit 4
         progress.close()
-        print(f"bastion: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except BastionError as exc:
-        progress.close()
-        print(f"bastion: {exc}", file=sys.stderr)
+        _say(str(exc))
         return EXIT_FAILED
-    progress.close()
+    except ValueError as exc:  # a fault target that does not exist
+        progress.close()
+        operators = ", ".join(f"{name}[{node.parallelism}]"
+                              for name, node in topology.nodes.items())
+        raise UsageError(f"{exc}; the operators (and their instance counts) are: "
+                         f"{operators}") from exc
+    except BastionError as exc:  # a job failed: exit 4
+        progress.close()
+        _say(str(exc))
+        return EXIT_FAILED
+    finally:
+        progress.close()
+        retain(store, args.keep_jobs)
     print_drill(report, args.show)
     page = write_html(report, args.html, title=f"Drill: {topology.name} ({args.protocol})")
     print(f"\nreport: {page}")
     return drill_exit_code(report)
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    from bastion.storage import prune_jobs
+
+    store = open_storage(args.storage)
+    report = prune_jobs(store, keep=args.keep, min_age_s=args.min_age, dry_run=args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    for job in report.deleted:
+        print(f"{verb} {job.job}  ({job.objects:,} objects, {_megabytes(job.bytes)})")
+    print(f"{store.url}: {verb} {len(report.deleted)} job(s), "
+          f"{_megabytes(report.freed_bytes)}; kept {len(report.kept)}")
+    return EXIT_OK
+
+
+# -- arguments -----------------------------------------------------------------------------
+
+
+def _number(kind: type, *, minimum: float, strict: bool = False) -> Callable[[str], Any]:
+    """An argparse type: a ``kind`` (int or float) >= ``minimum`` (> with ``strict``)."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(
+                f"{text} is too small: need {'>' if strict else '>='} {minimum:g}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in some messages
+    return parse
+
+
+def _parse_kill(text: str) -> Any:
+    import bastion as bn
+
+    try:
+        target, at = text.rsplit("@", 1)
+        op, _, index = target.partition(":")
+        return bn.faults.KillInstance(op, int(index or 0), at=float(at))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected OPERATOR[:INDEX]@SECONDS, e.g. count:0@2.5") from None
+
+
+def _parse_kill_node(text: str) -> Any:
+    import bastion as bn
+
+    try:
+        node, at = text.rsplit("@", 1)
+        return bn.faults.KillNode(int(node) if node.isdigit() else node, at=float(at))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected NODE@SECONDS (NODE: a position among the live Ray "
+            "nodes, or a node id), e.g. 0@2.5") from None
+
+
+def _parse_between(text: str) -> tuple[float, float]:
+    try:
+        first, last = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected FIRST,LAST in seconds, e.g. 1,4") from None
+    if not 0 <= first <= last:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= FIRST <= LAST, e.g. 1,4")
+    return first, last
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error on one line, with where to read more,
+    instead of the usage block followed by the error."""
+
+    def error(self, message: str) -> NoReturn:
+        _say(f"{self.prog.removeprefix('bastion').strip() + ': ' if ' ' in self.prog else ''}"
+             f"{message}; see `{self.prog} --help`")
+        self.exit(EXIT_USAGE)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("bastion")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        import bastion
+
+        return bastion.__version__
+
+
+def _common(parser: argparse.ArgumentParser, *, default_protocol: str,
+            protocols: list[str]) -> None:
+    """The flags ``run`` and ``drill`` share."""
+    parser.add_argument("file", help="Python file that builds a bastion.Topology at module "
+                                     "level (name it `topology` if there are several)")
+    parser.add_argument("--protocol", default=default_protocol, choices=protocols,
+                        help="fault-tolerance protocol: " + ", ".join(protocols)
+                        + f" (default {default_protocol})")
+    parser.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
+                        help="where checkpoints, committed outputs and events go: "
+                             "local://PATH or s3://BUCKET/PREFIX?endpoint=HOST:PORT "
+                             f"(default {DEFAULT_STORAGE}; credentials from "
+                             "BASTION_S3_ACCESS_KEY/BASTION_S3_SECRET_KEY)")
+    parser.add_argument("--address", default=None, metavar="ADDR",
+                        help="Ray cluster to use: ray://HEAD:10001 or auto (default: "
+                             "start a local Ray on 127.0.0.1)")
+    parser.add_argument("--keep-jobs", type=_number(int, minimum=0),
+                        default=DEFAULT_KEEP_JOBS, metavar="N",
+                        help="after the run, delete jobs of a local store beyond the N "
+                             "newest, except those written in the last hour (default "
+                             f"{DEFAULT_KEEP_JOBS}; 0 keeps every job)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show Ray's start-up notices, storage retries and the "
+                             "traceback of an error")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bastion",
-                                     description="Fault-tolerant stream processing on Ray.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run a topology file and print a summary")
-    run.add_argument("file", help="Python file that builds a bastion Topology")
-    run.add_argument("--duration", type=float, default=None, metavar="S",
-                     help="seconds to run unbounded sources for")
-    run.add_argument("--address", default=None,
-                     help="Ray cluster to use (ray://head:10001 or auto); default: local")
-    run.add_argument("--buffer-timeout-ms", type=float, default=5.0, metavar="N",
+    protocols = _protocols()
+    parser = _Parser(prog="bastion", description="Fault-tolerant stream processing on Ray.",
+                     epilog="exit codes: 0 done (drill: exactly-once), 1 the job failed "
+                            "(drill: violated), 2 usage error, 3 drill inconclusive, "
+                            "4 the drill could not run, 130 interrupted")
+    parser.add_argument("--version", action="version", version=f"bastion {_version()}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=_Parser,
+                                help="run, drill or gc; `bastion COMMAND --help` lists "
+                                     "its flags")
+
+    run = sub.add_parser("run", help="run a topology file and print a summary",
+                         description="Run the topology FILE builds, with a progress line, "
+                                     "then print throughput, latency, per-operator counts "
+                                     "and the first committed records of every sink.")
+    _common(run, default_protocol="none", protocols=protocols)
+    run.add_argument("--checkpoint-interval", type=_number(float, minimum=0, strict=True),
+                     default=None, metavar="S",
+                     help="seconds between checkpoints (default 1.0 under a "
+                          "checkpointing protocol)")
+    run.add_argument("--duration", type=_number(float, minimum=0, strict=True),
+                     default=None, metavar="S",
+                     help="seconds to run unbounded sources for (required if any)")
+    run.add_argument("--buffer-timeout-ms", type=_number(float, minimum=0), default=5.0,
+                     metavar="MS",
                      help="longest time a record waits in an output buffer (default 5)")
-    run.add_argument("--protocol", default="none", help="fault-tolerance protocol")
     run.add_argument("--no-chaining", action="store_true",
-                     help="run every operator as its own task")
+                     help="run every operator as its own task (no operator chaining)")
     run.add_argument("--fail-fast", action="store_true",
-                     help="stop at the first user-function error")
-    run.add_argument("--show", type=int, default=5, metavar="N",
+                     help="stop at the first user-function error instead of sending the "
+                          "record to the dead-letter output")
+    run.add_argument("--show", type=_number(int, minimum=0), default=5, metavar="N",
                      help="committed records to print per sink (default 5)")
     run.set_defaults(handler=cmd_run)
 
@@ -262,31 +532,95 @@ def build_parser() -> argparse.ArgumentParser:
                     "by lineage id, print a summary and write an HTML report.",
         epilog="exit codes: 0 exactly-once, 1 violated (lost/duplicated/corrupted "
                "records), 2 usage error, 3 inconclusive (a fault did not land), "
-               "4 the drill could not run")
-    drill.add_argument("file", help="Python file that builds a bastion Topology")
-    drill.add_argument("--protocol", default="coordinated")
-    drill.add_argument("--checkpoint-interval", type=float, default=1.0, metavar="S")
+               "4 the drill could not run, 130 interrupted")
+    _common(drill, default_protocol="coordinated",
+            protocols=[p for p in protocols if p != "none"] or protocols)
+    drill.add_argument("--checkpoint-interval", type=_number(float, minimum=0, strict=True),
+                       default=1.0, metavar="S",
+                       help="seconds between checkpoints of the faulty run (default 1.0)")
     drill.add_argument("--kill", type=_parse_kill, action="append", default=[],
-                       metavar="OP[:I]@S", help="kill instance I of OP at S seconds")
+                       metavar="OP[:I]@S",
+                       help="kill the worker running instance I (default 0) of operator "
+                            "OP at S seconds into the faulty run; repeatable")
     drill.add_argument("--kill-node", type=_parse_kill_node, action="append", default=[],
-                       metavar="NODE@S", help="kill every process of the job on a Ray node")
-    drill.add_argument("--random-kills", type=int, default=0, metavar="N")
-    drill.add_argument("--between", default="1,3", metavar="FIRST,LAST",
-                       help="window for random kills, seconds (default 1,3)")
-    drill.add_argument("--seed", type=int, default=0)
-    drill.add_argument("--storage", default="local://.bastion")
-    drill.add_argument("--address", default=None)
+                       metavar="NODE@S",
+                       help="kill every process of the job on Ray node NODE (its position "
+                            "among the live nodes, or its id) at S seconds; repeatable")
+    drill.add_argument("--random-kills", type=_number(int, minimum=0), default=0,
+                       metavar="N", help="kill N random workers at random times in "
+                                         "--between")
+    drill.add_argument("--between", type=_parse_between, default=(1.0, 3.0),
+                       metavar="FIRST,LAST",
+                       help="window of the random kills, seconds (default 1,3)")
+    drill.add_argument("--seed", type=int, default=0,
+                       help="seed of the random kills (default 0): same seed, same kills")
     drill.add_argument("--html", default="drill-report.html", metavar="PATH",
                        help="where to write the HTML report (default drill-report.html)")
-    drill.add_argument("--show", type=int, default=5, metavar="N",
+    drill.add_argument("--show", type=_number(int, minimum=0), default=5, metavar="N",
                        help="violations to print per kind (default 5)")
     drill.set_defaults(handler=cmd_drill)
+
+    gc = sub.add_parser(
+        "gc", help="delete old job folders from a store",
+        description="Delete the job folders (checkpoints, committed outputs, events) of a "
+                    "store beyond the newest --keep, except jobs written within "
+                    "--min-age seconds (they may still be running).")
+    gc.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
+                    help=f"the store to prune (default {DEFAULT_STORAGE})")
+    gc.add_argument("--keep", type=_number(int, minimum=0), default=10, metavar="N",
+                    help="newest jobs to keep (default 10)")
+    gc.add_argument("--min-age", type=_number(float, minimum=0), default=RETENTION_MIN_AGE_S,
+                    metavar="S", help="never delete a job written in the last S seconds "
+                                      f"(default {RETENTION_MIN_AGE_S:.0f})")
+    gc.add_argument("--dry-run", action="store_true",
+                    help="list what would be deleted, delete nothing")
+    gc.add_argument("--verbose", action="store_true", help="show the traceback of an error")
+    gc.set_defaults(handler=cmd_gc)
     return parser
+
+
+# -- quiet by default ----------------------------------------------------------------------
+
+
+class _OnlyErrors(logging.Filter):
+    """Lets through records of level ERROR and above."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
+def quiet_logs() -> None:
+    """Keep Ray's start-up notices (the token-authentication warning on every
+    command, ...) and Bastion's own warnings (storage retries) off the terminal.
+
+    Ray configures its ``ray`` logger and terminal handler when it is imported, and
+    ``ray.init`` sets that logger's level again (the launcher asks for WARNING), so a
+    level set here would not last: the filter sits on the handler instead, which
+    ``ray.init`` keeps. Errors still show."""
+    import ray  # noqa: F401  (creates the "ray" logger's handlers)
+
+    for handler in logging.getLogger("ray").handlers:
+        if not any(isinstance(f, _OnlyErrors) for f in handler.filters):
+            handler.addFilter(_OnlyErrors())
+    logging.getLogger("bastion").setLevel(logging.ERROR)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    if not args.verbose:
+        quiet_logs()
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        if sys.stderr.isatty():
+            print(file=sys.stderr)  # end the progress line that ^C interrupted
+        _say("interrupted")
+        return EXIT_INTERRUPTED
+    except (UsageError, TopologyError, StorageError) as exc:
+        if args.verbose:
+            traceback.print_exc()
+        _say(str(exc))
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":  # pragma: no cover
