@@ -1,28 +1,36 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
-# Both create the virtual environment on first use and reinstall when pyproject.toml changes.
+# Both create the virtual environment on first use and reinstall when pyproject.toml
+# changes. The demo installs only what Bastion needs to run; the test extras (pytest,
+# moto's S3 server, ...) come with `make test`, on top of the same install.
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 
 .PHONY: demo test test-fast bench clean
 
+# Bastion and its runtime dependencies: all the demo needs.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+# Reinstalled whenever the base install is (it depends on it, so it is then older).
+$(VENV)/.test-installed: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-$(VENV)/.bench-installed: $(VENV)/.installed
+$(VENV)/.bench-installed: $(VENV)/.test-installed
 	$(PY) -m pip install -q -e '.[test,bench]'
 	touch $@
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/bastion run examples/wordcount.py
 
-test: $(VENV)/.installed
+test: $(VENV)/.test-installed
 	$(PY) -m pytest -q
 
-test-fast: $(VENV)/.installed
+test-fast: $(VENV)/.test-installed
 	$(PY) -m pytest -q -m "not slow"
 
 bench: $(VENV)/.bench-installed
@@ -31,4 +39,4 @@ bench: $(VENV)/.bench-installed
 	$(PY) benchmarks/protocols.py
 
 clean:
-	rm -rf $(VENV) .bastion
+	rm -rf $(VENV) .bastion drill-report.html
