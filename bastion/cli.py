@@ -45,13 +45,14 @@ code  meaning
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import logging
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 from bastion.errors import BastionError, StorageError, TopologyError
 from bastion.topology import Topology
@@ -284,6 +285,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                         progress=progress)
     except (TopologyError, StorageError):
         raise  # user errors: main prints them as one line, exit 2
+    except ValueError as exc:  # refused before it ran (e.g. --address ray:// without
+        raise UsageError(str(exc)) from exc  # ray[client]); the message says what to do
     except BastionError as exc:  # the job ran and failed (a UDF error, a lost worker)
         progress.close()
         _say(str(exc))
@@ -355,12 +358,14 @@ def cmd_drill(args: argparse.Namespace) -> int:
         progress.close()
         _say(str(exc))
         return EXIT_FAILED
-    except ValueError as exc:  # a fault target that does not exist
+    except ValueError as exc:  # a fault target that does not exist, ...
         progress.close()
-        operators = ", ".join(f"{name}[{node.parallelism}]"
-                              for name, node in topology.nodes.items())
-        raise UsageError(f"{exc}; the operators (and their instance counts) are: "
-                         f"{operators}") from exc
+        message = str(exc)
+        if "no operator named" in message or "has no instance" in message:
+            operators = ", ".join(f"{name}[{node.parallelism}]"
+                                  for name, node in topology.nodes.items())
+            message += f"; the operators (and their instance counts) are: {operators}"
+        raise UsageError(message) from exc
     except BastionError as exc:  # a job failed: exit 4
         progress.close()
         _say(str(exc))
@@ -589,33 +594,50 @@ class _OnlyErrors(logging.Filter):
         return record.levelno >= logging.ERROR
 
 
-def quiet_logs() -> None:
+@contextlib.contextmanager
+def quiet_logs() -> Iterator[None]:
     """Keep Ray's start-up notices (the token-authentication warning on every
-    command, ...) and Bastion's own warnings (storage retries) off the terminal.
+    command, ...) and Bastion's own warnings (storage retries) off the terminal while
+    a command runs; errors still show.
 
     Ray configures its ``ray`` logger and terminal handler when it is imported, and
     ``ray.init`` sets that logger's level again (the launcher asks for WARNING), so a
     level set here would not last: the filter sits on the handler instead, which
-    ``ray.init`` keeps. Errors still show."""
+    ``ray.init`` keeps. Everything is put back afterwards, for callers of `main`
+    that go on in the same process (tests)."""
     import ray  # noqa: F401  (creates the "ray" logger's handlers)
 
-    for handler in logging.getLogger("ray").handlers:
-        if not any(isinstance(f, _OnlyErrors) for f in handler.filters):
-            handler.addFilter(_OnlyErrors())
-    logging.getLogger("bastion").setLevel(logging.ERROR)
+    only_errors = _OnlyErrors()
+    handlers = list(logging.getLogger("ray").handlers)
+    ours = logging.getLogger("bastion")
+    level = ours.level
+    for handler in handlers:
+        handler.addFilter(only_errors)
+    ours.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        ours.setLevel(level)
+        for handler in handlers:
+            handler.removeFilter(only_errors)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not args.verbose:
-        quiet_logs()
     try:
-        return args.handler(args)
+        with contextlib.nullcontext() if args.verbose else quiet_logs():
+            return args.handler(args)
     except KeyboardInterrupt:
         if sys.stderr.isatty():
             print(file=sys.stderr)  # end the progress line that ^C interrupted
         _say("interrupted")
         return EXIT_INTERRUPTED
+    except ConnectionError as exc:  # Ray could not reach the cluster
+        if args.verbose:
+            traceback.print_exc()
+        _say(f"cannot reach the Ray cluster at {getattr(args, 'address', None)}: {exc}; "
+             "check --address")
+        return EXIT_USAGE
     except (UsageError, TopologyError, StorageError) as exc:
         if args.verbose:
             traceback.print_exc()

@@ -190,6 +190,20 @@ def test_ctrl_c_is_one_line_and_exits_130(tmp_path, capsys, monkeypatch):
     assert_one_line(capsys.readouterr().err, r"^bastion: interrupted$")
 
 
+def test_a_cluster_that_cannot_be_reached_is_one_line(tmp_path, capsys, monkeypatch):
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("Could not find any running Ray instance")
+
+    monkeypatch.setattr(bn, "run", unreachable)
+    assert cli("run", str(write_job(tmp_path)), "--address", "10.0.0.1:6379", "--storage",
+               f"local://{tmp_path}/s") == EXIT_USAGE
+    warning, error = capsys.readouterr().err.strip().splitlines()
+    # a local store with --address is worth a warning: other machines' disks differ
+    assert warning.startswith("bastion: warning: --address with --storage local://")
+    assert_one_line(error, r"cannot reach the Ray cluster at 10.0.0.1:6379: Could not find "
+                           r"any running Ray instance; check --address")
+
+
 def test_verbose_shows_the_traceback_of_a_user_error(tmp_path, capsys, nothing_runs):
     (tmp_path / "job.py").write_text(BROKEN_JOBS["name"][0])
     assert cli("run", str(tmp_path / "job.py"), "--verbose") == EXIT_USAGE
