@@ -12,6 +12,11 @@ Three layers, each built only on the one below:
 * :mod:`~bastion.storage.checkpoints` — state blobs plus a manifest written last; a
   checkpoint is complete only when its manifest and every blob it names check out.
 
+Beside them, :mod:`~bastion.storage.retention` decides which job folders a store
+keeps (`prune_jobs`), and :mod:`~bastion.storage.errors` holds the errors — and
+``BastionError``, the root of every error Bastion raises, because this bottom layer
+may import nothing above it.
+
 The package depends on nothing else in Bastion.
 """
 
