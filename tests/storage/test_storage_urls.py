@@ -133,3 +133,15 @@ def test_secrets_never_shown(s3_env: S3Target, closed_port: int,
     for text in shown:                 # ...and nothing shows a secret
         assert s3_env.secret_key not in text
         assert s3_env.access_key not in text
+
+
+def test_a_storage_error_is_a_bastion_error(tmp_path) -> None:
+    # what the command line and a user's `except bn.BastionError` rely on
+    import bastion
+
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    with pytest.raises(bastion.BastionError) as info:
+        open_store(f"local://{blocker}/sub")
+    assert isinstance(info.value, StorageError)
+    assert issubclass(InvalidStoreURLError, bastion.BastionError)
