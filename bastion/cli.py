@@ -538,8 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 exactly-once, 1 violated (lost/duplicated/corrupted "
                "records), 2 usage error, 3 inconclusive (a fault did not land), "
                "4 the drill could not run, 130 interrupted")
-    _common(drill, default_protocol="coordinated",
-            protocols=[p for p in protocols if p != "none"] or protocols)
+    _common(drill, default_protocol="coordinated", protocols=protocols)
     drill.add_argument("--checkpoint-interval", type=_number(float, minimum=0, strict=True),
                        default=1.0, metavar="S",
                        help="seconds between checkpoints of the faulty run (default 1.0)")
