@@ -8,6 +8,7 @@ starts a local Ray if none is running — bound to 127.0.0.1 only — or connect
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import sysconfig
@@ -257,21 +258,12 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
         v = latency.percentile(q)
         return None if v is None else v * 1000.0
 
-    stats = report["protocol"]
     frame_protocol_bytes = sum(t["protocol_frame_bytes"] for t in tasks)
     protocol = ProtocolMetrics(
         protocol=get_protocol(config.protocol).name,
-        checkpoints_completed=stats.get("checkpoints_completed", 0),
-        checkpoints_aborted=stats.get("checkpoints_aborted", 0),
-        forced_checkpoints=stats.get("forced_checkpoints", 0),
-        checkpoint_duration_s_avg=stats.get("checkpoint_duration_s_avg"),
-        checkpoint_duration_s_max=stats.get("checkpoint_duration_s_max"),
-        invalid_checkpoints=stats.get("invalid_checkpoints", 0),
-        invalid_share=stats.get("invalid_share", 0.0),
+        **dataclasses.asdict(report["protocol"]),
         protocol_bytes=frame_protocol_bytes + sum(t["protocol_message_bytes"] for t in tasks),
         data_bytes=sum(t["bytes_sent"] for t in tasks) - frame_protocol_bytes,
-        log_bytes=stats.get("log_bytes", 0),
-        state_bytes_last=stats.get("state_bytes_last"),
         failures=report["failures"],
     )
     metrics = RunMetrics(

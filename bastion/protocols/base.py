@@ -1,4 +1,4 @@
-"""The protocol interface: what the data plane asks a fault-tolerance protocol.
+"""The protocol seam: what a fault-tolerance protocol asks of the engine, and the reverse.
 
 A fault-tolerance protocol has two halves, as in Flink:
 
@@ -9,30 +9,241 @@ A fault-tolerance protocol has two halves, as in Flink:
   a complete checkpoint, makes sink outputs of complete checkpoints visible, and after
   a failure names the *recovery line*: the checkpoint every task restores from.
 
-The state backend (`bastion.storage.checkpoints`) stores; the task and job master call
-these hooks and never ask which protocol they run. Hooks run on the event loop of
-their actor and must not block it.
+Each half reaches the engine through one narrow interface, and through nothing else:
+
+- a task half gets a `TaskContext`: its channels' sequence numbers and the frames it
+  sends, a way to hold an input back, to send control records and piggyback them on
+  frames, to snapshot, store, restore and acknowledge, and the hooks of the
+  deterministic merge;
+- a coordinator gets a `MasterContext`: the checkpoint store, the plan's shape (tasks,
+  channels, sources, sinks), the job's events, and the two actions a coordinator takes
+  — trigger the sources, commit outputs.
+
+So the runtime can change its tasks, channels and gates without touching a protocol,
+and a new protocol is one module that never reads engine internals. The engine calls
+the hooks and never asks which protocol it runs (`Protocol` answers the questions it
+has, such as `Protocol.needs_standby`). Hooks run on the event loop of their actor and
+must not block it.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Protocol as Structural
 
-from bastion.runtime.records import Batch, ControlRecord
+from bastion.runtime.records import Batch, ControlRecord, FrameCodec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from bastion.runtime.instance import Task
-    from bastion.runtime.job import JobMaster
-    from bastion.runtime.plan import InputChannel
-    from bastion.storage import BlobRef
+    from bastion.storage import BlobRef, CheckpointStore
     from bastion.topology import Topology
+
+
+class InputMerge(Structural):
+    """The deterministic merge as an unaligned checkpoint sees it (`bastion.runtime.merge`):
+    record what arrives on some inputs after a snapshot, and queue it again on restore."""
+
+    ended_on_arrival: set[int]   # inputs whose end-of-stream is queued, not yet merged
+
+    def capture(self, channel_ids: Iterable[int]) -> dict[int, list]: ...
+
+    def end_capture(self, capture: dict[int, list], channel_id: int) -> list: ...
+
+    def extend(self, channel_id: int, elements: Iterable[Any]) -> None: ...
+
+
+class TaskContext(abc.ABC):
+    """What a task protocol may see and do in its task. Channels are named by their
+    channel ids; sequence numbers count frames per channel from 0."""
+
+    task_id: int
+    name: str                    # for messages: "<chain>[<index>]"
+    attempt: int                 # grows with every restart of the job
+    task_count: int              # tasks in the job (task ids are 0..task_count-1)
+    checkpoint_interval_s: float | None
+    codec: FrameCodec            # encodes elements the protocol stores (channel state)
+    merge: InputMerge | None     # the deterministic merge, None unless deterministic
+
+    # -- channels ------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def input_ids(self) -> list[int]:
+        """Every input channel, feedback channels included."""
+
+    @abc.abstractmethod
+    def open_input_ids(self) -> set[int]:
+        """The ordinary (not feedback) inputs that have not delivered end-of-stream."""
+
+    @abc.abstractmethod
+    def output_ids(self) -> list[int]:
+        """Every output channel."""
+
+    @abc.abstractmethod
+    def last_received(self, channel_id: int) -> int:
+        """Sequence number of the last frame taken from an input (-1: none)."""
+
+    @abc.abstractmethod
+    def expect(self, channel_id: int, seq: int) -> None:
+        """The restored state reflects the input's frames below ``seq``: drop them when
+        they arrive again, and count ``seq - 1`` as the last received."""
+
+    @abc.abstractmethod
+    def next_seq(self, channel_id: int) -> int:
+        """The sequence number the next frame sent on an output gets."""
+
+    @abc.abstractmethod
+    def set_next_seq(self, channel_id: int, seq: int) -> None:
+        """Number the output's frames from ``seq`` on (a restored sender)."""
+
+    @abc.abstractmethod
+    async def resend(self, channel_id: int, seq: int, payload: bytes) -> None:
+        """Send an encoded frame again with its original sequence number (replay)."""
+
+    @abc.abstractmethod
+    def watch_sent(self, listener: Callable[[int, int, bytes], None]) -> None:
+        """Call ``listener(channel_id, seq, payload)`` for every frame sent from now on
+        (sender-based message logging)."""
+
+    @abc.abstractmethod
+    def piggyback(self, make: Callable[[int], ControlRecord]) -> None:
+        """Put ``make(destination task id)`` at the head of every frame sent from now
+        on; its bytes count as protocol overhead."""
+
+    @abc.abstractmethod
+    async def flush_outputs(self) -> None:
+        """Send every buffered output frame now."""
+
+    @abc.abstractmethod
+    async def send_control(self, control: ControlRecord) -> None:
+        """Send a control record on every output channel, now, in order with the data;
+        its bytes count as protocol overhead."""
+
+    # -- holding an input back -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def hold_back(self, channel_id: int) -> None:
+        """Take no more frames from an input (its senders stall on their credits). The
+        rest of a frame being processed goes to `TaskProtocol.stash`."""
+
+    @abc.abstractmethod
+    def is_held(self, channel_id: int) -> bool: ...
+
+    @abc.abstractmethod
+    def let_through(self, channel_id: int) -> None:
+        """Take frames from a held input again."""
+
+    @abc.abstractmethod
+    async def process(self, channel_id: int, elements: list) -> None:
+        """Process elements the protocol stashed, as if they had just arrived."""
+
+    # -- state -------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def checkpoint(self, checkpoint_id: int) -> Awaitable["BlobRef"]:
+        """Snapshot the task now; the awaitable stores the snapshot and the sinks'
+        staged outputs and yields the state blob to acknowledge."""
+
+    @abc.abstractmethod
+    async def restore_from(self, checkpoint_id: int) -> None:
+        """Load the task's state from a complete checkpoint (and re-apply commits)."""
+
+    @abc.abstractmethod
+    async def reapply_commits(self) -> None:
+        """Starting from nothing: sinks with outside effects re-apply committed outputs."""
+
+    @abc.abstractmethod
+    async def store_channel_state(self, checkpoint_id: int, name: str,
+                                  data: bytes) -> "BlobRef":
+        """Store in-flight input or output with checkpoint ``checkpoint_id``."""
+
+    @abc.abstractmethod
+    async def load_channel_state(self, checkpoint_id: int, name: str) -> bytes:
+        """Channel state stored with a complete checkpoint, CRC-verified."""
+
+    @abc.abstractmethod
+    async def load_blob(self, key: str) -> bytes:
+        """A stored blob by key (channel state of a checkpoint not yet complete)."""
+
+    @abc.abstractmethod
+    def acknowledge(self, checkpoint_id: int, ref: "BlobRef", meta: Any = None) -> None:
+        """Tell the coordinator this task stored its part of ``checkpoint_id``."""
+
+    @abc.abstractmethod
+    def count_protocol_bytes(self, n: int) -> None:
+        """Add protocol information the task sent inside data frames (message overhead)."""
+
+
+class MasterContext(abc.ABC):
+    """What a coordinator may see and do in the job master."""
+
+    checkpoint_interval_s: float | None
+    retained_checkpoints: int    # complete checkpoints a coordinated store keeps
+
+    @property
+    @abc.abstractmethod
+    def attempt(self) -> int:
+        """The attempt running now (it grows with every restart)."""
+
+    @abc.abstractmethod
+    def checkpoint_store(self) -> "CheckpointStore": ...
+
+    # -- the plan's shape ------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def task_ids(self) -> list[int]: ...
+
+    @abc.abstractmethod
+    def channels(self) -> dict[int, tuple[int, int]]:
+        """Every channel: ``{channel id: (sending task, receiving task)}``."""
+
+    @abc.abstractmethod
+    def source_tasks(self) -> set[int]: ...
+
+    @abc.abstractmethod
+    def sink_tasks(self) -> set[int]:
+        """Tasks whose chain holds a sink (they stage outputs)."""
+
+    @abc.abstractmethod
+    def unfinished_tasks(self) -> set[int]: ...
+
+    @abc.abstractmethod
+    def all_sources_running(self) -> bool: ...
+
+    # -- actions ----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def record_event(self, kind: str, **fields: Any) -> None: ...
+
+    @abc.abstractmethod
+    async def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
+        """Ask every source task of ``attempt`` to start checkpoint ``checkpoint_id``."""
+
+    @abc.abstractmethod
+    async def commit_outputs(self, attempt: int, commit: int) -> None:
+        """Make the sink outputs staged for commit point ``commit`` visible."""
+
+
+@dataclass
+class ProtocolStats:
+    """What a coordinator reports at the end of a job (`bastion.runtime.metrics`
+    defines each figure)."""
+
+    checkpoints_completed: int = 0
+    checkpoints_aborted: int = 0
+    forced_checkpoints: int = 0
+    checkpoint_duration_s_avg: float | None = None
+    checkpoint_duration_s_max: float | None = None
+    invalid_checkpoints: int = 0
+    invalid_share: float = 0.0
+    log_bytes: int = 0            # in-flight frames stored with checkpoints
+    state_bytes_last: int | None = None
 
 
 class TaskProtocol:
     """Per-task half. The defaults pass everything through and never checkpoint."""
 
-    def __init__(self, task: "Task"):
+    def __init__(self, task: TaskContext):
         self.task = task
 
     async def restore(self, recovery_line: Any) -> None:
@@ -46,27 +257,33 @@ class TaskProtocol:
     async def on_start(self) -> None:
         """The task's loop is about to start (replay in-flight messages here)."""
 
-    async def on_frame(self, channel: "InputChannel", seq: int, frame: list) -> None:
+    async def on_frame(self, channel_id: int, seq: int, frame: list) -> None:
         """A frame is about to be processed (``seq`` is its channel sequence number)."""
 
     async def between_frames(self) -> None:
         """The task finished a frame (or a source batch): a point where its state is
         consistent with what it sent and received — where it may checkpoint."""
 
-    def on_batch(self, channel: "InputChannel", batch: Batch) -> Batch | None:
-        """A data batch arrived on ``channel``; return what to process (None: nothing)."""
+    def on_batch(self, channel_id: int, batch: Batch) -> Batch | None:
+        """A data batch arrived on a channel; return what to process (None: nothing)."""
         return batch
 
-    async def on_control(self, channel: "InputChannel", control: ControlRecord) -> None:
+    async def on_control(self, channel_id: int, control: ControlRecord) -> None:
         """A protocol control record (not a watermark or end-of-stream) arrived."""
         raise ValueError(f"task {self.task.name!r} received {control!r}, which protocol "
                          f"{type(self).__name__} does not handle")
 
+    def stash(self, channel_id: int, elements: list) -> None:
+        """The rest of a frame from an input this protocol holds back: keep it until
+        it lets the input through (`TaskContext.process`)."""
+        raise RuntimeError(f"{type(self).__name__} held input {channel_id} of task "
+                           f"{self.task.name!r} back without keeping what it held")
+
     async def on_trigger(self, checkpoint_id: int) -> None:
         """The coordinator asks this source task to start checkpoint ``checkpoint_id``."""
 
-    async def on_input_ended(self, channel: "InputChannel") -> None:
-        """``channel`` delivered its end-of-stream."""
+    async def on_input_ended(self, channel_id: int) -> None:
+        """An input delivered its end-of-stream."""
 
     async def on_finished(self) -> None:
         """Every input ended and every output was flushed."""
@@ -76,7 +293,7 @@ class Coordinator:
     """Job-master half. The default takes no checkpoints: a failure restarts the job
     from the beginning, and outputs are committed once, at the end of the stream."""
 
-    def __init__(self, master: "JobMaster"):
+    def __init__(self, master: MasterContext):
         self.master = master
 
     def start(self, attempt: int) -> None:
@@ -104,31 +321,36 @@ class Coordinator:
         acknowledgment may still be on its way)."""
 
     def stats(self, final_counters: dict[int, tuple[dict, dict]] | None = None
-              ) -> dict[str, Any]:
+              ) -> ProtocolStats:
         """Protocol metrics; ``final_counters`` gives each task's last sent and received
         sequence numbers per channel when the job finished."""
-        return {}
+        return ProtocolStats()
 
 
 class Protocol:
-    """A fault-tolerance protocol, chosen by name in `bn.run(protocol=...)`."""
+    """A fault-tolerance protocol, chosen by name in `bn.run(protocol=...)`. The
+    defaults describe a protocol that takes no checkpoints."""
 
     name: str = ""
     exactly_once: bool = False
     needs_checkpoint_interval: bool = False
+    # A standby worker, started ahead, takes over a dead slot without a process start.
+    # A protocol that restarts the job from the beginning gains little from it and
+    # would pay its start (about a core-second) in every run.
+    needs_standby: bool = False
 
     def check(self, topology: "Topology") -> None:
         """Raise `TopologyError` if this protocol cannot run ``topology``."""
 
-    def task_protocol(self, task: "Task") -> TaskProtocol:
+    def task_protocol(self, task: TaskContext) -> TaskProtocol:
         return TaskProtocol(task)
 
-    def coordinator(self, master: "JobMaster") -> Coordinator:
+    def coordinator(self, master: MasterContext) -> Coordinator:
         return Coordinator(master)
 
 
-async def cancel(task: "asyncio.Task | None") -> None:
+async def cancel(pending: "asyncio.Task | None") -> None:
     """Cancel an asyncio task and wait until it is gone."""
-    if task is not None and not task.done():
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    if pending is not None and not pending.done():
+        pending.cancel()
+        await asyncio.gather(pending, return_exceptions=True)

@@ -14,18 +14,37 @@ sequence number — with fewer (ideally no) checkpoints rolled past.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from bastion.protocols.base import Coordinator, TaskProtocol
+from bastion.protocols.base import (Coordinator, MasterContext, ProtocolStats, TaskContext,
+                                    TaskProtocol)
 from bastion.protocols.hmnr import HmnrState
 from bastion.protocols.uncoordinated import (IndependentCheckpoints,
                                              RecoveryLineCoordinator,
                                              UncoordinatedProtocol)
-from bastion.runtime.records import ControlRecord, ProtocolClock
+from bastion.runtime.records import ControlRecord, control_record
+
+
+@control_record
+@dataclass(frozen=True)
+class ProtocolClock(ControlRecord):
+    """Protocol bookkeeping piggybacked at the head of a frame (HMNR clocks)."""
+
+    data: Any
+    code: ClassVar[int] = 4
+
+    def payload(self) -> Any:
+        return self.data
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> "ProtocolClock":
+        return cls(payload)
 
 
 class HmnrCheckpoints(IndependentCheckpoints):
-    def __init__(self, task: Any):
+    def __init__(self, task: TaskContext):
         super().__init__(task)
         self.hmnr = HmnrState(task.task_id, task.task_count)
 
@@ -36,28 +55,18 @@ class HmnrCheckpoints(IndependentCheckpoints):
 
     async def on_start(self) -> None:
         await super().on_start()
-        for channel, dst in zip(self.task.channels, self.task.channel_destinations):
-            channel.decorate = self._piggyback(dst)
+        self.task.piggyback(lambda dst: ProtocolClock(self.hmnr.on_send(dst)))
 
-    def _piggyback(self, dst: int):
-        task, encode = self.task, self.task.codec.encode
-
-        def decorate(frame: list) -> list:
-            clock = ProtocolClock(self.hmnr.on_send(dst))
-            task.protocol_frame_bytes += len(encode([clock]))
-            return [clock] + frame
-        return decorate
-
-    async def on_frame(self, channel: Any, seq: int, frame: list) -> None:
+    async def on_frame(self, channel_id: int, seq: int, frame: list) -> None:
         if frame and isinstance(frame[0], ProtocolClock):
             clock = frame[0].data
             if self.hmnr.must_force(clock):
                 await self.checkpoint(forced=True)
             self.hmnr.on_receive(clock)
 
-    async def on_control(self, channel: Any, control: ControlRecord) -> None:
+    async def on_control(self, channel_id: int, control: ControlRecord) -> None:
         if not isinstance(control, ProtocolClock):  # clocks were handled in on_frame
-            await super().on_control(channel, control)
+            await super().on_control(channel_id, control)
 
     def on_checkpoint(self) -> Any:
         self.hmnr.on_checkpoint()
@@ -65,7 +74,7 @@ class HmnrCheckpoints(IndependentCheckpoints):
 
 
 class HmnrCoordinator(RecoveryLineCoordinator):
-    def __init__(self, master: Any):
+    def __init__(self, master: MasterContext):
         super().__init__(master)
         self.forced = 0
 
@@ -75,15 +84,16 @@ class HmnrCoordinator(RecoveryLineCoordinator):
         if attempt == self.attempt and meta.get("forced"):
             self.forced += 1
 
-    def stats(self, final_counters: Any = None) -> dict[str, Any]:
-        return {**super().stats(final_counters), "forced_checkpoints": self.forced}
+    def stats(self, final_counters: Any = None) -> ProtocolStats:
+        return dataclasses.replace(super().stats(final_counters),
+                                   forced_checkpoints=self.forced)
 
 
 class CicProtocol(UncoordinatedProtocol):
     name = "cic"
 
-    def task_protocol(self, task: Any) -> TaskProtocol:
+    def task_protocol(self, task: TaskContext) -> TaskProtocol:
         return HmnrCheckpoints(task)
 
-    def coordinator(self, master: Any) -> Coordinator:
+    def coordinator(self, master: MasterContext) -> Coordinator:
         return HmnrCoordinator(master)

@@ -32,45 +32,82 @@ protocol rejects topologies with feedback edges.
 from __future__ import annotations
 
 import asyncio
+import collections
 import pickle
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from bastion.errors import TopologyError
-from bastion.protocols.base import Coordinator, Protocol, TaskProtocol, cancel
-from bastion.runtime.records import Barrier, ControlRecord
+from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
+                                    TaskContext, TaskProtocol, cancel)
+from bastion.runtime.records import ControlRecord, control_record
 from bastion.storage import BlobRef
 
 
+@control_record
+@dataclass(frozen=True)
+class Barrier(ControlRecord):
+    """Checkpoint ``checkpoint_id``: everything before it on this channel belongs to
+    the checkpoint, everything after it does not (Chandy–Lamport marker)."""
+
+    checkpoint_id: int
+    code: ClassVar[int] = 3
+
+    def payload(self) -> Any:
+        return self.checkpoint_id
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> "Barrier":
+        return cls(payload)
+
+
 class AlignedBarriers(TaskProtocol):
-    def __init__(self, task: Any):
+    def __init__(self, task: TaskContext):
         super().__init__(task)
         self.aligning: dict[int, set[int]] = {}  # checkpoint id -> channels with barrier
+        # The alignment stash: what held-back inputs delivered after their barrier, in
+        # order, until the checkpoint is taken.
+        self.stashed: dict[int, collections.deque] = collections.defaultdict(
+            collections.deque)
 
     async def on_trigger(self, checkpoint_id: int) -> None:
         await self._checkpoint(checkpoint_id)
 
-    async def on_control(self, channel: Any, control: ControlRecord) -> None:
+    async def on_control(self, channel_id: int, control: ControlRecord) -> None:
         if not isinstance(control, Barrier):
-            await super().on_control(channel, control)
+            await super().on_control(channel_id, control)
             return
         arrived = self.aligning.setdefault(control.checkpoint_id, set())
-        arrived.add(channel.channel_id)
-        self.task.block(channel.channel_id)
+        arrived.add(channel_id)
+        self.task.hold_back(channel_id)
         await self._maybe_aligned()
 
-    async def on_input_ended(self, channel: Any) -> None:
+    def stash(self, channel_id: int, elements: list) -> None:
+        self.stashed[channel_id].append(elements)
+
+    async def on_input_ended(self, channel_id: int) -> None:
         # An input that ended sends no barrier: it no longer holds alignment up.
         await self._maybe_aligned()
 
     async def _maybe_aligned(self) -> None:
         for checkpoint_id in sorted(self.aligning):
             arrived = self.aligning[checkpoint_id]
-            if not self.task.open_inputs <= arrived:
+            if not self.task.open_input_ids() <= arrived:
                 return
             del self.aligning[checkpoint_id]
             await self._checkpoint(checkpoint_id)
-            await self.task.release(arrived)
+            await self._release(arrived)
+
+    async def _release(self, channel_ids: set[int]) -> None:
+        """Let the aligned inputs through: first what was held back, in order (it may
+        hold an input back again, at the next barrier)."""
+        task = self.task
+        for channel_id in channel_ids:
+            task.let_through(channel_id)
+            stash = self.stashed[channel_id]
+            while stash and not task.is_held(channel_id):
+                await task.process(channel_id, stash.popleft())
 
     async def _checkpoint(self, checkpoint_id: int) -> None:
         upload = self.task.checkpoint(checkpoint_id)      # snapshot, synchronously
@@ -79,13 +116,11 @@ class AlignedBarriers(TaskProtocol):
         self.task.acknowledge(checkpoint_id, ref)
 
 
-async def _forward(task: Any, checkpoint_id: int) -> None:
-    barrier = Barrier(checkpoint_id)
-    task.protocol_frame_bytes += len(task.codec.encode([barrier])) * len(task.channels)
-    await task.emit_control(barrier)
+async def _forward(task: TaskContext, checkpoint_id: int) -> None:
+    await task.send_control(Barrier(checkpoint_id))
 
 
-def _channel_state_name(task: Any) -> str:
+def _channel_state_name(task: TaskContext) -> str:
     return f"inputs-{task.task_id}"
 
 
@@ -93,7 +128,7 @@ class UnalignedBarriers(AlignedBarriers):
     """Deterministic mode's task half: snapshot at the first barrier, record the
     other inputs until their barrier (channel state), never block an input."""
 
-    def __init__(self, task: Any):
+    def __init__(self, task: TaskContext):
         super().__init__(task)
         # checkpoint id -> (upload of the snapshot, the merge's capture, recorded input)
         self.pending: dict[int, tuple[Any, dict[int, list], dict[int, list]]] = {}
@@ -102,28 +137,28 @@ class UnalignedBarriers(AlignedBarriers):
         await super().restore(recovery_line)
         if recovery_line is None:
             return
-        data = await asyncio.to_thread(self.task.checkpoints.load_channel, recovery_line,
-                                       _channel_state_name(self.task))
+        data = await self.task.load_channel_state(recovery_line,
+                                                  _channel_state_name(self.task))
         for channel_id, frame in pickle.loads(data).items():
             self.task.merge.extend(channel_id, self.task.codec.decode(frame))
 
-    async def on_control(self, channel: Any, control: ControlRecord) -> None:
+    async def on_control(self, channel_id: int, control: ControlRecord) -> None:
         if not isinstance(control, Barrier):
-            await TaskProtocol.on_control(self, channel, control)
+            await TaskProtocol.on_control(self, channel_id, control)
             return
         task, merge, checkpoint_id = self.task, self.task.merge, control.checkpoint_id
         entry = self.pending.get(checkpoint_id)
         if entry is None:
             # The first barrier: everything queued in the merge precedes the barriers.
-            others = {c for c in task.open_inputs
-                      if c != channel.channel_id and c not in merge.ended_on_arrival}
+            others = {c for c in task.open_input_ids()
+                      if c != channel_id and c not in merge.ended_on_arrival}
             # The upload starts now: the other barriers may take a while.
             entry = (asyncio.ensure_future(task.checkpoint(checkpoint_id)),
                      merge.capture(others), {})
             self.pending[checkpoint_id] = entry
             await _forward(task, checkpoint_id)
         else:
-            entry[2][channel.channel_id] = merge.end_capture(entry[1], channel.channel_id)
+            entry[2][channel_id] = merge.end_capture(entry[1], channel_id)
         upload, capture, recorded = entry
         if capture:
             return  # still waiting for the barrier on another input
@@ -132,19 +167,20 @@ class UnalignedBarriers(AlignedBarriers):
         channel_state = pickle.dumps({c: task.codec.encode(elements)
                                       for c, elements in recorded.items() if elements},
                                      protocol=5)
-        channel_ref = await asyncio.to_thread(task.checkpoints.put_channel, checkpoint_id,
-                                              _channel_state_name(task), channel_state)
+        channel_ref = await task.store_channel_state(checkpoint_id, _channel_state_name(task),
+                                                     channel_state)
         task.acknowledge(checkpoint_id, ref, {"channel_state": channel_ref})
 
 
 class CheckpointCoordinator(Coordinator):
     """Triggers checkpoints on a timer and completes them when every task acked."""
 
-    def __init__(self, master: Any):
+    def __init__(self, master: MasterContext):
         super().__init__(master)
-        self.interval_s = master.config.checkpoint_interval_s
+        self.checkpoints = master.checkpoint_store()
+        self.interval_s = master.checkpoint_interval_s
         self.timeout_s = max(10.0, 10 * self.interval_s)
-        self.next_id = 1 + max(master.checkpoints.list_complete() or [0])
+        self.next_id = 1 + max(self.checkpoints.list_complete() or [0])
         self.in_progress: dict[int, dict[str, Any]] = {}
         self.attempt = -1
         self.loop: asyncio.Task | None = None
@@ -201,7 +237,7 @@ class CheckpointCoordinator(Coordinator):
 
     async def _complete_in_order(self, checkpoint_id: int, cp: dict[str, Any]) -> None:
         attempt = self.attempt
-        await asyncio.to_thread(self.master.checkpoints.commit, checkpoint_id, cp["refs"],
+        await asyncio.to_thread(self.checkpoints.commit, checkpoint_id, cp["refs"],
                                 {"attempt": attempt})
         if attempt != self.attempt:
             return  # a failure came first: recovery commits the outputs it restores
@@ -213,14 +249,13 @@ class CheckpointCoordinator(Coordinator):
                                  duration_s=duration_s, state_bytes=state_bytes)
         await self.master.commit_outputs(attempt, checkpoint_id)
         # Older checkpoints are never restored again: keep the newest few, delete the rest.
-        await asyncio.to_thread(self.master.checkpoints.gc,
-                                self.master.config.retained_checkpoints)
+        await asyncio.to_thread(self.checkpoints.gc, self.master.retained_checkpoints)
 
     def checkpoint_in_progress(self) -> int | None:
         return min(self.in_progress, default=None)
 
     async def recovery_line(self) -> int | None:
-        manifest = await asyncio.to_thread(self.master.checkpoints.latest_complete)
+        manifest = await asyncio.to_thread(self.checkpoints.latest_complete)
         if manifest is None:
             return None
         # A checkpoint can be complete (manifest written) while the failure kept its
@@ -229,21 +264,21 @@ class CheckpointCoordinator(Coordinator):
         await self.master.commit_outputs(self.master.attempt, manifest.checkpoint_id)
         return manifest.checkpoint_id
 
-    def stats(self, final_counters: Any = None) -> dict[str, Any]:
+    def stats(self, final_counters: Any = None) -> ProtocolStats:
         durations = [c["duration_s"] for c in self.completed]
-        return {
-            "checkpoints_completed": len(self.completed),
-            "checkpoints_aborted": self.aborted,
-            "checkpoint_duration_s_avg": sum(durations) / len(durations) if durations else None,
-            "checkpoint_duration_s_max": max(durations, default=None),
-            "state_bytes_last": self.completed[-1]["state_bytes"] if self.completed else None,
-        }
+        return ProtocolStats(
+            checkpoints_completed=len(self.completed),
+            checkpoints_aborted=self.aborted,
+            checkpoint_duration_s_avg=sum(durations) / len(durations) if durations else None,
+            checkpoint_duration_s_max=max(durations, default=None),
+            state_bytes_last=self.completed[-1]["state_bytes"] if self.completed else None)
 
 
 class CoordinatedProtocol(Protocol):
     name = "coordinated"
     exactly_once = True
     needs_checkpoint_interval = True
+    needs_standby = True
 
     def check(self, topology: Any) -> None:
         for node in topology.nodes.values():
@@ -256,8 +291,8 @@ class CoordinatedProtocol(Protocol):
                         f"{node.name!r} would wait for a barrier that waits for it); use "
                         "protocol='uncoordinated' or 'cic'")
 
-    def task_protocol(self, task: Any) -> TaskProtocol:
+    def task_protocol(self, task: TaskContext) -> TaskProtocol:
         return AlignedBarriers(task) if task.merge is None else UnalignedBarriers(task)
 
-    def coordinator(self, master: Any) -> Coordinator:
+    def coordinator(self, master: MasterContext) -> Coordinator:
         return CheckpointCoordinator(master)

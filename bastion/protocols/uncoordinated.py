@@ -36,11 +36,13 @@ from typing import Any
 
 import msgpack
 
-from bastion.protocols.base import Coordinator, Protocol, TaskProtocol, cancel
+from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
+                                    TaskContext, TaskProtocol, cancel)
 from bastion.protocols.recovery_line import (NOTHING, CheckpointGraph, CheckpointRecord,
                                              invalid_checkpoints)
 
-__all__ = ["UncoordinatedProtocol", "IndependentCheckpoints", "RecoveryLineCoordinator"]
+__all__ = ["UncoordinatedProtocol", "IndependentCheckpoints", "RecoveryLineCoordinator",
+           "FrameLog"]
 
 
 def checkpoint_number(attempt: int, local: int, task_id: int) -> int:
@@ -70,17 +72,34 @@ class TaskRestore:
     protocol_state: Any = None   # what the task protocol stored with its checkpoint
 
 
+class FrameLog:
+    """Sender-based message log: the ``(seq, payload)`` of every frame a task sent,
+    per output channel, since its last checkpoint."""
+
+    def __init__(self) -> None:
+        self.frames: dict[int, list[tuple[int, bytes]]] = {}
+
+    def record(self, channel_id: int, seq: int, payload: bytes) -> None:
+        self.frames.setdefault(channel_id, []).append((seq, payload))
+
+    def cut(self) -> dict[int, list[tuple[int, bytes]]]:
+        """What was logged since the last cut (channels that sent nothing are absent)."""
+        frames, self.frames = self.frames, {}
+        return frames
+
+
 class IndependentCheckpoints(TaskProtocol):
     """Per-task half: own timer, frame log per output channel, replay on restart."""
 
-    def __init__(self, task: Any):
+    def __init__(self, task: TaskContext):
         super().__init__(task)
-        self.interval_s = task.config.checkpoint_interval_s
+        self.interval_s = task.checkpoint_interval_s
         # Spread the tasks' timers so they do not checkpoint in lockstep.
         self.rng = random.Random(task.task_id * 7919 + task.attempt)
         self.due_s = time.monotonic() + self.interval_s * self.rng.uniform(0.3, 1.0)
         self.local = 1  # number 0 is every task's implicit initial checkpoint
         self.restored: TaskRestore | None = None
+        self.log = FrameLog()
 
     async def restore(self, recovery_line: Any) -> None:
         info = None if recovery_line is None else recovery_line["tasks"].get(self.task.task_id)
@@ -91,24 +110,21 @@ class IndependentCheckpoints(TaskProtocol):
             await self.task.restore_from(info.checkpoint)
         if info is not None:
             for channel_id, seq in info.expected.items():
-                self.task.gate.expect(channel_id, seq)
-                self.task.last_received[channel_id] = seq - 1
+                self.task.expect(channel_id, seq)
 
     async def on_start(self) -> None:
-        by_id = {c.channel_id: c for c in self.task.channels}
-        info = self.restored
+        task, info = self.task, self.restored
         if info is not None:
             for channel_id, seq in info.next_seq.items():
-                by_id[channel_id].seq = seq
+                task.set_next_seq(channel_id, seq)
             for channel_id, blobs in info.replay.items():
-                channel = by_id[channel_id]
                 for key, first, last in blobs:
-                    frames = msgpack.unpackb(await self.task.store.aget(key), use_list=False)
+                    frames = msgpack.unpackb(await task.load_blob(key), use_list=False)
                     for seq, payload in frames:
                         if first <= seq <= last:
-                            await channel.transmit(seq, payload)
-        for channel in self.task.channels:
-            channel.log = []
+                            await task.resend(channel_id, seq, payload)
+        # Replayed frames are logged already, in the checkpoints they came from.
+        task.watch_sent(self.log.record)
 
     async def between_frames(self) -> None:
         if time.monotonic() >= self.due_s:
@@ -117,22 +133,19 @@ class IndependentCheckpoints(TaskProtocol):
     async def checkpoint(self, forced: bool = False) -> None:
         task = self.task
         started_s = time.monotonic()
-        for channel in task.channels:
-            await channel.flush()     # what the state produced is now sent
+        await task.flush_outputs()    # what the state produced is now sent
         number = checkpoint_number(task.attempt, self.local, task.task_id)
         self.local += 1
         upload = task.checkpoint(number)
-        sent = {c.channel_id: c.seq - 1 for c in task.channels}
-        received = {cid: task.last_received.get(cid, NOTHING) for cid in task.inputs}
-        logs = {c.channel_id: c.log for c in task.channels if c.log}
-        for channel in task.channels:
-            channel.log = []
+        sent = {cid: task.next_seq(cid) - 1 for cid in task.output_ids()}
+        received = {cid: task.last_received(cid) for cid in task.input_ids()}
+        logs = self.log.cut()
         protocol_state = self.on_checkpoint()
         ref = await upload
         channel_blobs = {}
         for channel_id, frames in logs.items():
-            blob = await asyncio.to_thread(task.checkpoints.put_channel, number,
-                                           str(channel_id), msgpack.packb(frames))
+            blob = await task.store_channel_state(number, str(channel_id),
+                                                  msgpack.packb(frames))
             channel_blobs[channel_id] = (blob, frames[0][0], frames[-1][0])
         task.acknowledge(number, ref, {"sent": sent, "received": received,
                                        "channels": channel_blobs,
@@ -158,22 +171,19 @@ class RecoveryLineCoordinator(Coordinator):
     """Collects independent checkpoints, commits sink outputs under the recovery
     line, and computes the line by rollback propagation after a failure."""
 
-    def __init__(self, master: Any):
+    def __init__(self, master: MasterContext):
         super().__init__(master)
-        plan = master.plan
-        self.channels = {c.channel_id: (c.src_task, t.task_id)
-                         for t in plan.tasks for c in t.inputs}
-        self.sink_tasks = {t.task_id for t in plan.tasks
-                           if any(plan.topology.nodes[op].kind == "sink"
-                                  for op in plan.chains[t.chain_id].ops)}
-        self.history: dict[int, list[_Checkpoint]] = {t.task_id: [] for t in plan.tasks}
+        self.checkpoints = master.checkpoint_store()
+        self.channels = master.channels()
+        self.sink_tasks = master.sink_tasks()
+        self.history: dict[int, list[_Checkpoint]] = {t: [] for t in master.task_ids()}
         self.taken = 0
         self.abandoned = 0   # checkpoints above a recovery line: rolled back
         self.committed: set[int] = set()
         self.reclaimed: set[int] = set()   # checkpoints deleted from the store
         self.attempt = -1
         self.loop: asyncio.Task | None = None
-        self.interval_s = master.config.checkpoint_interval_s
+        self.interval_s = master.checkpoint_interval_s
         self.log_bytes = 0
         self.durations_s: list[float] = []
 
@@ -198,7 +208,7 @@ class RecoveryLineCoordinator(Coordinator):
         self.taken += 1
         self.log_bytes += sum(b.size for b, _, _ in meta["channels"].values())
         asyncio.ensure_future(asyncio.to_thread(
-            self.master.checkpoints.commit, checkpoint_id, blobs, {"task": task_id}))
+            self.checkpoints.commit, checkpoint_id, blobs, {"task": task_id}))
         self.durations_s.append(meta["duration_s"])
         self.master.record_event("checkpoint_completed", checkpoint_id=checkpoint_id,
                                  task=task_id, duration_s=meta["duration_s"],
@@ -231,7 +241,7 @@ class RecoveryLineCoordinator(Coordinator):
                 if all(last < replay_from.get(channel_id, 0)
                        for channel_id, (_, _, last) in cp.channels.items()):
                     self.reclaimed.add(number)
-                    await asyncio.to_thread(self.master.checkpoints.discard, number)
+                    await asyncio.to_thread(self.checkpoints.discard, number)
 
     async def _commit_sinks(self, line: dict[int, int] | None) -> None:
         """Commit every sink checkpoint at or below the line (all of them if None), in
@@ -285,7 +295,7 @@ class RecoveryLineCoordinator(Coordinator):
         self.abandoned += len(abandoned)
         # off the restart's critical path: nothing reads an abandoned checkpoint
         asyncio.ensure_future(asyncio.to_thread(
-            lambda: [self.master.checkpoints.discard(n) for n in abandoned]))
+            lambda: [self.checkpoints.discard(n) for n in abandoned]))
         for channel_id, (src, dst) in self.channels.items():
             sent = self._sent(src, channel_id)
             first = replay_from.get(channel_id, 0)
@@ -306,7 +316,7 @@ class RecoveryLineCoordinator(Coordinator):
         kept = self.history[task_id]
         return kept[-1].record.sent.get(channel_id, NOTHING) if kept else NOTHING
 
-    def stats(self, final_counters: Any = None) -> dict[str, Any]:
+    def stats(self, final_counters: Any = None) -> ProtocolStats:
         """Invalid checkpoints: those rolled back past at a recovery, plus those of the
         surviving history that no consistent line can contain (CheckMate §V). The
         state every task finished in counts as its last checkpoint: a checkpoint is
@@ -319,26 +329,26 @@ class RecoveryLineCoordinator(Coordinator):
         useless = invalid_checkpoints(records + finals, self.channels) if records else set()
         invalid = self.abandoned + len(useless - {(r.process, r.number) for r in finals})
         durations = self.durations_s
-        return {
-            "checkpoints_completed": total,
-            "checkpoint_duration_s_avg": sum(durations) / len(durations) if durations else None,
-            "checkpoint_duration_s_max": max(durations, default=None),
-            "invalid_checkpoints": invalid,
-            "invalid_share": invalid / total if total else 0.0,
-            "log_bytes": self.log_bytes,
+        return ProtocolStats(
+            checkpoints_completed=total,
+            checkpoint_duration_s_avg=sum(durations) / len(durations) if durations else None,
+            checkpoint_duration_s_max=max(durations, default=None),
+            invalid_checkpoints=invalid,
+            invalid_share=invalid / total if total else 0.0,
+            log_bytes=self.log_bytes,
             # the state of every task's newest checkpoint (what a restart loads)
-            "state_bytes_last": sum(cps[-1].refs[0].size for cps in self.history.values()
-                                    if cps) or None,
-        }
+            state_bytes_last=sum(cps[-1].refs[0].size for cps in self.history.values()
+                                 if cps) or None)
 
 
 class UncoordinatedProtocol(Protocol):
     name = "uncoordinated"
     exactly_once = True
     needs_checkpoint_interval = True
+    needs_standby = True
 
-    def task_protocol(self, task: Any) -> TaskProtocol:
+    def task_protocol(self, task: TaskContext) -> TaskProtocol:
         return IndependentCheckpoints(task)
 
-    def coordinator(self, master: Any) -> Coordinator:
+    def coordinator(self, master: MasterContext) -> Coordinator:
         return RecoveryLineCoordinator(master)

@@ -46,10 +46,11 @@ class OutputChannel:
         self.frames_sent = 0
         self.bytes_sent = 0
         self.max_inflight_seen = 0
-        # (seq, payload) of every frame sent, when a protocol logs in-flight messages
-        self.log: list[tuple[int, bytes]] | None = None
         # a protocol's hook that may add bookkeeping to each frame before it is sent
         self.decorate: Callable[[list], list] | None = None
+        # called with (channel_id, seq, payload) for every frame sent, when a protocol
+        # logs in-flight messages
+        self.on_sent: Callable[[int, int, bytes], None] | None = None
 
     # -- buffering --------------------------------------------------------------------
 
@@ -87,8 +88,8 @@ class OutputChannel:
         payload = self._codec.encode(frame)
         seq = self.seq
         self.seq += 1
-        if self.log is not None:
-            self.log.append((seq, payload))
+        if self.on_sent is not None:
+            self.on_sent(self.channel_id, seq, payload)
         self.frames_sent += 1
         self.bytes_sent += len(payload)
         await self.transmit(seq, payload)

@@ -111,10 +111,11 @@ def validate(faults: Any, plan: Any) -> list[ScheduledKill]:
 
 
 def live_nodes() -> list[str]:
-    """The ids of the cluster's live Ray nodes, sorted: what `KillNode` positions index."""
-    import ray
+    """The ids of the cluster's live Ray nodes, sorted as placement counts them: what
+    `KillNode` positions index."""
+    from bastion.scheduler import placement  # imports Ray: only when a fault needs it
 
-    return sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+    return placement.live_nodes()
 
 
 def resolve_node(node: int | str, nodes: list[str]) -> str:

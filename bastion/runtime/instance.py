@@ -23,18 +23,18 @@ the ``push`` calls that deliver frames from other workers — keep moving.
 from __future__ import annotations
 
 import asyncio
-import collections
 import math
 import pickle
 import time
 import traceback
-from typing import Any, Awaitable
+from typing import Any, Awaitable, Callable
 
 import ray
 
 from bastion.errors import UDFError
 from bastion.lineage import broadcast_ids, op_codes
 from bastion.protocols import get_protocol
+from bastion.protocols.base import TaskContext
 from bastion.runtime.channel import (InputGate, LocalOutputChannel, OutputChannel,
                                      RemoteOutputChannel)
 from bastion.runtime.config import JobConfig
@@ -148,8 +148,9 @@ class Router:
         return full
 
 
-class Task:
-    """One instance of a chain: its operators, inputs, routes and loop."""
+class Task(TaskContext):
+    """One instance of a chain: its operators, inputs, routes and loop. Its protocol
+    sees it only as a `TaskContext`."""
 
     def __init__(self, plan: TaskPlan, physical: PhysicalPlan, config: JobConfig,
                  store: ObjectStore, master: Any, attempt: int):
@@ -160,6 +161,7 @@ class Task:
         self.index = plan.index
         self.name = f"{chain.name}[{plan.index}]"
         self.config = config
+        self.checkpoint_interval_s = config.checkpoint_interval_s
         self.codec = FrameCodec(config.codecs)
         self.op_names = chain.ops
         codes = self.op_codes = op_codes(physical.topology)
@@ -185,14 +187,14 @@ class Task:
         self.gate = InputGate(config.inbox_frames)
         self.routers: list[Router] = []
         self.channels: list[OutputChannel] = []
+        self.outputs: dict[int, OutputChannel] = {}
         self.store = store
         self.checkpoints = CheckpointStore(store, config.job_id)
         self.master = master
         self.attempt = attempt
-        self.blocked: set[int] = set()
-        self.stash: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self.held: set[int] = set()         # inputs the protocol holds back
         self.triggers: list[int] = []       # checkpoints a source task is asked to start
-        self.last_received: dict[int, int] = {}  # channel -> seq of the last frame processed
+        self.received_seq: dict[int, int] = {}  # channel -> seq of the last frame processed
         self.acknowledged: list[int] = []   # checkpoints this task stored and reported
         # Protocol overhead (CheckMate's message overhead): bytes of protocol
         # information inside data frames (barriers, piggybacked clocks) and in the
@@ -217,6 +219,7 @@ class Task:
                                   self.op_codes[route.edge.dst_op])
         self.routers.append(Router(route, channels, key_ctx, self.config.deterministic))
         self.channels.extend(channels)
+        self.outputs.update((c.channel_id, c) for c in channels)
         self.channel_destinations.extend(route.dst_tasks)
 
     @property
@@ -281,11 +284,10 @@ class Task:
             if channel_id is None:  # the job master found the loop quiescent
                 self.loop_done = True
                 continue
-            channel = inputs[channel_id]
             frame = decode(frame)
-            await self.protocol.on_frame(channel, seq, frame)
-            await self._process_frame(channel, frame)                 # process
-            self.last_received[channel_id] = seq
+            await self.protocol.on_frame(channel_id, seq, frame)
+            await self._process_frame(inputs[channel_id], frame)      # process
+            self.received_seq[channel_id] = seq
             await self._flush_aged()                                # emit
             await self.protocol.between_frames()
             await self._pause()
@@ -311,7 +313,7 @@ class Task:
             channel = inputs[channel_id]
             kind = type(element)
             if kind is Batch:                                       # process
-                batch = self.protocol.on_batch(channel, element)
+                batch = self.protocol.on_batch(channel_id, element)
                 if batch is not None and len(batch):
                     await self._process(batch, 0, channel.input_index, keyed=True)
             elif kind is Watermark:
@@ -326,13 +328,13 @@ class Task:
         """A frame enters the merge's queues: it is now received. Protocol control
         records act on arrival (an unaligned barrier snapshots here)."""
         channel_id = channel.channel_id
-        await self.protocol.on_frame(channel, seq, elements)
+        await self.protocol.on_frame(channel_id, seq, elements)
         for element in elements:
             if type(element) in (Batch, Watermark, EndOfStream):
                 self.merge.push(channel_id, element)
             else:
-                await self.protocol.on_control(channel, element)
-        self.last_received[channel_id] = seq
+                await self.protocol.on_control(channel_id, element)
+        self.received_seq[channel_id] = seq
 
     async def _end_input(self, channel: InputChannel) -> None:
         channel_id = channel.channel_id
@@ -340,7 +342,7 @@ class Task:
         self.open_feedback.discard(channel_id)
         if self.open_inputs:
             await self._on_watermark(channel_id, math.inf)
-        await self.protocol.on_input_ended(channel)
+        await self.protocol.on_input_ended(channel_id)
 
     async def _pause(self) -> None:
         """Let the worker's other tasks run, and now and then its other threads."""
@@ -353,12 +355,12 @@ class Task:
     async def _process_frame(self, channel: InputChannel, elements: list) -> None:
         channel_id = channel.channel_id
         for i, element in enumerate(elements):
-            if channel_id in self.blocked:  # a barrier blocked it: keep the rest for later
-                self.stash[channel_id].append(elements[i:])
+            if channel_id in self.held:  # e.g. a barrier: the protocol keeps the rest
+                self.protocol.stash(channel_id, elements[i:])
                 return
             kind = type(element)
             if kind is Batch:
-                batch = self.protocol.on_batch(channel, element)
+                batch = self.protocol.on_batch(channel_id, element)
                 if batch is not None and len(batch):
                     await self._process(batch, 0, channel.input_index, keyed=True)
             elif kind is Watermark:
@@ -366,7 +368,7 @@ class Task:
             elif kind is EndOfStream:
                 await self._end_input(channel)
             else:
-                await self.protocol.on_control(channel, element)
+                await self.protocol.on_control(channel_id, element)
 
     async def _finish(self) -> None:
         for j, op in enumerate(self.ops):
@@ -493,25 +495,85 @@ class Task:
         self.protocol_message_bytes += len(pickle.dumps((checkpoint_id, ref, meta), protocol=5))
         self.master.acknowledge.remote(self.attempt, self.task_id, checkpoint_id, ref, meta)
 
-    async def emit_control(self, control: ControlRecord) -> None:
-        """Send a control record on every output channel, now."""
+    def count_protocol_bytes(self, n: int) -> None:
+        self.protocol_frame_bytes += n
+
+    async def store_channel_state(self, checkpoint_id: int, name: str, data: bytes) -> BlobRef:
+        return await asyncio.to_thread(self.checkpoints.put_channel, checkpoint_id, name, data)
+
+    async def load_channel_state(self, checkpoint_id: int, name: str) -> bytes:
+        return await asyncio.to_thread(self.checkpoints.load_channel, checkpoint_id, name)
+
+    async def load_blob(self, key: str) -> bytes:
+        return await self.store.aget(key)
+
+    # -- channels, as protocols see them --------------------------------------------------
+
+    def input_ids(self) -> list[int]:
+        return list(self.inputs)
+
+    def open_input_ids(self) -> set[int]:
+        return set(self.open_inputs)
+
+    def output_ids(self) -> list[int]:
+        return [c.channel_id for c in self.channels]
+
+    def last_received(self, channel_id: int) -> int:
+        return self.received_seq.get(channel_id, -1)
+
+    def expect(self, channel_id: int, seq: int) -> None:
+        self.gate.expect(channel_id, seq)
+        self.received_seq[channel_id] = seq - 1
+
+    def next_seq(self, channel_id: int) -> int:
+        return self.outputs[channel_id].seq
+
+    def set_next_seq(self, channel_id: int, seq: int) -> None:
+        self.outputs[channel_id].seq = seq
+
+    async def resend(self, channel_id: int, seq: int, payload: bytes) -> None:
+        await self.outputs[channel_id].transmit(seq, payload)
+
+    def watch_sent(self, listener: Callable[[int, int, bytes], None] | None) -> None:
+        for channel in self.channels:
+            channel.on_sent = listener
+
+    def piggyback(self, make: Callable[[int], ControlRecord]) -> None:
+        encode = self.codec.encode
+
+        def decorating(dst: int) -> Callable[[list], list]:
+            def decorate(frame: list) -> list:
+                record = make(dst)
+                self.count_protocol_bytes(len(encode([record])))
+                return [record] + frame
+            return decorate
+
+        for channel, dst in zip(self.channels, self.channel_destinations):
+            channel.decorate = decorating(dst)
+
+    async def flush_outputs(self) -> None:
+        for channel in self.channels:
+            await channel.flush()
+
+    async def send_control(self, control: ControlRecord) -> None:
+        self.count_protocol_bytes(len(self.codec.encode([control])) * len(self.channels))
         for channel in self.channels:
             channel.add_control(control)
             await channel.flush()
 
-    def block(self, channel_id: int) -> None:
-        self.blocked.add(channel_id)
+    def hold_back(self, channel_id: int) -> None:
+        self.held.add(channel_id)
         self.gate.block(channel_id)
 
-    async def release(self, channel_ids: Any) -> None:
-        """Unblock channels: first process what was held back, in order."""
-        for channel_id in channel_ids:
-            self.blocked.discard(channel_id)
-            stash = self.stash[channel_id]
-            while stash and channel_id not in self.blocked:
-                await self._process_frame(self.inputs[channel_id], stash.popleft())
-            if channel_id not in self.blocked:
-                self.gate.unblock(channel_id)
+    def is_held(self, channel_id: int) -> bool:
+        return channel_id in self.held
+
+    def let_through(self, channel_id: int) -> None:
+        self.held.discard(channel_id)
+        self.gate.unblock(channel_id)
+
+    async def process(self, channel_id: int, elements: list) -> None:
+        await self._process_frame(self.inputs[channel_id], elements)
 
     async def restore_from(self, checkpoint_id: int) -> None:
         data = await asyncio.to_thread(self.checkpoints.load, checkpoint_id,
@@ -545,7 +607,7 @@ class Task:
             "idle": (self.gate.inbox.empty()
                      and not any(c.has_pending() for c in self.channels)),
             "sent": {c.channel_id: c.seq for c in self.channels},
-            "processed": {cid: seq + 1 for cid, seq in self.last_received.items()},
+            "processed": {cid: seq + 1 for cid, seq in self.received_seq.items()},
             "loop_head": (bool(self.open_feedback) and not self.loop_done
                           and not self.open_inputs),
         }
@@ -595,7 +657,7 @@ class Task:
             "task_id": self.task_id,
             "acknowledged": list(self.acknowledged),
             "final_sent": {c.channel_id: c.seq - 1 for c in self.channels},
-            "final_received": dict(self.last_received),
+            "final_received": dict(self.received_seq),
         }
 
 

@@ -1,23 +1,26 @@
 """The job master: deploys a physical plan onto worker actors, watches it, recovers it.
 
 The job master is a Ray actor of its own, so a job keeps its coordinator when the
-driver is a remote client. Its control loop has named phases:
+driver is a remote client. `JobMaster.run` is a loop over named phases; the decisions
+in them — where workers go, when one is lost, what a recovery restarts — are the
+scheduler's (`bastion.scheduler`), the checkpoints the protocol's coordinator's:
 
-1. **spawn** — start one worker actor per slot (slot *i* on live node *i* mod the node
-   count) and, unless the protocol is `none`, a standby; wait until each answers;
+1. **spawn** — start one worker actor per slot (`bastion.scheduler.placement`) and,
+   when the protocol asks for one, a standby; wait until each answers;
 2. **deploy** — give every worker the plan, its peers and the attempt number; each
    builds its tasks and channels and, after a failure, restores their state from the
    recovery line;
 3. **start** — tasks start their loops, sources read, the protocol's coordinator
    starts checkpointing;
-4. **watch** — until every task finished: heartbeats (a worker that does not answer
-   within ``heartbeat_timeout_s`` is dead), actor deaths, task errors, scheduled
-   faults, ``duration_s`` for unbounded inputs, and a progress timeline;
-5. **recover** (on a failure) — stop the coordinator, replace dead workers, reset the
-   others, ask the protocol for the recovery line, and go back to *deploy* with the
-   next attempt (a worker lost during *deploy* or *start* is one more failure);
-6. **commit and collect** — make the end-of-stream outputs visible, gather counters,
-   latency histograms and dead letters, release the workers.
+4. **watch** — until every task finished: heartbeats, actor deaths and task errors
+   (`bastion.scheduler.detector`), scheduled faults, ``duration_s`` for unbounded
+   inputs, and a progress timeline;
+5. **recover** (on a failure) — stop the coordinator, carry out the recovery planner's
+   plan (`bastion.scheduler.recovery`: replace dead workers), ask the protocol for the
+   recovery line, and go back to *deploy* with the next attempt (a worker lost during
+   *deploy* or *start* is one more failure);
+6. **finish** — commit the end-of-stream outputs, gather counters, latency histograms
+   and dead letters; the workers are released whatever happened.
 """
 
 from __future__ import annotations
@@ -29,41 +32,80 @@ from typing import Any
 
 import msgpack
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from bastion.errors import UDFError
 from bastion.protocols import get_protocol
-from bastion.protocols.base import cancel
+from bastion.protocols.base import MasterContext, cancel
 from bastion.runtime import faults as fault_injection
 from bastion.runtime.config import JobConfig
 from bastion.runtime.instance import Worker
 from bastion.runtime.metrics import FailureRecovery, LatencyHistogram, rate_recovered_at
 from bastion.runtime.outputs import FINAL_COMMIT, marker_key
 from bastion.runtime.plan import PhysicalPlan
+from bastion.scheduler import detector, placement
+from bastion.scheduler.detector import Failure, within
+from bastion.scheduler.recovery import BlockingRecovery, Capacity, RecoveryPlanner
 from bastion.storage import CheckpointStore, open_store
 
 
 _PROGRESS_TIMEOUT_S = 1.0  # a worker busier than this is left out of one timeline point
 
 
-async def _within(awaitable: Any, timeout_s: float) -> Any:
-    """``await awaitable``, raising `TimeoutError` after ``timeout_s``. Cancelling it
-    always cancels it (`asyncio.wait_for` before Python 3.12 can swallow that)."""
-    async with asyncio.timeout(timeout_s):
-        return await awaitable
+class _JobEnded(Exception):
+    """A failure ended the job: ``report`` is what `JobMaster.run` returns."""
+
+    def __init__(self, report: dict[str, Any]):
+        super().__init__(report.get("failure"))
+        self.report = report
 
 
-class _Failure(Exception):
-    """Why the watch phase ended early. ``fatal`` failures (a task raised: a bug or bad
-    data, which a restart would only repeat) end the job; a lost process is restarted."""
+class _CoordinatorContext(MasterContext):
+    """The job master as its protocol's coordinator sees it."""
 
-    def __init__(self, reason: str, worker: int | None = None, udf: UDFError | None = None,
-                 fatal: bool = False):
-        super().__init__(reason)
-        self.reason = reason
-        self.worker = worker
-        self.udf = udf
-        self.fatal = fatal or udf is not None
+    def __init__(self, master: "JobMaster"):
+        self._master = master
+        plan = master.plan
+        self.checkpoint_interval_s = master.config.checkpoint_interval_s
+        self.retained_checkpoints = master.config.retained_checkpoints
+        self._tasks = [t.task_id for t in plan.tasks]
+        self._channels = {c.channel_id: (c.src_task, t.task_id)
+                          for t in plan.tasks for c in t.inputs}
+        self._sinks = {t.task_id for t in plan.tasks
+                       if any(plan.topology.nodes[op].kind == "sink"
+                              for op in plan.chains[t.chain_id].ops)}
+
+    @property
+    def attempt(self) -> int:
+        return self._master.attempt
+
+    def checkpoint_store(self) -> CheckpointStore:
+        return self._master.checkpoints
+
+    def task_ids(self) -> list[int]:
+        return list(self._tasks)
+
+    def channels(self) -> dict[int, tuple[int, int]]:
+        return dict(self._channels)
+
+    def source_tasks(self) -> set[int]:
+        return set(self._master.source_tasks)
+
+    def sink_tasks(self) -> set[int]:
+        return set(self._sinks)
+
+    def unfinished_tasks(self) -> set[int]:
+        return set(self._tasks) - self._master.finished_tasks
+
+    def all_sources_running(self) -> bool:
+        return not (self._master.source_tasks & self._master.finished_tasks)
+
+    def record_event(self, kind: str, **fields: Any) -> None:
+        self._master.record_event(kind, **fields)
+
+    async def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
+        await self._master.trigger_sources(attempt, checkpoint_id)
+
+    async def commit_outputs(self, attempt: int, commit: int) -> None:
+        await self._master.commit_outputs(attempt, commit)
 
 
 @ray.remote(num_cpus=0)
@@ -74,7 +116,6 @@ class JobMaster:
         self.store = open_store(config.storage_url)
         self.checkpoints = CheckpointStore(self.store, config.job_id)
         self.protocol = get_protocol(config.protocol)
-        self.coordinator = self.protocol.coordinator(self)
         self.workers: list = []
         self.standby: Any = None
         self._committing = asyncio.Lock()
@@ -93,19 +134,16 @@ class JobMaster:
         self._latency_seen: dict[int, tuple[int, dict]] = {}  # task -> attempt, buckets
         self._quiet_since: Any = None  # the loop counters seen at the last quiet poll
         self._totals = {"source_records": 0, "sink_records": 0}
+        self.coordinator = self.protocol.coordinator(_CoordinatorContext(self))
+        self.planner: RecoveryPlanner = BlockingRecovery()
+        self._injector: asyncio.Task | None = None
 
-    # -- what coordinators use ------------------------------------------------------------
+    # -- what the coordinator's context and the workers call --------------------------------
 
     def record_event(self, kind: str, **fields: Any) -> None:
         t = time.time()
         self.events.append({"kind": kind, "t": t,
                             "t_s": t - self.started_s if self.started_s else 0.0, **fields})
-
-    def unfinished_tasks(self) -> set[int]:
-        return {t.task_id for t in self.plan.tasks} - self.finished_tasks
-
-    def all_sources_running(self) -> bool:
-        return not (self.source_tasks & self.finished_tasks)
 
     async def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
         by_worker: dict[int, list[int]] = {}
@@ -129,92 +167,115 @@ class JobMaster:
     # -- the control loop -----------------------------------------------------------------
 
     async def run(self) -> dict[str, Any]:
-        plan, config = self.plan, self.config
-        me = ray.get_runtime_context().current_actor
+        """Run the job to its end; the report `bastion.launcher` turns into a result."""
         try:
-            self.phase = "spawn"
-            t0 = time.time()
-            self.workers = [self._spawn(i) for i in range(plan.workers)]
-            # A standby worker, started now, takes over the slot of the first worker
-            # to die: a restart then costs a deploy, not a process start. Waiting for
-            # it here keeps its start (about a core-second) out of the job's run.
-            self._ensure_standby()
-            await asyncio.gather(*[w.ping.remote() for w in self.workers + self._spare()])
-            spawn_s = time.time() - t0
+            spawn_s = await self._spawn()
             restore: Any = None
-            injector = None
             while True:
                 try:
-                    # a worker may die here too (a second fault during a recovery)
-                    try:
-                        self.phase = "deploy"
-                        await asyncio.gather(*[w.deploy.remote(plan, self.workers, me,
-                                                               self.attempt, restore, i)
-                                               for i, w in enumerate(self.workers)])
-                        self.phase = "start"
-                        self.finished_tasks = set()
-                        if self.started_s is None:
-                            self.started_s = time.time()
-                            self.record_event("started")
-                            injector = asyncio.ensure_future(self._inject_faults())
-                        await asyncio.gather(*[w.start.remote() for w in self.workers])
-                    except ray.exceptions.RayActorError as exc:
-                        raise _Failure(f"a worker died during {self.phase}: "
-                                       f"{type(exc).__name__}") from None
-                    self._ensure_standby()
-                    if self.attempt:
-                        self.record_event("restarted", attempt=self.attempt, checkpoint=(
-                            restore.get("summary") if isinstance(restore, dict) else restore))
-                    self.coordinator.start(self.attempt)
-                    self.phase = "watch"
+                    await self._deploy(restore)
+                    await self._start(restore)
                     await self._watch()
                     break
-                except _Failure as failure:
-                    unfinished = self.coordinator.checkpoint_in_progress()
-                    await self.coordinator.stop()
-                    if failure.udf is not None:
-                        return {"failure": failure.udf}
-                    if failure.fatal:
-                        return {"failure": failure.reason}
-                    self.record_event("failure_detected", reason=failure.reason,
-                                      worker=failure.worker,
-                                      checkpoint_in_progress=unfinished)
-                    if self.attempt >= config.max_restarts:
-                        return {"failure": f"{failure.reason} (gave up after "
-                                           f"{config.max_restarts} restarts)"}
-                    self.phase = "recover"
-                    await self._replace_workers(failure)
-                    restore = await self.coordinator.recovery_line()
-                    self.attempt += 1
-            await self.coordinator.stop()
-            await cancel(injector)
-            finished_s = time.time()
-
-            self.phase = "collect"
-            reports = await asyncio.gather(*[w.report.remote() for w in self.workers])
-            tasks = [task for worker in reports for task in worker]
-            self.phase = "commit"
-            await self.coordinator.on_job_finished(tasks)
-            await self.commit_outputs(self.attempt, FINAL_COMMIT)
-            self.phase = "done"
-            failures = self._failures()
-            return {
-                "failure": None,
-                "spawn_s": spawn_s,
-                "started_s": self.started_s,
-                "finished_s": finished_s,
-                "tasks": tasks,
-                "events": self.events,
-                "timeline": self.timeline,
-                "protocol": self.coordinator.stats(
-                    {t["task_id"]: (t["final_sent"], t["final_received"]) for t in tasks}),
-                "attempts": self.attempt + 1,
-                "failures": failures,
-            }
+                except Failure as failure:
+                    restore = await self._recover(failure)
+            return await self._finish(spawn_s)
+        except _JobEnded as ended:
+            return ended.report
         finally:
-            for w in self.workers + ([self.standby] if self.standby is not None else []):
+            for w in self.workers + self._spare():
                 ray.kill(w)
             await self._write_events()
+
+    async def _spawn(self) -> float:
+        """Start every slot's worker and the standby; the seconds it took."""
+        self.phase = "spawn"
+        t0 = time.time()
+        self.workers = [self._new_worker(i) for i in range(self.plan.workers)]
+        # A standby worker, started now, takes over the slot of the first worker
+        # to die: a restart then costs a deploy, not a process start. Waiting for
+        # it here keeps its start (about a core-second) out of the job's run.
+        self._ensure_standby()
+        await asyncio.gather(*[w.ping.remote() for w in self.workers + self._spare()])
+        return time.time() - t0
+
+    async def _deploy(self, restore: Any) -> None:
+        """Every worker builds this attempt's tasks, restored from ``restore``."""
+        self.phase = "deploy"
+        me = ray.get_runtime_context().current_actor
+        try:
+            await asyncio.gather(*[w.deploy.remote(self.plan, self.workers, me,
+                                                   self.attempt, restore, i)
+                                   for i, w in enumerate(self.workers)])
+        except ray.exceptions.RayActorError as exc:
+            # a worker may die here too (a second fault during a recovery)
+            raise detector.died_during(self.phase, exc) from None
+
+    async def _start(self, restore: Any) -> None:
+        """Tasks start their loops; the first start also starts the clock and the
+        scheduled faults."""
+        self.phase = "start"
+        self.finished_tasks = set()
+        if self.started_s is None:
+            self.started_s = time.time()
+            self.record_event("started")
+            self._injector = asyncio.ensure_future(self._inject_faults())
+        try:
+            await asyncio.gather(*[w.start.remote() for w in self.workers])
+        except ray.exceptions.RayActorError as exc:
+            raise detector.died_during(self.phase, exc) from None
+        self._ensure_standby()
+        if self.attempt:
+            self.record_event("restarted", attempt=self.attempt, checkpoint=(
+                restore.get("summary") if isinstance(restore, dict) else restore))
+        self.coordinator.start(self.attempt)
+
+    async def _recover(self, failure: Failure) -> Any:
+        """After ``failure``: replace what was lost and return the recovery line the
+        next attempt restores from; raise `_JobEnded` when the job cannot go on."""
+        unfinished = self.coordinator.checkpoint_in_progress()
+        await self.coordinator.stop()
+        if failure.udf is not None:
+            raise _JobEnded({"failure": failure.udf})
+        if failure.fatal:
+            raise _JobEnded({"failure": failure.reason})
+        self.record_event("failure_detected", reason=failure.reason, worker=failure.worker,
+                          checkpoint_in_progress=unfinished)
+        if self.attempt >= self.config.max_restarts:
+            raise _JobEnded({"failure": f"{failure.reason} (gave up after "
+                                        f"{self.config.max_restarts} restarts)"})
+        self.phase = "recover"
+        await self._replace_workers(failure)
+        restore = await self.coordinator.recovery_line()
+        self.attempt += 1
+        return restore
+
+    async def _finish(self, spawn_s: float) -> dict[str, Any]:
+        """Every task finished: commit what is final and collect the report."""
+        await self.coordinator.stop()
+        await cancel(self._injector)
+        finished_s = time.time()
+        self.phase = "collect"
+        reports = await asyncio.gather(*[w.report.remote() for w in self.workers])
+        tasks = [task for worker in reports for task in worker]
+        self.phase = "commit"
+        await self.coordinator.on_job_finished(tasks)
+        await self.commit_outputs(self.attempt, FINAL_COMMIT)
+        self.phase = "done"
+        failures = self._failures()
+        return {
+            "failure": None,
+            "spawn_s": spawn_s,
+            "started_s": self.started_s,
+            "finished_s": finished_s,
+            "tasks": tasks,
+            "events": self.events,
+            "timeline": self.timeline,
+            "protocol": self.coordinator.stats(
+                {t["task_id"]: (t["final_sent"], t["final_received"]) for t in tasks}),
+            "attempts": self.attempt + 1,
+            "failures": failures,
+        }
 
     def _failures(self) -> list[FailureRecovery]:
         """Restart and recovery time of every failure, from the events and the progress
@@ -253,58 +314,51 @@ class JobMaster:
             self.record_event("events_not_stored", error=repr(exc))
 
     def _ensure_standby(self) -> None:
-        if self.standby is None and self.protocol.name != "none":
-            self.standby = self._spawn(-1)
+        if self.standby is None and self.protocol.needs_standby:
+            self.standby = self._new_worker(placement.STANDBY)
 
     def _spare(self) -> list[Any]:
         return [self.standby] if self.standby is not None else []
 
-    def _spawn(self, index: int) -> Any:
-        """Start the worker of slot ``index`` (-1: the standby) on live node ``index``
-        modulo the node count (the standby after the last slot), so that losing a
-        node loses as few slots as possible. Only live nodes are counted; the
-        affinity is strict because Ray's soft affinity often ignored it."""
-        nodes = fault_injection.live_nodes()
-        slot = index if index >= 0 else self.plan.workers
-        placement = NodeAffinitySchedulingStrategy(nodes[slot % len(nodes)], soft=False)
-        return Worker.options(scheduling_strategy=placement).remote(index, self.config)
+    def _new_worker(self, index: int) -> Any:
+        """Start the worker of slot ``index`` (`placement.STANDBY`: the standby) where
+        placement puts it."""
+        where = placement.strategy_for(index, self.plan.workers)
+        return Worker.options(scheduling_strategy=where).remote(index, self.config)
 
-    async def _replace_workers(self, failure: _Failure) -> None:
-        """Replace every worker that is dead; the survivors are reset by the next deploy.
-        The first dead slot goes to the standby (when it survived too), the others to
-        fresh workers, all started at once. A new standby is only started once the job
-        runs again (`_ensure_standby`): starting a process costs a core for about a
-        second, which the restart needs more."""
+    async def _replace_workers(self, failure: Failure) -> None:
+        """Carry out the recovery planner's plan for the slots whose worker is dead;
+        the survivors are reset by the next deploy. A new standby is only started
+        once the job runs again (`_ensure_standby`): starting a process costs a core
+        for about a second, which the restart needs more."""
         spare = self._spare()
-        alive = await asyncio.gather(*[self._answers(w) for w in self.workers + spare])
+        timeout_s = self.config.heartbeat_timeout_s
+        alive = await asyncio.gather(*[detector.answers(w, timeout_s)
+                                       for w in self.workers + spare])
         standby_alive = bool(spare) and alive[-1]
         if spare and not standby_alive:
             ray.kill(self.standby, no_restart=True)  # lost with the others (a node)
             self.standby = None
-        for i, ok in enumerate(alive[:len(self.workers)]):
-            if not ok or i == failure.worker:
-                ray.kill(self.workers[i], no_restart=True)
-                if standby_alive:
-                    self.workers[i], self.standby = self.standby, None
-                    standby_alive = False
-                else:
-                    self.workers[i] = self._spawn(i)
+        lost = [i for i, ok in enumerate(alive[:len(self.workers)])
+                if not ok or i == failure.worker]
+        plan = self.planner.plan(lost, len(self.workers), Capacity(standby=standby_alive))
+        for i in lost:
+            ray.kill(self.workers[i], no_restart=True)
+        for i in plan.to_standby:
+            self.workers[i], self.standby = self.standby, None
+        for i in plan.to_fresh:
+            self.workers[i] = self._new_worker(i)
         # a worker that dies meanwhile fails the deploy, which starts another recovery
         await asyncio.gather(*[w.ping.remote() for w in self.workers], return_exceptions=True)
 
-    async def _answers(self, worker: Any) -> bool:
-        try:
-            await _within(worker.ping.remote(), self.config.heartbeat_timeout_s)
-            return True
-        except (TimeoutError, ray.exceptions.RayError):
-            return False
-
     async def _watch(self) -> None:
-        """Return when every task finished; raise `_Failure` on the first failure."""
+        """Return when every task finished; raise `Failure` on the first failure."""
+        self.phase = "watch"
         attempt = self.attempt
         waits = {asyncio.ensure_future(w.wait.remote(attempt)): i
                  for i, w in enumerate(self.workers)}
-        helpers = [asyncio.ensure_future(self._heartbeats()),
+        helpers = [asyncio.ensure_future(detector.watch_heartbeats(
+                       lambda: self.workers, self.config.heartbeat_timeout_s)),
                    asyncio.ensure_future(self._poll_progress())]
         if self.config.duration_s is not None:
             helpers.append(asyncio.ensure_future(self._stop_after(self.config.duration_s)))
@@ -316,36 +370,14 @@ class JobMaster:
                     if fut not in waits:
                         fut.result()  # the heartbeat loop only returns by raising
                         continue
-                    try:
-                        report = fut.result()
-                    except ray.exceptions.RayActorError as exc:
-                        raise _Failure(f"worker {waits[fut]} died: {type(exc).__name__}",
-                                       waits[fut]) from None
-                    failure = report["failure"]
-                    if isinstance(failure, UDFError):
-                        raise _Failure(str(failure), waits[fut], udf=failure)
-                    if isinstance(failure, ray.exceptions.RayError):
-                        # a task lost a peer worker: recover like from the death itself
-                        raise _Failure(f"worker {waits[fut]}: a peer died ({failure})",
-                                       waits[fut])
+                    failure = detector.outcome_failure(waits[fut], fut)
                     if failure is not None:
-                        raise _Failure(f"worker {waits[fut]}: {failure}", waits[fut],
-                                       fatal=True)
+                        raise failure
                     self.finished_tasks |= {t.task_id for t in self.plan.tasks_of(waits[fut])}
         finally:
             for fut in list(waits) + helpers:
                 fut.cancel()
             await self._poll_once()
-
-    async def _heartbeats(self) -> None:
-        period_s = self.config.heartbeat_timeout_s / 4
-        while True:
-            await asyncio.sleep(period_s)
-            alive = await asyncio.gather(*[self._answers(w) for w in self.workers])
-            for i, ok in enumerate(alive):
-                if not ok:
-                    raise _Failure(f"worker {i} missed its heartbeat "
-                                   f"({self.config.heartbeat_timeout_s} s)", i)
 
     async def _inject_faults(self) -> None:
         for kill in self.kills:
@@ -366,7 +398,7 @@ class JobMaster:
         of the job (standby included) that Ray placed on the node."""
         if kill.node is None:
             return {f"worker {kill.worker}": self.workers[kill.worker]}
-        node_id = fault_injection.resolve_node(kill.node, fault_injection.live_nodes())
+        node_id = fault_injection.resolve_node(kill.node, placement.live_nodes())
         named = {f"worker {i}": w for i, w in enumerate(self.workers)}
         if self.standby is not None:
             named["standby"] = self.standby
@@ -390,7 +422,7 @@ class JobMaster:
         """Add one point to the timeline: records per second since the last point and
         the latency of what sinks received meanwhile. Counters restart with each
         attempt; only increments count, so a killed worker's history is kept."""
-        replies = await asyncio.gather(*[_within(w.progress.remote(), _PROGRESS_TIMEOUT_S)
+        replies = await asyncio.gather(*[within(w.progress.remote(), _PROGRESS_TIMEOUT_S)
                                          for w in self.workers], return_exceptions=True)
         gained = {"source_records": 0, "sink_records": 0}
         lag = 0

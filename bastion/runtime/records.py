@@ -12,8 +12,9 @@ object and per call — one list comprehension over a batch is many times cheape
 call per record. Operators never mutate a batch they received; they build new lists,
 sharing the unchanged ones.
 
-*Control records* (watermarks, end-of-stream, and the protocols' barriers and markers)
-travel in-band, in order with the data on the same channel, so "everything before the
+*Control records* (watermarks, end-of-stream, and the protocols' barriers and markers,
+which `bastion.protocols` defines and registers with `control_record`) travel
+in-band, in order with the data on the same channel, so "everything before the
 barrier" has a precise meaning. A *frame* is a list of elements — batches and control
 records — and is what one channel message carries, msgpack-encoded. Arrays decode as
 tuples, so a list value arrives as a tuple after crossing a process boundary.
@@ -158,39 +159,6 @@ class EndOfStream(ControlRecord):
     """The sender has sent its last record on this channel."""
 
     code: ClassVar[int] = 2
-
-
-@control_record
-@dataclass(frozen=True)
-class Barrier(ControlRecord):
-    """Checkpoint ``checkpoint_id``: everything before it on this channel belongs to
-    the checkpoint, everything after it does not (Chandy–Lamport marker)."""
-
-    checkpoint_id: int
-    code: ClassVar[int] = 3
-
-    def payload(self) -> Any:
-        return self.checkpoint_id
-
-    @classmethod
-    def from_payload(cls, payload: Any) -> "Barrier":
-        return cls(payload)
-
-
-@control_record
-@dataclass(frozen=True)
-class ProtocolClock(ControlRecord):
-    """Protocol bookkeeping piggybacked at the head of a frame (e.g. HMNR clocks)."""
-
-    data: Any
-    code: ClassVar[int] = 4
-
-    def payload(self) -> Any:
-        return self.data
-
-    @classmethod
-    def from_payload(cls, payload: Any) -> "ProtocolClock":
-        return cls(payload)
 
 
 # -- wire format -------------------------------------------------------------------------

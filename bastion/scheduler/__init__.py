@@ -1,0 +1,10 @@
+"""The control plane's decisions, apart from the job master that carries them out.
+
+- `placement`: which live Ray node each worker slot (and the standby) runs on;
+- `detector`: how a lost worker is noticed — heartbeats, dead actors, failed tasks —
+  and why each failure happened;
+- `recovery`: after a failure, which slots get which replacement and what restarts
+  from where (`RecoveryPlanner`).
+
+The job master (`bastion.runtime.job`) calls these; they know nothing of protocols.
+"""
