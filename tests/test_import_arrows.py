@@ -1,0 +1,147 @@
+"""Imports point one way: the layers of `bastion` (DESIGN §3) checked on the source.
+
+The test reads every module under ``bastion/`` with `ast` — nothing is imported, so
+an import inside a function or under ``TYPE_CHECKING`` counts like any other — and
+fails on an arrow that points the wrong way:
+
+- nothing under ``runtime/`` names a concrete protocol: it may import the registry
+  (``bastion.protocols``) and the seam (``bastion.protocols.base``), nothing else of
+  ``bastion.protocols``;
+- a protocol reaches the runtime only through the seam: of ``bastion.runtime`` it
+  imports the wire types of ``bastion.runtime.records`` and nothing else, and nothing
+  that drives a job (launcher, drills, command line, scheduler, the package root);
+- the scheduler imports no protocol module;
+- storage imports nothing of ours outside ``bastion.storage``.
+
+It also checks that a protocol touches nothing of its task or job master beyond the
+seam (`TaskContext`, `MasterContext`).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "bastion"
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, root: Path) -> set[str]:
+    """Every ``bastion`` module a file imports; ``from bastion import x`` names
+    ``bastion.x`` (a submodule, or an attribute of the package: both are arrows)."""
+    name = module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    return {m for m in found if m == "bastion" or m.startswith("bastion.")}
+
+
+def graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    return {module_name(p, root): imports_of(p, root) for p in sorted(root.rglob("*.py"))}
+
+
+def under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def wrong_arrows(modules: dict[str, set[str]]) -> list[str]:
+    concrete_protocols = [m for m in modules if under(m, "bastion.protocols")
+                          and m not in ("bastion.protocols", "bastion.protocols.base")]
+    protocol_may_use = ("bastion.protocols", "bastion.runtime.records", "bastion.storage",
+                        "bastion.errors", "bastion.topology")
+    wrong = []
+    for module, imported in modules.items():
+        for target in sorted(imported):
+            why = None
+            if under(module, "bastion.runtime") and any(under(target, p)
+                                                         for p in concrete_protocols):
+                why = "the runtime names a concrete protocol (use the registry)"
+            elif under(module, "bastion.protocols") and not any(
+                    under(target, p) for p in protocol_may_use):
+                why = "a protocol reaches past the seam"
+            elif under(module, "bastion.scheduler") and under(target, "bastion.protocols"):
+                why = "the scheduler imports a protocol module"
+            elif under(module, "bastion.storage") and not under(target, "bastion.storage"):
+                why = "storage imports something of ours"
+            if why:
+                wrong.append(f"{module} -> {target}: {why}")
+    return wrong
+
+
+def test_every_import_points_the_right_way():
+    modules = graph()
+    assert "bastion.runtime.instance" in modules and "bastion.protocols.base" in modules
+    assert wrong_arrows(modules) == []
+
+
+@pytest.mark.parametrize("module,line", [
+    ("runtime/job.py", "from bastion.protocols.coordinated import Barrier"),
+    ("runtime/instance.py", "from bastion.protocols import uncoordinated"),
+    ("protocols/cic.py", "from bastion.runtime.instance import Task"),
+    ("protocols/coordinated.py", "from ..runtime import channel"),
+    ("scheduler/__init__.py", "import bastion.protocols.base"),
+    ("storage/log.py", "from bastion.runtime.records import Batch"),
+])
+def test_a_wrong_arrow_is_found(tmp_path, module, line):
+    """The check itself can fail: a copy of the package with one wrong import added."""
+    import shutil
+
+    copy = tmp_path / "bastion"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / module
+    target.write_text(target.read_text() + f"\n{line}\n")
+    found = wrong_arrows(graph(copy))
+    assert found and all(f.startswith(module_name(target, copy) + " -> ") for f in found)
+
+
+def seam_members(cls: type) -> set[str]:
+    members = {n for klass in cls.__mro__ for n in vars(klass) if not n.startswith("__")}
+    return members | {n for klass in cls.__mro__ for n in getattr(klass, "__annotations__", {})}
+
+
+def reached_through(tree: ast.AST, name: str) -> set[str]:
+    """Attributes read or written on ``name`` or ``self.name`` in a module."""
+    found = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value
+        if (isinstance(owner, ast.Name) and owner.id == name) or (
+                isinstance(owner, ast.Attribute) and owner.attr == name
+                and isinstance(owner.value, ast.Name) and owner.value.id == "self"):
+            found.add(node.attr)
+    return found
+
+
+def test_protocols_use_nothing_of_a_task_or_master_but_the_seam():
+    """A protocol half holds its context as ``task`` / ``master`` (``self.task``,
+    ``self.master``): everything it touches there is declared by the seam."""
+    from bastion.protocols.base import MasterContext, TaskContext
+
+    used = {}
+    for path in sorted((PACKAGE / "protocols").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for name, seam in (("task", TaskContext), ("master", MasterContext)):
+            beyond = reached_through(tree, name) - seam_members(seam)
+            if beyond:
+                used[f"{path.name}: {name}"] = sorted(beyond)
+    assert used == {}
