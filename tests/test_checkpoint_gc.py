@@ -22,7 +22,8 @@ def stored_checkpoints(storage: str, job_id: str) -> set[int]:
 @pytest.mark.parametrize("retained", [1, 3])
 def test_coordinated_keeps_the_newest_complete_checkpoints(retained, tmp_path):
     storage = f"local://{tmp_path}"
-    result = bn.run(wordcount(), protocol="coordinated", checkpoint_interval=0.15,
+    # 4 s of input: enough checkpoints to collect some even on a busy machine
+    result = bn.run(wordcount(count=6000), protocol="coordinated", checkpoint_interval=0.15,
                     retained_checkpoints=retained, storage=storage)
     completed = result.metrics.protocol.checkpoints_completed
     assert completed > retained + 1
