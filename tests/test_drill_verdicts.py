@@ -255,8 +255,9 @@ class DropFrame(BrokenCoordinated):
 
 class SourcesRestoreOlder(BrokenCoordinated):
     """After a failure, source tasks restore from the retained checkpoint before the
-    recovery line while every other task restores the line: the others' state already
-    holds input the sources replay."""
+    recovery line — or, when none is retained yet (a busy machine completed only one
+    before the kill), not at all: they replay from the beginning — while every other
+    task restores the line: the others' state already holds input the sources replay."""
 
     def plant(self, task) -> None:
         if task.source is None:
@@ -266,7 +267,8 @@ class SourcesRestoreOlder(BrokenCoordinated):
         async def older(checkpoint_id):
             complete = await asyncio.to_thread(task.checkpoints.list_complete)
             earlier = [c for c in complete if c < checkpoint_id]
-            await restore_from(max(earlier) if earlier else checkpoint_id)
+            if earlier:
+                await restore_from(max(earlier))
 
         task.restore_from = older
 
