@@ -285,7 +285,11 @@ def test_progress_on_a_terminal_rewrites_one_line():
 
 
 def bastion_process(*argv: str, cwd: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
+    # Ray's driver in this test process (the session's Ray) exports RAY_AUTH_MODE and
+    # RAY_CLIENT_MODE into os.environ; a child that inherits them starts its own Ray
+    # differently (no token notice), so it gets the environment a user's shell has.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_CLIENT_MODE")}
     return subprocess.Popen([str(BASTION), *argv], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

@@ -251,6 +251,20 @@ class CheckpointCoordinator(Coordinator):
         # Older checkpoints are never restored again: keep the newest few, delete the rest.
         await asyncio.to_thread(self.checkpoints.gc, self.master.retained_checkpoints)
 
+    async def on_job_finished(self, task_reports: list[dict[str, Any]]) -> None:
+        # A completion the end of the job overtook (the watch ended while its manifest
+        # was being written) skipped its commit and its collection: its staged outputs
+        # would never become visible. Commit them before the end-of-stream commit.
+        async with self.completing:
+            committed = {c["checkpoint_id"] for c in self.completed}
+            complete = await asyncio.to_thread(self.checkpoints.list_complete)
+            newest_committed = max(committed, default=0)
+            for checkpoint_id in sorted(complete):
+                if checkpoint_id > newest_committed:
+                    await self.master.commit_outputs(self.master.attempt, checkpoint_id)
+                    newest_committed = checkpoint_id
+            await asyncio.to_thread(self.checkpoints.gc, self.master.retained_checkpoints)
+
     def checkpoint_in_progress(self) -> int | None:
         return min(self.in_progress, default=None)
 
