@@ -46,7 +46,7 @@ from bastion.runtime.plan import (BROADCAST, FORWARD, HASH, InputChannel, Output
 from bastion.runtime.outputs import (FINAL_COMMIT, committed_blobs, decode_values,
                                      encode_values, staged_key)
 from bastion.runtime.records import (Batch, ControlRecord, EndOfStream, FrameCodec,
-                                     Watermark, stable_hash)
+                                     UnstableKeyError, Watermark, stable_hash)
 from bastion.sinks import SinkWriter
 from bastion.storage import BlobRef, CheckpointStore, ObjectStore, open_store
 
@@ -121,9 +121,14 @@ class Router:
         except KeyError:
             if len(memo) > _ROUTE_MEMO_KEYS:
                 memo.clear()
-            for k in keys:
+            for i, k in enumerate(keys):
                 if k not in memo:
-                    memo[k] = stable_hash(k) % n
+                    try:
+                        memo[k] = stable_hash(k) % n
+                    # a bug of the job, not of one record: fail, fail_fast or not
+                    except UnstableKeyError as exc:
+                        ctx = self.key_ctx
+                        raise UDFError(ctx.name, ctx.index, batch.values[i], str(exc)) from None
             parts = list(map(memo.__getitem__, keys))
         buckets: list[list[int]] = [[] for _ in range(n)]
         appends = [b.append for b in buckets]

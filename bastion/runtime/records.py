@@ -224,10 +224,30 @@ class FrameCodec:
 # -- stable hashing ------------------------------------------------------------------------
 
 
+class UnstableKeyError(TypeError):
+    """A key whose stable hash would differ from process to process. Routing code
+    catches it and names the operator that keys the stream."""
+
+    def __init__(self, key: Any):
+        self.key_type = type(key).__name__
+        super().__init__(
+            f"key of type {self.key_type} has no stable hash (its repr contains a memory "
+            "address); key by a str/int/tuple or give the class a __repr__ that is stable")
+
+
 def stable_hash(key: Any) -> int:
     """A hash of ``key`` that is the same in every process and after every restart
     (Python's ``hash()`` of str/bytes is salted per process, so it cannot route keys).
-    Keys equal in Python hash equal: ``1``, ``1.0`` and ``True`` are one key."""
+    Keys equal in Python hash equal: ``1``, ``1.0`` and ``True`` are one key.
+
+    str, bytes, numbers, None and tuples (or lists) of them hash by value. Any other
+    object hashes by its ``repr()``, so it is a usable key exactly when its repr is a
+    function of its value, as a dataclass's is (two equal keys whose reprs differ, like
+    ``Point(1)`` and ``Point(1.0)``, may land on different instances). The default
+    ``object.__repr__`` shows a memory address, which differs per process: such a key
+    raises `UnstableKeyError` instead of routing by address. A set or frozenset hashes
+    as its elements in the order of their reprs, which are stable when each element's
+    is."""
     if isinstance(key, str):
         return zlib.crc32(key.encode("utf-8", "surrogatepass"))
     if isinstance(key, bytes):
@@ -238,12 +258,26 @@ def stable_hash(key: Any) -> int:
         key = int(key)
     if isinstance(key, int) and -(2**63) <= key < 2**64:
         return zlib.crc32(key.to_bytes(9, "little", signed=True))
-    if isinstance(key, list):
-        key = tuple(key)
-    return zlib.crc32(msgpack.packb(key, use_bin_type=True, default=_hash_default))
+    return zlib.crc32(msgpack.packb(_canonical(key), use_bin_type=True,
+                                    default=_hash_default))
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` with every number inside its tuples in one form, so that equal keys
+    pack to equal bytes: ``(1,)``, ``(1.0,)`` and ``(True,)`` are one key."""
+    if isinstance(value, (tuple, list)):
+        return tuple(map(_canonical, value))
+    if isinstance(value, (set, frozenset)):
+        return sorted(map(_canonical, value), key=repr)
+    if isinstance(value, bool) or (isinstance(value, float) and value.is_integer()):
+        return int(value)
+    return value
 
 
 def _hash_default(value: Any) -> Any:
-    if isinstance(value, (set, frozenset)):
-        return sorted(value, key=repr)
-    return repr(value)
+    text = repr(value)
+    # CPython's default repr, and those of functions, methods and many C objects,
+    # end in "at 0x<address>": an address is only meaningful inside one process.
+    if " at 0x" in text:
+        raise UnstableKeyError(value)
+    return text
