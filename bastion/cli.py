@@ -310,6 +310,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for letter in result.dead_letters[: args.show]:
             print(f"  {letter.operator}[{letter.index}] {letter.reason}: {letter.value!r} "
                   f"({letter.error})")
+    for warning in result.warnings:  # the job succeeded, but not everything was stored
+        _say(f"warning: {warning}")
     return EXIT_OK
 
 

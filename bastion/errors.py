@@ -4,7 +4,10 @@ Every error names the thing that is wrong — the operator, the record, the reso
 and, where there is one, what to do about it. `TopologyError` is raised while a
 topology is built or validated, always before anything is deployed; `UDFError` carries
 a user function's exception out of a running job when `fail_fast=True`; `JobFailedError`
-reports a job that stopped for any other reason. `StorageError` (a store that cannot
+reports a job that stopped for any other reason, and its subclasses say which reasons
+need the user's attention: `SinkCommitError` (a sink kept failing to apply committed
+outputs) and `NoUsableCheckpointError` (after a failure, no checkpoint could be restored
+without committing some outputs twice). `StorageError` (a store that cannot
 be reached, a bad URL, missing credentials) is one too: `BastionError` is defined by
 the storage layer, which imports nothing of ours, and re-exported here.
 """
@@ -39,4 +42,16 @@ class JobFailedError(BastionError):
     """A job stopped because an instance failed for a reason other than a user function."""
 
 
-__all__ = ["BastionError", "JobFailedError", "StorageError", "TopologyError", "UDFError"]
+class SinkCommitError(JobFailedError):
+    """A sink failed to apply a commit point's outputs, again after every retry. The
+    message names the sink, the commit point and the sink's own error."""
+
+
+class NoUsableCheckpointError(JobFailedError):
+    """A recovery found no checkpoint it could restore: every newer one is damaged
+    (each is named with its bad blob), and restarting from an older one — or from the
+    beginning — would commit outputs a second time that were committed already."""
+
+
+__all__ = ["BastionError", "JobFailedError", "NoUsableCheckpointError", "SinkCommitError",
+           "StorageError", "TopologyError", "UDFError"]

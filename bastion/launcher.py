@@ -24,7 +24,7 @@ from bastion.errors import JobFailedError, TopologyError, UDFError
 from bastion.protocols import Protocol, get_protocol
 from bastion.runtime import faults as fault_injection
 from bastion.runtime.config import JobConfig
-from bastion.runtime.job import JobMaster
+from bastion.runtime.job import JobMaster, MasterLimits
 from bastion.runtime.merge import nondeterminism
 from bastion.runtime.metrics import (LatencyHistogram, OperatorCounts, ProtocolMetrics,
                                      RunMetrics)
@@ -40,7 +40,8 @@ _PROGRESS_INTERVAL_S = 0.5
 class RunResult:
     """What a run produced: committed sink outputs, metrics and dead letters. With
     ``lineage=True``, ``output_ids[sink]`` lists the lineage id of every committed
-    record, parallel to ``outputs[sink]`` (empty without lineage)."""
+    record, parallel to ``outputs[sink]`` (empty without lineage). ``warnings`` says
+    what went wrong without failing the job, e.g. run events the store did not take."""
 
     job_id: str
     outputs: dict[str, list]
@@ -49,6 +50,7 @@ class RunResult:
     plan: str = ""
     details: dict[str, Any] = field(default_factory=dict)
     output_ids: dict[str, list] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 # Ray's own processes (its dashboard probes cloud metadata services over plain HTTP at
@@ -136,7 +138,8 @@ def run(topology: Topology, *, protocol: str = "none",
         workers: int | None = None, fail_fast: bool = False,
         heartbeat_timeout_s: float = 1.0, max_restarts: int = 10, faults: Sequence = (),
         lineage: bool = False, deterministic: bool = False,
-        progress: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+        progress: Callable[[dict[str, Any]], None] | None = None,
+        master_limits: MasterLimits | None = None) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
 
     ``protocol`` picks the fault-tolerance protocol (``"none"``, ``"coordinated"``,
@@ -160,7 +163,13 @@ def run(topology: Topology, *, protocol: str = "none",
     ``RunResult.output_ids``; ``deterministic`` merges every multi-input task's
     inputs in a fixed order (`bastion.runtime.merge`), so every run commits the same
     outputs in the same order — a topology that cannot (a feedback edge, windows on
-    ingest time) raises `TopologyError` saying why.
+    ingest time) raises `TopologyError` saying why. ``master_limits``
+    (`bastion.runtime.job.MasterLimits`) bounds the job master: how often it retries a
+    sink's commit, and how many events and progress points it keeps in memory.
+
+    A job that fails raises `JobFailedError` — `SinkCommitError` when a sink kept
+    failing to apply a commit, `NoUsableCheckpointError` when no checkpoint could be
+    restored without committing outputs twice — or the `UDFError` of ``fail_fast``.
     """
     proto = get_protocol(protocol)
     plan = build_plan(topology, chaining=chaining, workers=workers)
@@ -204,7 +213,7 @@ def run(topology: Topology, *, protocol: str = "none",
         if kill.node is not None:  # a node that does not exist fails here, not mid-run
             fault_injection.resolve_node(kill.node, fault_injection.live_nodes())
     ship_user_modules(topology, proto)
-    master = JobMaster.remote(plan, config)
+    master = JobMaster.remote(plan, config, master_limits)
     try:
         pending = master.run.remote()
         while True:
@@ -217,7 +226,7 @@ def run(topology: Topology, *, protocol: str = "none",
     finally:
         ray.kill(master)
     failure = report["failure"]
-    if isinstance(failure, UDFError):
+    if isinstance(failure, (UDFError, JobFailedError)):
         raise failure
     if failure is not None:
         raise JobFailedError(f"job {config.job_id} failed: {failure}")
@@ -289,7 +298,14 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
             "attempts": report["attempts"],
         },
     )
+    warnings = []
+    if report["events_not_stored"] is not None:
+        lost = report["events_not_stored"]
+        warnings.append(f"{lost['records']} run events of job {config.job_id} could not be "
+                        f"stored under {lost['where']} ({lost['error']}): the stored event "
+                        "log is incomplete; the result's events are complete")
     return RunResult(config.job_id, outputs, metrics, dead_letters, plan.describe(),
                      {"tasks": tasks, "events": report["events"],
+                      "event_counts": report["event_counts"],
                       "timeline": report["timeline"], "started_s": report["started_s"]},
-                     output_ids)
+                     output_ids, warnings)

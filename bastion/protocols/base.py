@@ -315,6 +315,18 @@ class Coordinator:
         `TaskProtocol.restore` (None: restart from the beginning)."""
         return None
 
+    def exclude(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` cannot be restored (a blob of it is damaged or
+        missing): no recovery line from now on may use it. The job master then asks
+        for `recovery_line` again. A coordinator that takes no checkpoints never
+        names one, so is never asked."""
+
+    def rolled_back_commits(self, line: Any) -> set[int]:
+        """The commit points already made whose outputs a restart from ``line`` (what
+        `recovery_line` returned) would produce, and commit, again. Normally none:
+        a line never lies below a commit; after `exclude` it may."""
+        return set()
+
     async def on_job_finished(self, task_reports: list[dict[str, Any]]) -> None:
         """Every task finished: commit what is final before the end-of-stream commit.
         ``task_reports`` list, per task, the checkpoints it acknowledged (an

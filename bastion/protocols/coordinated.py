@@ -42,7 +42,7 @@ from bastion.errors import TopologyError
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
                                     TaskContext, TaskProtocol, cancel)
 from bastion.runtime.records import ControlRecord, control_record
-from bastion.storage import BlobRef
+from bastion.storage import BlobRef, StorageError
 
 
 @control_record
@@ -185,6 +185,8 @@ class CheckpointCoordinator(Coordinator):
         self.attempt = -1
         self.loop: asyncio.Task | None = None
         self.completed: list[dict[str, Any]] = []
+        self.committed: set[int] = set()   # checkpoints whose outputs were committed
+        self.unusable: set[int] = set()    # complete, but a recovery could not read them
         self.aborted = 0
         self.completing = asyncio.Lock()  # FIFO: checkpoints complete in id order
 
@@ -248,6 +250,7 @@ class CheckpointCoordinator(Coordinator):
         self.master.record_event("checkpoint_completed", checkpoint_id=checkpoint_id,
                                  duration_s=duration_s, state_bytes=state_bytes)
         await self.master.commit_outputs(attempt, checkpoint_id)
+        self.committed.add(checkpoint_id)
         # Older checkpoints are never restored again: keep the newest few, delete the rest.
         await asyncio.to_thread(self.checkpoints.gc, self.master.retained_checkpoints)
 
@@ -262,6 +265,7 @@ class CheckpointCoordinator(Coordinator):
             for checkpoint_id in sorted(complete):
                 if checkpoint_id > newest_committed:
                     await self.master.commit_outputs(self.master.attempt, checkpoint_id)
+                    self.committed.add(checkpoint_id)
                     newest_committed = checkpoint_id
             await asyncio.to_thread(self.checkpoints.gc, self.master.retained_checkpoints)
 
@@ -269,14 +273,35 @@ class CheckpointCoordinator(Coordinator):
         return min(self.in_progress, default=None)
 
     async def recovery_line(self) -> int | None:
-        manifest = await asyncio.to_thread(self.checkpoints.latest_complete)
-        if manifest is None:
-            return None
-        # A checkpoint can be complete (manifest written) while the failure kept its
-        # outputs from being committed: its staged outputs are part of the state we
-        # restore, so they must be visible, or they would be lost.
-        await self.master.commit_outputs(self.master.attempt, manifest.checkpoint_id)
-        return manifest.checkpoint_id
+        while True:
+            manifest = await self.checkpoints.alatest_complete(exclude=self.unusable)
+            if manifest is None:
+                return None
+            checkpoint_id = manifest.checkpoint_id
+            if checkpoint_id in self.committed:
+                return checkpoint_id
+            # A checkpoint can be complete (manifest written) while the failure kept its
+            # outputs from being committed: its staged outputs are part of the state we
+            # restore, so they must be visible, or they would be lost. Committing is
+            # for good, so first make sure every blob of it reads back.
+            try:
+                await asyncio.to_thread(self.checkpoints.verify, checkpoint_id)
+            except StorageError as exc:
+                self.exclude(checkpoint_id)
+                self.master.record_event("checkpoint_unusable", checkpoint=checkpoint_id,
+                                         key=getattr(exc, "key", None),
+                                         reason=f"{type(exc).__name__}: {exc}")
+                continue
+            await self.master.commit_outputs(self.master.attempt, checkpoint_id)
+            self.committed.add(checkpoint_id)
+            return checkpoint_id
+
+    def exclude(self, checkpoint_id: int) -> None:
+        self.unusable.add(checkpoint_id)
+
+    def rolled_back_commits(self, line: int | None) -> set[int]:
+        # Restoring checkpoint ``line`` replays what every later checkpoint committed.
+        return {c for c in self.committed if line is None or c > line}
 
     def stats(self, final_counters: Any = None) -> ProtocolStats:
         durations = [c["duration_s"] for c in self.completed]

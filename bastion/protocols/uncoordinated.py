@@ -312,6 +312,30 @@ class RecoveryLineCoordinator(Coordinator):
         summary = {t: info.checkpoint for t, info in tasks.items()}
         return {"tasks": tasks, "summary": summary}
 
+    def exclude(self, checkpoint_id: int) -> None:
+        """Its task can restore neither it nor a later checkpoint of its own: those
+        later ones may need its logged frames to be replayed. Forgetting them is what
+        a failure right before ``checkpoint_id`` would have left, so the next
+        `recovery_line` rolls back around it like around any lost checkpoint."""
+        for task_id, cps in self.history.items():
+            numbers = [cp.record.number for cp in cps]
+            if checkpoint_id in numbers:
+                dropped = cps[numbers.index(checkpoint_id):]
+                self.history[task_id] = cps[:numbers.index(checkpoint_id)]
+                self.abandoned += len(dropped)
+                return
+
+    def rolled_back_commits(self, line: Any) -> set[int]:
+        # A sink checkpoint above its task's line checkpoint is replayed: whatever it
+        # committed is produced again.
+        restored = {} if line is None else line["summary"]
+        rolled_back = set()
+        for number in self.committed:
+            task_id = number & 0xFFFF   # the low bits of `checkpoint_number`
+            if restored.get(task_id) is None or number > restored[task_id]:
+                rolled_back.add(number)
+        return rolled_back
+
     def _sent(self, task_id: int, channel_id: int) -> int:
         kept = self.history[task_id]
         return kept[-1].record.sent.get(channel_id, NOTHING) if kept else NOTHING

@@ -21,6 +21,26 @@ scheduler's (`bastion.scheduler`), the checkpoints the protocol's coordinator's:
    *deploy* or *start* is one more failure);
 6. **finish** — commit the end-of-stream outputs, gather counters, latency histograms
    and dead letters; the workers are released whatever happened.
+
+Three faults of the job's own machinery are handled here too:
+
+- **a checkpoint that cannot be read back** — a worker restoring the recovery line
+  finds a blob damaged or missing (`detector.UnreadableBlob`). The job master records
+  ``checkpoint_unusable`` (the checkpoint, the blob's key, the reason), tells the
+  coordinator to exclude that checkpoint (`Coordinator.exclude`) and deploys again
+  from the line it names next. Committed outputs are never taken back, so a line
+  that would replay outputs already committed — outputs of a later checkpoint that
+  some sink made visible (`Coordinator.rolled_back_commits`) — is refused: the job
+  fails with `NoUsableCheckpointError`. Restarting from the beginning is used, and
+  recorded, only when no committed output would come out twice;
+- **a sink that cannot apply a commit** — each worker whose ``apply_commit`` raised
+  is asked again, ``commit_attempts`` times with doubling backoff (``commit_retried``
+  events); then the job fails with `SinkCommitError`, naming the sinks and the commit
+  point. A worker that died meanwhile is left to the failure detector: its
+  replacement re-applies every committed output when it restores;
+- **events that cannot be stored** — the event log (`bastion.runtime.events`) retries
+  and then reports the loss in the run's result; it also keeps the job master's memory
+  flat in a long run.
 """
 
 from __future__ import annotations
@@ -28,26 +48,39 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 import ray
 
+from bastion.errors import JobFailedError, NoUsableCheckpointError, SinkCommitError
 from bastion.protocols import get_protocol
 from bastion.protocols.base import MasterContext, cancel
 from bastion.runtime import faults as fault_injection
 from bastion.runtime.config import JobConfig
+from bastion.runtime.events import EventLimits, EventLog
 from bastion.runtime.instance import Worker
 from bastion.runtime.metrics import FailureRecovery, LatencyHistogram, rate_recovered_at
-from bastion.runtime.outputs import FINAL_COMMIT, marker_key
+from bastion.runtime.outputs import FINAL_COMMIT, committed_blobs, marker_key
 from bastion.runtime.plan import PhysicalPlan
 from bastion.scheduler import detector, placement
 from bastion.scheduler.detector import Failure, within
-from bastion.scheduler.recovery import BlockingRecovery, Capacity, RecoveryPlanner
+from bastion.scheduler.recovery import (BlockingRecovery, Capacity, RecoveryPlanError,
+                                       RecoveryPlanner, check_plan)
 from bastion.storage import CheckpointStore, open_store
 
 
 _PROGRESS_TIMEOUT_S = 1.0  # a worker busier than this is left out of one timeline point
+
+
+@dataclass(frozen=True)
+class MasterLimits:
+    """How often a job master retries applying a commit, and how much of its events
+    and timeline it keeps in memory (`EventLimits`)."""
+
+    commit_attempts: int = 5
+    commit_backoff_s: float = 0.1   # doubles after each failed attempt
+    events: EventLimits = field(default_factory=EventLimits)
 
 
 class _JobEnded(Exception):
@@ -110,9 +143,11 @@ class _CoordinatorContext(MasterContext):
 
 @ray.remote(num_cpus=0)
 class JobMaster:
-    def __init__(self, plan: PhysicalPlan, config: JobConfig):
+    def __init__(self, plan: PhysicalPlan, config: JobConfig,
+                 limits: MasterLimits | None = None):
         self.plan = plan
         self.config = config
+        self.limits = limits or MasterLimits()
         self.store = open_store(config.storage_url)
         self.checkpoints = CheckpointStore(self.store, config.job_id)
         self.protocol = get_protocol(config.protocol)
@@ -122,8 +157,12 @@ class JobMaster:
         self.attempt = 0
         self.phase = "created"
         self.started_s: float | None = None
-        self.events: list[dict[str, Any]] = []
-        self.timeline: list[dict[str, Any]] = []
+        self.log = EventLog(self.store, config.job_id, self.limits.events)
+        # Set when the job must end whatever the phase (a sink kept failing a commit):
+        # the error, and a future the watch phase wakes up on.
+        self.job_error: JobFailedError | None = None
+        self._job_error_set: asyncio.Future | None = None
+        self.unusable: dict[int, str] = {}  # checkpoint -> why it cannot be restored
         self.finished_tasks: set[int] = set()
         self.source_tasks = {t.task_id for t in plan.tasks
                              if plan.topology.nodes[plan.chains[t.chain_id].ops[0]].kind
@@ -141,9 +180,7 @@ class JobMaster:
     # -- what the coordinator's context and the workers call --------------------------------
 
     def record_event(self, kind: str, **fields: Any) -> None:
-        t = time.time()
-        self.events.append({"kind": kind, "t": t,
-                            "t_s": t - self.started_s if self.started_s else 0.0, **fields})
+        self.log.record(kind, self.started_s, **fields)
 
     async def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
         by_worker: dict[int, list[int]] = {}
@@ -154,11 +191,52 @@ class JobMaster:
 
     async def commit_outputs(self, attempt: int, commit: int) -> None:
         """Make the sink outputs staged for ``commit`` visible (the second phase).
-        Commits are applied one at a time, in the order they are made."""
+        Commits are applied one at a time, in the order they are made. A worker whose
+        sinks fail to apply it is asked again, with backoff; `SinkCommitError` when
+        they still fail (the job then ends)."""
         async with self._committing:
             await self.store.aput(marker_key(self.config.job_id, commit), b"")
-            await asyncio.gather(*[w.apply_commit.remote(attempt, commit)
-                                   for w in self.workers], return_exceptions=True)
+            slots = list(range(len(self.workers)))
+            delay_s = self.limits.commit_backoff_s
+            for attempt_number in range(1, self.limits.commit_attempts + 1):
+                results = await asyncio.gather(
+                    *[self.workers[i].apply_commit.remote(attempt, commit) for i in slots],
+                    return_exceptions=True)
+                # A dead worker is the detector's: its replacement re-applies commits.
+                failed = {i: r for i, r in zip(slots, results)
+                          if isinstance(r, Exception)
+                          and not isinstance(r, ray.exceptions.RayActorError)}
+                if not failed:
+                    return
+                slots = sorted(failed)
+                if attempt_number < self.limits.commit_attempts:
+                    self.record_event("commit_retried", commit=commit, workers=slots,
+                                      sinks=self._sinks_of(slots), error=_cause(
+                                          failed[slots[0]]))
+                    await asyncio.sleep(delay_s)
+                    delay_s *= 2
+            error = SinkCommitError(
+                f"job {self.config.job_id} failed: sink {', '.join(self._sinks_of(slots))} "
+                f"could not apply {_commit_name(commit)} after "
+                f"{self.limits.commit_attempts} attempts: {_cause(failed[slots[0]])}")
+            self.record_event("commit_failed", commit=commit, workers=slots,
+                              sinks=self._sinks_of(slots), error=str(error))
+            self._end_job(error)
+            raise error
+
+    def _sinks_of(self, slots: list[int]) -> list[str]:
+        """The sink instances the workers of ``slots`` run, as ``'name' [index]``."""
+        plan = self.plan
+        return [f"{op!r} [{t.index}]" for slot in slots for t in plan.tasks_of(slot)
+                for op in plan.chains[t.chain_id].ops
+                if plan.topology.nodes[op].kind == "sink"]
+
+    def _end_job(self, error: JobFailedError) -> None:
+        """End the job with ``error``, whatever phase it is in."""
+        if self.job_error is None:
+            self.job_error = error
+        if self._job_error_set is not None and not self._job_error_set.done():
+            self._job_error_set.set_result(None)
 
     def acknowledge(self, attempt: int, task_id: int, checkpoint_id: int, ref: Any,
                     meta: Any = None) -> None:
@@ -168,6 +246,17 @@ class JobMaster:
 
     async def run(self) -> dict[str, Any]:
         """Run the job to its end; the report `bastion.launcher` turns into a result."""
+        self._job_error_set = asyncio.get_running_loop().create_future()
+        try:
+            report = await self._phases()
+        finally:
+            for w in self.workers + self._spare():
+                ray.kill(w)
+            await self.log.close()
+        report["events_not_stored"] = self.log.summary()
+        return report
+
+    async def _phases(self) -> dict[str, Any]:
         try:
             spawn_s = await self._spawn()
             restore: Any = None
@@ -181,11 +270,16 @@ class JobMaster:
                     restore = await self._recover(failure)
             return await self._finish(spawn_s)
         except _JobEnded as ended:
-            return ended.report
-        finally:
-            for w in self.workers + self._spare():
-                ray.kill(w)
-            await self._write_events()
+            return self._ended(ended.report)
+        except JobFailedError:
+            return self._ended({"failure": self.job_error})
+
+    def _ended(self, report: dict[str, Any]) -> dict[str, Any]:
+        """The report of a job that failed: an error that ended it wins over the
+        failure it caused on its way (a sink that failed, then the watch that noticed)."""
+        if self.job_error is not None:
+            report = {**report, "failure": self.job_error}
+        return report
 
     async def _spawn(self) -> float:
         """Start every slot's worker and the standby; the seconds it took."""
@@ -203,13 +297,16 @@ class JobMaster:
         """Every worker builds this attempt's tasks, restored from ``restore``."""
         self.phase = "deploy"
         me = ray.get_runtime_context().current_actor
-        try:
-            await asyncio.gather(*[w.deploy.remote(self.plan, self.workers, me,
-                                                   self.attempt, restore, i)
-                                   for i, w in enumerate(self.workers)])
-        except ray.exceptions.RayActorError as exc:
-            # a worker may die here too (a second fault during a recovery)
-            raise detector.died_during(self.phase, exc) from None
+        outcomes = await asyncio.gather(*[w.deploy.remote(self.plan, self.workers, me,
+                                                          self.attempt, restore, i)
+                                          for i, w in enumerate(self.workers)],
+                                        return_exceptions=True)
+        failures = [detector.call_failure(self.phase, i, exc)
+                    for i, exc in enumerate(outcomes) if isinstance(exc, Exception)]
+        if failures:
+            # a worker may die here too (a second fault during a recovery): a death is
+            # recovered first, then a damaged checkpoint; anything else ends the job
+            raise min(failures, key=lambda f: (f.fatal, f.blob is not None))
 
     async def _start(self, restore: Any) -> None:
         """Tasks start their loops; the first start also starts the clock and the
@@ -226,8 +323,8 @@ class JobMaster:
             raise detector.died_during(self.phase, exc) from None
         self._ensure_standby()
         if self.attempt:
-            self.record_event("restarted", attempt=self.attempt, checkpoint=(
-                restore.get("summary") if isinstance(restore, dict) else restore))
+            self.record_event("restarted", attempt=self.attempt,
+                              checkpoint=_line_summary(restore))
         self.coordinator.start(self.attempt)
 
     async def _recover(self, failure: Failure) -> Any:
@@ -235,20 +332,72 @@ class JobMaster:
         next attempt restores from; raise `_JobEnded` when the job cannot go on."""
         unfinished = self.coordinator.checkpoint_in_progress()
         await self.coordinator.stop()
+        if self.job_error is not None:
+            raise _JobEnded({"failure": self.job_error})
         if failure.udf is not None:
             raise _JobEnded({"failure": failure.udf})
         if failure.fatal:
             raise _JobEnded({"failure": failure.reason})
+        if failure.blob is not None:
+            return await self._exclude_checkpoint(failure)
         self.record_event("failure_detected", reason=failure.reason, worker=failure.worker,
                           checkpoint_in_progress=unfinished)
         if self.attempt >= self.config.max_restarts:
             raise _JobEnded({"failure": f"{failure.reason} (gave up after "
                                         f"{self.config.max_restarts} restarts)"})
         self.phase = "recover"
-        await self._replace_workers(failure)
-        restore = await self.coordinator.recovery_line()
+        try:
+            await self._replace_workers(failure)
+        except RecoveryPlanError as exc:
+            raise _JobEnded({"failure": str(exc)}) from None
+        restore = await self._recovery_line()
         self.attempt += 1
         return restore
+
+    async def _exclude_checkpoint(self, failure: Failure) -> Any:
+        """A worker could not read a blob of the checkpoint it was restoring: give
+        that checkpoint up and return the line to deploy again from. The workers are
+        alive and the attempt unchanged — none of its tasks ran."""
+        blob = failure.blob
+        checkpoint = self.checkpoints.checkpoint_of(blob.key)
+        if checkpoint is None or checkpoint in self.unusable:
+            # not a checkpoint's blob, or the coordinator named it again: no way around
+            raise _JobEnded({"failure": failure.reason})
+        self.unusable[checkpoint] = f"{blob.key}: {blob.reason}"
+        self.record_event("checkpoint_unusable", checkpoint=checkpoint, key=blob.key,
+                          reason=blob.reason)
+        self.coordinator.exclude(checkpoint)
+        self.phase = "recover"
+        return await self._recovery_line()
+
+    async def _recovery_line(self) -> Any:
+        """The coordinator's recovery line, unless restoring it would commit again
+        outputs already committed (possible only once a checkpoint was excluded)."""
+        restore = await self.coordinator.recovery_line()
+        rolled_back = self.coordinator.rolled_back_commits(restore)
+        if rolled_back:
+            visible = await asyncio.to_thread(self._with_outputs, rolled_back)
+            if visible:
+                damaged = "; ".join(f"checkpoint {c} ({why})"
+                                    for c, why in sorted(self.unusable.items()))
+                start = ("the beginning" if restore is None
+                         else f"checkpoint {_line_summary(restore)}")
+                raise _JobEnded({"failure": NoUsableCheckpointError(
+                    f"job {self.config.job_id} failed: no checkpoint can be restored. "
+                    f"Unreadable: {damaged or 'none'}. Restarting from {start} would "
+                    f"commit again the outputs of commit points {sorted(visible)}, which "
+                    "sinks have made visible already; the outputs committed so far are "
+                    f"kept under jobs/{self.config.job_id}/outputs/ — run the job again")})
+        return restore
+
+    def _with_outputs(self, commits: set[int]) -> set[int]:
+        """Of the commit points ``commits``, those that committed some sink record."""
+        found: set[int] = set()
+        for name, node in self.plan.topology.nodes.items():
+            if node.kind == "sink":
+                found |= {c for _, c, _ in committed_blobs(self.store, self.config.job_id,
+                                                           name) if c in commits}
+        return found
 
     async def _finish(self, spawn_s: float) -> dict[str, Any]:
         """Every task finished: commit what is final and collect the report."""
@@ -269,13 +418,16 @@ class JobMaster:
             "started_s": self.started_s,
             "finished_s": finished_s,
             "tasks": tasks,
-            "events": self.events,
-            "timeline": self.timeline,
+            **self._events_report(),
             "protocol": self.coordinator.stats(
                 {t["task_id"]: (t["final_sent"], t["final_received"]) for t in tasks}),
             "attempts": self.attempt + 1,
             "failures": failures,
         }
+
+    def _events_report(self) -> dict[str, Any]:
+        return {"events": self.log.events, "timeline": self.log.timeline.points(),
+                "event_counts": dict(self.log.counts)}
 
     def _failures(self) -> list[FailureRecovery]:
         """Restart and recovery time of every failure, from the events and the progress
@@ -283,14 +435,14 @@ class JobMaster:
         failures = []
         pairs = []
         detected = None  # a failure during a recovery extends that recovery
-        for event in self.events:
+        for event in self.log.events:
             if event["kind"] == "failure_detected" and detected is None:
                 detected = event
             elif event["kind"] == "restarted" and detected is not None:
                 pairs.append((detected, event))
                 detected = None
         for detected, restarted in pairs:
-            recovered_at_s = rate_recovered_at(self.timeline, detected["t_s"],
+            recovered_at_s = rate_recovered_at(self.log.timeline.points(), detected["t_s"],
                                                restarted["t_s"])
             failure = FailureRecovery(
                 reason=detected["reason"], detected_at_s=detected["t_s"],
@@ -301,17 +453,6 @@ class JobMaster:
             self.record_event("recovery", **dataclasses.asdict(failure))
             failures.append(failure)
         return failures
-
-    async def _write_events(self) -> None:
-        """Lifecycle events and the progress timeline, as concatenated msgpack maps
-        (what the Spark analytics read): ``jobs/<job>/events/job-master``."""
-        packer = msgpack.Packer(use_bin_type=True)
-        data = b"".join([packer.pack(e) for e in self.events]
-                        + [packer.pack({"kind": "progress", **p}) for p in self.timeline])
-        try:
-            await self.store.aput(f"jobs/{self.config.job_id}/events/job-master", data)
-        except Exception as exc:  # noqa: BLE001 - losing events must not fail the job
-            self.record_event("events_not_stored", error=repr(exc))
 
     def _ensure_standby(self) -> None:
         if self.standby is None and self.protocol.needs_standby:
@@ -342,6 +483,7 @@ class JobMaster:
         lost = [i for i, ok in enumerate(alive[:len(self.workers)])
                 if not ok or i == failure.worker]
         plan = self.planner.plan(lost, len(self.workers), Capacity(standby=standby_alive))
+        check_plan(plan, lost, len(self.workers))
         for i in lost:
             ray.kill(self.workers[i], no_restart=True)
         for i in plan.to_standby:
@@ -362,11 +504,15 @@ class JobMaster:
                    asyncio.ensure_future(self._poll_progress())]
         if self.config.duration_s is not None:
             helpers.append(asyncio.ensure_future(self._stop_after(self.config.duration_s)))
-        pending = set(waits) | set(helpers[:1])
+        ended = asyncio.ensure_future(asyncio.shield(self._job_error_set))
+        helpers.append(ended)
+        pending = set(waits) | set(helpers[:1]) | {ended}
         try:
             while any(f in pending for f in waits):
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for fut in done:
+                    if fut is ended:
+                        raise Failure(str(self.job_error), fatal=True)
                     if fut not in waits:
                         fut.result()  # the heartbeat loop only returns by raising
                         continue
@@ -449,7 +595,7 @@ class JobMaster:
             await self._check_loops(replies)
         if self.started_s is not None:
             p50, p99 = latency.percentile(50), latency.percentile(99)
-            self.timeline.append({"t_s": time.time() - self.started_s, **gained,
+            self.log.progress({"t_s": time.time() - self.started_s, **gained,
                                   "source_lag": lag, "workers_answering": sum(
                                       not isinstance(r, BaseException) for r in replies),
                                   "latency_p50_ms": None if p50 is None else p50 * 1000,
@@ -489,7 +635,28 @@ class JobMaster:
             for w, task_ids in by_worker.items():
                 self.workers[w].finish_loops.remote(self.attempt, task_ids)
 
+    def memory(self) -> dict[str, int]:
+        """How many events and progress points the job master holds now."""
+        return {"events": len(self.log.events), "timeline": len(self.log.timeline)}
+
     async def progress(self) -> dict[str, Any]:
         elapsed = time.time() - self.started_s if self.started_s else 0.0
         return {"phase": self.phase, "elapsed_s": elapsed, "attempt": self.attempt,
                 **self._totals}
+
+
+def _cause(exc: BaseException) -> str:
+    """What a worker raised, without Ray's wrapping."""
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc
+    return f"{type(cause).__name__}: {cause}"
+
+
+def _commit_name(commit: int) -> str:
+    return ("the end-of-stream commit" if commit == FINAL_COMMIT
+            else f"commit point {commit}")
+
+
+def _line_summary(restore: Any) -> Any:
+    """What a recovery line restores, for events and messages: a checkpoint id, or
+    the checkpoint of every task (uncoordinated lines)."""
+    return restore.get("summary") if isinstance(restore, dict) else restore

@@ -13,7 +13,15 @@ Three signals, whichever comes first:
 
 Each becomes a `Failure` with a reason for the job's events. A lost process is
 recovered; a failure a restart would only repeat (a task that raised) is *fatal* and
-ends the job.
+ends the job. One kind of task error is neither: a stored blob that cannot be read
+back (`CorruptBlobError`, `KeyNotFoundError`, `IncompleteCheckpointError` — a worker
+restoring a damaged checkpoint). Such a failure carries the blob's key (`Failure.blob`),
+so the job master can give up that checkpoint and restore an older one.
+
+The rule for heartbeats is the one `answers` applies: a worker is alive when its ping
+returns within ``heartbeat_timeout_s``, however late inside that timeout, and dead
+when the ping times out or Ray reports the actor gone. How long a ping takes on a busy
+machine is measured by `benchmarks/`, not asserted by tests.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from typing import Any, Callable, NoReturn
 import ray
 
 from bastion.errors import UDFError
+from bastion.storage import CorruptBlobError, IncompleteCheckpointError, KeyNotFoundError
 
 
 class Failure(Exception):
@@ -31,12 +40,42 @@ class Failure(Exception):
     ``fatal`` failures end the job instead of starting a recovery."""
 
     def __init__(self, reason: str, worker: int | None = None, udf: UDFError | None = None,
-                 fatal: bool = False):
+                 fatal: bool = False, blob: "UnreadableBlob | None" = None):
         super().__init__(reason)
         self.reason = reason
         self.worker = worker
         self.udf = udf
         self.fatal = fatal or udf is not None
+        self.blob = blob
+
+
+class UnreadableBlob:
+    """A stored blob a worker could not read back: its key, and why (the error)."""
+
+    def __init__(self, key: str, reason: str):
+        self.key = key
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"UnreadableBlob({self.key!r}, {self.reason!r})"
+
+
+_BLOB_ERRORS = (CorruptBlobError, IncompleteCheckpointError, KeyNotFoundError)
+
+
+def unreadable_blob(exc: BaseException) -> UnreadableBlob | None:
+    """The blob ``exc`` — raised in a worker, or a Ray task error wrapping it — says
+    could not be read back, if that is what it says."""
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc
+    if not isinstance(cause, _BLOB_ERRORS):
+        return None
+    # CorruptBlobError and KeyNotFoundError carry the key; IncompleteCheckpointError
+    # names it in its message only, between quotes.
+    key = getattr(cause, "key", None)
+    if key is None:
+        quoted = str(cause).split("'")
+        key = quoted[1] if len(quoted) > 2 else ""
+    return UnreadableBlob(key, f"{type(cause).__name__}: {cause}")
 
 
 async def within(awaitable: Any, timeout_s: float) -> Any:
@@ -71,6 +110,21 @@ def died_during(phase: str, exc: BaseException) -> Failure:
     return Failure(f"a worker died during {phase}: {type(exc).__name__}")
 
 
+def call_failure(phase: str, worker: int, exc: BaseException) -> Failure:
+    """The failure of a call to ``worker`` during ``phase`` (deploy, start) that
+    raised ``exc``: the worker died, it could not read a stored blob back (restoring
+    a damaged checkpoint), or anything else — a bug a restart would repeat."""
+    if isinstance(exc, ray.exceptions.RayActorError):
+        return died_during(phase, exc)
+    blob = unreadable_blob(exc)
+    if blob is not None:
+        return Failure(f"worker {worker} could not read {blob.key!r} during {phase}: "
+                       f"{blob.reason}", worker, blob=blob)
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc
+    return Failure(f"worker {worker} failed during {phase}: {type(cause).__name__}: "
+                   f"{cause}", worker, fatal=True)
+
+
 def outcome_failure(worker: int, outcome: "asyncio.Future") -> Failure | None:
     """The failure a finished ``wait`` call on ``worker`` reports (None: its tasks all
     finished)."""
@@ -84,6 +138,10 @@ def outcome_failure(worker: int, outcome: "asyncio.Future") -> Failure | None:
     if isinstance(failure, ray.exceptions.RayError):
         # a task lost a peer worker: recover like from the death itself
         return Failure(f"worker {worker}: a peer died ({failure})", worker)
+    blob = None if failure is None else unreadable_blob(failure)
+    if blob is not None:  # e.g. logged frames a restored task replays
+        return Failure(f"worker {worker} could not read {blob.key!r}: {blob.reason}",
+                       worker, blob=blob)
     if failure is not None:
         return Failure(f"worker {worker}: {failure}", worker, fatal=True)
     return None

@@ -22,7 +22,10 @@ What makes a checkpoint complete
     :meth:`~CheckpointStore.list_complete` is cheap; ``verify_crc=True`` also reads
     every blob. Recovery restores the newest complete checkpoint, and
     :meth:`~CheckpointStore.load` re-checks each blob's CRC32, so corrupt state is
-    never restored. The manifest itself is msgpack framed like a log record (u32
+    never restored. A checkpoint found damaged only then (a blob rotted or was deleted
+    after its manifest was written) is given up: ``latest_complete(exclude=...)``
+    skips the checkpoints a recovery could not read, and :meth:`checkpoint_of` tells
+    which checkpoint a failed blob key belongs to. The manifest itself is msgpack framed like a log record (u32
     length, u32 CRC32, little-endian), so a damaged manifest is detected too.
 
 A manifest may name a blob stored under an older checkpoint (an operator whose state
@@ -44,6 +47,7 @@ Garbage collection and concurrent checkpoints
 from __future__ import annotations
 
 import asyncio
+import copyreg
 import logging
 import struct
 import time
@@ -64,6 +68,27 @@ from .store import ObjectStore
 __all__ = ["BlobRef", "Manifest", "GcReport", "CheckpointStore"]
 
 _log = logging.getLogger(__name__)
+
+
+# A blob that cannot be read back is found by a worker and judged by the job master:
+# the error crosses processes pickled. Exception's default pickling calls the class
+# with its message only, which the keyword ``key`` of these two makes fail (Ray then
+# hands over an UnserializableException, and the key is lost). Until the classes
+# carry their own ``__reduce__``, these reducers keep the key.
+def _reduce_corrupt_blob(e: CorruptBlobError) -> tuple:
+    return _corrupt_blob, (str(e), e.key)
+
+
+def _corrupt_blob(message: str, key: str) -> CorruptBlobError:
+    return CorruptBlobError(message, key=key)
+
+
+def _reduce_key_not_found(e: KeyNotFoundError) -> tuple:
+    return KeyNotFoundError, (str(e), e.key)
+
+
+copyreg.pickle(CorruptBlobError, _reduce_corrupt_blob)
+copyreg.pickle(KeyNotFoundError, _reduce_key_not_found)
 
 _MANIFEST = "MANIFEST"
 _CHANNELS = "channels"
@@ -129,6 +154,14 @@ class CheckpointStore:
     @property
     def job(self) -> str:
         return self._job
+
+    def checkpoint_of(self, key: str) -> int | None:
+        """The id of the checkpoint of this job that store key ``key`` belongs to
+        (a blob or its manifest), or None for a key outside this job's checkpoints."""
+        if not key.startswith(self._root):
+            return None
+        digits = key[len(self._root):].partition("/")[0]
+        return int(digits) if len(digits) == _ID_DIGITS and digits.isdigit() else None
 
     def _dir(self, checkpoint_id: int) -> str:
         return f"{self._root}{_check_id(checkpoint_id):0{_ID_DIGITS}d}/"
@@ -256,14 +289,26 @@ class CheckpointStore:
         ids, sizes = self._ids()
         return [i for i in ids if self._complete(i, sizes, verify_crc) is not None]
 
-    def latest_complete(self, *, verify_crc: bool = False) -> Manifest | None:
-        """The manifest of the newest complete checkpoint, or None."""
+    def latest_complete(self, *, verify_crc: bool = False, exclude: Iterable[int] = (),
+                        ) -> Manifest | None:
+        """The manifest of the newest complete checkpoint not in ``exclude`` (ids a
+        caller found it cannot restore), or None."""
+        excluded = set(exclude)
         ids, sizes = self._ids()
         for i in ids:
+            if i in excluded:
+                continue
             manifest = self._complete(i, sizes, verify_crc)
             if manifest is not None:
                 return manifest
         return None
+
+    def verify(self, checkpoint_id: int) -> None:
+        """Read every blob of a committed checkpoint back and check it against the
+        manifest; raise for the first that does not match (:class:`CorruptBlobError`,
+        :class:`IncompleteCheckpointError` naming its key) or a missing manifest."""
+        for ref in self.manifest(checkpoint_id).blobs.values():
+            self._read_verified(ref)
 
     def _read_verified(self, ref: BlobRef) -> bytes:
         try:
@@ -351,8 +396,10 @@ class CheckpointStore:
     async def aload_channel(self, checkpoint_id: int, channel: str) -> bytes:
         return await asyncio.to_thread(self.load_channel, checkpoint_id, channel)
 
-    async def alatest_complete(self, *, verify_crc: bool = False) -> Manifest | None:
-        return await asyncio.to_thread(self.latest_complete, verify_crc=verify_crc)
+    async def alatest_complete(self, *, verify_crc: bool = False, exclude: Iterable[int] = (),
+                               ) -> Manifest | None:
+        return await asyncio.to_thread(self.latest_complete, verify_crc=verify_crc,
+                                       exclude=tuple(exclude))
 
     async def agc(self, keep: int = 2) -> GcReport:
         return await asyncio.to_thread(self.gc, keep)
