@@ -96,10 +96,16 @@ class Topology:
 
     def register_codec(self, cls: type, code: int, encode: Callable[[Any], bytes],
                        decode: Callable[[bytes], Any]) -> None:
-        """Let values of type ``cls`` travel between instances as msgpack ext type
-        ``code`` (0–127), encoded by ``encode`` and rebuilt by ``decode``."""
-        if not 0 <= code <= 127:
-            raise TopologyError(f"codec for {cls.__name__}: ext code must be 0..127, got {code}")
+        """Let values of type ``cls`` travel between instances, and be stored in state
+        and sink outputs, as msgpack ext type ``code`` (0–111), encoded by ``encode``
+        and rebuilt by ``decode``."""
+        # 112..127 are Bastion's own codes for stored state (tuple, set, big int...:
+        # `bastion.runtime.durable.RESERVED_CODES`); a user codec there would be
+        # decoded as one of them. The DSL imports nothing of the runtime, hence the
+        # number; a test checks that both agree.
+        if not 0 <= code <= 111:
+            raise TopologyError(f"codec for {cls.__name__}: ext code must be 0..111 "
+                                f"(112..127 are reserved for Bastion), got {code}")
         for codec in self.codecs:
             if codec.code == code or codec.cls is cls:
                 raise TopologyError(f"codec for {cls.__name__}: code {code} or type already "

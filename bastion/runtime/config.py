@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 from bastion.codecs import Codec
+
+# Records a sink instance stages in memory before it writes them to the store as a
+# part of the current commit point (`bastion.runtime.outputs`). At tens of bytes a
+# record a part is a few MB: its store write costs little next to its bytes, and a
+# sink under protocol ``none`` (one commit point, at the end) holds no more than that.
+SINK_SPILL_RECORDS = 50_000
 
 
 @dataclass
@@ -37,10 +44,11 @@ class JobConfig:
     max_restarts: int = 10
     faults: tuple = field(default_factory=tuple)
     progress_interval_s: float = 0.1
+    sink_spill_records: int = SINK_SPILL_RECORDS
 
     def __post_init__(self) -> None:
         for name in ("frame_records", "max_inflight_frames", "inbox_frames",
-                     "source_batch_records", "retained_checkpoints"):
+                     "source_batch_records", "retained_checkpoints", "sink_spill_records"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -53,3 +61,15 @@ class JobConfig:
             raise ValueError(f"heartbeat_timeout_s must be > 0, got {self.heartbeat_timeout_s}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ValueError(f"duration_s must be > 0 seconds, got {self.duration_s}")
+        _CONFIGS[self.job_id] = self
+
+
+# The configs built in this process, while they live: a reader of a job's committed
+# outputs (the launcher) needs the job's codecs to decode them.
+_CONFIGS: "weakref.WeakValueDictionary[str, JobConfig]" = weakref.WeakValueDictionary()
+
+
+def codecs_of(job_id: str) -> tuple[Codec, ...]:
+    """The codecs of job ``job_id``, if its `JobConfig` was built in this process."""
+    config = _CONFIGS.get(job_id)
+    return () if config is None else config.codecs

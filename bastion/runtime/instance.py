@@ -38,13 +38,15 @@ from bastion.protocols.base import TaskContext
 from bastion.runtime.channel import (InputGate, LocalOutputChannel, OutputChannel,
                                      RemoteOutputChannel)
 from bastion.runtime.config import JobConfig
+from bastion.runtime.durable import DurableCodec, open_bytes, seal
 from bastion.runtime.merge import DeterministicMerge
 from bastion.runtime.metrics import OperatorCounts
 from bastion.runtime.operators import (OperatorContext, SinkOp, SourceOp, make_operator)
 from bastion.runtime.plan import (BROADCAST, FORWARD, HASH, InputChannel, OutputRoute,
                                   PhysicalPlan, TaskPlan)
-from bastion.runtime.outputs import (FINAL_COMMIT, committed_blobs, decode_values,
-                                     encode_values, staged_key)
+from bastion.runtime.outputs import (FINAL_COMMIT, committed_blobs, encode_part,
+                                     encode_staged, part_key, part_ref, read_staged,
+                                     staged_key)
 from bastion.runtime.records import (Batch, ControlRecord, EndOfStream, FrameCodec,
                                      UnstableKeyError, Watermark, stable_hash)
 from bastion.sinks import SinkWriter
@@ -168,6 +170,7 @@ class Task(TaskContext):
         self.config = config
         self.checkpoint_interval_s = config.checkpoint_interval_s
         self.codec = FrameCodec(config.codecs)
+        self.durable = DurableCodec(config.codecs)  # state and staged outputs
         self.op_names = chain.ops
         codes = self.op_codes = op_codes(physical.topology)
         self.ops = [make_operator(nodes[name], OperatorContext(
@@ -177,6 +180,7 @@ class Task(TaskContext):
         self.counts = [OperatorCounts() for _ in self.ops]
         self.source: SourceOp | None = self.ops[0] if isinstance(self.ops[0], SourceOp) else None
         self.sinks: list[SinkOp] = [op for op in self.ops if isinstance(op, SinkOp)]
+        self.parts_written = 0  # numbers this attempt's spilled parts
         self.inputs: dict[int, InputChannel] = {c.channel_id: c for c in plan.inputs}
         self.channel_watermarks = {c.channel_id: -math.inf for c in plan.inputs
                                    if not c.feedback}
@@ -403,6 +407,8 @@ class Task(TaskContext):
             c.records_in += len(batch)
             batch = ops[j].process(batch, input_index if j == start else 0)
             if batch is None or not len(batch):
+                if self.sinks:  # a sink ends the chain: it may have staged enough
+                    await self._spill_full_sinks()
                 return
             c.records_out += len(batch)
         await self._emit(batch)
@@ -441,21 +447,33 @@ class Task(TaskContext):
     # -- checkpoints (the mechanics; protocols decide when) ---------------------------------
 
     def snapshot(self) -> bytes:
-        """Every operator's state and record counters, copied now (pickle keeps Python
-        types exact), with the task's own position: watermarks, round-robin cursors
-        and, in deterministic mode, the merge with the input it holds. The counters
-        travel with the state so that after a recovery they describe the history the
-        outputs come from, as in a failure-free run."""
-        state = {"operators": [op.snapshot() for op in self.ops],
-                 "counts": [(c.records_in, c.records_out) for c in self.counts],
+        """Every operator's state and record counters, encoded now (a durable blob:
+        exact Python types, checksummed), with the task's own position: watermarks,
+        round-robin cursors and, in deterministic mode, the merge with the input it
+        holds. The counters travel with the state so that after a recovery they
+        describe the history the outputs come from, as in a failure-free run."""
+        operators = [op.snapshot() for op in self.ops]
+        state = {"operators": operators,
+                 "counts": [[c.records_in, c.records_out] for c in self.counts],
                  "routers": [r.next_channel for r in self.routers],
-                 "watermarks": (self.watermark, self.channel_watermarks)}
+                 "watermarks": [self.watermark, self.channel_watermarks]}
         if self.merge is not None:
             state["merge"] = self.merge.snapshot(self.codec)
-        return pickle.dumps(state, protocol=5)
+        try:
+            return self.durable.encode(state)
+        except TypeError:
+            for op, op_state in zip(self.ops, operators):
+                try:
+                    self.durable.encode(op_state)
+                except TypeError as exc:
+                    raise TypeError(f"operator {op.ctx.name!r} (instance {self.index}): "
+                                    f"its state cannot be checkpointed: {exc}") from None
+            raise
 
-    def restore(self, data: bytes) -> None:
-        snapshot = pickle.loads(data)
+    def restore(self, data: bytes, key: str) -> None:
+        """Restore a snapshot read from ``key``; `CorruptBlobError` if it fails its
+        checksum (then nothing is restored)."""
+        snapshot = self.durable.decode(data, key)
         for op, state in zip(self.ops, snapshot["operators"]):
             op.restore(state)
         for counts, (records_in, records_out) in zip(self.counts, snapshot["counts"]):
@@ -478,19 +496,46 @@ class Task(TaskContext):
         left a blob under the same end-of-stream key, which must not be read."""
         for sink in self.sinks:
             key = staged_key(self.config.job_id, sink.ctx.name, self.index, commit)
-            await self.store.aput(key, encode_values(*sink.take_staged()))
+            await self.store.aput(key, self._encode_staged(sink, *sink.take_staged()))
+
+    def _encode_staged(self, sink: SinkOp, values: list, ids: list | None,
+                       parts: list | None = None) -> bytes:
+        """A commit point's blob (``parts`` given) or a part, for ``sink``; a value no
+        codec covers fails naming the sink."""
+        try:
+            if parts is None:
+                return encode_part(self.durable, values, ids)
+            return encode_staged(self.durable, values, ids, parts)
+        except TypeError as exc:
+            raise TypeError(f"sink {sink.ctx.name!r} (instance {self.index}): its records "
+                            f"cannot be staged: {exc}") from None
+
+    async def _spill_full_sinks(self) -> None:
+        """Write what a sink staged as a part of the current commit point once it
+        holds ``sink_spill_records`` records, so that staging stays bounded."""
+        for sink in self.sinks:
+            if sink.staged_records >= self.config.sink_spill_records:
+                values, ids = sink.take_part()
+                key = part_key(self.config.job_id, sink.ctx.name, self.index, self.attempt,
+                               self.parts_written)
+                self.parts_written += 1
+                blob = self._encode_staged(sink, values, ids)
+                await self.store.aput(key, blob)
+                # Listed only once stored: a checkpoint taken from now on includes it.
+                sink.add_part(part_ref(key, blob))
 
     def checkpoint(self, checkpoint_id: int) -> Awaitable[BlobRef]:
         """Snapshot now; the returned awaitable stores the snapshot and this task's
         staged sink outputs, and yields the state blob to acknowledge."""
         state = self.snapshot()
-        staged = [(sink.ctx.name, *sink.take_staged()) for sink in self.sinks]
+        staged = [(sink, *sink.take_staged()) for sink in self.sinks]
 
         async def upload() -> BlobRef:
-            for name, values, ids in staged:
-                if values:
-                    key = staged_key(self.config.job_id, name, self.index, checkpoint_id)
-                    await self.store.aput(key, encode_values(values, ids))
+            for sink, values, ids, parts in staged:
+                if values or parts:
+                    key = staged_key(self.config.job_id, sink.ctx.name, self.index,
+                                     checkpoint_id)
+                    await self.store.aput(key, self._encode_staged(sink, values, ids, parts))
             return await self.store_state(checkpoint_id, state)
 
         return upload()
@@ -503,14 +548,19 @@ class Task(TaskContext):
     def count_protocol_bytes(self, n: int) -> None:
         self.protocol_frame_bytes += n
 
+    # Channel state is sealed (checksummed) here, so protocols store plain bytes and
+    # read back only bytes that pass the check.
+
     async def store_channel_state(self, checkpoint_id: int, name: str, data: bytes) -> BlobRef:
-        return await asyncio.to_thread(self.checkpoints.put_channel, checkpoint_id, name, data)
+        return await asyncio.to_thread(self.checkpoints.put_channel, checkpoint_id, name,
+                                       seal(data))
 
     async def load_channel_state(self, checkpoint_id: int, name: str) -> bytes:
-        return await asyncio.to_thread(self.checkpoints.load_channel, checkpoint_id, name)
+        data = await asyncio.to_thread(self.checkpoints.load_channel, checkpoint_id, name)
+        return open_bytes(data, f"checkpoint {checkpoint_id}, channel state {name!r}")
 
     async def load_blob(self, key: str) -> bytes:
-        return await self.store.aget(key)
+        return open_bytes(await self.store.aget(key), key)
 
     # -- channels, as protocols see them --------------------------------------------------
 
@@ -583,7 +633,7 @@ class Task(TaskContext):
     async def restore_from(self, checkpoint_id: int) -> None:
         data = await asyncio.to_thread(self.checkpoints.load, checkpoint_id,
                                        self.op_names[0], self.index)
-        self.restore(data)
+        self.restore(data, f"checkpoint {checkpoint_id}, state of {self.name}")
         await self.reapply_commits()
 
     async def reapply_commits(self, only: int | None = None) -> None:
@@ -595,12 +645,15 @@ class Task(TaskContext):
             if only is not None:
                 key = staged_key(self.config.job_id, sink.ctx.name, self.index, only)
                 if await self.store.aexists(key):
-                    sink.writer.apply(only, decode_values(await self.store.aget(key)))
+                    sink.writer.apply(only, (await self._read_staged(key))[0])
                 continue
             blobs = await asyncio.to_thread(committed_blobs, self.store, self.config.job_id,
                                             sink.ctx.name, self.index)
             for _, commit, key in blobs:
-                sink.writer.apply(commit, decode_values(await self.store.aget(key)))
+                sink.writer.apply(commit, (await self._read_staged(key))[0])
+
+    async def _read_staged(self, key: str) -> tuple[list, list | None]:
+        return await asyncio.to_thread(read_staged, self.store, self.durable, key)
 
     # -- reporting -----------------------------------------------------------------------
 
@@ -646,7 +699,10 @@ class Task(TaskContext):
             "operators": {name: (c.records_in, c.records_out)
                           for name, c in zip(self.op_names, self.counts)},
             "sinks": {op.ctx.name: {"latency": op.latency.buckets,
-                                    "timeline": op.timeline} for op in self.sinks},
+                                    "timeline": op.timeline,
+                                    "spilled_parts": op.spilled_parts,
+                                    "max_staged_records": op.max_staged_records}
+                      for op in self.sinks},
             "dead_letters": self.dead_letters,  # the examples each context kept
             "dead_letter_count": sum(c.dead_letter_count for c in [op.ctx for op in self.ops]
                                      + [r.key_ctx for r in self.routers]),

@@ -2,7 +2,9 @@
 
 An `Operator` instance turns an input `Batch` into an output batch (or nothing), reacts
 to the watermark advancing (time windows fire) and to the end of its input (flush), and
-can snapshot and restore its state — a msgpack-able value — for checkpoints.
+can snapshot and restore its state for checkpoints. A snapshot is stored right away
+as a `bastion.runtime.durable` blob, which restores exact Python types, so snapshots
+use plain dicts and lists where they can: a tuple or set costs a mark per object.
 
 User functions run over a whole batch in a C-level loop (``map``), and each is called
 once per record a batch holds: when one raises, only the failing record goes to the
@@ -288,10 +290,10 @@ class KeyedFoldOp(Operator):
         return out_batch
 
     def snapshot(self) -> Any:
-        return list(self.state.items())
+        return self.state  # the task encodes it at once, before the state changes
 
     def restore(self, state: Any) -> None:
-        self.state = {k: v for k, v in state}
+        self.state = state
 
 
 class _Emitter:
@@ -377,11 +379,10 @@ class TimeWindowOp(Operator):
         return self.on_watermark(math.inf)
 
     def snapshot(self) -> Any:
-        return [(k, list(accs.items()), self.latest_born[k]) for k, accs in self.open.items()]
+        return {"open": self.open, "latest_born": self.latest_born}
 
     def restore(self, state: Any) -> None:
-        self.open = {k: dict(accs) for k, accs, _ in state}
-        self.latest_born = {k: born for k, _, born in state}
+        self.open, self.latest_born = state["open"], state["latest_born"]
         self.pending = sorted(self.open)
 
 
@@ -423,12 +424,10 @@ class CountWindowOp(Operator):
         return out.batch()
 
     def snapshot(self) -> Any:
-        return ([(k, tuple(v)) for k, v in self.state.items()], list(self.fired.items()))
+        return {"state": self.state, "fired": self.fired}
 
     def restore(self, state: Any) -> None:
-        entries, fired = state
-        self.state = {k: list(v) for k, v in entries}
-        self.fired = dict(fired)
+        self.state, self.fired = state["state"], state["fired"]
 
 
 class JoinOp(Operator):
@@ -474,13 +473,18 @@ class JoinOp(Operator):
         return None
 
     def snapshot(self) -> Any:
-        return [(k, [(key, a, b) for key, (a, b) in sides.items()])
-                for k, sides in self.open.items()]
+        # Each side's (value, ts, id) records as three columns: lists, not a tuple each.
+        return {k: {key: [_columns(a), _columns(b)] for key, (a, b) in sides.items()}
+                for k, sides in self.open.items()}
 
     def restore(self, state: Any) -> None:
-        self.open = {k: {key: ([tuple(x) for x in a], [tuple(x) for x in b])
-                         for key, a, b in sides} for k, sides in state}
+        self.open = {k: {key: (list(zip(*a)), list(zip(*b))) for key, (a, b) in sides.items()}
+                     for k, sides in state.items()}
         self.pending = sorted(self.open)
+
+
+def _columns(records: list[tuple]) -> list[list]:
+    return [[r[0] for r in records], [r[1] for r in records], [r[2] for r in records]]
 
 
 class UnionOp(Operator):
@@ -557,7 +561,7 @@ class SourceOp(Operator):
         return Batch(None, kept, stamps, [now_s] * len(kept), ids)
 
     def snapshot(self) -> Any:
-        return (self.reader.state(), self.max_ts, self.position)
+        return [self.reader.state(), self.max_ts, self.position]
 
     def restore(self, state: Any) -> None:
         reader_state, self.max_ts, self.position = state
@@ -567,7 +571,9 @@ class SourceOp(Operator):
 class SinkOp(Operator):
     """Stages records in the sink writer (and, with lineage, their ids beside them);
     samples latency; counts records per second. The runtime takes what was staged at
-    each commit point (`take_staged`)."""
+    each commit point (`take_staged`), and in between, once ``staged_records`` grows
+    large, writes the staged records as a part of the commit point (`take_part`,
+    `add_part`): see `bastion.runtime.outputs`."""
 
     def __init__(self, node: OpNode, ctx: OperatorContext):
         super().__init__(node, ctx)
@@ -576,19 +582,40 @@ class SinkOp(Operator):
         self.timeline: dict[int, int] = {}
         self.keeps_ids = ctx.lineage and self.writer.keeps_values
         self.staged_ids: list = []
+        self.staged_records = 0     # records held in memory since the last commit or part
+        self.max_staged_records = 0
+        self.parts: list[tuple[str, int]] = []  # parts of the current commit point
+        self.spilled_parts = 0      # parts written in this attempt
 
-    def take_staged(self) -> tuple[list, list | None]:
-        """The values staged since the last commit point and, with lineage, their ids."""
+    def take_part(self) -> tuple[list, list | None]:
+        """The values staged since the last commit point or part and, with lineage,
+        their ids; the sink forgets them."""
         ids = None
         if self.keeps_ids:
             ids, self.staged_ids = self.staged_ids, []
+        self.staged_records = 0
         return self.writer.take_staged(), ids
+
+    def add_part(self, ref: tuple[str, int]) -> None:
+        """A part taken by `take_part` is stored: the commit point's blob will list it."""
+        self.parts.append(ref)
+        self.spilled_parts += 1
+
+    def take_staged(self) -> tuple[list, list | None, list[tuple[str, int]]]:
+        """What the current commit point holds: the values staged since the last part,
+        their ids (with lineage) and the parts written before them."""
+        values, ids = self.take_part()
+        parts, self.parts = self.parts, []
+        return values, ids, parts
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         if not batch.values:
             return None
         now_s = time.time()
         self.writer.write(batch.values)
+        if self.writer.keeps_values:
+            self.staged_records += len(batch.values)
+            self.max_staged_records = max(self.max_staged_records, self.staged_records)
         if self.keeps_ids:
             self.staged_ids.extend(ids_of(batch.ids))
         self.latency.add_batch(batch.born, now_s)

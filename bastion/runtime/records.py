@@ -31,6 +31,7 @@ import msgpack
 
 from bastion.codecs import Codec
 from bastion.lineage import IdRun, from_wire, take_ids, to_wire
+from bastion.runtime.durable import unserialisable
 
 DATA = 0
 CONTROL = 1
@@ -177,11 +178,7 @@ class FrameCodec:
         if codec is None:
             if isinstance(value, (set, frozenset)):
                 return list(value)
-            raise TypeError(
-                f"cannot serialise a value of type {type(value).__name__}: values must be "
-                "None, bool, int, float, str, bytes, tuples/lists or dicts of them; register "
-                "a codec with topology.register_codec(...) for other types"
-            )
+            raise unserialisable(value)
         return msgpack.ExtType(codec.code, codec.encode(value))
 
     def _ext_hook(self, code: int, data: bytes) -> Any:

@@ -1,0 +1,181 @@
+"""Durable bytes: how task state, staged sink outputs and channel state are stored.
+
+What a worker writes to the object store it later reads back — after a failure, in
+another process, perhaps on another machine. Anyone who can write to the bucket
+controls those bytes, so they must be *data*, never code: Bastion stores them as
+msgpack (as on the wire, with the topology's registered codecs for other types), never
+as pickle, whose loader runs whatever the bytes say.
+
+**Exact types.** State is not the wire: an accumulator that was a list must come back a
+list, not a tuple. `DurableCodec` packs with ``strict_types`` (msgpack then hands every
+non-exact type to us) and marks the types msgpack has no notation for:
+
+- a ``tuple``, ``set`` or ``frozenset`` is stored as an array whose first element is a
+  *mark* (an empty extension value of a reserved code) — one array, no nested buffer,
+  so a batch of tuples costs one call per tuple;
+- an ``int`` beyond 64 bits is an extension value holding its signed big-endian bytes;
+- a value of a type with a registered `Codec` is an extension value of the codec's
+  code, exactly as on the wire; any other type is refused with the wire's error.
+
+Everything else msgpack carries exactly: None, bool, int, float (inf and nan too), str,
+bytes, list, and dict with any of these as keys. ``bytearray`` and ``memoryview`` are
+stored as bytes (msgpack packs them without asking). Subclasses of builtin types (a
+``namedtuple``, an ``IntEnum``, a ``Counter``) need a codec: storing one as its base
+type would restore a different object after a failure, silently.
+
+Extension codes ``RESERVED_CODES`` (112–127) are Bastion's own; a topology refuses a
+codec that asks for one (`Topology.register_codec`), so a mark is never a user value.
+
+**Checksummed.** Every blob starts with a header — magic, flags, payload length — and
+a CRC32 over header and payload. `open_blob` checks it before anything is decoded
+and raises `CorruptBlobError` naming the key: a flipped byte, a truncated blob, or a
+blob in another format (a planted pickle) is refused, never interpreted.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Any, Iterable
+
+import msgpack
+
+from bastion.codecs import Codec
+from bastion.storage.errors import CorruptBlobError
+
+# Extension codes 112..127 belong to Bastion (user codecs get 0..111).
+RESERVED_CODES = range(112, 128)
+_TUPLE, _SET, _FROZENSET, _BIGINT = 127, 126, 125, 124
+
+_MAGIC = b"BNDB"
+# magic, flags, payload length; the CRC32 that follows covers these and the payload.
+_PREFIX = struct.Struct("<4sBQ")
+_CRC = struct.Struct("<I")
+_HEADER_BYTES = _PREFIX.size + _CRC.size
+# Flag: the payload has marked arrays, so decoding must look at every array (a
+# Python call per array); blobs without tuples or sets decode without that cost.
+_MARKED = 1
+
+
+def unserialisable(value: Any) -> TypeError:
+    """The error for a value no codec covers: the same on the wire and in the store."""
+    return TypeError(
+        f"cannot serialise a value of type {type(value).__name__}: values must be None, "
+        "bool, int, float, str, bytes, or tuples, lists, sets or dicts of them; register "
+        "a codec with topology.register_codec(...) for other types")
+
+
+def seal(payload: bytes, flags: int = 0) -> bytes:
+    """``payload`` behind a header whose CRC32 covers the header and the payload."""
+    prefix = _PREFIX.pack(_MAGIC, flags, len(payload))
+    return b"".join((prefix, _CRC.pack(zlib.crc32(payload, zlib.crc32(prefix))), payload))
+
+
+def open_blob(data: bytes, key: str) -> tuple[int, memoryview]:
+    """The flags and payload of a sealed blob, after checking its header and CRC32;
+    `CorruptBlobError` naming ``key`` if anything is off."""
+    if len(data) < _HEADER_BYTES:
+        raise CorruptBlobError(f"blob {key!r} is {len(data)} bytes, shorter than the "
+                               f"{_HEADER_BYTES}-byte header of a Bastion blob", key=key)
+    magic, flags, length = _PREFIX.unpack_from(data)
+    if magic != _MAGIC:
+        raise CorruptBlobError(f"blob {key!r} is not a Bastion blob (it starts with "
+                               f"{bytes(data[:4])!r}, not {_MAGIC!r}); it is not read",
+                               key=key)
+    view = memoryview(data)
+    payload = view[_HEADER_BYTES:]
+    (crc,) = _CRC.unpack_from(data, _PREFIX.size)
+    if length != len(payload) or zlib.crc32(payload, zlib.crc32(view[:_PREFIX.size])) != crc:
+        raise CorruptBlobError(f"blob {key!r} fails its length or CRC32 check (corrupt "
+                               "or truncated); it is not read", key=key)
+    return flags, payload
+
+
+def open_bytes(data: bytes, key: str) -> bytes:
+    """The payload of a blob sealed by `seal` (channel state, in-flight logs)."""
+    return bytes(open_blob(data, key)[1])
+
+
+class _Mark:
+    """What a reserved mark decodes to while its array is being built."""
+
+    __slots__ = ("build",)
+
+    def __init__(self, build: type):
+        self.build = build
+
+
+_MARKS = {_TUPLE: _Mark(tuple), _SET: _Mark(set), _FROZENSET: _Mark(frozenset)}
+_TUPLE_EXT, _SET_EXT, _FROZENSET_EXT = (msgpack.ExtType(c, b"")
+                                        for c in (_TUPLE, _SET, _FROZENSET))
+
+
+def _build_marked(items: list) -> Any:
+    if items:
+        first = items[0]
+        if type(first) is _Mark:
+            return first.build(items[1:])
+    return items
+
+
+class DurableCodec:
+    """Encodes values to sealed blobs and back, exactly, with the topology's codecs.
+    One per task: it holds a msgpack Packer, which is not reentrant, so encode only on
+    the task's own thread; `decode` is safe anywhere."""
+
+    def __init__(self, codecs: Iterable[Codec] = ()):
+        codecs = tuple(codecs)
+        self._by_type = {c.cls: c for c in codecs}
+        self._by_code = {c.code: c for c in codecs}
+        self._packer = msgpack.Packer(use_bin_type=True, strict_types=True,
+                                      default=self._default)
+        self._marked = False
+
+    def _default(self, value: Any) -> Any:
+        kind = type(value)
+        if kind is tuple:
+            self._marked = True
+            return [_TUPLE_EXT, *value]
+        codec = self._by_type.get(kind)
+        if codec is not None:
+            return msgpack.ExtType(codec.code, codec.encode(value))
+        if kind is set or kind is frozenset:
+            self._marked = True
+            return [_SET_EXT if kind is set else _FROZENSET_EXT, *value]
+        if kind is int:  # msgpack asks only for ints beyond 64 bits
+            return msgpack.ExtType(_BIGINT, value.to_bytes(
+                (value.bit_length() + 8) // 8, "big", signed=True))
+        raise unserialisable(value)
+
+    def encode(self, value: Any) -> bytes:
+        """A sealed blob of ``value``; `TypeError` for a value no codec covers."""
+        self._marked = False
+        payload = self._packer.pack(value)
+        return seal(payload, _MARKED if self._marked else 0)
+
+    def _ext_hook(self, code: int, data: bytes) -> Any:
+        mark = _MARKS.get(code)
+        if mark is not None:
+            return mark
+        if code == _BIGINT:
+            return int.from_bytes(data, "big", signed=True)
+        codec = self._by_code.get(code)
+        if codec is None:
+            raise CorruptBlobError(f"extension code {code} has no codec in this topology",
+                                   key="")
+        return codec.decode(data)
+
+    def decode(self, data: bytes, key: str) -> Any:
+        """The value in blob ``data`` read from ``key``, once its checksum holds."""
+        flags, payload = open_blob(data, key)
+        try:
+            return msgpack.unpackb(payload, raw=False, strict_map_key=False,
+                                   ext_hook=self._ext_hook,
+                                   list_hook=_build_marked if flags & _MARKED else None)
+        except CorruptBlobError as exc:
+            raise CorruptBlobError(f"blob {key!r}: {exc}", key=key) from None
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            # The CRC held, so these are bytes Bastion wrote, in a shape this version
+            # cannot read: still never guessed at.
+            raise CorruptBlobError(f"blob {key!r} cannot be decoded: {exc}",
+                                   key=key) from None
