@@ -67,11 +67,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Literal, Sequence
 
+from bastion import faults as fault_injection
+from bastion.faults import RandomKills, ScheduledKill
 from bastion.launcher import RunResult, ensure_ray, run
 from bastion.lineage import format_id
 from bastion.protocols import Protocol, get_protocol
-from bastion.runtime import faults as fault_injection
-from bastion.runtime.faults import RandomKills, ScheduledKill
 from bastion.runtime.merge import nondeterminism
 from bastion.runtime.metrics import rate_recovered_at
 from bastion.runtime.plan import build_plan

@@ -20,9 +20,9 @@ import ray
 from ray import cloudpickle
 from ray._private import ray_constants
 
+from bastion import faults as fault_injection
 from bastion.errors import JobFailedError, TopologyError, UDFError
 from bastion.protocols import Protocol, get_protocol
-from bastion.runtime import faults as fault_injection
 from bastion.runtime.config import JobConfig
 from bastion.runtime.job import JobMaster, MasterLimits
 from bastion.runtime.merge import nondeterminism

@@ -11,7 +11,14 @@ fails on an arrow that points the wrong way:
   imports the wire types of ``bastion.runtime.records`` and nothing else, and nothing
   that drives a job (launcher, drills, command line, scheduler, the package root);
 - the scheduler imports no protocol module;
-- storage imports nothing of ours outside ``bastion.storage``.
+- storage imports nothing of ours outside ``bastion.storage``;
+- the descriptions — the DSL (``topology``, ``windows``, ``aggregations``, ``codecs``,
+  ``errors``), the sources and sinks a topology names, and the faults a drill names —
+  import, at module level, nothing that runs a job or does I/O: not the runtime, the
+  scheduler, the protocols, the connectors, storage (but for the root error class in
+  ``bastion.storage.errors``), the launcher, the drills or the command line. Only
+  module-level imports count for this rule: a sink's ``open`` imports its connector
+  when a job runs, and building a topology must not.
 
 It also checks that a protocol touches nothing of its task or job master beyond the
 seam (`TaskContext`, `MasterContext`).
@@ -34,13 +41,26 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def imports_of(path: Path, root: Path) -> set[str]:
-    """Every ``bastion`` module a file imports; ``from bastion import x`` names
-    ``bastion.x`` (a submodule, or an attribute of the package: both are arrows)."""
+def module_level(tree: ast.AST):
+    """The nodes of ``tree`` that run when the module is imported: everything but the
+    bodies of functions (class bodies and ``if TYPE_CHECKING:`` blocks count)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(child for child in ast.iter_child_nodes(node) if not isinstance(
+            child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+
+def imports_of(path: Path, root: Path, only_module_level: bool = False) -> set[str]:
+    """Every ``bastion`` module a file imports (with ``only_module_level``: at import
+    time); ``from bastion import x`` names ``bastion.x`` (a submodule, or an attribute
+    of the package: both are arrows)."""
     name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in module_level(tree) if only_module_level else ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -55,8 +75,9 @@ def imports_of(path: Path, root: Path) -> set[str]:
     return {m for m in found if m == "bastion" or m.startswith("bastion.")}
 
 
-def graph(root: Path = PACKAGE) -> dict[str, set[str]]:
-    return {module_name(p, root): imports_of(p, root) for p in sorted(root.rglob("*.py"))}
+def graph(root: Path = PACKAGE, only_module_level: bool = False) -> dict[str, set[str]]:
+    return {module_name(p, root): imports_of(p, root, only_module_level)
+            for p in sorted(root.rglob("*.py"))}
 
 
 def under(module: str, package: str) -> bool:
@@ -87,10 +108,45 @@ def wrong_arrows(modules: dict[str, set[str]]) -> list[str]:
     return wrong
 
 
+DESCRIPTIONS = ("bastion.topology", "bastion.windows", "bastion.aggregations",
+                "bastion.codecs", "bastion.errors", "bastion.sources", "bastion.sinks",
+                "bastion.faults")
+RUNS_OR_DOES_IO = ("bastion.runtime", "bastion.scheduler", "bastion.protocols",
+                   "bastion.connectors", "bastion.storage", "bastion.launcher",
+                   "bastion.drills", "bastion.cli", "bastion.report")
+
+
+def wrong_description_arrows(modules: dict[str, set[str]]) -> list[str]:
+    """Module-level imports of a description module that load what runs a job or does
+    I/O (``modules``: a graph of module-level imports)."""
+    wrong = []
+    for module in DESCRIPTIONS:
+        for target in sorted(modules[module]):
+            if any(under(target, p) for p in RUNS_OR_DOES_IO) and not under(
+                    target, "bastion.storage.errors"):
+                wrong.append(f"{module} -> {target}: a description imports what runs a "
+                             "job or does I/O")
+    return wrong
+
+
+def all_wrong_arrows(root: Path = PACKAGE) -> list[str]:
+    return (wrong_arrows(graph(root))
+            + wrong_description_arrows(graph(root, only_module_level=True)))
+
+
 def test_every_import_points_the_right_way():
     modules = graph()
     assert "bastion.runtime.instance" in modules and "bastion.protocols.base" in modules
-    assert wrong_arrows(modules) == []
+    assert all(m in modules for m in DESCRIPTIONS)
+    assert all_wrong_arrows() == []
+
+
+def test_a_description_may_open_its_connector_inside_a_method():
+    """A sink's ``open`` runs in a worker when the job runs: the import there is not
+    part of building a topology, and the rule must not count it."""
+    everything, at_import = graph(), graph(only_module_level=True)
+    assert "bastion.connectors.logs" in everything["bastion.sinks"]
+    assert "bastion.connectors.logs" not in at_import["bastion.sinks"]
 
 
 @pytest.mark.parametrize("module,line", [
@@ -100,6 +156,12 @@ def test_every_import_points_the_right_way():
     ("protocols/coordinated.py", "from ..runtime import channel"),
     ("scheduler/__init__.py", "import bastion.protocols.base"),
     ("storage/log.py", "from bastion.runtime.records import Batch"),
+    ("topology.py", "from bastion.runtime.plan import build_plan"),
+    ("windows.py", "import bastion.launcher"),
+    ("sinks.py", "from bastion.storage import open_store"),
+    ("sources.py", "from bastion.connectors.logs import LogSourceReader"),
+    ("errors.py", "from bastion.storage.store import ObjectStore"),
+    ("faults.py", "from bastion.scheduler import placement"),
 ])
 def test_a_wrong_arrow_is_found(tmp_path, module, line):
     """The check itself can fail: a copy of the package with one wrong import added."""
@@ -109,7 +171,7 @@ def test_a_wrong_arrow_is_found(tmp_path, module, line):
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     target = copy / module
     target.write_text(target.read_text() + f"\n{line}\n")
-    found = wrong_arrows(graph(copy))
+    found = all_wrong_arrows(copy)
     assert found and all(f.startswith(module_name(target, copy) + " -> ") for f in found)
 
 

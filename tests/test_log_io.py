@@ -15,6 +15,7 @@ from collections import Counter
 import pytest
 
 import bastion as bn
+from bastion.connectors.logs import read_layout
 from bastion.storage import CorruptRecordError, LogReader, LogWriter, StorageError, open_store
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -31,7 +32,7 @@ os.environ.setdefault("BASTION_S3_SECRET_KEY", MOTO_SECRET_KEY)
 def read_log(url: str) -> list:
     """Every value of the log(s) at ``url``: sub-logs in index order, each in seq order."""
     store = open_store(url)
-    layout = bn.sinks._read_layout(store)
+    layout = read_layout(store)
     prefixes = [""] if layout in (None, 1) else [f"{i}/" for i in range(layout)]
     return [r[2] for p in prefixes for r in LogReader(store, p).records()]
 

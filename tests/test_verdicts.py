@@ -20,9 +20,9 @@ from bastion.cli import (EXIT_INCONCLUSIVE, EXIT_OK, EXIT_VIOLATED, drill_exit_c
                          print_drill)
 from bastion.drills import (Committed, Comparison, DrillReport, FaultOutcome, compare,
                             fault_outcomes, same_value)
+from bastion.faults import ScheduledKill
 from bastion.launcher import RunResult
 from bastion.report import render_html, write_html
-from bastion.runtime.faults import ScheduledKill
 
 
 def committed(**sinks: list[tuple]) -> Committed:

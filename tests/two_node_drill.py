@@ -22,7 +22,7 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 import bastion as bn  # noqa: E402
-from bastion.runtime.faults import live_nodes  # noqa: E402
+from bastion.faults import live_nodes  # noqa: E402
 from test_drills import wordcount  # noqa: E402
 
 

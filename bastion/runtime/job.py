@@ -53,17 +53,17 @@ from typing import Any
 
 import ray
 
+from bastion import faults as fault_injection
 from bastion.errors import JobFailedError, NoUsableCheckpointError, SinkCommitError
 from bastion.protocols import get_protocol
 from bastion.protocols.base import MasterContext, cancel
-from bastion.runtime import faults as fault_injection
 from bastion.runtime.config import JobConfig
 from bastion.runtime.events import EventLimits, EventLog
 from bastion.runtime.instance import Worker
 from bastion.runtime.metrics import FailureRecovery, LatencyHistogram, rate_recovered_at
 from bastion.runtime.outputs import FINAL_COMMIT, committed_blobs, marker_key
 from bastion.runtime.plan import PhysicalPlan
-from bastion.scheduler import detector, placement
+from bastion.scheduler import detector, injector, placement
 from bastion.scheduler.detector import Failure, within
 from bastion.scheduler.recovery import (BlockingRecovery, Capacity, RecoveryPlanError,
                                        RecoveryPlanner, check_plan)
@@ -484,6 +484,8 @@ class JobMaster:
                 if not ok or i == failure.worker]
         plan = self.planner.plan(lost, len(self.workers), Capacity(standby=standby_alive))
         check_plan(plan, lost, len(self.workers))
+        self.record_event("recovery_planned", lost=lost, to_standby=list(plan.to_standby),
+                          to_fresh=list(plan.to_fresh), restart=list(plan.restart))
         for i in lost:
             ray.kill(self.workers[i], no_restart=True)
         for i in plan.to_standby:
@@ -526,31 +528,16 @@ class JobMaster:
             await self._poll_once()
 
     async def _inject_faults(self) -> None:
-        for kill in self.kills:
-            delay = self.started_s + kill.at_s - time.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            while kill.during_checkpoint and not self.coordinator.checkpoint_in_progress():
-                await asyncio.sleep(0.002)
-            victims = await self._victims(kill)
-            self.record_event("fault", what=kill.what, worker=kill.worker,
-                              killed=sorted(victims),
-                              checkpoint_in_progress=self.coordinator.checkpoint_in_progress())
-            for handle in victims.values():
-                ray.kill(handle, no_restart=True)
+        await injector.inject(self.kills, self.started_s, self._victims,
+                              self.coordinator.checkpoint_in_progress, self.record_event)
 
-    async def _victims(self, kill: fault_injection.ScheduledKill) -> dict[str, Any]:
-        """The processes a kill takes down, by name: a worker slot, or every process
-        of the job (standby included) that Ray placed on the node."""
-        if kill.node is None:
-            return {f"worker {kill.worker}": self.workers[kill.worker]}
-        node_id = fault_injection.resolve_node(kill.node, placement.live_nodes())
+    def _victims(self) -> dict[str, Any]:
+        """The job's processes a kill may take down, by name: the worker of every slot
+        and the standby."""
         named = {f"worker {i}": w for i, w in enumerate(self.workers)}
         if self.standby is not None:
             named["standby"] = self.standby
-        placed = await asyncio.gather(*[w.node_id.remote() for w in named.values()],
-                                      return_exceptions=True)
-        return {name: w for (name, w), node in zip(named.items(), placed) if node == node_id}
+        return named
 
     async def _stop_after(self, duration_s: float) -> None:
         await asyncio.sleep(duration_s)

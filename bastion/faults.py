@@ -1,9 +1,14 @@
-"""Fault injection: kill the processes that run a job, on a schedule, for real.
+"""Faults: which processes of a job to kill, and when — described, not carried out.
 
-A fault names *what* to kill and *when* (seconds after the job started). The job
-master carries faults out with ``ray.kill``, which terminates the worker actor's
-process — every task it hosts dies with it, as when a machine disappears — and then
-has to detect the loss and recover like after any other failure.
+A drill proves a protocol by killing real processes while a job runs. The faults a
+user passes to ``bn.run(faults=...)`` or ``bn.drill`` are descriptions, like a
+topology: they name *what* to kill and *when* (seconds after the job started) and
+import nothing of Ray, so writing them costs nothing and a fault that names no
+operator or worker fails before anything is deployed (`validate`). The job master
+hands the schedule to the injector (`bastion.scheduler.injector`), which carries each
+kill out with ``ray.kill``: that terminates the worker actor's process — every task it
+hosts dies with it, as when a machine disappears — and the job master then has to
+detect the loss and recover like after any other failure.
 
 - ``KillInstance(op, index, at, during_checkpoint=False)``: the worker hosting
   instance ``index`` of ``op``; with ``during_checkpoint`` the kill waits after ``at``
@@ -15,6 +20,9 @@ has to detect the loss and recover like after any other failure.
   single-machine Ray) or its node id (hex);
 - ``RandomKills(count, between, seed)``: ``count`` kills of random instances at random
   times in ``between = (first_s, last_s)``, reproducible from ``seed``.
+
+Each fault turns into kills (`ScheduledKill`) against a physical plan (``schedule``):
+the schedule the injector follows and a drill compares with what happened.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from typing import Any
 
 @dataclass(frozen=True, order=True)
 class ScheduledKill:
-    """One kill the job master carries out: a worker slot, or a whole Ray node."""
+    """One kill the injector carries out: a worker slot, or a whole Ray node."""
 
     at_s: float
     what: str
