@@ -40,9 +40,8 @@ from bastion.storage import ObjectStore
 
 # Kinds kept in memory whatever their number: recovery times and drill verdicts are
 # computed from them, and each is bounded by the fault schedule or ``max_restarts``.
-KEPT_KINDS = frozenset({"started", "fault", "failure_detected", "restarted", "recovery",
-                        "checkpoint_unusable", "commit_retried", "commit_failed",
-                        "events_not_stored"})
+KEPT_KINDS = frozenset({"started", "fault", "failure_detected", "recovery_planned",
+                        "restarted", "recovery", "checkpoint_unusable", "commit_failed"})
 
 _FINAL = "job-master"
 _CHUNK_DIGITS = 6
