@@ -53,17 +53,17 @@ from typing import Any
 
 import ray
 
+from bastion import faults as fault_injection
 from bastion.errors import JobFailedError, NoUsableCheckpointError, SinkCommitError
 from bastion.protocols import get_protocol
 from bastion.protocols.base import MasterContext, cancel
-from bastion.runtime import faults as fault_injection
 from bastion.runtime.config import JobConfig
 from bastion.runtime.events import EventLimits, EventLog
 from bastion.runtime.instance import Worker
 from bastion.runtime.metrics import FailureRecovery, LatencyHistogram, rate_recovered_at
 from bastion.runtime.outputs import FINAL_COMMIT, committed_blobs, marker_key
 from bastion.runtime.plan import PhysicalPlan
-from bastion.scheduler import detector, placement
+from bastion.scheduler import detector, injector, placement
 from bastion.scheduler.detector import Failure, within
 from bastion.scheduler.recovery import (BlockingRecovery, Capacity, RecoveryPlanError,
                                        RecoveryPlanner, check_plan)
