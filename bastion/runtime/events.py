@@ -13,10 +13,10 @@ the store as it goes:
   the rest is written at the end as ``job-master``. That last object vouches for the
   others, like every commit point in the store: once it exists the log is complete.
   A short run writes ``job-master`` only. `read_events` reads a log back in order.
-- **In memory, what the report needs.** A count per event kind; every event of the
-  kinds that recovery times and drill verdicts are computed from (`KEPT_KINDS`, at
-  most a few per failure, and failures are bounded by ``max_restarts``); and the first
-  ``examples_per_kind`` events of any other kind. Of the timeline: the first
+- **In memory, what the report needs.** A count per kind (progress points included);
+  every event of the kinds that recovery times and drill verdicts are computed from
+  (`KEPT_KINDS`, at most a few per failure, and failures are bounded by
+  ``max_restarts``); and the first ``examples_per_kind`` events of any other kind. Of the timeline: the first
   ``first_points`` points, and around each failure the ``context_points`` points
   before it and after it (`Timeline.mark`) — what `rate_recovered_at` compares. So a
   ten-minute run holds no more than a ten-second one plus a constant per failure.
@@ -144,6 +144,7 @@ class EventLog:
         return event
 
     def progress(self, point: dict[str, Any]) -> None:
+        self.counts["progress"] += 1
         self.timeline.append(point)
         self._append({"kind": "progress", **point})
 
