@@ -355,9 +355,10 @@ class JobMaster:
         return restore
 
     async def _exclude_checkpoint(self, failure: Failure) -> Any:
-        """A worker could not read a blob of the checkpoint it was restoring: give
-        that checkpoint up and return the line to deploy again from. The workers are
-        alive and the attempt unchanged — none of its tasks ran."""
+        """A worker could not read a blob of the checkpoint it restores (its state on
+        deploy, or logged frames it replays once started): give that checkpoint up
+        and return the line to deploy again from, as the next attempt — tasks that
+        had started send nothing the new attempt takes. The workers are alive."""
         blob = failure.blob
         checkpoint = self.checkpoints.checkpoint_of(blob.key)
         if checkpoint is None or checkpoint in self.unusable:
@@ -368,7 +369,9 @@ class JobMaster:
                           reason=blob.reason)
         self.coordinator.exclude(checkpoint)
         self.phase = "recover"
-        return await self._recovery_line()
+        restore = await self._recovery_line()
+        self.attempt += 1
+        return restore
 
     async def _recovery_line(self) -> Any:
         """The coordinator's recovery line, unless restoring it would commit again
