@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from pathlib import Path
 
 import pytest
 
 import bastion as bn
 from bastion.errors import NoUsableCheckpointError
-from bastion.storage import CheckpointStore, open_store
+from bastion.scheduler.detector import unreadable_blob
+from bastion.storage import CheckpointStore, StorageError, open_store
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -116,3 +118,24 @@ def test_no_restorable_checkpoint_behind_committed_outputs_fails_the_job_clearly
     assert "commit again the outputs" in message
     damaged = damaged_by(tmp_path)
     assert any(f"checkpoint {c} (" in message for c in damaged)
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_a_blob_that_does_not_read_back_is_named_by_its_key_across_processes(damage,
+                                                                              tmp_path):
+    store = open_store(f"local://{tmp_path}")
+    checkpoints = CheckpointStore(store, "job")
+    ref = checkpoints.put_state(7, "count", 0, b"state" * 10)
+    checkpoints.commit(7, [ref])
+    if damage == "corrupt":
+        corrupt(checkpoints, store, 7)
+    else:
+        store.delete(ref.key)
+    with pytest.raises(StorageError) as raised:
+        checkpoints.load(7, "count", 0)
+    # what the job master gets from Ray: the worker's error, pickled
+    error = pickle.loads(pickle.dumps(raised.value))
+    blob = unreadable_blob(error)
+    assert blob.key == ref.key and checkpoints.checkpoint_of(blob.key) == 7
+    assert type(error).__name__ in blob.reason
+    assert unreadable_blob(RuntimeError(ref.key)) is None  # a bug is not a damaged blob

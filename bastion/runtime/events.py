@@ -110,9 +110,6 @@ class Timeline:
         last_s = self._kept[-1]["t_s"] if self._kept else float("-inf")
         return self._kept + [p for p in self._recent if p["t_s"] > last_s]
 
-    def __len__(self) -> int:
-        return len(self._kept) + len(self._recent)
-
 
 class EventLog:
     """A job master's events and timeline: appended to the store in chunks as they

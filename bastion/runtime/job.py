@@ -625,10 +625,6 @@ class JobMaster:
             for w, task_ids in by_worker.items():
                 self.workers[w].finish_loops.remote(self.attempt, task_ids)
 
-    def memory(self) -> dict[str, int]:
-        """How many events and progress points the job master holds now."""
-        return {"events": len(self.log.events), "timeline": len(self.log.timeline)}
-
     async def progress(self) -> dict[str, Any]:
         elapsed = time.time() - self.started_s if self.started_s else 0.0
         return {"phase": self.phase, "elapsed_s": elapsed, "attempt": self.attempt,
