@@ -103,3 +103,43 @@ def test_events_the_store_does_not_take_are_a_warning_of_the_result(tmp_path):
     assert f"run events of job {result.job_id} could not be stored" in warning
     assert f"jobs/{result.job_id}/events/" in warning
     assert os.path.isfile(tmp_path / "jobs" / result.job_id / "events")
+
+
+JOB = '''
+from pathlib import Path
+
+import bastion as bn
+
+STORE = Path({store!r})
+
+
+def block_events(i):
+    jobs = STORE / "jobs"
+    if jobs.exists():
+        for job in jobs.iterdir():
+            if not (job / "events").exists():
+                (job / "events").write_text("not a directory")
+    return i
+
+
+topology = bn.Topology("cli-lost-events")
+topology.source("numbers", bn.sources.Generator(lambda i: i, count=1000, rate=1000)) \\
+    .map("udf", block_events).sink("out", bn.sinks.Collect())
+'''
+
+
+def test_the_command_line_prints_the_warning_of_a_run_that_lost_its_events(
+        tmp_path, capsys, monkeypatch):
+    from bastion.cli import main
+
+    real_run = bn.run
+    limits = MasterLimits(events=EventLimits(store_attempts=1))
+    monkeypatch.setattr(bn, "run", lambda *a, **kw: real_run(*a, master_limits=limits,
+                                                              **kw))
+    job = tmp_path / "job.py"
+    job.write_text(JOB.format(store=str(tmp_path / "store")))
+    assert main(["run", str(job), "--protocol", "coordinated", "--checkpoint-interval",
+                 "0.05", "--storage", f"local://{tmp_path / 'store'}"]) == 0
+    printed = capsys.readouterr()
+    assert "out: 1,000 committed records" in printed.out
+    assert "warning: " in printed.err and "could not be stored" in printed.err

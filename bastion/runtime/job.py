@@ -198,7 +198,7 @@ class JobMaster:
             await self.store.aput(marker_key(self.config.job_id, commit), b"")
             slots = list(range(len(self.workers)))
             delay_s = self.limits.commit_backoff_s
-            for attempt_number in range(1, self.limits.commit_attempts + 1):
+            for tries in range(1, self.limits.commit_attempts + 1):
                 results = await asyncio.gather(
                     *[self.workers[i].apply_commit.remote(attempt, commit) for i in slots],
                     return_exceptions=True)
@@ -209,7 +209,7 @@ class JobMaster:
                 if not failed:
                     return
                 slots = sorted(failed)
-                if attempt_number < self.limits.commit_attempts:
+                if tries < self.limits.commit_attempts:
                     self.record_event("commit_retried", commit=commit, workers=slots,
                                       sinks=self._sinks_of(slots), error=_cause(
                                           failed[slots[0]]))
