@@ -185,7 +185,11 @@ class CheckpointCoordinator(Coordinator):
         self.in_progress: dict[int, dict[str, Any]] = {}
         self.attempt = -1
         self.loop: asyncio.Task | None = None
-        self.completed: list[dict[str, Any]] = []
+        # completed checkpoints, as running figures: a long run's memory stays flat
+        self.completed = 0
+        self.duration_s_total = 0.0
+        self.duration_s_max: float | None = None
+        self.state_bytes_last: int | None = None
         self.committed: set[int] = set()   # checkpoints whose outputs were committed
         self.unusable: set[int] = set()    # complete, but a recovery could not read them
         self.aborted = 0
@@ -246,8 +250,10 @@ class CheckpointCoordinator(Coordinator):
             return  # a failure came first: recovery commits the outputs it restores
         duration_s = time.time() - cp["started_s"]
         state_bytes = sum(r.size for r in cp["refs"])
-        self.completed.append({"checkpoint_id": checkpoint_id, "duration_s": duration_s,
-                               "state_bytes": state_bytes})
+        self.completed += 1
+        self.duration_s_total += duration_s
+        self.duration_s_max = max(duration_s, self.duration_s_max or 0.0)
+        self.state_bytes_last = state_bytes
         self.master.record_event("checkpoint_completed", checkpoint_id=checkpoint_id,
                                  duration_s=duration_s, state_bytes=state_bytes)
         await self.master.commit_outputs(attempt, checkpoint_id)
@@ -260,11 +266,11 @@ class CheckpointCoordinator(Coordinator):
         # was being written) skipped its commit and its collection: its staged outputs
         # would never become visible. Commit them before the end-of-stream commit.
         async with self.completing:
-            committed = {c["checkpoint_id"] for c in self.completed}
             complete = await asyncio.to_thread(self.checkpoints.list_complete)
-            newest_committed = max(committed, default=0)
+            newest_committed = max(self.committed, default=0)
             for checkpoint_id in sorted(complete):
-                if checkpoint_id > newest_committed:
+                # an excluded checkpoint's records were replayed after it: never commit it
+                if checkpoint_id > newest_committed and checkpoint_id not in self.unusable:
                     await self.master.commit_outputs(self.master.attempt, checkpoint_id)
                     self.committed.add(checkpoint_id)
                     newest_committed = checkpoint_id
@@ -305,13 +311,13 @@ class CheckpointCoordinator(Coordinator):
         return {c for c in self.committed if line is None or c > line}
 
     def stats(self, final_counters: Any = None) -> ProtocolStats:
-        durations = [c["duration_s"] for c in self.completed]
         return ProtocolStats(
-            checkpoints_completed=len(self.completed),
+            checkpoints_completed=self.completed,
             checkpoints_aborted=self.aborted,
-            checkpoint_duration_s_avg=sum(durations) / len(durations) if durations else None,
-            checkpoint_duration_s_max=max(durations, default=None),
-            state_bytes_last=self.completed[-1]["state_bytes"] if self.completed else None)
+            checkpoint_duration_s_avg=(self.duration_s_total / self.completed
+                                       if self.completed else None),
+            checkpoint_duration_s_max=self.duration_s_max,
+            state_bytes_last=self.state_bytes_last)
 
 
 class CoordinatedProtocol(Protocol):
