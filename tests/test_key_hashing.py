@@ -59,8 +59,9 @@ def test_a_job_keyed_by_a_default_repr_object_fails_naming_the_keyed_operator():
     topo.source("nums", bn.sources.Collection(range(20))).key_by(
         lambda x: Opaque(x % 2)).reduce("count", lambda acc, x: acc + 1, initial=0,
                                         parallelism=2).sink("out", bn.sinks.Collect())
-    with pytest.raises(bn.UDFError, match=r"operator 'count'.*key of type Opaque has no "
-                                          r"stable hash \(its repr contains a memory address\)"):
+    unstable = (r"operator 'count'.*key of type Opaque has no stable hash \(its repr "
+                r"contains a memory address\)")
+    with pytest.raises(bn.UDFError, match=unstable):
         bn.run(topo)
 
 

@@ -69,7 +69,7 @@ def test_an_unknown_name_is_an_attribute_error():
 
 
 def test_a_star_import_gets_every_public_name():
-    loaded = subprocess.run(
-        [sys.executable, "-c", "from bastion import *; print(run.__name__, Topology.__name__)"],
-        capture_output=True, text=True, check=True).stdout.split()
+    code = "from bastion import *; print(run.__name__, Topology.__name__)"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout.split()
     assert loaded == ["run", "Topology"]

@@ -40,11 +40,11 @@ class FileWriter(SinkWriter):
 
     Before it appends the values of commit point ``c`` the writer stores, in a
     sidecar file ``<path>.commit``, the marker "``c`` occupies bytes ``[start, end)``
-    of the file" (write-ahead, like `bastion.connectors.logs.LogSinkWriter`), then appends and fsyncs. A
-    crash anywhere in between leaves a marker that describes the file: a replayed
-    ``apply(c)`` — by this writer or by the one a replacement worker opens — cuts the
-    file back to ``start`` and writes ``c`` again, so a record half-written or
-    written whole before the crash is never there twice. A commit older than the
+    of the file" (write-ahead, like `bastion.connectors.logs.LogSinkWriter`), then
+    appends and fsyncs. A crash anywhere in between leaves a marker that describes the
+    file: a replayed ``apply(c)`` — by this writer or by the one a replacement worker
+    opens — cuts the file back to ``start`` and writes ``c`` again, so a record
+    half-written or written whole before the crash is never there twice. A commit older than the
     marker's was applied whole before the marker moved on and is skipped. Bytes past
     the marker's ``end`` belong to no complete commit and are cut off before the
     next commit is appended. Commits with no values change nothing and are not
