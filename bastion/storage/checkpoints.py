@@ -47,7 +47,6 @@ Garbage collection and concurrent checkpoints
 from __future__ import annotations
 
 import asyncio
-import copyreg
 import logging
 import struct
 import time
@@ -69,26 +68,6 @@ __all__ = ["BlobRef", "Manifest", "GcReport", "CheckpointStore"]
 
 _log = logging.getLogger(__name__)
 
-
-# A blob that cannot be read back is found by a worker and judged by the job master:
-# the error crosses processes pickled. Exception's default pickling calls the class
-# with its message only, which the keyword ``key`` of these two makes fail (Ray then
-# hands over an UnserializableException, and the key is lost). Until the classes
-# carry their own ``__reduce__``, these reducers keep the key.
-def _reduce_corrupt_blob(e: CorruptBlobError) -> tuple:
-    return _corrupt_blob, (str(e), e.key)
-
-
-def _corrupt_blob(message: str, key: str) -> CorruptBlobError:
-    return CorruptBlobError(message, key=key)
-
-
-def _reduce_key_not_found(e: KeyNotFoundError) -> tuple:
-    return KeyNotFoundError, (str(e), e.key)
-
-
-copyreg.pickle(CorruptBlobError, _reduce_corrupt_blob)
-copyreg.pickle(KeyNotFoundError, _reduce_key_not_found)
 
 _MANIFEST = "MANIFEST"
 _CHANNELS = "channels"

@@ -35,6 +35,20 @@ class BastionError(Exception):
 class StorageError(BastionError):
     """Base class of every storage failure."""
 
+    # A worker finds a damaged or missing blob and the job master judges it: the error
+    # crosses processes pickled. Exception's default pickling calls the class with its
+    # message only, which the keyword fields of the subclasses (``key``, ``offset``...)
+    # make fail (Ray then hands over an UnserializableException and the key is lost).
+    def __reduce__(self) -> tuple:
+        return _rebuild, (type(self), self.args, dict(self.__dict__))
+
+
+def _rebuild(cls: type[StorageError], args: tuple, fields: dict) -> StorageError:
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(fields)
+    return error
+
 
 class InvalidStoreURLError(StorageError, ValueError):
     """A storage URL is malformed, names an unknown scheme, or has a bad parameter."""

@@ -134,3 +134,28 @@ def test_a_refusal_is_not_retried_and_says_what_happened(
     assert not isinstance(info.value, StoreUnavailableError)
     message = str(info.value)
     assert "NoSuchBucket" in message and "deleted after the store was opened" in message
+
+
+def test_every_storage_error_crosses_a_process_boundary_with_its_fields() -> None:
+    # A worker finds the damaged blob, the job master decides what to do: the error is
+    # pickled in between and must still name the key (and offset, url, attempts...).
+    import pickle
+    import subprocess
+    import sys
+
+    from bastion.storage.errors import (CorruptBlobError, CorruptRecordError,
+                                        IncompleteCheckpointError, KeyNotFoundError,
+                                        StoreUnavailableError)
+
+    raised = [CorruptBlobError("crc mismatch", key="jobs/j/checkpoints/3/count/0"),
+              KeyNotFoundError("no such key", "jobs/j/x"),
+              StoreUnavailableError("down", url="s3://b", operation="get", key="k",
+                                    attempts=5),
+              CorruptRecordError("bad record", key="log/0001", offset=77),
+              IncompleteCheckpointError("blob missing")]
+    code = ("import pickle, sys; e = pickle.loads(sys.stdin.buffer.read()); "
+            "sys.stdout.buffer.write(pickle.dumps((type(e).__name__, str(e), vars(e))))")
+    for error in raised:
+        out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(error),
+                             capture_output=True, check=True).stdout
+        assert pickle.loads(out) == (type(error).__name__, str(error), vars(error))
