@@ -26,7 +26,8 @@ _SUBMODULES = ("aggregations", "faults", "sinks", "sources", "windows")
 _EXPORTS = {
     "codecs": ("Codec",),
     "drills": ("DrillReport", "drill"),
-    "errors": ("BastionError", "JobFailedError", "TopologyError", "UDFError"),
+    "errors": ("BastionError", "JobFailedError", "NoUsableCheckpointError", "SinkCommitError",
+               "TopologyError", "UDFError"),
     "launcher": ("RunResult", "run"),
     "runtime.operators": ("DeadLetter",),
     "runtime.records": ("stable_hash",),
@@ -38,7 +39,8 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from bastion import aggregations, faults, sinks, sources, windows
     from bastion.codecs import Codec
     from bastion.drills import DrillReport, drill
-    from bastion.errors import BastionError, JobFailedError, TopologyError, UDFError
+    from bastion.errors import (BastionError, JobFailedError, NoUsableCheckpointError,
+                                SinkCommitError, TopologyError, UDFError)
     from bastion.launcher import RunResult, run
     from bastion.runtime.operators import DeadLetter
     from bastion.runtime.records import stable_hash

@@ -4,7 +4,9 @@
 - `detector`: how a lost worker is noticed — heartbeats, dead actors, failed tasks —
   and why each failure happened;
 - `recovery`: after a failure, which slots get which replacement and what restarts
-  from where (`RecoveryPlanner`).
+  from where (`RecoveryPlanner`);
+- `injector`: carrying out a drill's scheduled kills (what to kill is described in
+  `bastion.faults`).
 
 The job master (`bastion.runtime.job`) calls these; they know nothing of protocols.
 """
