@@ -27,6 +27,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from bastion.protocols.base import ProtocolStats
+
 SAMPLES_PER_BATCH = 4
 _BUCKET_RATIO = 1.02
 _LOG_RATIO = math.log(_BUCKET_RATIO)
@@ -119,21 +121,13 @@ class FailureRecovery:
 
 
 @dataclass
-class ProtocolMetrics:
-    """What the fault-tolerance protocol cost and how recoveries went."""
+class ProtocolMetrics(ProtocolStats):
+    """What the fault-tolerance protocol cost and how recoveries went: the figures
+    its coordinator reports (`ProtocolStats`) and what the run measured around it."""
 
-    protocol: str
-    checkpoints_completed: int = 0
-    checkpoints_aborted: int = 0
-    forced_checkpoints: int = 0
-    checkpoint_duration_s_avg: float | None = None
-    checkpoint_duration_s_max: float | None = None
-    invalid_checkpoints: int = 0
-    invalid_share: float = 0.0
+    protocol: str = "none"
     protocol_bytes: int = 0
     data_bytes: int = 0
-    log_bytes: int = 0            # in-flight frames stored with checkpoints
-    state_bytes_last: int | None = None
     failures: list[FailureRecovery] = field(default_factory=list)
 
     @property
