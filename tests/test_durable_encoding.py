@@ -280,3 +280,16 @@ def test_staged_outputs_keep_types_and_refuse_corrupt_or_planted_blobs(tmp_path)
     store.put(key, msgpack.packb([list(range(100)), None, []]))
     with pytest.raises(CorruptBlobError, match="not a Bastion blob"):
         read_committed(store, result.job_id, "out")
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_sink_records_without_codec_fail_the_job_naming_the_sink(tmp_path):
+    class Point:
+        pass
+
+    topo = bn.Topology("no-codec-sink")
+    topo.source("src", bn.sources.Collection(range(3))).map(
+        "point", lambda i: Point()).sink("points", bn.sinks.Collect())
+    with pytest.raises(bn.JobFailedError, match=r"sink 'points'.*cannot serialise a value "
+                                                r"of type Point"):
+        bn.run(topo, storage=f"local://{tmp_path}")
