@@ -496,7 +496,8 @@ class Task(TaskContext):
         left a blob under the same end-of-stream key, which must not be read."""
         for sink in self.sinks:
             key = staged_key(self.config.job_id, sink.ctx.name, self.index, commit)
-            await self.store.aput(key, self._encode_staged(sink, *sink.take_staged()))
+            await self.store.aput(key, self._encode_staged(sink, *sink.take_staged(),
+                                                           sink.take_parts()))
 
     def _encode_staged(self, sink: SinkOp, values: list, ids: list | None,
                        parts: list | None = None) -> bytes:
@@ -515,7 +516,7 @@ class Task(TaskContext):
         holds ``sink_spill_records`` records, so that staging stays bounded."""
         for sink in self.sinks:
             if sink.staged_records >= self.config.sink_spill_records:
-                values, ids = sink.take_part()
+                values, ids = sink.take_staged()
                 key = part_key(self.config.job_id, sink.ctx.name, self.index, self.attempt,
                                self.parts_written)
                 self.parts_written += 1
@@ -528,7 +529,7 @@ class Task(TaskContext):
         """Snapshot now; the returned awaitable stores the snapshot and this task's
         staged sink outputs, and yields the state blob to acknowledge."""
         state = self.snapshot()
-        staged = [(sink, *sink.take_staged()) for sink in self.sinks]
+        staged = [(sink, *sink.take_staged(), sink.take_parts()) for sink in self.sinks]
 
         async def upload() -> BlobRef:
             for sink, values, ids, parts in staged:

@@ -571,9 +571,9 @@ class SourceOp(Operator):
 class SinkOp(Operator):
     """Stages records in the sink writer (and, with lineage, their ids beside them);
     samples latency; counts records per second. The runtime takes what was staged at
-    each commit point (`take_staged`), and in between, once ``staged_records`` grows
-    large, writes the staged records as a part of the commit point (`take_part`,
-    `add_part`): see `bastion.runtime.outputs`."""
+    each commit point (`take_staged`, `take_parts`), and in between, once
+    ``staged_records`` grows large, writes the staged records as a part of the commit
+    point (`take_staged`, `add_part`): see `bastion.runtime.outputs`."""
 
     def __init__(self, node: OpNode, ctx: OperatorContext):
         super().__init__(node, ctx)
@@ -587,7 +587,7 @@ class SinkOp(Operator):
         self.parts: list[tuple[str, int]] = []  # parts of the current commit point
         self.spilled_parts = 0      # parts written in this attempt
 
-    def take_part(self) -> tuple[list, list | None]:
+    def take_staged(self) -> tuple[list, list | None]:
         """The values staged since the last commit point or part and, with lineage,
         their ids; the sink forgets them."""
         ids = None
@@ -597,16 +597,16 @@ class SinkOp(Operator):
         return self.writer.take_staged(), ids
 
     def add_part(self, ref: tuple[str, int]) -> None:
-        """A part taken by `take_part` is stored: the commit point's blob will list it."""
+        """Values taken by `take_staged` are stored as a part: the commit point's blob
+        will list it."""
         self.parts.append(ref)
         self.spilled_parts += 1
 
-    def take_staged(self) -> tuple[list, list | None, list[tuple[str, int]]]:
-        """What the current commit point holds: the values staged since the last part,
-        their ids (with lineage) and the parts written before them."""
-        values, ids = self.take_part()
+    def take_parts(self) -> list[tuple[str, int]]:
+        """The parts of the current commit point, stored before what `take_staged`
+        returns now; the next commit point starts without any."""
         parts, self.parts = self.parts, []
-        return values, ids, parts
+        return parts
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         if not batch.values:
