@@ -23,7 +23,7 @@ from ray._private import ray_constants
 from bastion import faults as fault_injection
 from bastion.errors import JobFailedError, TopologyError, UDFError
 from bastion.protocols import Protocol, get_protocol
-from bastion.runtime.config import JobConfig
+from bastion.runtime.config import SINK_SPILL_RECORDS, JobConfig
 from bastion.runtime.job import JobMaster, MasterLimits
 from bastion.runtime.merge import nondeterminism
 from bastion.runtime.metrics import (LatencyHistogram, OperatorCounts, ProtocolMetrics,
@@ -138,6 +138,7 @@ def run(topology: Topology, *, protocol: str = "none",
         workers: int | None = None, fail_fast: bool = False,
         heartbeat_timeout_s: float = 1.0, max_restarts: int = 10, faults: Sequence = (),
         lineage: bool = False, deterministic: bool = False,
+        sink_spill_records: int = SINK_SPILL_RECORDS,
         progress: Callable[[dict[str, Any]], None] | None = None,
         master_limits: MasterLimits | None = None) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
@@ -163,7 +164,9 @@ def run(topology: Topology, *, protocol: str = "none",
     ``RunResult.output_ids``; ``deterministic`` merges every multi-input task's
     inputs in a fixed order (`bastion.runtime.merge`), so every run commits the same
     outputs in the same order — a topology that cannot (a feedback edge, windows on
-    ingest time) raises `TopologyError` saying why. ``master_limits``
+    ingest time) raises `TopologyError` saying why. A sink instance holds at most
+    ``sink_spill_records`` records in memory: more are written to the store as a
+    part of the coming commit point (`bastion.runtime.outputs`). ``master_limits``
     (`bastion.runtime.job.MasterLimits`) bounds the job master: how often it retries a
     sink's commit, and how many events and progress points it keeps in memory.
 
@@ -203,6 +206,7 @@ def run(topology: Topology, *, protocol: str = "none",
         heartbeat_timeout_s=heartbeat_timeout_s,
         max_restarts=max_restarts,
         faults=tuple(faults),
+        sink_spill_records=sink_spill_records,
     )
     kills = fault_injection.validate(config.faults, plan)
     for node in topology.nodes.values():
@@ -254,7 +258,7 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
     output_ids: dict[str, list] = {}
     for name, node in plan.topology.nodes.items():
         if node.kind == "sink":
-            outputs[name], ids = read_committed(store, config.job_id, name)
+            outputs[name], ids = read_committed(store, config.job_id, name, config.codecs)
             if config.lineage:
                 output_ids[name] = ids or []
     duration_s = max(report["finished_s"] - report["started_s"], 1e-9)

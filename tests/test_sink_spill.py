@@ -1,16 +1,12 @@
 """Bounded sink staging: a sink writes what it staged as parts of the current commit
-point once it holds `JobConfig.sink_spill_records` records; readers read exactly the
+point once it holds ``bn.run(sink_spill_records=...)`` records; readers read exactly the
 parts a commit point lists (`bastion.runtime.outputs`)."""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
 import bastion as bn
-import bastion.launcher
-from bastion.runtime.config import JobConfig
 from bastion.runtime.durable import DurableCodec
 from bastion.runtime.outputs import (committed_blobs, encode_part, part_key, read_committed)
 from bastion.storage import open_store
@@ -22,24 +18,17 @@ SPILL_RECORDS = 100
 BATCH_RECORDS = 50  # frames and source reads: what a sink receives at once
 
 
-@pytest.fixture
-def small_spill(monkeypatch):
-    """Every run of the test stages at most about SPILL_RECORDS records per sink (bn.run
-    has no parameter for it: the launcher builds the JobConfig the job gets)."""
-    monkeypatch.setattr(bastion.launcher, "JobConfig",
-                        functools.partial(JobConfig, sink_spill_records=SPILL_RECORDS))
-
-
 def _sink_reports(result: bn.RunResult, sink: str) -> list[dict]:
     return [task["sinks"][sink] for task in result.details["tasks"] if sink in task["sinks"]]
 
 
-def test_none_spills_parts_and_commits_exactly_the_records(small_spill, tmp_path):
+def test_none_spills_parts_and_commits_exactly_the_records(tmp_path):
     topo = bn.Topology("spill-none")
     topo.source("src", bn.sources.Collection(range(2000))).map(
         "pair", lambda v: (v, [v]), parallelism=2).sink("out", bn.sinks.Collect(),
                                                         parallelism=2)
     result = bn.run(topo, storage=f"local://{tmp_path}", lineage=True,
+                    sink_spill_records=SPILL_RECORDS,
                     frame_records=BATCH_RECORDS, source_batch_records=BATCH_RECORDS)
     assert sorted(result.outputs["out"]) == [(v, [v]) for v in range(2000)]
     assert len(set(result.output_ids["out"])) == 2000
@@ -62,14 +51,14 @@ def test_none_spills_parts_and_commits_exactly_the_records(small_spill, tmp_path
         read_committed(store, result.job_id, "out")
 
 
-def test_coordinated_with_a_kill_and_spilling_is_exactly_once(small_spill, tmp_path):
+def test_coordinated_with_a_kill_and_spilling_is_exactly_once(tmp_path):
     topo = bn.Topology("spill-kill")
     topo.source("src", bn.sources.Generator(lambda i: i, count=4000, rate=1500)).key_by(
         lambda v: v % 7).reduce("sum", lambda acc, v: acc + v, initial=0,
                                 parallelism=2).sink("out", bn.sinks.Collect())
     report = bn.drill(topo, protocol="coordinated", checkpoint_interval=0.5,
                       faults=[bn.faults.KillInstance("sum", 0, at=1.2)],
-                      storage=f"local://{tmp_path}",
+                      storage=f"local://{tmp_path}", sink_spill_records=SPILL_RECORDS,
                       frame_records=BATCH_RECORDS, source_batch_records=BATCH_RECORDS)
     assert [f.landed for f in report.faults] == [True]
     assert report.exactly_once, report.verdict_reason

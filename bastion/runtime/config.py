@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,15 +60,4 @@ class JobConfig:
             raise ValueError(f"heartbeat_timeout_s must be > 0, got {self.heartbeat_timeout_s}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ValueError(f"duration_s must be > 0 seconds, got {self.duration_s}")
-        _CONFIGS[self.job_id] = self
 
-
-# The configs built in this process, while they live: a reader of a job's committed
-# outputs (the launcher) needs the job's codecs to decode them.
-_CONFIGS: "weakref.WeakValueDictionary[str, JobConfig]" = weakref.WeakValueDictionary()
-
-
-def codecs_of(job_id: str) -> tuple[Codec, ...]:
-    """The codecs of job ``job_id``, if its `JobConfig` was built in this process."""
-    config = _CONFIGS.get(job_id)
-    return () if config is None else config.codecs

@@ -30,7 +30,6 @@ import zlib
 from typing import Any, Iterable
 
 from bastion.codecs import Codec
-from bastion.runtime.config import codecs_of
 from bastion.runtime.durable import DurableCodec
 from bastion.storage import ObjectStore
 from bastion.storage.errors import CorruptBlobError
@@ -120,11 +119,10 @@ def committed_blobs(store: ObjectStore, job: str, sink: str, index: int | None =
 
 
 def read_committed(store: ObjectStore, job: str, sink: str,
-                   codecs: Iterable[Codec] | None = None
-                   ) -> tuple[list[Any], list[Any] | None]:
+                   codecs: Iterable[Codec] = ()) -> tuple[list[Any], list[Any] | None]:
     """The committed values of ``sink`` and, if the run kept lineage, their ids.
-    ``codecs``: the topology's (None: those of the job's `JobConfig`)."""
-    codec = DurableCodec(codecs_of(job) if codecs is None else codecs)
+    ``codecs``: the topology's registered codecs, which its values were stored with."""
+    codec = DurableCodec(codecs)
     values: list[Any] = []
     ids: list[Any] = []
     with_ids = False
