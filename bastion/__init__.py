@@ -15,8 +15,9 @@ Build a `Topology` with the DSL, run it with `run`, and read `RunResult.outputs`
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from bastion.storage.lazy import lazy_exports
 
 # Every name is imported on first use (PEP 562), not here: ``import bastion`` and
 # building a topology must not start Ray, the runtime or storage clients — the DSL is
@@ -33,7 +34,6 @@ _EXPORTS = {
     "runtime.records": ("stable_hash",),
     "topology": ("KeyedStream", "Stream", "Topology"),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__ loads
     from bastion import aggregations, faults, sinks, sources, windows
@@ -47,20 +47,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from bastion.topology import KeyedStream, Stream, Topology
 
 
-def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)  # sets the attribute too
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # the next lookup is a plain attribute
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
 
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
-
-
-__all__ = sorted(_SUBMODULES + tuple(_MODULE_OF))
+__all__ = sorted(_SUBMODULES + tuple(name for names in _EXPORTS.values() for name in names))
 __version__ = "0.1.0"

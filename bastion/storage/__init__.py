@@ -22,8 +22,9 @@ The package depends on nothing else in Bastion.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_exports
 
 # Names are imported on first use (PEP 562), not here: `bastion.errors` imports
 # `bastion.storage.errors` for the root error class, and that must not pull the S3
@@ -38,7 +39,6 @@ _EXPORTS = {
     "store": ("LocalStore", "MinioStore", "ObjectStore", "open_store"),
     "retention": ("JobFolder", "PruneReport", "list_jobs", "prune_jobs"),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__ loads
     from .checkpoints import BlobRef, CheckpointStore, GcReport, Manifest
@@ -51,17 +51,6 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from .store import LocalStore, MinioStore, ObjectStore, open_store
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # the next lookup is a plain attribute
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_MODULE_OF))
-
-
-__all__ = sorted(_MODULE_OF)
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
