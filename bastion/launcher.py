@@ -9,6 +9,7 @@ starts a local Ray if none is running — bound to 127.0.0.1 only — or connect
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import sysconfig
@@ -237,6 +238,19 @@ def run(topology: Topology, *, protocol: str = "none",
     return _result(config, plan, report, store)
 
 
+def process_cpu_s(tasks: list[dict[str, Any]]) -> tuple[float, int]:
+    """CPU seconds the tasks' processes spent running them, and how many processes.
+    A process's CPU clock is shared by the tasks it hosts, so each process counts once:
+    from its first task's start to its last task's end (``started_cpu_s`` and
+    ``finished_cpu_s`` of task reports, read from that process's clock)."""
+    spans: dict[str, tuple[float, float]] = {}
+    for t in tasks:
+        started, finished = spans.get(t["process"], (math.inf, -math.inf))
+        spans[t["process"]] = (min(started, t["started_cpu_s"]),
+                               max(finished, t["finished_cpu_s"]))
+    return sum(finished - started for started, finished in spans.values()), len(spans)
+
+
 def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
             store: ObjectStore) -> RunResult:
     tasks = report["tasks"]
@@ -272,6 +286,7 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
         return None if v is None else v * 1000.0
 
     frame_protocol_bytes = sum(t["protocol_frame_bytes"] for t in tasks)
+    cpu_s, cpu_processes = process_cpu_s(tasks)
     protocol = ProtocolMetrics(
         protocol=get_protocol(config.protocol).name,
         **dataclasses.asdict(report["protocol"]),
@@ -291,6 +306,8 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
         protocol=protocol,
         latency_timeline=[(p["t_s"], p["latency_p50_ms"], p["latency_p99_ms"])
                           for p in report["timeline"]],
+        cpu_s=cpu_s,
+        cpu_processes=cpu_processes,
         extra={
             "spawn_s": report["spawn_s"],
             "frames_sent": sum(t["frames_sent"] for t in tasks),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import pickle
 import time
 import traceback
@@ -216,6 +217,11 @@ class Task(TaskContext):
         self.finished = False
         self.started_s: float | None = None
         self.finished_s: float | None = None
+        # CPU seconds of this task's whole process (all its threads) when the task
+        # started and finished: the launcher takes, per process, the span from its
+        # first task's start to its last task's end, so a process counts once.
+        self.started_cpu_s: float | None = None
+        self.finished_cpu_s: float | None = None
         self.gil_released_s = time.monotonic()
         self.restored_progress = (0, 0)  # records read and written before a restore
         self.protocol = get_protocol(config.protocol).task_protocol(self)
@@ -241,6 +247,7 @@ class Task(TaskContext):
 
     async def run(self) -> None:
         self.started_s = time.time()
+        self.started_cpu_s = time.process_time()
         try:
             await self.protocol.on_start()
             if self.source is not None:
@@ -256,6 +263,7 @@ class Task(TaskContext):
             raise RuntimeError(f"task {self.name} failed: {exc!r}\n"
                                f"{traceback.format_exc()}") from exc
         self.finished_s = time.time()
+        self.finished_cpu_s = time.process_time()
         self.finished = True
 
     async def _run_source(self) -> None:
@@ -709,6 +717,9 @@ class Task(TaskContext):
                                      + [r.key_ctx for r in self.routers]),
             "started_s": self.started_s,
             "finished_s": self.finished_s,
+            "process": _process_id(),
+            "started_cpu_s": self.started_cpu_s,
+            "finished_cpu_s": self.finished_cpu_s,
             "frames_sent": sum(c.frames_sent for c in self.channels),
             "bytes_sent": sum(c.bytes_sent for c in self.channels),
             "protocol_frame_bytes": self.protocol_frame_bytes,
@@ -849,6 +860,11 @@ class Worker:
 
     def report(self) -> list[dict[str, Any]]:
         return [t.report() for t in self.tasks.values()]
+
+
+def _process_id() -> str:
+    """Names this process among all of the cluster's: its node and pid."""
+    return f"{ray.get_runtime_context().get_node_id()}:{os.getpid()}"
 
 
 def _pusher(handle: Any, dst_task: int, attempt: int):

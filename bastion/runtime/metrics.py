@@ -154,6 +154,17 @@ class RunMetrics:
     latency_timeline: list[tuple[float, float | None, float | None]] = field(
         default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # CPU seconds (user + system, all threads) the job's worker processes spent from
+    # their first task's start to their last task's end, summed over processes: what
+    # the run cost, independent of how many cores it had and how busy they were.
+    # Process start-up and deploy are not in it; nor is a failed attempt's work.
+    cpu_s: float = 0.0
+    cpu_processes: int = 0
+
+    @property
+    def cpu_s_per_million_records(self) -> float:
+        """`cpu_s` per million source records: the data plane's cost per record."""
+        return self.cpu_s / self.source_records * 1e6 if self.source_records else 0.0
 
     def summary_rows(self) -> list[tuple[str, str]]:
         def ms(v: float | None) -> str:
