@@ -3,7 +3,9 @@
 ``bn.run`` is synchronous: it returns when a bounded job has consumed all of its input
 (or an unbounded one has run for ``duration_s``) and every sink has committed. It
 starts a local Ray if none is running — bound to 127.0.0.1 only — or connects to
-``address`` (``"auto"`` or ``"ray://head:10001"``).
+``address`` (``"auto"`` or ``"ray://head:10001"``). The job master's host and the
+workers are borrowed from the cluster's pool (`bastion.scheduler.pool`): the first job
+of a Ray session starts them, the next ones find them warm.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import math
 import os
 import sys
 import sysconfig
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -25,12 +28,14 @@ from bastion import faults as fault_injection
 from bastion.errors import JobFailedError, TopologyError, UDFError
 from bastion.protocols import Protocol, get_protocol
 from bastion.runtime.config import SINK_SPILL_RECORDS, JobConfig
-from bastion.runtime.job import JobMaster, MasterLimits
+from bastion.runtime.instance import Worker
+from bastion.runtime.job import JobHost, MasterLimits
 from bastion.runtime.merge import nondeterminism
 from bastion.runtime.metrics import (LatencyHistogram, OperatorCounts, ProtocolMetrics,
                                      RunMetrics)
 from bastion.runtime.outputs import read_committed
 from bastion.runtime.plan import PhysicalPlan, build_plan
+from bastion.scheduler.pool import get_pool
 from bastion.storage import ObjectStore, open_store
 from bastion.topology import Topology
 
@@ -218,24 +223,37 @@ def run(topology: Topology, *, protocol: str = "none",
         if kill.node is not None:  # a node that does not exist fails here, not mid-run
             fault_injection.resolve_node(kill.node, fault_injection.live_nodes())
     ship_user_modules(topology, proto)
-    master = JobMaster.remote(plan, config, master_limits)
+    # The job master's host and the workers are borrowed from the cluster's pool
+    # (`bastion.scheduler.pool`): warm processes when an earlier job left them idle.
+    lend_started_s = time.time()
+    pool = get_pool(Worker, JobHost)
+    host = ray.get(pool.lend_host.remote())
+    lend_host_s = time.time() - lend_started_s
+    pending = host.run.remote(plan, config, master_limits, pool)
     try:
-        pending = master.run.remote()
         while True:
             ready, _ = ray.wait([pending], timeout=_PROGRESS_INTERVAL_S)
             if ready:
                 break
             if progress is not None:
-                progress(ray.get(master.progress.remote()))
+                now = ray.get(host.progress.remote(config.job_id))
+                if now is not None:
+                    progress(now)
         report = ray.get(pending)
+    except BaseException:
+        # The driver gives up (Ctrl-C, a failing progress callback): so does the job.
+        # The host outlives it, so the job is cancelled, not killed with its host; the
+        # job master then releases its workers as at any other end.
+        ray.cancel(pending)
+        raise
     finally:
-        ray.kill(master)
+        pool.give_back_host.remote()
     failure = report["failure"]
     if isinstance(failure, (UDFError, JobFailedError)):
         raise failure
     if failure is not None:
         raise JobFailedError(f"job {config.job_id} failed: {failure}")
-    return _result(config, plan, report, store)
+    return _result(config, plan, report, store, lend_host_s)
 
 
 def process_cpu_s(tasks: list[dict[str, Any]]) -> tuple[float, int]:
@@ -252,7 +270,7 @@ def process_cpu_s(tasks: list[dict[str, Any]]) -> tuple[float, int]:
 
 
 def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
-            store: ObjectStore) -> RunResult:
+            store: ObjectStore, lend_host_s: float) -> RunResult:
     tasks = report["tasks"]
     outputs: dict[str, list] = {}
     latency = LatencyHistogram()
@@ -296,6 +314,8 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
     )
     metrics = RunMetrics(
         duration_s=duration_s,
+        deploy_s=lend_host_s + report["deploy_s"],
+        teardown_s=report["teardown_s"],
         source_records=source_records,
         sink_records=sink_records,
         tuples_per_s=source_records / duration_s,
@@ -328,5 +348,6 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
     return RunResult(config.job_id, outputs, metrics, dead_letters, plan.describe(),
                      {"tasks": tasks, "events": report["events"],
                       "event_counts": report["event_counts"],
-                      "timeline": report["timeline"], "started_s": report["started_s"]},
+                      "timeline": report["timeline"], "started_s": report["started_s"],
+                      "workers": report["worker_ids"]},
                      output_ids, warnings)

@@ -128,6 +128,37 @@ def bytewax_rate(make_flow, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def startup_figures(warm_repeats: int = 7) -> None:
+    """Print `bn.run` wall time, start to finish, of a 10- and a 10,000-record W0:
+    cold (the first job in a fresh local Ray: the pool starts its processes, not
+    counting Ray's own start) and warm (the median of ``warm_repeats`` jobs after it,
+    on the pool's idle processes), with the warm runs' deploy, run and teardown."""
+    import ray
+
+    from bastion.launcher import ensure_ray
+
+    print(f"\nJob start, bn.run wall time (s); warm: median of {warm_repeats}")
+    print(f"{'job':<16} {'cold':>7} {'warm':>7} {'deploy':>7} {'run':>7} {'teardown':>9}")
+    for n in (10, 10_000):
+        ray.shutdown()  # a fresh Ray: no pool, no idle worker
+        ensure_ray()
+        t0 = time.perf_counter()
+        bn.run(w0(n))
+        cold_s = time.perf_counter() - t0
+        walls, metrics = [], []
+        for _ in range(warm_repeats):
+            t0 = time.perf_counter()
+            metrics.append(bn.run(w0(n)).metrics)
+            walls.append(time.perf_counter() - t0)
+
+        def median(field: str) -> float:
+            return statistics.median(getattr(m, field) for m in metrics)
+
+        print(f"{f'{n:,} records':<16} {cold_s:>7.3f} {statistics.median(walls):>7.3f} "
+              f"{median('deploy_s'):>7.3f} {median('duration_s'):>7.3f} "
+              f"{median('teardown_s'):>9.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=2_000_000)
@@ -193,6 +224,7 @@ def main() -> None:
         print(f"{'W1 p=' + str(p):<10} " + " ".join(
             f"{rates[m]:>14,.0f}" for m in modes))
         print(f"{'  ratio':<10} " + " ".join(f"{ratios[p][m]:>13.2f}x" for m in modes))
+    startup_figures()
     print(f"W1 p=2 vs plain: lineage {ratios[2]['lineage']:.2f}x, deterministic "
           f"{ratios[2]['deterministic']:.2f}x, both {ratios[2]['both']:.2f}x "
           f"(p=1: {ratios[1]['lineage']:.2f}x, {ratios[1]['deterministic']:.2f}x, "

@@ -552,7 +552,7 @@ class Task(TaskContext):
     def acknowledge(self, checkpoint_id: int, ref: BlobRef, meta: Any = None) -> None:
         self.acknowledged.append(checkpoint_id)
         self.protocol_message_bytes += len(pickle.dumps((checkpoint_id, ref, meta), protocol=5))
-        self.master.acknowledge.remote(self.attempt, self.task_id, checkpoint_id, ref, meta)
+        self.master.acknowledge(self.attempt, self.task_id, checkpoint_id, ref, meta)
 
     def count_protocol_bytes(self, n: int) -> None:
         self.protocol_frame_bytes += n
@@ -739,18 +739,37 @@ class Worker:
     """A Ray actor hosting the tasks of one slot (instance ``i`` of every chain with
     ``i % workers == worker_index``). After a failure the job master resets it and
     deploys again with a new *attempt* number; frames of an older attempt that are
-    still travelling are dropped on arrival."""
+    still travelling are dropped on arrival.
 
-    def __init__(self, worker_index: int, config: JobConfig):
-        self.worker_index = worker_index
-        self.config = config
-        self.store = open_store(config.storage_url)
+    The process outlives its job (`bastion.scheduler.pool`): a job `bind`s it, deploys
+    and runs its tasks, and `release`s it — every task, channel and per-job field
+    dropped — before the pool lends it to the next job. Frames carry the job's id with
+    the attempt, so a frame of an earlier job still travelling is dropped too."""
+
+    def __init__(self) -> None:
+        self.worker_index: int | None = None
+        self.config: JobConfig | None = None
+        self.store: ObjectStore | None = None
         self.tasks: dict[int, Task] = {}
         self.runners: list[asyncio.Task] = []
         self.attempt = -1
+        self.epoch: tuple[str, int] | None = None  # (job id, attempt) frames must carry
+
+    def bind(self, config: JobConfig, worker_index: int) -> None:
+        """Serve job ``config.job_id`` as slot ``worker_index`` (`placement.STANDBY`:
+        its standby) until `release`."""
+        self.config = config
+        self.store = open_store(config.storage_url)
+        self.worker_index = worker_index
+
+    async def release(self) -> None:
+        """Forget the job: stop its tasks and drop everything it left here."""
+        await self.reset()
+        self.worker_index = self.config = self.store = self.epoch = None
+        self.attempt = -1
 
     @ray.method(concurrency_group="liveness")
-    def ping(self) -> int:
+    def ping(self) -> int | None:
         """Heartbeat. It runs on its own thread, so a user function that keeps the
         tasks' event loop busy does not make a live process look dead."""
         return self.worker_index
@@ -769,6 +788,7 @@ class Worker:
         config = self.config
         self.worker_index = worker_index
         self.attempt = attempt
+        self.epoch = (config.job_id, attempt)
         self.tasks = {t.task_id: Task(t, plan, config, self.store, master, attempt)
                       for t in plan.tasks_of(self.worker_index)}
         for task in self.tasks.values():
@@ -783,7 +803,7 @@ class Worker:
                     else:
                         channels.append(RemoteOutputChannel(
                             channel_id, config.frame_records, config.buffer_timeout_s,
-                            _pusher(peers[dst_worker], dst, attempt), task.codec,
+                            _pusher(peers[dst_worker], dst, self.epoch), task.codec,
                             config.max_inflight_frames))
                 task.connect(route, channels)
             await task.protocol.restore(restore)
@@ -804,10 +824,10 @@ class Worker:
     async def start(self) -> None:
         self.runners = [asyncio.ensure_future(t.run()) for t in self.tasks.values()]
 
-    async def push(self, attempt: int, task_id: int, channel_id: int, seq: int,
+    async def push(self, epoch: tuple[str, int], task_id: int, channel_id: int, seq: int,
                    payload: bytes) -> None:
-        if attempt != self.attempt:
-            return  # a frame of a failed attempt: its records will be replayed
+        if epoch != self.epoch:
+            return  # a frame of a failed attempt (replayed) or of an earlier job
         await self.tasks[task_id].gate.deliver(channel_id, seq, payload)
 
     def trigger_checkpoint(self, attempt: int, task_ids: list[int], checkpoint_id: int) -> None:
@@ -867,7 +887,7 @@ def _process_id() -> str:
     return f"{ray.get_runtime_context().get_node_id()}:{os.getpid()}"
 
 
-def _pusher(handle: Any, dst_task: int, attempt: int):
+def _pusher(handle: Any, dst_task: int, epoch: tuple[str, int]):
     def push(channel_id: int, seq: int, payload: bytes):
-        return handle.push.remote(attempt, dst_task, channel_id, seq, payload)
+        return handle.push.remote(epoch, dst_task, channel_id, seq, payload)
     return push

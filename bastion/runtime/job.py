@@ -1,12 +1,18 @@
 """The job master: deploys a physical plan onto worker actors, watches it, recovers it.
 
-The job master is a Ray actor of its own, so a job keeps its coordinator when the
-driver is a remote client. `JobMaster.run` is a loop over named phases; the decisions
-in them — where workers go, when one is lost, what a recovery restarts — are the
-scheduler's (`bastion.scheduler`), the checkpoints the protocol's coordinator's:
+The job master runs in a Ray actor, so a job keeps its coordinator when the driver is a
+remote client. That actor, the `JobHost`, outlives its jobs like the workers do
+(`bastion.scheduler.pool` lends both): each `JobHost.run` builds a `JobMaster` — a
+plain object holding one job's state — runs it and drops it, so jobs share the
+process and nothing else. Workers reach their job's master through a `MasterLink`
+(the host and the job's id). `JobMaster.run` is a loop over named phases; the
+decisions in them — where workers go, when one is lost, what a recovery restarts —
+are the scheduler's (`bastion.scheduler`), the checkpoints the protocol's
+coordinator's:
 
-1. **spawn** — start one worker actor per slot (`bastion.scheduler.placement`) and,
-   when the protocol asks for one, a standby; wait until each answers;
+1. **spawn** — borrow one worker per slot from the pool, on the node placement names
+   (`bastion.scheduler.placement`), and, when the protocol asks for one, a standby;
+   bind each to the job and wait until each answers;
 2. **deploy** — give every worker the plan, its peers and the attempt number; each
    builds its tasks and channels and, after a failure, restores their state from the
    recovery line;
@@ -20,7 +26,8 @@ scheduler's (`bastion.scheduler`), the checkpoints the protocol's coordinator's:
    recovery line, and go back to *deploy* with the next attempt (a worker lost during
    *deploy* or *start* is one more failure);
 6. **finish** — commit the end-of-stream outputs, gather counters, latency histograms
-   and dead letters; the workers are released whatever happened.
+   and dead letters; whatever happened, then, every worker that resets in time goes
+   back to the pool clean, and every other one is killed and never lent again.
 
 Three faults of the job's own machinery are handled here too:
 
@@ -59,7 +66,6 @@ from bastion.protocols import get_protocol
 from bastion.protocols.base import MasterContext, cancel
 from bastion.runtime.config import JobConfig
 from bastion.runtime.events import EventLimits, EventLog
-from bastion.runtime.instance import Worker
 from bastion.runtime.metrics import FailureRecovery, LatencyHistogram, rate_recovered_at
 from bastion.runtime.outputs import FINAL_COMMIT, committed_blobs, marker_key
 from bastion.runtime.plan import PhysicalPlan
@@ -71,6 +77,9 @@ from bastion.storage import CheckpointStore, open_store
 
 
 _PROGRESS_TIMEOUT_S = 1.0  # a worker busier than this is left out of one timeline point
+# A worker that takes longer to drop its job (a user function holding the event loop)
+# is killed instead of given back to the pool.
+_RELEASE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -141,13 +150,63 @@ class _CoordinatorContext(MasterContext):
         await self._master.commit_outputs(attempt, commit)
 
 
+@dataclass(frozen=True)
+class MasterLink:
+    """How a job's workers reach its master: the host it runs in, and the job's id."""
+
+    host: Any
+    job_id: str
+
+    def acknowledge(self, attempt: int, task_id: int, checkpoint_id: int, ref: Any,
+                    meta: Any = None) -> None:
+        self.host.acknowledge.remote(self.job_id, attempt, task_id, checkpoint_id, ref, meta)
+
+
 @ray.remote(num_cpus=0)
+class JobHost:
+    """The process job masters run in, lent by the pool to one job after another (and
+    to several at once: each job is a `JobMaster` of its own, found by its id)."""
+
+    def __init__(self) -> None:
+        self.masters: dict[str, JobMaster] = {}
+
+    def ping(self) -> None:
+        """Liveness, for the pool."""
+
+    async def run(self, plan: PhysicalPlan, config: JobConfig, limits: MasterLimits | None,
+                  pool: Any) -> dict[str, Any]:
+        """Run job ``config.job_id`` to its end with workers of ``pool``; its report."""
+        me = ray.get_runtime_context().current_actor
+        master = JobMaster(plan, config, limits, MasterLink(me, config.job_id), pool)
+        self.masters[config.job_id] = master
+        try:
+            return await master.run()
+        finally:
+            del self.masters[config.job_id]
+
+    def progress(self, job_id: str) -> dict[str, Any] | None:
+        """The job's progress; None before it started here or after it ended."""
+        master = self.masters.get(job_id)
+        return None if master is None else master.progress()
+
+    def acknowledge(self, job_id: str, attempt: int, task_id: int, checkpoint_id: int,
+                    ref: Any, meta: Any = None) -> None:
+        master = self.masters.get(job_id)
+        if master is not None:  # an acknowledgment that arrives after its job ended
+            master.acknowledge(attempt, task_id, checkpoint_id, ref, meta)
+
+
 class JobMaster:
+    """One job's control plane, run by a `JobHost`."""
+
     def __init__(self, plan: PhysicalPlan, config: JobConfig,
-                 limits: MasterLimits | None = None):
+                 limits: MasterLimits | None, link: MasterLink, pool: Any):
         self.plan = plan
         self.config = config
         self.limits = limits or MasterLimits()
+        self.link = link
+        self.pool = pool
+        self.lent: list[Any] = []  # every worker the pool lent this job
         self.store = open_store(config.storage_url)
         self.checkpoints = CheckpointStore(self.store, config.job_id)
         self.protocol = get_protocol(config.protocol)
@@ -157,6 +216,7 @@ class JobMaster:
         self.attempt = 0
         self.phase = "created"
         self.started_s: float | None = None
+        self.entered_s = time.time()  # when the host began to run this job
         self.log = EventLog(self.store, config.job_id, self.limits.events)
         # Set when the job must end whatever the phase (a sink kept failing a commit):
         # the error, and a future the watch phase wakes up on.
@@ -176,6 +236,7 @@ class JobMaster:
         self.coordinator = self.protocol.coordinator(_CoordinatorContext(self))
         self.planner: RecoveryPlanner = BlockingRecovery()
         self._injector: asyncio.Task | None = None
+        self._standby_lending: asyncio.Future | None = None  # see _start
 
     # -- what the coordinator's context and the workers call --------------------------------
 
@@ -250,11 +311,33 @@ class JobMaster:
         try:
             report = await self._phases()
         finally:
-            for w in self.workers + self._spare():
-                ray.kill(w)
+            # A job that ended early (or was cancelled) may still have checkpoints and
+            # kills scheduled: none may reach a worker once another job borrowed it.
+            await self.coordinator.stop()
+            await cancel(self._injector)
+            released_at_s = await self._release_workers()
             await self.log.close()
         report["events_not_stored"] = self.log.summary()
+        report["worker_ids"] = [w._actor_id.hex() for w in self.workers]
+        if "finished_s" in report:  # a job that ran to its end
+            report["deploy_s"] = self.started_s - self.entered_s
+            report["teardown_s"] = released_at_s - report["finished_s"]
         return report
+
+    async def _release_workers(self) -> float:
+        """Give every worker of the job that resets in time back to the pool; kill the
+        others (and forget those the job lost). When it was done (time.time())."""
+        await self._standby_lent()
+        mine = self.workers + self._spare()
+        outcomes = await asyncio.gather(*[within(w.release.remote(), _RELEASE_TIMEOUT_S)
+                                          for w in mine], return_exceptions=True)
+        clean = [w for w, outcome in zip(mine, outcomes)
+                 if not isinstance(outcome, BaseException)]
+        lost = [w for w in self.lent if w not in clean]
+        for w in lost:
+            ray.kill(w, no_restart=True)
+        await self.pool.give_back.remote(clean, lost)
+        return time.time()
 
     async def _phases(self) -> dict[str, Any]:
         try:
@@ -282,22 +365,22 @@ class JobMaster:
         return report
 
     async def _spawn(self) -> float:
-        """Start every slot's worker and the standby; the seconds it took."""
+        """Borrow every slot's worker and the standby; the seconds it took."""
         self.phase = "spawn"
         t0 = time.time()
-        self.workers = [self._new_worker(i) for i in range(self.plan.workers)]
-        # A standby worker, started now, takes over the slot of the first worker
+        self.workers = await self._new_workers(list(range(self.plan.workers)))
+        # A standby worker, borrowed now, takes over the slot of the first worker
         # to die: a restart then costs a deploy, not a process start. Waiting for
-        # it here keeps its start (about a core-second) out of the job's run.
-        self._ensure_standby()
+        # it here keeps its start (about a core-second, when the pool has no idle
+        # worker) out of the job's run.
+        await self._ensure_standby()
         await asyncio.gather(*[w.ping.remote() for w in self.workers + self._spare()])
         return time.time() - t0
 
     async def _deploy(self, restore: Any) -> None:
         """Every worker builds this attempt's tasks, restored from ``restore``."""
         self.phase = "deploy"
-        me = ray.get_runtime_context().current_actor
-        outcomes = await asyncio.gather(*[w.deploy.remote(self.plan, self.workers, me,
+        outcomes = await asyncio.gather(*[w.deploy.remote(self.plan, self.workers, self.link,
                                                           self.attempt, restore, i)
                                           for i, w in enumerate(self.workers)],
                                         return_exceptions=True)
@@ -321,7 +404,10 @@ class JobMaster:
             await asyncio.gather(*[w.start.remote() for w in self.workers])
         except ray.exceptions.RayActorError as exc:
             raise detector.died_during(self.phase, exc) from None
-        self._ensure_standby()
+        # The tasks run already: a new standby (a process start, when the pool has
+        # none idle) is borrowed and bound meanwhile, not waited for.
+        if self._standby_lending is None or self._standby_lending.done():
+            self._standby_lending = asyncio.ensure_future(self._ensure_standby())
         if self.attempt:
             self.record_event("restarted", attempt=self.attempt,
                               checkpoint=_line_summary(restore))
@@ -457,24 +543,37 @@ class JobMaster:
             failures.append(failure)
         return failures
 
-    def _ensure_standby(self) -> None:
+    async def _ensure_standby(self) -> None:
         if self.standby is None and self.protocol.needs_standby:
-            self.standby = self._new_worker(placement.STANDBY)
+            [self.standby] = await self._new_workers([placement.STANDBY])
+
+    async def _standby_lent(self) -> None:
+        """Wait until a standby being borrowed in the background is bound (or failed)."""
+        if self._standby_lending is not None:
+            await asyncio.gather(self._standby_lending, return_exceptions=True)
 
     def _spare(self) -> list[Any]:
         return [self.standby] if self.standby is not None else []
 
-    def _new_worker(self, index: int) -> Any:
-        """Start the worker of slot ``index`` (`placement.STANDBY`: the standby) where
-        placement puts it."""
-        where = placement.strategy_for(index, self.plan.workers)
-        return Worker.options(scheduling_strategy=where).remote(index, self.config)
+    async def _new_workers(self, slots: list[int]) -> list[Any]:
+        """Borrow the workers of ``slots`` (`placement.STANDBY`: the standby), each on
+        the node placement puts it, and bind them to the job."""
+        nodes = placement.live_nodes()
+        workers = await self.pool.lend.remote(
+            [placement.node_for(slot, self.plan.workers, nodes) for slot in slots])
+        self.lent.extend(workers)
+        # Awaited: an async actor may run one caller's calls out of order. A worker
+        # that died meanwhile fails the next call made to it, a failure like any other.
+        await asyncio.gather(*[w.bind.remote(self.config, slot)
+                               for slot, w in zip(slots, workers)], return_exceptions=True)
+        return workers
 
     async def _replace_workers(self, failure: Failure) -> None:
         """Carry out the recovery planner's plan for the slots whose worker is dead;
         the survivors are reset by the next deploy. A new standby is only started
         once the job runs again (`_ensure_standby`): starting a process costs a core
         for about a second, which the restart needs more."""
+        await self._standby_lent()
         spare = self._spare()
         timeout_s = self.config.heartbeat_timeout_s
         alive = await asyncio.gather(*[detector.answers(w, timeout_s)
@@ -493,8 +592,8 @@ class JobMaster:
             ray.kill(self.workers[i], no_restart=True)
         for i in plan.to_standby:
             self.workers[i], self.standby = self.standby, None
-        for i in plan.to_fresh:
-            self.workers[i] = self._new_worker(i)
+        for i, worker in zip(plan.to_fresh, await self._new_workers(list(plan.to_fresh))):
+            self.workers[i] = worker
         # a worker that dies meanwhile fails the deploy, which starts another recovery
         await asyncio.gather(*[w.ping.remote() for w in self.workers], return_exceptions=True)
 
@@ -625,7 +724,7 @@ class JobMaster:
             for w, task_ids in by_worker.items():
                 self.workers[w].finish_loops.remote(self.attempt, task_ids)
 
-    async def progress(self) -> dict[str, Any]:
+    def progress(self) -> dict[str, Any]:
         elapsed = time.time() - self.started_s if self.started_s else 0.0
         return {"phase": self.phase, "elapsed_s": elapsed, "attempt": self.attempt,
                 **self._totals}

@@ -154,6 +154,12 @@ class RunMetrics:
     latency_timeline: list[tuple[float, float | None, float | None]] = field(
         default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # Seconds before and after the run (`duration_s`): from borrowing the job's
+    # processes until its sources started; from the last task's end until its
+    # workers were back in the pool (the final commit included). Process starts, when
+    # the pool had no idle ones, are in deploy_s.
+    deploy_s: float = 0.0
+    teardown_s: float = 0.0
     # CPU seconds (user + system, all threads) the job's worker processes spent from
     # their first task's start to their last task's end, summed over processes: what
     # the run cost, independent of how many cores it had and how busy they were.

@@ -6,7 +6,9 @@
 - `recovery`: after a failure, which slots get which replacement and what restarts
   from where (`RecoveryPlanner`);
 - `injector`: carrying out a drill's scheduled kills (what to kill is described in
-  `bastion.faults`).
+  `bastion.faults`);
+- `pool`: the processes that outlive a job — which idle, live worker a job borrows
+  for a slot's node, and when an idle one is let go (`WorkerPool`).
 
 The job master (`bastion.runtime.job`) calls these; they know nothing of protocols.
 """

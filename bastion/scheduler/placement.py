@@ -7,6 +7,9 @@ node of a cluster loses as few slots as possible. Nodes are ordered by node id, 
 every placement of a job — and every replacement after a failure — counts them the
 same way. The affinity is strict: Ray's soft affinity (and ``SPREAD``) often ignored
 the order, stacking slots on one node.
+
+The worker of a slot is borrowed from the pool (`bastion.scheduler.pool`), which lends
+one of the node placement names or starts one there.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ def node_for(slot: int, slots: int, nodes: list[str]) -> str:
     return nodes[position % len(nodes)]
 
 
-def strategy_for(slot: int, slots: int) -> NodeAffinitySchedulingStrategy:
-    """Where Ray must start the worker of ``slot``: its node, counted among the nodes
-    alive now."""
-    return NodeAffinitySchedulingStrategy(node_for(slot, slots, live_nodes()), soft=False)
+def strategy_on(node: str) -> NodeAffinitySchedulingStrategy:
+    """How Ray must start a worker on ``node`` (the pool starts one there when it has
+    none idle): on that node and no other."""
+    return NodeAffinitySchedulingStrategy(node, soft=False)
