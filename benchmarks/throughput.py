@@ -9,7 +9,11 @@ For each, the median of ``--repeats`` runs (default 3) in tuples/s; Bastion's fi
 measured from the moment the job starts (after its worker actors are up), Bytewax's
 around ``run_main``. Then p50/p99 end-to-end latency of W0 and W1 (parallelism 1) with
 a rate-limited source at half of the measured maximum rate and the default 5 ms buffer
-timeout. Then the cost of drill-grade runs: W1 at parallelism 1 and 2 with lineage ids
+timeout. Then CPU seconds per million records of W1 at parallelism 1, 2 and 4
+(`RunMetrics.cpu_s`: user + system time of the job's worker processes while their
+tasks ran, summed), which depends neither on how many cores the machine has nor on
+how busy they are; its p=2 / p=1 ratio is what the keyed exchange between workers
+costs. Then the cost of drill-grade runs: W1 at parallelism 1 and 2 with lineage ids
 (``lineage=True``) and in deterministic mode (``deterministic=True``), as ratios to
 plain W1 measured alternately in the same run. Prints figures and ratios; asserts
 nothing; the last line is the headline.
@@ -28,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bastion as bn  # noqa: E402
+from bastion.launcher import ensure_ray  # noqa: E402
 
 KEYS = 100
 
@@ -55,6 +60,10 @@ def w1(n: int, parallelism: int, rate: float | None = None) -> bn.Topology:
 
 def bastion_rate(topo: bn.Topology, **options) -> float:
     return bn.run(topo, **options).metrics.tuples_per_s
+
+
+def bastion_cpu_s_per_million(topo: bn.Topology) -> float:
+    return bn.run(topo).metrics.cpu_s_per_million_records
 
 
 # -- Bytewax -------------------------------------------------------------------------------
@@ -179,7 +188,7 @@ def main() -> None:
     def median_of(fn) -> float:
         return statistics.median(fn() for _ in range(k))
 
-    bn.launcher.ensure_ray()
+    ensure_ray()
     rows = []
     results: dict[str, float] = {}
     for name, make, peer in [("W0", lambda: w0(n), 0), ("W1 p=1", lambda: w1(n, 1), 1),
@@ -208,6 +217,14 @@ def main() -> None:
         m = bn.run(make(rate, count)).metrics
         print(f"{name:<10} {rate:>12,.0f} {m.latency_ms['p50']:>8.2f} {m.latency_ms['p99']:>8.2f}")
 
+    print(f"\nCPU seconds per million records, W1, {n:,} tuples, median of {k}")
+    print(f"{'workload':<10} {'CPU s/M':>10} {'vs p=1':>8}")
+    cpu_s_per_million = {p: median_of(lambda: bastion_cpu_s_per_million(w1(n, p)))
+                         for p in (1, 2, 4)}
+    for p, cpu in cpu_s_per_million.items():
+        print(f"{'W1 p=' + str(p):<10} {cpu:>10.2f} {cpu / cpu_s_per_million[1]:>7.2f}x")
+    cpu_ratio = cpu_s_per_million[2] / cpu_s_per_million[1]
+
     print(f"\nDrill-grade runs, W1, {n:,} tuples, median of {k}, modes alternating "
           "(tuples/s)")
     modes = {"plain": {}, "lineage": {"lineage": True}, "deterministic": {"deterministic": True},
@@ -228,7 +245,8 @@ def main() -> None:
     print(f"W1 p=2 vs plain: lineage {ratios[2]['lineage']:.2f}x, deterministic "
           f"{ratios[2]['deterministic']:.2f}x, both {ratios[2]['both']:.2f}x "
           f"(p=1: {ratios[1]['lineage']:.2f}x, {ratios[1]['deterministic']:.2f}x, "
-          f"{ratios[1]['both']:.2f}x)")
+          f"{ratios[1]['both']:.2f}x); CPU s per million records p=2 / p=1: "
+          f"{cpu_ratio:.2f}x")
 
 
 if __name__ == "__main__":
