@@ -227,10 +227,12 @@ def run(topology: Topology, *, protocol: str = "none",
     # (`bastion.scheduler.pool`): warm processes when an earlier job left them idle.
     lend_started_s = time.time()
     pool = get_pool(Worker, JobHost)
-    host = ray.get(pool.lend_host.remote())
-    lend_host_s = time.time() - lend_started_s
-    pending = host.run.remote(plan, config, master_limits, pool)
+    lending = pool.lend_host.remote()
+    pending = None
     try:
+        host = ray.get(lending)
+        lend_host_s = time.time() - lend_started_s
+        pending = host.run.remote(plan, config, master_limits, pool)
         while True:
             ready, _ = ray.wait([pending], timeout=_PROGRESS_INTERVAL_S)
             if ready:
@@ -243,8 +245,10 @@ def run(topology: Topology, *, protocol: str = "none",
     except BaseException:
         # The driver gives up (Ctrl-C, a failing progress callback): so does the job.
         # The host outlives it, so the job is cancelled, not killed with its host; the
-        # job master then releases its workers as at any other end.
-        ray.cancel(pending)
+        # job master then releases its workers as at any other end. Not recursively:
+        # a lend the pool is carrying out must finish, or its worker is never returned.
+        if pending is not None:
+            ray.cancel(pending, recursive=False)
         raise
     finally:
         pool.give_back_host.remote()

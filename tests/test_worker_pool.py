@@ -169,3 +169,24 @@ def test_idle_workers_are_killed_after_the_idle_timeout(tmp_path):
         assert not any(w in idle_workers() for w in mine)
     finally:
         ray.get(the_pool.set_idle_timeout.remote(IDLE_TIMEOUT_S))
+
+
+def test_a_driver_that_gives_up_cancels_its_job_and_its_workers_go_back_clean(tmp_path):
+    class GiveUp(Exception):
+        pass
+
+    def give_up(progress: dict) -> None:
+        raise GiveUp  # like Ctrl-C in the middle of a job
+
+    # rate-limited: running when the first progress point comes
+    with pytest.raises(GiveUp):
+        bn.run(generated(count=3000, rate=300), progress=give_up,
+               storage=f"local://{tmp_path}")
+    # the job master releases the workers once the cancellation reaches it
+    deadline_s = time.monotonic() + 60
+    while len(idle_workers()) < 2 and time.monotonic() < deadline_s:
+        time.sleep(0.1)
+    idle = idle_workers()
+    assert len(idle) >= 2
+    assert ray.get([w.progress.remote() for w in idle]) == [
+        {"attempt": -1, "tasks": {}, "quiescence": {}}] * len(idle)

@@ -207,6 +207,7 @@ class JobMaster:
         self.link = link
         self.pool = pool
         self.lent: list[Any] = []  # every worker the pool lent this job
+        self._borrowing: set[asyncio.Future] = set()  # lends not yet bound
         self.store = open_store(config.storage_url)
         self.checkpoints = CheckpointStore(self.store, config.job_id)
         self.protocol = get_protocol(config.protocol)
@@ -325,13 +326,14 @@ class JobMaster:
         return report
 
     async def _release_workers(self) -> float:
-        """Give every worker of the job that resets in time back to the pool; kill the
-        others (and forget those the job lost). When it was done (time.time())."""
-        await self._standby_lent()
-        mine = self.workers + self._spare()
+        """Give every worker lent to the job that resets in time back to the pool —
+        those it holds, and any a cancelled phase borrowed without taking; kill the
+        others (a worker the job lost fails its release at once). When it was done
+        (time.time())."""
+        await asyncio.gather(*self._borrowing, return_exceptions=True)
         outcomes = await asyncio.gather(*[within(w.release.remote(), _RELEASE_TIMEOUT_S)
-                                          for w in mine], return_exceptions=True)
-        clean = [w for w, outcome in zip(mine, outcomes)
+                                          for w in self.lent], return_exceptions=True)
+        clean = [w for w, outcome in zip(self.lent, outcomes)
                  if not isinstance(outcome, BaseException)]
         lost = [w for w in self.lent if w not in clean]
         for w in lost:
@@ -557,7 +559,14 @@ class JobMaster:
 
     async def _new_workers(self, slots: list[int]) -> list[Any]:
         """Borrow the workers of ``slots`` (`placement.STANDBY`: the standby), each on
-        the node placement puts it, and bind them to the job."""
+        the node placement puts it, and bind them to the job. Shielded: a job cancelled
+        meanwhile still learns what it borrowed, and gives it back."""
+        borrowing = asyncio.ensure_future(self._borrow(slots))
+        self._borrowing.add(borrowing)
+        borrowing.add_done_callback(self._borrowing.discard)
+        return await asyncio.shield(borrowing)
+
+    async def _borrow(self, slots: list[int]) -> list[Any]:
         nodes = placement.live_nodes()
         workers = await self.pool.lend.remote(
             [placement.node_for(slot, self.plan.workers, nodes) for slot in slots])
