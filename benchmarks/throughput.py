@@ -144,8 +144,6 @@ def startup_figures(warm_repeats: int = 7) -> None:
     on the pool's idle processes), with the warm runs' deploy, run and teardown."""
     import ray
 
-    from bastion.launcher import ensure_ray
-
     print(f"\nJob start, bn.run wall time (s); warm: median of {warm_repeats}")
     print(f"{'job':<16} {'cold':>7} {'warm':>7} {'deploy':>7} {'run':>7} {'teardown':>9}")
     for n in (10, 10_000):
