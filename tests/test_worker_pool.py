@@ -12,7 +12,11 @@ long a cold and a warm start take.
 from __future__ import annotations
 
 import collections
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -190,3 +194,17 @@ def test_a_driver_that_gives_up_cancels_its_job_and_its_workers_go_back_clean(tm
     assert len(idle) >= 2
     assert ray.get([w.progress.remote() for w in idle]) == [
         {"attempt": -1, "tasks": {}, "quiescence": {}}] * len(idle)
+
+
+@pytest.mark.slow
+def test_after_a_node_died_no_worker_of_it_is_lent(tmp_path):
+    script = Path(__file__).with_name("pool_node_loss.py")
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome["nodes_after"] == 1
+    assert outcome["before_exact"] and outcome["after_exact"], outcome
+    assert outcome["lost_worker"] in outcome["before"]
+    assert outcome["lost_worker"] not in outcome["after"]
+    assert len(outcome["after"]) == 2
