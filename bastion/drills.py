@@ -25,8 +25,10 @@ mode (`DrillReport.verified_by`):
   (`bn.run(deterministic=True)`: every multi-input task merges its inputs in a fixed
   order), reference and faulty run both do, and every id's value must match;
 - ``"ids"``: otherwise (a feedback edge, windows on ingest time, ...) the reference
-  runs twice. Ids present in both references must be committed. Values are checked
-  per producing operator (the operator that made the id, its first element), and
+  runs twice. Ids present in both references must be committed — except ids that
+  derive from a window or join on ingest time, which depend on when a run happened
+  (two references run within one window share ids no later run makes). Values are
+  checked per producing operator (the operator that made the id, its first element), and
   only for operators whose values the two references agreed on for *every* id: one
   disagreement shows the operator's values depend on timing (a running sum behind a
   parallel stage), and then a value that two references happen to share is no
@@ -70,9 +72,9 @@ from typing import Any, Callable, Literal, Sequence
 from bastion import faults as fault_injection
 from bastion.faults import RandomKills, ScheduledKill
 from bastion.launcher import RunResult, ensure_ray, run
-from bastion.lineage import format_id
+from bastion.lineage import ancestry, format_id, op_codes
 from bastion.protocols import Protocol, get_protocol
-from bastion.runtime.merge import nondeterminism
+from bastion.runtime.merge import clock_dependent_operators, nondeterminism
 from bastion.runtime.metrics import rate_recovered_at
 from bastion.runtime.plan import build_plan
 from bastion.topology import Topology
@@ -198,8 +200,8 @@ def _by_id(committed: Committed, sink: str) -> dict[Any, list]:
 
 
 def compare(reference: Committed, faulty: Committed,
-            second_reference: Committed | None = None, *, examples: int = EXAMPLES
-            ) -> Comparison:
+            second_reference: Committed | None = None, *, examples: int = EXAMPLES,
+            clocked: Callable[[Any], bool] = lambda record_id: False) -> Comparison:
     """Compare a faulty run's committed records with the reference's, id by id.
 
     Without ``second_reference`` the reference is taken as reproducible
@@ -208,7 +210,10 @@ def compare(reference: Committed, faulty: Committed,
     not exist). With ``second_reference`` (ids mode) only ids both references
     committed are checked for presence, ids neither reference had both times are
     counted as ``unverified``, and values are only checked for producers (see
-    `producer`) whose every value the two references agreed on.
+    `producer`) whose every value the two references agreed on. An id ``clocked``
+    says derives from a window on ingest time is never required (ids mode): which
+    window a record falls in depends on when the run happened, so two references
+    that ran within one window share ids no later run can make.
     """
     result = Comparison()
     deterministic = second_reference is None
@@ -229,7 +234,7 @@ def compare(reference: Committed, faulty: Committed,
                     unstable.add(producer(rid))
             result.unstable += [(sink, code) for code in sorted(unstable, key=repr)]
         for rid, expected_values in want.items():
-            if rid not in other:
+            if rid not in other or (not deterministic and clocked(rid)):
                 continue  # ids mode: this id is not reproducible, nothing to check
             result.comparable_ids += 1
             expected = expected_values[0]
@@ -249,7 +254,7 @@ def compare(reference: Committed, faulty: Committed,
                 expected = want[rid][0] if rid in want else None
                 result._note(Violation("duplicated", sink, rid, expected, tuple(committed),
                                        unexpected=rid not in want), examples)
-            if rid in want and rid in other:
+            if rid in want and rid in other and (deterministic or not clocked(rid)):
                 continue
             if deterministic:
                 result.corrupted += 1
@@ -630,7 +635,8 @@ def drill(topology: Topology, *, protocol: str | Protocol = "coordinated",
                  progress=_labelled(progress, "faulty"), **run_options)
     committed = [Committed.of(r) for r in references]
     comparison = compare(committed[0], Committed.of(result),
-                         None if deterministic else committed[1])
+                         None if deterministic else committed[1],
+                         clocked=_clock_dependence(topology))
     outcomes = fault_outcomes(kills, result.details["events"], result.details["timeline"],
                               result.metrics.duration_s)
     return DrillReport(
@@ -642,6 +648,15 @@ def drill(topology: Topology, *, protocol: str | Protocol = "coordinated",
         date=date, nondeterminism=reason, timeline=result.details["timeline"],
         events=result.details["events"], metrics=result.metrics,
         format_id=_id_formatter(topology), op_names=list(topology.nodes))
+
+
+def _clock_dependence(topology: Topology) -> Callable[[Any], bool]:
+    """Whether a lineage id derives from a window or join on ingest time."""
+    codes = op_codes(topology)
+    clocked = {codes[name] for name in clock_dependent_operators(topology)}
+    kinds = [node.kind for node in topology.nodes.values()]
+    return lambda record_id: bool(clocked) and not clocked.isdisjoint(
+        ancestry(record_id, kinds))
 
 
 def _id_formatter(topology: Topology) -> Callable[[Any], str]:

@@ -153,6 +153,30 @@ def broadcast_ids(dst_op: int, instance: int, parents: IdColumn) -> IdColumn:
     return _derive(parents, (dst_op, -1 - instance))
 
 
+def ancestry(record_id: Any, kinds: Sequence[str]) -> set[int]:
+    """The codes of the operators that made ``record_id`` and every id it derives
+    from, up to its roots (a window's id is a root of its own: key and bounds).
+    ``kinds``: each operator's kind, by code (`op_codes` order)."""
+    codes: set[int] = set()
+    stack = [record_id]
+    while stack:
+        rid = stack.pop()
+        if not isinstance(rid, tuple) or not rid or not isinstance(rid[0], int) or not (
+                0 <= rid[0] < len(kinds)):
+            continue
+        codes.add(rid[0])
+        kind, rest = kinds[rid[0]], rid[1:]
+        if kind in ("source", "window"):
+            continue
+        if kind == "join" and len(rest) == 3:
+            stack += [rest[0], rest[1]]
+        elif len(rest) == 2:  # flat_map (parent, j), union (input, parent), broadcast
+            stack.append(rest[0] if kind == "flat_map" else rest[1])
+        elif len(rest) == 1:
+            stack.append(rest[0])
+    return codes
+
+
 def format_id(record_id: Any, topology: Any) -> str:
     """``record_id`` with operator names instead of codes, e.g.
     ``count(split(lines[0]@17 #2))`` for the running count of the third word of the
@@ -186,5 +210,5 @@ def format_id(record_id: Any, topology: Any) -> str:
     return fmt(record_id)
 
 
-__all__ = ["IdRun", "RecordId", "broadcast_ids", "derived_ids", "format_id", "from_wire",
+__all__ = ["IdRun", "RecordId", "ancestry", "broadcast_ids", "derived_ids", "format_id", "from_wire",
            "ids_of", "op_codes", "root_ids", "take_ids", "to_wire", "union_ids"]

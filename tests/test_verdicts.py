@@ -21,6 +21,7 @@ from bastion.cli import (EXIT_INCONCLUSIVE, EXIT_OK, EXIT_VIOLATED, drill_exit_c
 from bastion.drills import (Committed, Comparison, DrillReport, FaultOutcome, compare,
                             fault_outcomes, same_value)
 from bastion.faults import ScheduledKill
+from bastion.lineage import ancestry
 from bastion.launcher import RunResult
 from bastion.report import render_html, write_html
 
@@ -108,6 +109,34 @@ def test_ids_mode_skips_ids_not_reproducible_and_counts_unverified():
     c = compare(ref1, faulty, ref2)
     assert (c.lost, c.duplicated, c.corrupted) == (0, 0, 0)
     assert c.comparable_ids == 1 and c.unverified == 1
+
+
+def test_ids_mode_does_not_require_ids_of_an_ingest_time_window_both_references_share():
+    # Two references that ran within one wall-clock window both committed window
+    # (5, "k", 0, 1); a later faulty run cannot make it. It is not lost, but a running
+    # sum the references share still is, and a clocked id committed twice still counts.
+    ref = running_sums(2) + [((5, "k", 0, 1), 3), ((6, (5, "k", 0, 1)), 3)]
+    faulty = committed(out=running_sums(1) + [((5, "k", 8, 9), 4), ((5, "k", 8, 9), 4)])
+    clocked = lambda rid: 5 in ancestry(rid, ["source", "filter", "reduce", "map",
+                                                   "union", "window", "map"])
+    c = compare(committed(out=ref), faulty, committed(out=ref), clocked=clocked)
+    assert (c.lost, c.duplicated, c.corrupted) == (1, 1, 0)
+    assert c.examples["lost"][0].record_id == running_sums(2)[1][0]
+    assert c.comparable_ids == 2 and c.unverified == 1
+    # without the clock rule the shared window and its map output would be lost
+    assert compare(committed(out=ref), faulty, committed(out=ref)).lost == 3
+
+
+def test_ancestry_follows_every_kind_of_lineage_id_to_its_roots():
+    kinds = ["source", "map", "flat_map", "union", "join", "window", "map"]
+    root = (0, 1, 17)
+    assert ancestry(root, kinds) == {0}
+    assert ancestry((1, root), kinds) == {0, 1}
+    assert ancestry((2, (1, root), 3), kinds) == {0, 1, 2}
+    assert ancestry((3, 1, (2, (1, root), 0)), kinds) == {0, 1, 2, 3}
+    assert ancestry((4, (1, root), (0, 0, 4), 9), kinds) == {0, 1, 4}
+    assert ancestry((6, (5, ("k", 1), 0.0, 0.5)), kinds) == {5, 6}  # key not followed
+    assert ancestry((1, -2, root), kinds) == {0, 1}  # a broadcast copy
 
 
 def test_ids_mode_counts_a_duplicate_even_of_an_unreproducible_id():

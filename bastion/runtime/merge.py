@@ -54,6 +54,20 @@ def nondeterminism(topology: Any) -> str | None:
                 return (f"the feedback edge {inp.upstream!r} -> {node.name!r} closes a "
                         f"cycle: what operator {node.name!r} receives depends on the "
                         "timing of its own output")
+    for name, source in clock_dependent_operators(topology).items():
+        return (f"operator {name!r} windows on ingest time: source "
+                f"{source!r} has no timestamp function, so which window a "
+                "record falls in depends on the wall clock; pass "
+                f"timestamp=... to topo.source({source!r}, ...)")
+    return None
+
+
+def clock_dependent_operators(topology: Any) -> dict[str, str]:
+    """Windows and joins on ingest time: operator name -> a source without a timestamp
+    function upstream of it. Which window such an operator puts a record in — and so
+    its outputs and their lineage ids — depends on when the run happens."""
+    nodes = topology.nodes
+    found: dict[str, str] = {}
     for node in nodes.values():
         timed = (node.kind == "join" or (node.kind == "window" and not isinstance(
             node.params["spec"], window_specs.Count)))
@@ -61,11 +75,9 @@ def nondeterminism(topology: Any) -> str | None:
             continue
         for source in _upstream_sources(topology, node.name):
             if nodes[source].params["timestamp"] is None:
-                return (f"operator {node.name!r} windows on ingest time: source "
-                        f"{source!r} has no timestamp function, so which window a "
-                        "record falls in depends on the wall clock; pass "
-                        f"timestamp=... to topo.source({source!r}, ...)")
-    return None
+                found[node.name] = source
+                break
+    return found
 
 
 def _upstream_sources(topology: Any, name: str) -> list[str]:
