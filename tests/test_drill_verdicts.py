@@ -293,6 +293,18 @@ def test_a_dropped_staged_commit_is_lost(storage):
     assert report.duplicated == 0
 
 
+def test_a_dropped_staged_commit_is_lost_in_ids_mode_too(storage):
+    # Ids mode does not require the ids of ingest-time windows; the running balances
+    # beside them are still required, so a dropped commit is still seen.
+    report = bn.drill(SHAPES["accounts-ingest-time"](), protocol=DropStagedCommit(),
+                      checkpoint_interval=0.3, storage=storage,
+                      reference=reference("accounts-ingest-time", storage))
+    assert report.verified_by == "ids"
+    assert report.exactly_once is False and report.verdict == "violated"
+    assert report.lost > 0, show(report)
+    assert {v.sink for v in report.lost_examples} == {"balances"}
+
+
 def test_a_frame_dropped_on_a_channel_is_lost(storage):
     report = broken_drill(DropFrame("txns"), storage)
     assert report.exactly_once is False and report.verdict == "violated"
