@@ -12,7 +12,14 @@ the store as it goes:
   one object ``job-master.<n>`` (``n`` from 0, six digits), written while the job runs;
   the rest is written at the end as ``job-master``. That last object vouches for the
   others, like every commit point in the store: once it exists the log is complete.
-  A short run writes ``job-master`` only. `read_events` reads a log back in order.
+  A short run writes ``job-master`` only. `read_events` reads a log back in order;
+  `event_keys` names its objects and `decode_events` decodes one of them, for readers
+  that fetch the objects themselves (the Spark analysis, `bastion.spark_jobs.analyze`).
+- **Damage is reported, never loaded.** Msgpack has no checksum, so `decode_events`
+  checks what it can: the bytes decode to whole maps up to the very end (a truncated
+  object leaves half a record), and each map has a text ``kind`` and a numeric
+  ``t_s``. Anything else raises `CorruptRecordError` naming the object and the byte
+  offset, rather than dropping a torn tail without a word or handing garbage on.
 - **In memory, what the report needs.** A count per kind (progress points included);
   every event of the kinds that recovery times and drill verdicts are computed from
   (`KEPT_KINDS`, at most a few per failure, and failures are bounded by
@@ -37,7 +44,7 @@ from typing import Any
 
 import msgpack
 
-from bastion.storage import ObjectStore
+from bastion.storage import CorruptRecordError, ObjectStore
 
 # Kinds kept in memory whatever their number: recovery times and drill verdicts are
 # computed from them, and each is bounded by the fault schedule or ``max_restarts``.
@@ -65,17 +72,57 @@ def events_prefix(job: str) -> str:
     return f"jobs/{job}/events/"
 
 
+def event_keys(keys: list[str], job: str) -> tuple[list[str], bool]:
+    """Of the keys listed under a job's events prefix, the objects of its event log in
+    the order they were written — chunks by number, then the final object if it is
+    there — and whether it is (False: the job is still running, or its job master
+    died before the end, so the log may lack its last records)."""
+    prefix = events_prefix(job)
+    chunks = sorted(k for k in keys if k.startswith(prefix + _FINAL + ".")
+                    and k[len(prefix + _FINAL) + 1:].isdigit())
+    final = prefix + _FINAL in keys
+    return chunks + ([prefix + _FINAL] if final else []), final
+
+
+def decode_events(data: bytes, key: str) -> list[dict[str, Any]]:
+    """The records of one stored object of an event log; `CorruptRecordError` (with
+    the byte offset of the first bad record) if the bytes are not whole event maps."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(data)
+    records: list[dict[str, Any]] = []
+    offset = 0
+    try:
+        for record in unpacker:
+            if not (isinstance(record, dict) and isinstance(record.get("kind"), str)
+                    and isinstance(record.get("t_s"), (int, float))
+                    and not isinstance(record.get("t_s"), bool)):
+                raise ValueError(f"record {len(records)} is not an event map with a "
+                                 f"kind and a t_s: {str(record)[:80]}")
+            records.append(record)
+            offset = unpacker.tell()
+    except (ValueError, msgpack.UnpackException) as exc:  # FormatError, ExtraData, ...
+        raise CorruptRecordError(f"corrupt event log object {key} at byte {offset}: "
+                                 f"{str(exc) or type(exc).__name__}", key=key,
+                                 offset=offset) from None
+    if offset != len(data):  # the unpacker waits for the rest of a half record
+        raise CorruptRecordError(f"truncated event log object {key}: {len(data) - offset} "
+                                 f"bytes of a partial record at byte {offset}",
+                                 key=key, offset=offset)
+    return records
+
+
 def read_events(store: ObjectStore, job: str) -> list[dict[str, Any]]:
     """Every record of a job master's event log, in the order it was recorded (the
-    stored chunks, then the final object)."""
+    stored chunks, then the final object). A damaged object raises
+    `CorruptRecordError`; a log without its final object, `KeyNotFoundError`."""
     prefix = events_prefix(job)
-    chunks = sorted(k for k in store.list(prefix)
-                    if k.startswith(prefix + _FINAL + "."))
+    keys = store.list(prefix)
+    ordered, final = event_keys(keys, job)
+    if not final:
+        store.get(prefix + _FINAL)  # raises KeyNotFoundError naming the missing object
     records: list[dict[str, Any]] = []
-    for key in chunks + [prefix + _FINAL]:
-        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-        unpacker.feed(store.get(key))
-        records.extend(unpacker)
+    for key in ordered:
+        records.extend(decode_events(store.get(key), key))
     return records
 
 
