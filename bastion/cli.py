@@ -10,6 +10,12 @@ a failure-free reference and a faulty run, with a progress line for each, then a
 summary table, the first lost / duplicated / corrupted records with their lineage
 ids, and a self-contained HTML report.
 
+``bastion analyze --storage URL [--job JOB ...] --out DIR`` runs a Spark job
+(`bastion.spark_jobs.analyze`) over the event logs of one, several or every job in a
+store: Parquet tables per second, per checkpoint, per failure and per job in DIR, an
+HTML page comparing the jobs, and a summary table. One SparkSession per call
+(``local[2]`` unless ``--master`` names a cluster); no Java is a usage error.
+
 ``bastion gc`` deletes old job folders from a store (`bastion.storage.retention`);
 ``run`` and ``drill`` do the same to a local store after every run, keeping the
 newest ``--keep-jobs``, so ``.bastion/`` does not grow by a folder per run for ever.
@@ -394,6 +400,53 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from bastion.spark_jobs.analyze import (SUMMARY_HEADER, TABLES, AnalyzeError, analyze,
+                                            find_event_logs, summary_rows)
+    from bastion.spark_jobs.session import SparkSetupError, build_session, find_java
+
+    try:
+        find_java()  # seconds before Spark would fail on it, with a clearer message
+    except SparkSetupError as exc:
+        raise UsageError(str(exc)) from exc
+    store = open_storage(args.storage)
+    try:
+        logs = find_event_logs(store, args.job)
+    except AnalyzeError as exc:
+        raise UsageError(str(exc)) from exc
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {args.out} is a file; pass a directory for the tables "
+                         "and the report")
+    spark = build_session(args.master, app_name="bastion analyze",
+                          driver_host=args.driver_host, verbose=args.verbose)
+    try:
+        analysis = analyze(spark, store, logs, out)
+    except AnalyzeError as exc:  # the store failed under the tasks
+        _say(str(exc))
+        return EXIT_USAGE
+    finally:
+        spark.stop()
+    for skipped in analysis.skipped:
+        _say(f"warning: skipped {skipped.reason}")
+    for job in analysis.incomplete:
+        _say(f"warning: job {job} has no final event object (still running, or its job "
+             "master died): analysed from its chunks")
+    print(table(summary_rows(analysis), SUMMARY_HEADER))
+    failures = analysis.tables["failures"]
+    if failures:
+        print()
+        print(table([(f["job"], f["failure"], f["fault"] or "-",
+                      *(("-" if f[k] is None else f"{f[k]:.2f} s")
+                        for k in ("detection_s", "restart_s", "recovery_s", "trt_s")))
+                     for f in failures],
+                    header=("job", "#", "fault", "detection", "restart", "recovery",
+                            "TRT")))
+    print(f"\ntables: {', '.join(str(analysis.table_path(n)) for n in TABLES)}")
+    print(f"report: {analysis.report_path}")
+    return EXIT_OK
+
+
 # -- arguments -----------------------------------------------------------------------------
 
 
@@ -506,8 +559,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=_Parser,
-                                help="run, drill or gc; `bastion COMMAND --help` lists "
-                                     "its flags")
+                                help="run, drill, gc or analyze; `bastion COMMAND "
+                                     "--help` lists its flags")
 
     run = sub.add_parser("run", help="run a topology file and print a summary",
                          description="Run the topology FILE builds, with a progress line, "
@@ -582,6 +635,32 @@ def build_parser() -> argparse.ArgumentParser:
                     help="list what would be deleted, delete nothing")
     gc.add_argument("--verbose", action="store_true", help="show the traceback of an error")
     gc.set_defaults(handler=cmd_gc)
+
+    analyze = sub.add_parser(
+        "analyze", help="analyse the event logs of jobs with Spark",
+        description="Read the events and progress timelines that jobs left in a store, "
+                    "with a Spark job, and write Parquet tables (per second, per "
+                    "checkpoint, per failure, per job) and an HTML page comparing the "
+                    "jobs to --out.")
+    analyze.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
+                         help=f"the store the jobs ran on (default {DEFAULT_STORAGE}; "
+                              "credentials from BASTION_S3_ACCESS_KEY/"
+                              "BASTION_S3_SECRET_KEY, also in the Spark executors)")
+    analyze.add_argument("--job", action="append", default=[], metavar="JOB",
+                         help="a job id to analyse; repeatable (default: every job in "
+                              "the store)")
+    analyze.add_argument("--out", required=True, metavar="DIR",
+                         help="directory for the tables (DIR/<table>.parquet) and "
+                              "DIR/report.html; tables there are replaced")
+    analyze.add_argument("--master", default="local[2]", metavar="M",
+                         help="Spark master: local[N] or a cluster URL such as "
+                              "spark://HOST:7077 (default local[2])")
+    analyze.add_argument("--driver-host", default="127.0.0.1", metavar="ADDR",
+                         help="address the Spark driver listens on (default 127.0.0.1; "
+                              "with a cluster --master, one its executors can reach)")
+    analyze.add_argument("--verbose", action="store_true",
+                         help="show Spark's own log and the traceback of an error")
+    analyze.set_defaults(handler=cmd_analyze)
     return parser
 
 
