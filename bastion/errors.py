@@ -42,6 +42,12 @@ class JobFailedError(BastionError):
     """A job stopped because an instance failed for a reason other than a user function."""
 
 
+class PeerLostError(BastionError):
+    """A task could not send a frame to a peer worker: the connection between the two
+    processes broke (the peer died, or its node). Internal: the job master recovers
+    from it as from the peer's death, and a user sees it only in the job's events."""
+
+
 class SinkCommitError(JobFailedError):
     """A sink failed to apply a commit point's outputs, again after every retry. The
     message names the sink, the commit point and the sink's own error."""
@@ -53,5 +59,6 @@ class NoUsableCheckpointError(JobFailedError):
     beginning — would commit outputs a second time that were committed already."""
 
 
-__all__ = ["BastionError", "JobFailedError", "NoUsableCheckpointError", "SinkCommitError",
+__all__ = ["BastionError", "JobFailedError", "NoUsableCheckpointError", "PeerLostError",
+           "SinkCommitError",
            "StorageError", "TopologyError", "UDFError"]

@@ -17,7 +17,7 @@ end-of-stream goes out on every channel, the protocol commits the sinks.
 
 A *worker* is one Ray async actor hosting several tasks (slot sharing). All its tasks
 share one event loop; a task yields to the loop after each batch, so the others — and
-the ``push`` calls that deliver frames from other workers — keep moving.
+the frames arriving from other workers (`bastion.runtime.transport`) — keep moving.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable
 
 import ray
 
-from bastion.errors import UDFError
+from bastion.errors import PeerLostError, UDFError
 from bastion.lineage import broadcast_ids, op_codes
 from bastion.protocols import get_protocol
 from bastion.protocols.base import TaskContext
@@ -50,6 +50,7 @@ from bastion.runtime.outputs import (FINAL_COMMIT, committed_blobs, encode_part,
                                      staged_key)
 from bastion.runtime.records import (Batch, ControlRecord, EndOfStream, FrameCodec,
                                      UnstableKeyError, Watermark, stable_hash)
+from bastion.runtime.transport import FrameServer, PeerLinks, node_address, pusher
 from bastion.sinks import SinkWriter
 from bastion.storage import BlobRef, CheckpointStore, ObjectStore, open_store
 
@@ -257,7 +258,7 @@ class Task(TaskContext):
             else:
                 await self._run_inputs()
             await self._finish()
-        except (UDFError, ray.exceptions.RayError):
+        except (UDFError, PeerLostError, ray.exceptions.RayError):
             raise  # a user error, or a peer worker that died: the job master decides
         except Exception as exc:
             raise RuntimeError(f"task {self.name} failed: {exc!r}\n"
@@ -754,6 +755,15 @@ class Worker:
         self.runners: list[asyncio.Task] = []
         self.attempt = -1
         self.epoch: tuple[str, int] | None = None  # (job id, attempt) frames must carry
+        # The data plane (`bastion.runtime.transport`): frames from peers arrive
+        # through the server, frames to peers leave through the links. Both outlive
+        # jobs, like the process.
+        self.frames = FrameServer(self._deliver)
+        self.links = PeerLinks()
+
+    async def frame_address(self) -> tuple[str, int]:
+        """Where peers send this worker frames (its server starts on first call)."""
+        return await self.frames.start(node_address())
 
     def bind(self, config: JobConfig, worker_index: int) -> None:
         """Serve job ``config.job_id`` as slot ``worker_index`` (`placement.STANDBY`:
@@ -779,13 +789,18 @@ class Worker:
         """The Ray node this worker runs on (what `KillNode` matches)."""
         return ray.get_runtime_context().get_node_id()
 
-    async def deploy(self, plan: PhysicalPlan, peers: list, master: Any, attempt: int,
-                     restore: Any, worker_index: int) -> None:
+    async def deploy(self, plan: PhysicalPlan, peers: list[tuple[str, int]], master: Any,
+                     attempt: int, restore: Any, worker_index: int) -> None:
         """Build this attempt's tasks for slot ``worker_index`` (a standby worker takes
         over the slot of a dead one); each task's protocol restores it from
-        ``restore``, the recovery line its coordinator chose (None: from the start)."""
+        ``restore``, the recovery line its coordinator chose (None: from the start).
+        ``peers`` are the frame addresses of every slot's worker."""
         await self.reset()
         config = self.config
+        await self.links.connect([peers[plan.tasks[dst].worker]
+                                  for t in plan.tasks_of(worker_index) for route in t.routes
+                                  for dst in route.dst_tasks
+                                  if plan.tasks[dst].worker != worker_index])
         self.worker_index = worker_index
         self.attempt = attempt
         self.epoch = (config.job_id, attempt)
@@ -803,7 +818,8 @@ class Worker:
                     else:
                         channels.append(RemoteOutputChannel(
                             channel_id, config.frame_records, config.buffer_timeout_s,
-                            _pusher(peers[dst_worker], dst, self.epoch), task.codec,
+                            pusher(self.links[peers[dst_worker]], dst, self.epoch),
+                            task.codec,
                             config.max_inflight_frames))
                 task.connect(route, channels)
             await task.protocol.restore(restore)
@@ -824,8 +840,9 @@ class Worker:
     async def start(self) -> None:
         self.runners = [asyncio.ensure_future(t.run()) for t in self.tasks.values()]
 
-    async def push(self, epoch: tuple[str, int], task_id: int, channel_id: int, seq: int,
-                   payload: bytes) -> None:
+    async def _deliver(self, epoch: tuple[str, int], task_id: int, channel_id: int, seq: int,
+                       payload: bytes) -> None:
+        """A frame from a peer worker: into its task's inbox, in sequence order."""
         if epoch != self.epoch:
             return  # a frame of a failed attempt (replayed) or of an earlier job
         await self.tasks[task_id].gate.deliver(channel_id, seq, payload)
@@ -886,8 +903,3 @@ def _process_id() -> str:
     """Names this process among all of the cluster's: its node and pid."""
     return f"{ray.get_runtime_context().get_node_id()}:{os.getpid()}"
 
-
-def _pusher(handle: Any, dst_task: int, epoch: tuple[str, int]):
-    def push(channel_id: int, seq: int, payload: bytes):
-        return handle.push.remote(epoch, dst_task, channel_id, seq, payload)
-    return push

@@ -382,15 +382,22 @@ class JobMaster:
     async def _deploy(self, restore: Any) -> None:
         """Every worker builds this attempt's tasks, restored from ``restore``."""
         self.phase = "deploy"
-        outcomes = await asyncio.gather(*[w.deploy.remote(self.plan, self.workers, self.link,
+        peers = await asyncio.gather(*[w.frame_address.remote() for w in self.workers],
+                                     return_exceptions=True)
+        self._raise_call_failures(peers)
+        outcomes = await asyncio.gather(*[w.deploy.remote(self.plan, peers, self.link,
                                                           self.attempt, restore, i)
                                           for i, w in enumerate(self.workers)],
                                         return_exceptions=True)
+        self._raise_call_failures(outcomes)
+
+    def _raise_call_failures(self, outcomes: list) -> None:
+        """Raise the most urgent failure among the workers' ``outcomes`` of a call:
+        a worker may die here too (a second fault during a recovery): a death is
+        recovered first, then a damaged checkpoint; anything else ends the job."""
         failures = [detector.call_failure(self.phase, i, exc)
                     for i, exc in enumerate(outcomes) if isinstance(exc, Exception)]
         if failures:
-            # a worker may die here too (a second fault during a recovery): a death is
-            # recovered first, then a damaged checkpoint; anything else ends the job
             raise min(failures, key=lambda f: (f.fatal, f.blob is not None))
 
     async def _start(self, restore: Any) -> None:

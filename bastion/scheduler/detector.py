@@ -8,8 +8,8 @@ Three signals, whichever comes first:
   thread of its own in the worker, so a busy task loop does not look like a death;
 - **dead actors** — a call to a worker whose process ended raises `RayActorError`;
 - **task outcomes** — a worker reports how its tasks ended: a user-function error
-  (`UDFError`, with ``fail_fast``), a peer it could not reach (a `RayError`: the peer
-  died), or any other exception (a bug or bad data).
+  (`UDFError`, with ``fail_fast``), a peer it could not reach (`PeerLostError` or a
+  `RayError`: the peer died), or any other exception (a bug or bad data).
 
 Each becomes a `Failure` with a reason for the job's events. A lost process is
 recovered; a failure a restart would only repeat (a task that raised) is *fatal* and
@@ -31,7 +31,7 @@ from typing import Any, Callable, NoReturn
 
 import ray
 
-from bastion.errors import UDFError
+from bastion.errors import PeerLostError, UDFError
 from bastion.storage import CorruptBlobError, IncompleteCheckpointError, KeyNotFoundError
 
 
@@ -112,15 +112,18 @@ def died_during(phase: str, exc: BaseException) -> Failure:
 
 def call_failure(phase: str, worker: int, exc: BaseException) -> Failure:
     """The failure of a call to ``worker`` during ``phase`` (deploy, start) that
-    raised ``exc``: the worker died, it could not read a stored blob back (restoring
-    a damaged checkpoint), or anything else — a bug a restart would repeat."""
+    raised ``exc``: the worker died, or one of its peers did (it could not connect),
+    it could not read a stored blob back (restoring a damaged checkpoint), or anything
+    else — a bug a restart would repeat."""
     if isinstance(exc, ray.exceptions.RayActorError):
         return died_during(phase, exc)
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc
+    if isinstance(cause, PeerLostError):
+        return Failure(f"worker {worker}: a peer died during {phase} ({cause})", worker)
     blob = unreadable_blob(exc)
     if blob is not None:
         return Failure(f"worker {worker} could not read {blob.key!r} during {phase}: "
                        f"{blob.reason}", worker, blob=blob)
-    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc
     return Failure(f"worker {worker} failed during {phase}: {type(cause).__name__}: "
                    f"{cause}", worker, fatal=True)
 
@@ -135,7 +138,7 @@ def outcome_failure(worker: int, outcome: "asyncio.Future") -> Failure | None:
     failure = report["failure"]
     if isinstance(failure, UDFError):
         return Failure(str(failure), worker, udf=failure)
-    if isinstance(failure, ray.exceptions.RayError):
+    if isinstance(failure, (PeerLostError, ray.exceptions.RayError)):
         # a task lost a peer worker: recover like from the death itself
         return Failure(f"worker {worker}: a peer died ({failure})", worker)
     blob = None if failure is None else unreadable_blob(failure)
