@@ -436,14 +436,16 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     failures = analysis.tables["failures"]
     if failures:
         print()
-        print(table([(f["job"], f["failure"], f["fault"] or "-",
+        print(table([(f["job"], f["failure"],
                       *(("-" if f[k] is None else f"{f[k]:.2f} s")
-                        for k in ("detection_s", "restart_s", "recovery_s", "trt_s")))
+                        for k in ("detection_s", "restart_s", "recovery_s", "trt_s")),
+                      f["fault"] or "-", f["reason"])
                      for f in failures],
-                    header=("job", "#", "fault", "detection", "restart", "recovery",
-                            "TRT")))
-    print(f"\ntables: {', '.join(str(analysis.table_path(n)) for n in TABLES)}")
-    print(f"report: {analysis.report_path}")
+                    header=("job", "#", "detection", "restart", "recovery", "TRT",
+                            "fault", "reason"), numbers=False))
+    # paths as the user wrote --out, not resolved: what they will type next
+    print(f"\ntables: {', '.join(str(out / f'{name}.parquet') for name in TABLES)}")
+    print(f"report: {out / 'report.html'}")
     return EXIT_OK
 
 

@@ -483,13 +483,18 @@ def _figure_png(draw: Callable[[Any], None], ylabel: str, xlabel: str,
 
 
 def _series(rows: list[dict[str, Any]], column: str) -> dict[str, tuple[list, list]]:
-    """Per job, the seconds and values of one per-second column (None left out)."""
-    series: dict[str, tuple[list, list]] = {}
+    """Per job, the seconds and values of one per-second column. A second without a
+    value — no progress point (the job master was busy recovering) or no latency
+    measured — is NaN, which matplotlib draws as a gap: a line across it would claim
+    a rate nobody measured."""
+    values: dict[str, dict[int, float]] = {}
     for row in rows:
         if row[column] is not None:
-            xs, ys = series.setdefault(row["job"], ([], []))
-            xs.append(row["second"])
-            ys.append(row[column])
+            values.setdefault(row["job"], {})[row["second"]] = row[column]
+    series: dict[str, tuple[list, list]] = {}
+    for job, by_second in values.items():
+        xs = list(range(min(by_second), max(by_second) + 1))
+        series[job] = (xs, [by_second.get(x, math.nan) for x in xs])
     return series
 
 
@@ -498,7 +503,8 @@ def _lines(series: dict[str, tuple[list, list]], failures: list[dict[str, Any]]
     def draw(ax: Any) -> None:
         colours = {}
         for job, (xs, ys) in series.items():
-            (line,) = ax.plot(xs, ys, linewidth=1.2, label=job, drawstyle="steps-post")
+            (line,) = ax.plot(xs, ys, linewidth=1.2, label=job, drawstyle="steps-post",
+                              marker=".", markersize=4)  # a lone second shows too
             colours[job] = line.get_color()
         for f in failures:  # where each job failed, in its colour
             ax.axvline(f["fault_at_s"] if f["fault_at_s"] is not None
