@@ -93,7 +93,8 @@ from .store import ObjectStore
 
 __all__ = [
     "LogRecord", "LogWriter", "LogReader", "SegmentInfo", "TornTailReport",
-    "RecoveryInfo", "recover_log", "HEADER_BYTES",
+    "RecoveryInfo", "recover_log", "HEADER_BYTES", "Damage", "SalvagedObject",
+    "salvage_object", "salvage_log", "log_object_keys",
 ]
 
 _log = logging.getLogger(__name__)
@@ -1029,3 +1030,88 @@ async def _in_thread(it: Iterator[list[LogRecord]]) -> AsyncIterator[list[LogRec
             return
         yield batch
 
+
+
+# -- salvage: what can still be read from a damaged log ------------------------------------
+
+
+@dataclass
+class Damage:
+    """A stretch of a log object no record could be read from."""
+
+    key: str
+    offset: int
+    why: str
+
+
+@dataclass
+class SalvagedObject:
+    records: list[LogRecord]
+    damaged: list[Damage]
+
+
+def salvage_object(key: str, data: bytes | memoryview) -> SalvagedObject:
+    """Every intact record of one log object (a sealed segment or a part), whatever
+    is wrong around it. A record whose CRC fails, or whose payload is not a
+    ``[seq, ts, value]`` array, is reported and skipped — its length still frames the
+    next record; a length that cannot be right, or a record cut off at the end (a
+    torn tail), ends the object's reading there and is reported too. Nothing that
+    failed its CRC is ever returned."""
+    mv = memoryview(data)
+    n = len(mv)
+    records: list[LogRecord] = []
+    damaged: list[Damage] = []
+    off = 0
+    while off < n:
+        if n - off < HEADER_BYTES:
+            damaged.append(Damage(key, off, f"torn: {n - off} bytes of a record header"))
+            break
+        length, crc = _HEADER.unpack_from(mv, off)
+        end = off + HEADER_BYTES + length
+        if length < _MIN_PAYLOAD_BYTES:
+            damaged.append(Damage(key, off, f"impossible length {length}; the rest of "
+                                            f"the object ({n - off} bytes) is unreadable"))
+            break
+        if end > n:
+            damaged.append(Damage(key, off, f"torn: a record of {length} bytes cut off "
+                                            f"after {n - off - HEADER_BYTES}"))
+            break
+        payload = mv[off + HEADER_BYTES:end]
+        if zlib.crc32(payload) != crc:
+            damaged.append(Damage(key, off, "CRC32 mismatch"))
+        else:
+            try:
+                record = msgpack.unpackb(payload, **_unpack_opts())
+            except Exception as exc:  # noqa: BLE001 - any undecodable payload
+                damaged.append(Damage(key, off, f"undecodable payload ({exc})"))
+            else:
+                if type(record) is tuple and len(record) == 3 and type(record[0]) is int:
+                    records.append(record)
+                else:
+                    damaged.append(Damage(key, off, "not a [seq, ts, value] record"))
+        off = end
+    return SalvagedObject(records, damaged)
+
+
+def log_object_keys(store: ObjectStore, prefix: str) -> list[str]:
+    """Every sealed segment and part of the log under ``prefix``, oldest first; the
+    index is not needed (it may be the damaged object)."""
+    prefix = _norm_prefix(prefix)
+    named = [(_seq_of(key[len(prefix):]), key) for key in store.list(prefix)]
+    return [key for seq, key in sorted((s, k) for s, k in named if s is not None)]
+
+
+def salvage_log(store: ObjectStore, prefix: str) -> SalvagedObject:
+    """Every intact record of a log, in seq order, once each (a part and the sealed
+    segment that replaced it hold the same records), with what was damaged."""
+    by_seq: dict[int, LogRecord] = {}
+    damaged: list[Damage] = []
+    for key in log_object_keys(store, prefix):
+        try:
+            salvaged = salvage_object(key, store.get(key))
+        except KeyNotFoundError:
+            continue  # a part deleted by a seal meanwhile: its records are in a segment
+        damaged.extend(salvaged.damaged)
+        for record in salvaged.records:
+            by_seq.setdefault(record[0], record)
+    return SalvagedObject([by_seq[s] for s in sorted(by_seq)], damaged)

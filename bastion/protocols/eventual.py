@@ -1,0 +1,255 @@
+"""Eventual checkpoints: an operator's state rebuilt from the control tuples in its output log.
+
+Continuous eventual checkpointing (CEC, Sebeou & Magoutis) never snapshots a stateful
+operator whole. Its state is split into independent *parts* — one per open window of
+a windowed aggregate or join, one per key of ``reduce`` / ``stateful_map`` (a part
+that never closes) — and the operator writes small *control tuples* into its
+persisted output log, in order with its results:
+
+- ``G_open`` when a part opens: the part's state after the input that opened it;
+- ``G_check`` now and then for the parts whose last footprint is oldest: the part's
+  state as it is now;
+- ``closed`` when a part closes (a window fired): reading the log backwards, a part
+  closed later than a footprint of it is no longer part of the state. (The paper
+  recognises a closed window by its result tuple; a result of ours may not name its
+  part — a keyed reduce's does not — so closing is a control tuple of its own.)
+
+Each control tuple carries N, the number of parts open once it is applied, the
+operator's *position* — for every upstream source instance, the offset of the last
+record that reached the operator — and its watermark, and a CRC32 of the part and its
+state. A footprint's state reflects exactly the inputs up to its position.
+
+**The eventual checkpoint** (EC) at the end of a log (or at a log time ``at``) is found
+by reading the log backwards: the newest control tuple gives N; every part's newest
+footprint is collected, skipping parts that closed later, until N footprints are
+found. The records read on the way are the *extent*. The EC is then:
+
+- the state of every part, each at its own position;
+- ``replay_from``: the element-wise minimum of those positions and the newest
+  control tuple's (all a part-less operator has reflected) — upstream replays the
+  records after it;
+- each part *ignores* replayed inputs at or below its own position, and inputs of
+  the parts that closed inside the extent are dropped;
+- the operator's watermark is the minimum of the footprints' watermarks: a window
+  that closed before the extent began ended at or below it, so its replayed inputs
+  are late, as they were when they first arrived after it fired.
+
+A control tuple whose CRC does not match is skipped and reported, never loaded: the
+part's older footprint is used instead. If the log's beginning is reached before N
+footprints are found (a G_open lost), the EC is *incomplete*: the operator must
+start from nothing and replay everything.
+
+A position here is a vector, not a timestamp: parallel sources interleave records
+in no fixed order, so one event time cannot say which inputs a part has reflected;
+the offsets of each source instance can. This module is pure logic over log records
+``(seq, ts, value)`` — the in-process recovery and the Spark job
+(`bastion.spark_jobs.reconstruct`) both call `reconstruct`, so they give the same EC.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import msgpack
+
+from bastion.storage import CorruptRecordError, ObjectStore
+from bastion.storage.log import Damage, LogReader, salvage_log
+
+# Kinds, the first element of a log record's value.
+RESULT = 0
+G_OPEN = 1
+G_CHECK = 2
+CLOSED = 3
+CONTROL_KINDS = (G_OPEN, G_CHECK, CLOSED)
+
+Position = dict[str, int]  # "<source>/<instance>" -> offset of the last record reflected
+
+
+def _crc(kind: int, part: bytes, state: bytes | None, n_open: int, position: Position,
+         watermark: float) -> int:
+    return zlib.crc32(msgpack.packb([kind, part, state, n_open, sorted(position.items()),
+                                     watermark]))
+
+
+def footprint(kind: int, part: bytes, state: bytes, n_open: int, position: Position,
+              watermark: float) -> list:
+    """The value of a ``G_open`` or ``G_check`` log record. ``part`` and ``state`` are
+    the part's key and state, encoded by the task's durable codec."""
+    return [kind, part, state, n_open, position, watermark,
+            _crc(kind, part, state, n_open, position, watermark)]
+
+
+def closed(part: bytes, n_open: int, position: Position, watermark: float) -> list:
+    """The value of the log record saying ``part`` closed (N counts it no more)."""
+    return [CLOSED, part, None, n_open, position, watermark,
+            _crc(CLOSED, part, None, n_open, position, watermark)]
+
+
+def result(payload: Any) -> list:
+    """The value of an ordinary result record."""
+    return [RESULT, payload]
+
+
+def is_control(value: Any) -> bool:
+    return _kind(value) in CONTROL_KINDS
+
+
+def _kind(value: Any) -> int | None:
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], int):
+        return value[0]
+    return None
+
+
+def valid(value: Any) -> bool:
+    """Is ``value`` a well-formed control tuple whose checksum matches?"""
+    try:
+        kind, part, state, n_open, position, watermark, crc = value
+        return (kind in CONTROL_KINDS and isinstance(part, bytes) and isinstance(n_open, int)
+                and n_open >= 0 and (state is None) == (kind == CLOSED)
+                and (state is None or isinstance(state, bytes))
+                and isinstance(position, dict) and isinstance(watermark, (int, float))
+                and crc == _crc(kind, part, state, n_open, position, watermark))
+    except (TypeError, ValueError):
+        return False
+
+
+@dataclass
+class Footprint:
+    kind: int               # G_OPEN or G_CHECK
+    seq: int                # the log record holding it
+    state: bytes
+    position: Position
+    watermark: float
+
+
+@dataclass
+class EventualCheckpoint:
+    """An operator instance's state as its log's control tuples give it (see the
+    module docstring). ``seq`` is the newest log record taken into account."""
+
+    parts: dict[bytes, Footprint] = field(default_factory=dict)
+    closed: set[bytes] = field(default_factory=set)
+    n_open: int = 0
+    # the newest control tuple's position and watermark: with no part open, what
+    # replay starts after
+    newest_position: Position = field(default_factory=dict)
+    newest_watermark: float | None = None
+    seq: int = -1
+    extent_records: int = 0          # log records from ``seq`` back to the oldest footprint
+    skipped: list[int] = field(default_factory=list)  # seqs of damaged control tuples
+    complete: bool = True            # False: a footprint is missing, replay everything
+
+    @property
+    def replay_from(self) -> Position | None:
+        """The offsets upstream replays after: element-wise the minimum of the parts'
+        positions and the newest control tuple's (a source instance a position lacks
+        counts as -1). None: replay everything."""
+        if not self.complete:
+            return None
+        positions = [f.position for f in self.parts.values()] + [self.newest_position]
+        sources = set().union(*positions)
+        return {s: min(p.get(s, -1) for p in positions) for s in sorted(sources)}
+
+    @property
+    def watermark(self) -> float | None:
+        """The watermark the operator restarts with (None: from nothing)."""
+        if not self.complete or self.newest_watermark is None:
+            return None
+        return min([f.watermark for f in self.parts.values()] + [self.newest_watermark])
+
+    def to_wire(self) -> dict:
+        """Plain msgpack-able form (what is stored, and what Spark returns)."""
+        return {"parts": {p: [f.kind, f.seq, f.state, f.position, f.watermark]
+                          for p, f in self.parts.items()},
+                "closed": sorted(self.closed), "n_open": self.n_open, "seq": self.seq,
+                "newest_position": self.newest_position,
+                "newest_watermark": self.newest_watermark,
+                "extent_records": self.extent_records, "skipped": list(self.skipped),
+                "complete": self.complete}
+
+    @classmethod
+    def from_wire(cls, wire: dict) -> "EventualCheckpoint":
+        return cls(parts={p: Footprint(k, s, st, dict(pos), wm)
+                          for p, (k, s, st, pos, wm) in wire["parts"].items()},
+                   closed=set(wire["closed"]), n_open=wire["n_open"], seq=wire["seq"],
+                   newest_position=dict(wire["newest_position"]),
+                   newest_watermark=wire["newest_watermark"],
+                   extent_records=wire["extent_records"], skipped=list(wire["skipped"]),
+                   complete=wire["complete"])
+
+
+class Reconstruction:
+    """The backward pass, fed records newest first; `done` once every footprint is
+    found. Records newer than ``at`` (a log time) are passed over. The extent counts
+    the records from the newest one taken into account (``newest_seq``, if the
+    caller feeds control tuples only, as the Spark job does) down to the oldest
+    footprint, or to the beginning of the log when one is missing."""
+
+    def __init__(self, at: float | None = None, newest_seq: int | None = None):
+        self.at = at
+        self.ec = EventualCheckpoint()
+        self.ec.seq = -1 if newest_seq is None else newest_seq
+        self._n_target: int | None = None
+        self._oldest_seq: int | None = None
+        self.done = False
+
+    def feed(self, seq: int, ts: float, value: Any) -> bool:
+        """Take one record (in decreasing seq order); True once done."""
+        ec = self.ec
+        if self.done or (self.at is not None and ts > self.at):
+            return self.done
+        if ec.seq < 0:
+            ec.seq = seq
+        self._oldest_seq = seq
+        kind = _kind(value)
+        if kind not in CONTROL_KINDS:
+            return False
+        if not valid(value):
+            ec.skipped.append(seq)
+            return False
+        _, part, state, n_open, position, watermark, _ = value
+        if self._n_target is None:
+            self._n_target = ec.n_open = n_open
+            ec.newest_position, ec.newest_watermark = dict(position), float(watermark)
+        if kind == CLOSED:
+            if part not in ec.parts:
+                ec.closed.add(part)
+        elif part not in ec.parts and part not in ec.closed:
+            ec.parts[part] = Footprint(kind, seq, state, dict(position), float(watermark))
+        self.done = len(ec.parts) == self._n_target
+        return self.done
+
+    def finish(self) -> EventualCheckpoint:
+        """The EC; incomplete if the log ended before every footprint was found."""
+        ec = self.ec
+        if not self.done and self._n_target is not None:
+            ec.complete = False
+        if ec.seq >= 0:
+            oldest = self._oldest_seq if self.done else 0
+            ec.extent_records = ec.seq - oldest + 1
+        return ec
+
+
+def reconstruct(records_newest_first: Iterable[tuple[int, float, Any]],
+                at: float | None = None, newest_seq: int | None = None
+                ) -> EventualCheckpoint:
+    """The eventual checkpoint of a log whose records come newest first."""
+    rebuild = Reconstruction(at, newest_seq)
+    for seq, ts, value in records_newest_first:
+        if rebuild.feed(seq, ts, value):
+            break
+    return rebuild.finish()
+
+
+def read_eventual_checkpoint(store: ObjectStore, prefix: str, at: float | None = None
+                             ) -> tuple[EventualCheckpoint, list[Damage]]:
+    """The EC of the log under ``prefix``, read backwards only as far as its extent,
+    by the log's fast block-checked reader; if that meets a damaged record, the whole
+    log is salvaged (`salvage_log`) and the damage returned with the EC."""
+    try:
+        return reconstruct(LogReader(store, prefix).records_backward(), at), []
+    except CorruptRecordError:
+        salvaged = salvage_log(store, prefix)
+        return reconstruct(reversed(salvaged.records), at), salvaged.damaged
