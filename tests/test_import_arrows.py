@@ -12,6 +12,10 @@ fails on an arrow that points the wrong way:
   that drives a job (launcher, drills, command line, scheduler, the package root);
 - the scheduler imports no protocol module;
 - storage imports nothing of ours outside ``bastion.storage``;
+- the Spark jobs (``bastion.spark_jobs``) read the store and nothing else of a running
+  engine: storage, the wire types of ``bastion.runtime.records`` and the event-log
+  format of ``bastion.runtime.events`` — their Python workers must not load Ray, the
+  runtime or the drills;
 - the descriptions — the DSL (``topology``, ``windows``, ``aggregations``, ``codecs``,
   ``errors``), the sources and sinks a topology names, and the faults a drill names —
   import, at module level, nothing that runs a job or does I/O: not the runtime, the
@@ -89,6 +93,8 @@ def wrong_arrows(modules: dict[str, set[str]]) -> list[str]:
                           and m not in ("bastion.protocols", "bastion.protocols.base")]
     protocol_may_use = ("bastion.protocols", "bastion.runtime.records", "bastion.storage",
                         "bastion.errors", "bastion.topology")
+    spark_jobs_may_use = ("bastion.spark_jobs", "bastion.storage", "bastion.runtime.records",
+                          "bastion.runtime.events")
     wrong = []
     for module, imported in modules.items():
         for target in sorted(imported):
@@ -103,6 +109,9 @@ def wrong_arrows(modules: dict[str, set[str]]) -> list[str]:
                 why = "the scheduler imports a protocol module"
             elif under(module, "bastion.storage") and not under(target, "bastion.storage"):
                 why = "storage imports something of ours"
+            elif under(module, "bastion.spark_jobs") and not any(
+                    under(target, p) for p in spark_jobs_may_use):
+                why = "a Spark job imports more than the store and the event format"
             if why:
                 wrong.append(f"{module} -> {target}: {why}")
     return wrong
@@ -162,6 +171,7 @@ def test_a_description_may_open_its_connector_inside_a_method():
     ("sources.py", "from bastion.connectors.logs import LogSourceReader"),
     ("errors.py", "from bastion.storage.store import ObjectStore"),
     ("faults.py", "from bastion.scheduler import placement"),
+    ("spark_jobs/analyze.py", "from bastion.drills import fault_outcomes"),
 ])
 def test_a_wrong_arrow_is_found(tmp_path, module, line):
     """The check itself can fail: a copy of the package with one wrong import added."""
