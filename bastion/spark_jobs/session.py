@@ -35,6 +35,7 @@ Three things are decided here so that no job has to think of them:
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
@@ -146,6 +147,9 @@ def build_session(master: str = DEFAULT_MASTER, *, app_name: str = "bastion",
     from pyspark.sql import SparkSession
 
     log_dir = Path(tempfile.mkdtemp(prefix="bastion-spark-"))
+    # Kept while this process lives (the log explains a failure), not after it: one
+    # directory per command would otherwise pile up in /tmp.
+    atexit.register(shutil.rmtree, log_dir, ignore_errors=True)
     log_config = log_dir / "log4j2.properties"
     log_config.write_text(_LOG4J2)
     driver_log = log_dir / "spark-driver.log"
