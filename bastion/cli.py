@@ -16,6 +16,12 @@ store: Parquet tables per second, per checkpoint, per failure and per job in DIR
 HTML page comparing the jobs, and a summary table. One SparkSession per call
 (``local[2]`` unless ``--master`` names a cluster); no Java is a usage error.
 
+``bastion reconstruct --storage URL --job JOB --operator OP [--at T]`` rebuilds the
+eventual checkpoint (CEC) of every instance of an operator from the control tuples in
+its output logs, with a Spark job (`bastion.spark_jobs.reconstruct`), writes each to
+the store in the form a restart loads, and prints what it found: open parts, extent,
+where replay starts, damaged log stretches (reported, never loaded).
+
 ``bastion gc`` deletes old job folders from a store (`bastion.storage.retention`);
 ``run`` and ``drill`` do the same to a local store after every run, keeping the
 newest ``--keep-jobs``, so ``.bastion/`` does not grow by a folder per run for ever.
@@ -449,6 +455,38 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_reconstruct(args: argparse.Namespace) -> int:
+    from bastion.spark_jobs.reconstruct import (SUMMARY_HEADER, ReconstructError, describe,
+                                                find_instances, reconstruct_operator,
+                                                summary_rows)
+    from bastion.spark_jobs.session import SparkSetupError, build_session, find_java
+
+    try:
+        find_java()  # seconds before Spark would fail on it, with a clearer message
+    except SparkSetupError as exc:
+        raise UsageError(str(exc)) from exc
+    store = open_storage(args.storage)
+    try:
+        find_instances(store, args.job, args.operator)  # a wrong name before Spark starts
+    except ReconstructError as exc:
+        raise UsageError(str(exc)) from exc
+    spark = build_session(args.master, app_name="bastion reconstruct",
+                          driver_host=args.driver_host, verbose=args.verbose)
+    try:
+        results = reconstruct_operator(spark, store, args.job, args.operator, args.at)
+    except ReconstructError as exc:  # the store failed under the tasks
+        _say(str(exc))
+        return EXIT_USAGE
+    finally:
+        spark.stop()
+    at = "the end of each log" if args.at is None else f"log time {args.at:g}"
+    print(f"eventual checkpoints of {args.job}/{args.operator} at {at}:")
+    print(table(summary_rows(results), SUMMARY_HEADER))
+    print()
+    print("\n".join(describe(results)))
+    return EXIT_OK
+
+
 # -- arguments -----------------------------------------------------------------------------
 
 
@@ -561,7 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=_Parser,
-                                help="run, drill, gc or analyze; `bastion COMMAND "
+                                help="run, drill, gc, analyze or reconstruct; `bastion COMMAND "
                                      "--help` lists its flags")
 
     run = sub.add_parser("run", help="run a topology file and print a summary",
@@ -663,6 +701,33 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--verbose", action="store_true",
                          help="show Spark's own log and the traceback of an error")
     analyze.set_defaults(handler=cmd_analyze)
+
+    rebuild = sub.add_parser(
+        "reconstruct", help="rebuild an operator's eventual checkpoints with Spark",
+        description="Read the output logs of every instance of --operator with a Spark "
+                    "job, rebuild each instance's eventual checkpoint (CEC) from the "
+                    "control tuples, write it to jobs/JOB/eventual/OP/INSTANCE/ in the "
+                    "store and print what was found. Damaged log records are reported "
+                    "and never loaded.")
+    rebuild.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
+                         help=f"the store holding the logs (default {DEFAULT_STORAGE}; "
+                              "credentials from BASTION_S3_ACCESS_KEY/"
+                              "BASTION_S3_SECRET_KEY, also in the Spark executors)")
+    rebuild.add_argument("--job", required=True, metavar="JOB", help="the job id")
+    rebuild.add_argument("--operator", required=True, metavar="OP",
+                         help="the operator whose instances' checkpoints to rebuild")
+    rebuild.add_argument("--at", type=float, default=None, metavar="T",
+                         help="log time (a record's ts) to rebuild the checkpoint at "
+                              "(default: the end of each log)")
+    rebuild.add_argument("--master", default="local[2]", metavar="M",
+                         help="Spark master: local[N] or a cluster URL such as "
+                              "spark://HOST:7077 (default local[2])")
+    rebuild.add_argument("--driver-host", default="127.0.0.1", metavar="ADDR",
+                         help="address the Spark driver listens on (default 127.0.0.1; "
+                              "with a cluster --master, one its executors can reach)")
+    rebuild.add_argument("--verbose", action="store_true",
+                         help="show Spark's own log and the traceback of an error")
+    rebuild.set_defaults(handler=cmd_reconstruct)
     return parser
 
 

@@ -14,7 +14,9 @@ fails on an arrow that points the wrong way:
 - storage imports nothing of ours outside ``bastion.storage``;
 - the Spark jobs (``bastion.spark_jobs``) read the store and nothing else of a running
   engine: storage, the wire types of ``bastion.runtime.records`` and the event-log
-  format of ``bastion.runtime.events`` — their Python workers must not load Ray, the
+  format of ``bastion.runtime.events``, and the CEC control-tuple format and
+  reconstruction of ``bastion.protocols.eventual`` (pure logic the Spark job must share
+  with the in-process recovery) — their Python workers must not load Ray, the
   runtime or the drills;
 - the descriptions — the DSL (``topology``, ``windows``, ``aggregations``, ``codecs``,
   ``errors``), the sources and sinks a topology names, and the faults a drill names —
@@ -93,8 +95,10 @@ def wrong_arrows(modules: dict[str, set[str]]) -> list[str]:
                           and m not in ("bastion.protocols", "bastion.protocols.base")]
     protocol_may_use = ("bastion.protocols", "bastion.runtime.records", "bastion.storage",
                         "bastion.errors", "bastion.topology")
+    # bastion.protocols.eventual: the CEC control-tuple format and the reconstruction,
+    # pure logic over log records; the Spark reconstruction must run that very code
     spark_jobs_may_use = ("bastion.spark_jobs", "bastion.storage", "bastion.runtime.records",
-                          "bastion.runtime.events")
+                          "bastion.runtime.events", "bastion.protocols.eventual")
     wrong = []
     for module, imported in modules.items():
         for target in sorted(imported):
@@ -172,6 +176,7 @@ def test_a_description_may_open_its_connector_inside_a_method():
     ("errors.py", "from bastion.storage.store import ObjectStore"),
     ("faults.py", "from bastion.scheduler import placement"),
     ("spark_jobs/analyze.py", "from bastion.drills import fault_outcomes"),
+    ("spark_jobs/reconstruct.py", "from bastion.protocols.coordinated import Barrier"),
 ])
 def test_a_wrong_arrow_is_found(tmp_path, module, line):
     """The check itself can fail: a copy of the package with one wrong import added."""

@@ -48,6 +48,7 @@ the offsets of each source instance can. This module is pure logic over log reco
 
 from __future__ import annotations
 
+import struct
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -253,3 +254,59 @@ def read_eventual_checkpoint(store: ObjectStore, prefix: str, at: float | None =
     except CorruptRecordError:
         salvaged = salvage_log(store, prefix)
         return reconstruct(reversed(salvaged.records), at), salvaged.damaged
+
+
+# -- the stored form: what `bastion reconstruct` writes and a restart loads ---------------
+#
+# An EC is stored as one object ``<prefix>ec-<seq, 20 digits>`` (``prefix`` is
+# ``jobs/<job>/eventual/<operator>/<instance>/``), framed like a log record —
+# ``u32 length | u32 CRC32 | payload``, little-endian, CRC32 over the payload — where
+# the payload is the msgpack map ``{"format": 1, "ec": EventualCheckpoint.to_wire()}``.
+# The seq in the name orders the ECs of one instance: the newest is the last listed.
+
+_EC_FORMAT = 1
+_EC_FRAME = struct.Struct("<II")
+
+
+def store_eventual_checkpoint(store: ObjectStore, prefix: str,
+                              ec: EventualCheckpoint) -> str:
+    """Write ``ec`` under ``prefix`` (see above) and return its key. An EC of an
+    empty log (``seq == -1``) says nothing a restart could load: ValueError."""
+    if ec.seq < 0:
+        raise ValueError("the log is empty: there is no eventual checkpoint to store")
+    payload = msgpack.packb({"format": _EC_FORMAT, "ec": ec.to_wire()}, use_bin_type=True)
+    key = f"{prefix.rstrip('/')}/ec-{ec.seq:020d}"
+    store.put(key, _EC_FRAME.pack(len(payload), zlib.crc32(payload)) + payload)
+    return key
+
+
+def load_eventual_checkpoint(store: ObjectStore, prefix: str, seq: int | None = None
+                             ) -> EventualCheckpoint | None:
+    """The EC stored under ``prefix`` for log record ``seq``, or the newest one if
+    ``seq`` is None; None if there is none. A stored EC whose length or CRC does not
+    check out raises `CorruptRecordError` naming it: it is never loaded."""
+    prefix = prefix.rstrip("/") + "/"
+    if seq is None:
+        names = sorted(k for k in store.list(prefix) if k[len(prefix):].startswith("ec-"))
+        if not names:
+            return None
+        key = names[-1]
+    else:
+        key = f"{prefix}ec-{seq:020d}"
+        if not store.exists(key):
+            return None
+    data = store.get(key)
+    if len(data) < _EC_FRAME.size:
+        raise CorruptRecordError(f"eventual checkpoint {key!r} is {len(data)} bytes, "
+                                 "shorter than its header", key=key, offset=0)
+    length, crc = _EC_FRAME.unpack_from(data)
+    payload = memoryview(data)[_EC_FRAME.size:]
+    if length != len(payload) or zlib.crc32(payload) != crc:
+        raise CorruptRecordError(f"eventual checkpoint {key!r} fails its length or CRC32 "
+                                 "check (corrupt or truncated); it is not loaded",
+                                 key=key, offset=0)
+    doc = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    if not isinstance(doc, dict) or doc.get("format") != _EC_FORMAT:
+        raise CorruptRecordError(f"eventual checkpoint {key!r} has an unknown format",
+                                 key=key, offset=0)
+    return EventualCheckpoint.from_wire(doc["ec"])
