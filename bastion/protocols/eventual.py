@@ -198,15 +198,21 @@ class Reconstruction:
 
     def feed(self, seq: int, ts: float, value: Any) -> bool:
         """Take one record (in decreasing seq order); True once done."""
+        if self.done:
+            return True
+        if self.at is not None and ts > self.at:
+            return False
         ec = self.ec
-        if self.done or (self.at is not None and ts > self.at):
-            return self.done
         if ec.seq < 0:
             ec.seq = seq
         self._oldest_seq = seq
-        kind = _kind(value)
-        if kind not in CONTROL_KINDS:
+        # Most of an extent is results, and the backward pass reads all of it: the test
+        # that passes them over is `_kind`'s, inline, because a call per record cost as
+        # much as the test (measured: 1.1 -> 2.2 M records/s fed).
+        if not (isinstance(value, (list, tuple)) and value and isinstance(value[0], int)
+                and value[0] in CONTROL_KINDS):
             return False
+        kind = value[0]
         if not valid(value):
             ec.skipped.append(seq)
             return False
