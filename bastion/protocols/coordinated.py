@@ -262,13 +262,19 @@ class CheckpointCoordinator(Coordinator):
         await asyncio.to_thread(self.checkpoints.gc, self.master.retained_checkpoints)
 
     async def on_job_finished(self, task_reports: list[dict[str, Any]]) -> None:
-        # A completion the end of the job overtook (the watch ended while its manifest
-        # was being written) skipped its commit and its collection: its staged outputs
-        # would never become visible. Commit them before the end-of-stream commit.
+        # The end of the job can overtake a checkpoint: its manifest still being written
+        # when the watch ended, or its acknowledgments still on their way (they travel
+        # apart from the tasks' end), or never coming (a source that finished before it
+        # could inject the barrier, while the other inputs' barriers passed the sinks).
+        # Its sinks took their outputs out of staging into its blob all the same, and
+        # the end-of-stream commit holds only what came after it: commit every such
+        # blob of this attempt, or those outputs are never visible. No failure can
+        # follow any more, so they are final.
+        staged = set().union(*(r["staged_commits"] for r in task_reports))
         async with self.completing:
             complete = await asyncio.to_thread(self.checkpoints.list_complete)
             newest_committed = max(self.committed, default=0)
-            for checkpoint_id in sorted(complete):
+            for checkpoint_id in sorted(set(complete) | staged):
                 # an excluded checkpoint's records were replayed after it: never commit it
                 if checkpoint_id > newest_committed and checkpoint_id not in self.unusable:
                     await self.master.commit_outputs(self.master.attempt, checkpoint_id)

@@ -207,6 +207,9 @@ class Task(TaskContext):
         self.triggers: list[int] = []       # checkpoints a source task is asked to start
         self.received_seq: dict[int, int] = {}  # channel -> seq of the last frame processed
         self.acknowledged: list[int] = []   # checkpoints this task stored and reported
+        # commit points this task's sinks wrote a blob for: at the end of the job the
+        # coordinator commits those even if their checkpoint never completed
+        self.staged_commits: list[int] = []
         # Protocol overhead (CheckMate's message overhead): bytes of protocol
         # information inside data frames (barriers, piggybacked clocks) and in the
         # acknowledgments sent to the coordinator.
@@ -546,6 +549,7 @@ class Task(TaskContext):
                     key = staged_key(self.config.job_id, sink.ctx.name, self.index,
                                      checkpoint_id)
                     await self.store.aput(key, self._encode_staged(sink, values, ids, parts))
+                    self.staged_commits.append(checkpoint_id)
             return await self.store_state(checkpoint_id, state)
 
         return upload()
@@ -730,6 +734,7 @@ class Task(TaskContext):
             "max_inbox_frames": self.gate.max_queued_seen,
             "task_id": self.task_id,
             "acknowledged": list(self.acknowledged),
+            "staged_commits": list(self.staged_commits),
             "final_sent": {c.channel_id: c.seq - 1 for c in self.channels},
             "final_received": dict(self.received_seq),
         }
