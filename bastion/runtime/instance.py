@@ -852,31 +852,38 @@ class Worker:
             return  # a frame of a failed attempt (replayed) or of an earlier job
         await self.tasks[task_id].gate.deliver(channel_id, seq, payload)
 
-    def trigger_checkpoint(self, attempt: int, task_ids: list[int], checkpoint_id: int) -> None:
-        if attempt != self.attempt:
+    # Calls from the job master carry the job's epoch, (job id, attempt), like frames:
+    # a late call of a failed attempt, or of the job this pooled worker served before,
+    # must not act on the tasks it runs now.
+
+    def trigger_checkpoint(self, epoch: tuple[str, int], task_ids: list[int],
+                           checkpoint_id: int) -> None:
+        if epoch != self.epoch:
             return
         for task_id in task_ids:
             task = self.tasks.get(task_id)
             if task is not None and not task.finished:
                 task.triggers.append(checkpoint_id)
 
-    async def apply_commit(self, attempt: int, commit: int) -> None:
+    async def apply_commit(self, epoch: tuple[str, int], commit: int) -> None:
         """Commit point ``commit`` is complete: sinks with outside effects apply it."""
-        if attempt != self.attempt:
+        if epoch != self.epoch:
             return
         for task in self.tasks.values():
             await task.reapply_commits(only=commit)
 
-    def stop_sources(self) -> None:
+    def stop_sources(self, epoch: tuple[str, int]) -> None:
+        if epoch != self.epoch:
+            return
         for task in self.tasks.values():
             task.stop_requested = True
 
-    async def wait(self, attempt: int) -> dict[str, Any]:
+    async def wait(self, epoch: tuple[str, int]) -> dict[str, Any]:
         """Wait until every task finished, or one failed: then report the failure."""
         if not self.runners:
             return {"worker": self.worker_index, "failure": None}
         done, _ = await asyncio.wait(self.runners, return_when=asyncio.FIRST_EXCEPTION)
-        if attempt != self.attempt:
+        if epoch != self.epoch:
             return {"worker": self.worker_index, "failure": None, "stale": True}
         for runner in done:
             if runner.cancelled():
@@ -892,8 +899,8 @@ class Worker:
                 "quiescence": {t.task_id: t.quiescence() for t in self.tasks.values()
                                if not t.finished}}
 
-    def finish_loops(self, attempt: int, task_ids: list[int]) -> None:
-        if attempt != self.attempt:
+    def finish_loops(self, epoch: tuple[str, int], task_ids: list[int]) -> None:
+        if epoch != self.epoch:
             return
         for task_id in task_ids:
             task = self.tasks.get(task_id)

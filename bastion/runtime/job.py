@@ -249,7 +249,8 @@ class JobMaster:
         for task_id in self.source_tasks:
             by_worker.setdefault(self.plan.tasks[task_id].worker, []).append(task_id)
         for w, task_ids in by_worker.items():
-            self.workers[w].trigger_checkpoint.remote(attempt, task_ids, checkpoint_id)
+            self.workers[w].trigger_checkpoint.remote(self._epoch(attempt), task_ids,
+                                                     checkpoint_id)
 
     async def commit_outputs(self, attempt: int, commit: int) -> None:
         """Make the sink outputs staged for ``commit`` visible (the second phase).
@@ -262,7 +263,8 @@ class JobMaster:
             delay_s = self.limits.commit_backoff_s
             for tries in range(1, self.limits.commit_attempts + 1):
                 results = await asyncio.gather(
-                    *[self.workers[i].apply_commit.remote(attempt, commit) for i in slots],
+                    *[self.workers[i].apply_commit.remote(self._epoch(attempt), commit)
+                      for i in slots],
                     return_exceptions=True)
                 # A dead worker is the detector's: its replacement re-applies commits.
                 failed = {i: r for i, r in zip(slots, results)
@@ -390,6 +392,10 @@ class JobMaster:
                                           for i, w in enumerate(self.workers)],
                                         return_exceptions=True)
         self._raise_call_failures(outcomes)
+
+    def _epoch(self, attempt: int) -> tuple[str, int]:
+        """What a worker checks a call against: this job's id and the attempt."""
+        return (self.config.job_id, attempt)
 
     def _raise_call_failures(self, outcomes: list) -> None:
         """Raise the most urgent failure among the workers' ``outcomes`` of a call:
@@ -617,7 +623,7 @@ class JobMaster:
         """Return when every task finished; raise `Failure` on the first failure."""
         self.phase = "watch"
         attempt = self.attempt
-        waits = {asyncio.ensure_future(w.wait.remote(attempt)): i
+        waits = {asyncio.ensure_future(w.wait.remote(self._epoch(attempt))): i
                  for i, w in enumerate(self.workers)}
         helpers = [asyncio.ensure_future(detector.watch_heartbeats(
                        lambda: self.workers, self.config.heartbeat_timeout_s)),
@@ -659,7 +665,8 @@ class JobMaster:
 
     async def _stop_after(self, duration_s: float) -> None:
         await asyncio.sleep(duration_s)
-        await asyncio.gather(*[w.stop_sources.remote() for w in self.workers],
+        epoch = self._epoch(self.attempt)
+        await asyncio.gather(*[w.stop_sources.remote(epoch) for w in self.workers],
                              return_exceptions=True)
 
     # -- progress ---------------------------------------------------------------------
@@ -738,7 +745,7 @@ class JobMaster:
             for t in heads:
                 by_worker.setdefault(self.plan.tasks[t].worker, []).append(t)
             for w, task_ids in by_worker.items():
-                self.workers[w].finish_loops.remote(self.attempt, task_ids)
+                self.workers[w].finish_loops.remote(self._epoch(self.attempt), task_ids)
 
     def progress(self) -> dict[str, Any]:
         elapsed = time.time() - self.started_s if self.started_s else 0.0
