@@ -146,7 +146,8 @@ def run(topology: Topology, *, protocol: str = "none",
         lineage: bool = False, deterministic: bool = False,
         sink_spill_records: int = SINK_SPILL_RECORDS,
         progress: Callable[[dict[str, Any]], None] | None = None,
-        master_limits: MasterLimits | None = None) -> RunResult:
+        master_limits: MasterLimits | None = None,
+        pool_idle_timeout_s: float | None = None) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
 
     ``protocol`` picks the fault-tolerance protocol (``"none"``, ``"coordinated"``,
@@ -175,6 +176,9 @@ def run(topology: Topology, *, protocol: str = "none",
     part of the coming commit point (`bastion.runtime.outputs`). ``master_limits``
     (`bastion.runtime.job.MasterLimits`) bounds the job master: how often it retries a
     sink's commit, and how many events and progress points it keeps in memory.
+    ``pool_idle_timeout_s``, when given, sets how long the cluster's pool of warm
+    processes (`bastion.scheduler.pool`) keeps an idle one before killing it (default
+    60 s) — a setting of the cluster, shared by every later job on it.
 
     A job that fails raises `JobFailedError` — `SinkCommitError` when a sink kept
     failing to apply a commit, `NoUsableCheckpointError` when no checkpoint could be
@@ -186,6 +190,8 @@ def run(topology: Topology, *, protocol: str = "none",
     if deterministic and (reason := nondeterminism(topology)) is not None:
         raise TopologyError(f"topology {topology.name!r} cannot run with "
                             f"deterministic=True: {reason}")
+    if pool_idle_timeout_s is not None and pool_idle_timeout_s <= 0:
+        raise ValueError(f"pool_idle_timeout_s must be > 0 seconds, got {pool_idle_timeout_s}")
     if checkpoint_interval is None and proto.needs_checkpoint_interval:
         checkpoint_interval = 1.0
     store = open_store(storage)  # fails here, naming the URL, if it is unusable
@@ -227,6 +233,8 @@ def run(topology: Topology, *, protocol: str = "none",
     # (`bastion.scheduler.pool`): warm processes when an earlier job left them idle.
     lend_started_s = time.time()
     pool = get_pool(Worker, JobHost)
+    if pool_idle_timeout_s is not None:
+        pool.set_idle_timeout.remote(pool_idle_timeout_s)  # before the lend: calls keep order
     lending = pool.lend_host.remote()
     pending = None
     try:

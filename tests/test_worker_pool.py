@@ -160,7 +160,12 @@ def test_idle_workers_are_killed_after_the_idle_timeout(tmp_path):
     result = bn.run(counting("pool-shrink", WORDS), storage=f"local://{tmp_path}")
     mine = [w for w in idle_workers() if ids([w]) <= set(result.details["workers"])]
     assert len(mine) == 2
-    ray.get(the_pool.set_idle_timeout.remote(0.5))
+    with pytest.raises(ValueError, match="pool_idle_timeout_s"):
+        bn.run(counting("pool-shrink", WORDS), pool_idle_timeout_s=0)
+    # the knob is bn.run's: the next job borrows the same idle workers (idle ones are
+    # lent first) and leaves them idle again under the short timeout
+    bn.run(counting("pool-shrink", WORDS), storage=f"local://{tmp_path}",
+           pool_idle_timeout_s=0.5)
     try:
         # no assertion on how long it takes: wait, up to a generous bound, until the
         # pool let them go, then check with Ray that their processes ended
