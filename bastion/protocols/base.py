@@ -31,7 +31,8 @@ from __future__ import annotations
 import abc
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Protocol as Structural
+from typing import (TYPE_CHECKING, Any, Callable, Coroutine, Iterable,
+                    Protocol as Structural)
 
 from bastion.runtime.records import Batch, ControlRecord, FrameCodec
 
@@ -140,9 +141,10 @@ class TaskContext(abc.ABC):
     # -- state -------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def checkpoint(self, checkpoint_id: int) -> Awaitable["BlobRef"]:
-        """Snapshot the task now; the awaitable stores the snapshot and the sinks'
-        staged outputs and yields the state blob to acknowledge."""
+    def checkpoint(self, checkpoint_id: int) -> Coroutine[Any, Any, "BlobRef"]:
+        """Snapshot the task now; the coroutine stores the snapshot and the sinks'
+        staged outputs and yields the state blob to acknowledge (close it unawaited
+        to drop the snapshot)."""
 
     @abc.abstractmethod
     async def restore_from(self, checkpoint_id: int) -> None:

@@ -112,7 +112,11 @@ class AlignedBarriers(TaskProtocol):
 
     async def _checkpoint(self, checkpoint_id: int) -> None:
         upload = self.task.checkpoint(checkpoint_id)      # snapshot, synchronously
-        await _forward(self.task, checkpoint_id)
+        try:
+            await _forward(self.task, checkpoint_id)
+        except BaseException:
+            upload.close()  # the attempt ended meanwhile: the snapshot is not stored
+            raise
         ref = await upload                                 # state + staged outputs stored
         self.task.acknowledge(checkpoint_id, ref)
 

@@ -28,7 +28,7 @@ import os
 import pickle
 import time
 import traceback
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable, Coroutine
 
 import ray
 
@@ -537,7 +537,7 @@ class Task(TaskContext):
                 # Listed only once stored: a checkpoint taken from now on includes it.
                 sink.add_part(part_ref(key, blob))
 
-    def checkpoint(self, checkpoint_id: int) -> Awaitable[BlobRef]:
+    def checkpoint(self, checkpoint_id: int) -> Coroutine[Any, Any, BlobRef]:
         """Snapshot now; the returned awaitable stores the snapshot and this task's
         staged sink outputs, and yields the state blob to acknowledge."""
         state = self.snapshot()
