@@ -303,7 +303,7 @@ def describe(results: list[InstanceEC]) -> list[str]:
             lines.append(f"instance {r.instance}: incomplete — a footprint is missing, "
                          "the instance restarts from nothing and replays everything")
     for r in results:
-        where = r.key if r.key else "nothing written (empty log)"
+        where = r.key if r.key else "nothing written (no log record at or before T)"
         lines.append(f"instance {r.instance}: {where}")
     return lines
 
