@@ -682,24 +682,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "with a Spark job, and write Parquet tables (per second, per "
                     "checkpoint, per failure, per job) and an HTML page comparing the "
                     "jobs to --out.")
-    analyze.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
-                         help=f"the store the jobs ran on (default {DEFAULT_STORAGE}; "
-                              "credentials from BASTION_S3_ACCESS_KEY/"
-                              "BASTION_S3_SECRET_KEY, also in the Spark executors)")
+    _spark_store_option(analyze, "the store the jobs ran on")
     analyze.add_argument("--job", action="append", default=[], metavar="JOB",
                          help="a job id to analyse; repeatable (default: every job in "
                               "the store)")
     analyze.add_argument("--out", required=True, metavar="DIR",
                          help="directory for the tables (DIR/<table>.parquet) and "
                               "DIR/report.html; tables there are replaced")
-    analyze.add_argument("--master", default="local[2]", metavar="M",
-                         help="Spark master: local[N] or a cluster URL such as "
-                              "spark://HOST:7077 (default local[2])")
-    analyze.add_argument("--driver-host", default="127.0.0.1", metavar="ADDR",
-                         help="address the Spark driver listens on (default 127.0.0.1; "
-                              "with a cluster --master, one its executors can reach)")
-    analyze.add_argument("--verbose", action="store_true",
-                         help="show Spark's own log and the traceback of an error")
+    _spark_session_options(analyze)
     analyze.set_defaults(handler=cmd_analyze)
 
     rebuild = sub.add_parser(
@@ -709,26 +699,35 @@ def build_parser() -> argparse.ArgumentParser:
                     "control tuples, write it to jobs/JOB/eventual/OP/INSTANCE/ in the "
                     "store and print what was found. Damaged log records are reported "
                     "and never loaded.")
-    rebuild.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
-                         help=f"the store holding the logs (default {DEFAULT_STORAGE}; "
-                              "credentials from BASTION_S3_ACCESS_KEY/"
-                              "BASTION_S3_SECRET_KEY, also in the Spark executors)")
+    _spark_store_option(rebuild, "the store holding the logs")
     rebuild.add_argument("--job", required=True, metavar="JOB", help="the job id")
     rebuild.add_argument("--operator", required=True, metavar="OP",
                          help="the operator whose instances' checkpoints to rebuild")
     rebuild.add_argument("--at", type=float, default=None, metavar="T",
                          help="log time (a record's ts) to rebuild the checkpoint at "
                               "(default: the end of each log)")
-    rebuild.add_argument("--master", default="local[2]", metavar="M",
-                         help="Spark master: local[N] or a cluster URL such as "
-                              "spark://HOST:7077 (default local[2])")
-    rebuild.add_argument("--driver-host", default="127.0.0.1", metavar="ADDR",
-                         help="address the Spark driver listens on (default 127.0.0.1; "
-                              "with a cluster --master, one its executors can reach)")
-    rebuild.add_argument("--verbose", action="store_true",
-                         help="show Spark's own log and the traceback of an error")
+    _spark_session_options(rebuild)
     rebuild.set_defaults(handler=cmd_reconstruct)
     return parser
+
+
+def _spark_store_option(command: argparse.ArgumentParser, what: str) -> None:
+    command.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
+                         help=f"{what} (default {DEFAULT_STORAGE}; credentials from "
+                              "BASTION_S3_ACCESS_KEY/BASTION_S3_SECRET_KEY, also in the "
+                              "Spark executors)")
+
+
+def _spark_session_options(command: argparse.ArgumentParser) -> None:
+    """The options of every command that runs a Spark job."""
+    command.add_argument("--master", default="local[2]", metavar="M",
+                         help="Spark master: local[N] or a cluster URL such as "
+                              "spark://HOST:7077 (default local[2])")
+    command.add_argument("--driver-host", default="127.0.0.1", metavar="ADDR",
+                         help="address the Spark driver listens on (default 127.0.0.1; "
+                              "with a cluster --master, one its executors can reach)")
+    command.add_argument("--verbose", action="store_true",
+                         help="show Spark's own log and the traceback of an error")
 
 
 # -- quiet by default ----------------------------------------------------------------------

@@ -8,7 +8,6 @@ is missing. ``bn.sources.Log(url)`` reads the log back with its seqs as offsets.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections import Counter
 
@@ -248,17 +247,6 @@ def test_corrupt_record_error_names_the_log(tmp_path):
 def test_source_without_a_log_fails_naming_the_url(tmp_path):
     with pytest.raises(StorageError, match="no log at"):
         bn.sources.Log(f"local://{tmp_path}/nothing").open(0, 1).read(1, 0.0)
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    yield f"127.0.0.1:{server.get_host_and_port()[1]}"
-    server.stop()
 
 
 def test_round_trip_over_s3(tmp_path, moto_endpoint):

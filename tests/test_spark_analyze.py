@@ -13,7 +13,6 @@ Spark tasks, and damaged objects must be skipped and named, never loaded.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import shutil
@@ -69,17 +68,6 @@ def run_two_jobs(storage: str) -> dict[str, str]:
 def local_runs(tmp_path_factory) -> tuple[str, dict[str, str]]:
     storage = f"local://{tmp_path_factory.mktemp('analyze-store')}"
     return storage, run_two_jobs(storage)
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    yield f"127.0.0.1:{server.get_host_and_port()[1]}"
-    server.stop()
 
 
 # -- the plain-Python reading ----------------------------------------------------------

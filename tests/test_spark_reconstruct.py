@@ -22,7 +22,6 @@ Python path's.
 
 from __future__ import annotations
 
-import logging
 import os
 import struct
 import subprocess
@@ -85,17 +84,6 @@ def write_operator(store, shapes=SHAPES, job: str = JOB, op: str = OP) -> dict[s
 def python_ecs(store, instances, at=None, job: str = JOB, op: str = OP) -> dict:
     return {i: read_eventual_checkpoint(store, log_prefix(job, op, i), at)[0].to_wire()
             for i in instances}
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    yield f"127.0.0.1:{server.get_host_and_port()[1]}"
-    server.stop()
 
 
 @pytest.fixture(scope="module", params=["local", "s3"])

@@ -56,7 +56,7 @@ from typing import Any, Iterable
 import msgpack
 
 from bastion.storage import CorruptRecordError, ObjectStore
-from bastion.storage.log import Damage, LogReader, salvage_log
+from bastion.storage.log import Damage, LogReader, gc_paused, salvage_log
 
 # Kinds, the first element of a log record's value.
 RESULT = 0
@@ -255,11 +255,12 @@ def read_eventual_checkpoint(store: ObjectStore, prefix: str, at: float | None =
     """The EC of the log under ``prefix``, read backwards only as far as its extent,
     by the log's fast block-checked reader; if that meets a damaged record, the whole
     log is salvaged (`salvage_log`) and the damage returned with the EC."""
-    try:
-        return reconstruct(LogReader(store, prefix).records_backward(), at), []
-    except CorruptRecordError:
-        salvaged = salvage_log(store, prefix)
-        return reconstruct(reversed(salvaged.records), at), salvaged.damaged
+    with gc_paused():
+        try:
+            return reconstruct(LogReader(store, prefix).records_backward(), at), []
+        except CorruptRecordError:
+            salvaged = salvage_log(store, prefix)
+            return reconstruct(reversed(salvaged.records), at), salvaged.damaged
 
 
 # -- the stored form: what `bastion reconstruct` writes and a restart loads ---------------

@@ -59,7 +59,6 @@ protocol modules, but no Ray (checked by the tests).
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -67,7 +66,8 @@ from bastion.protocols.eventual import (EventualCheckpoint, Reconstruction, is_c
                                         store_eventual_checkpoint)
 from bastion.storage import KeyNotFoundError, ObjectStore, StorageError, open_store
 from bastion.storage.errors import BastionError
-from bastion.storage.log import Damage, LogRecord, log_object_keys, salvage_object
+from bastion.storage.log import (Damage, LogRecord, gc_paused, log_object_keys,
+                                 salvage_object)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -138,17 +138,9 @@ class ObjectScan:
 def scan_object(instance: str, key: str, data: bytes, at: float | None) -> ObjectScan:
     """The control tuples and the newest seq (with ``ts <= at``) of one log object's
     intact records; damage reported, never loaded."""
-    # Salvage builds a tuple per record (a 2 MiB segment: ~60,000), and the garbage
-    # collector would walk the growing list again and again though tuples of numbers
-    # and bytes form no cycles: without it the scan is 1.5-2x faster (measured on a
-    # 100,000-record segment: 157,000 -> 245,000 records/s of CPU).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    # measured on a 100,000-record segment: 157,000 -> 245,000 records/s of CPU
+    with gc_paused():
         salvaged = salvage_object(key, data)
-    finally:
-        if collecting:
-            gc.enable()
     records = salvaged.records
     if at is None:
         newest = max((r[0] for r in records), default=-1)

@@ -76,6 +76,8 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
+import gc
 import logging
 import struct
 import threading
@@ -94,7 +96,7 @@ from .store import ObjectStore
 __all__ = [
     "LogRecord", "LogWriter", "LogReader", "SegmentInfo", "TornTailReport",
     "RecoveryInfo", "recover_log", "HEADER_BYTES", "Damage", "SalvagedObject",
-    "salvage_object", "salvage_log", "log_object_keys",
+    "salvage_object", "salvage_log", "log_object_keys", "gc_paused",
 ]
 
 _log = logging.getLogger(__name__)
@@ -1033,6 +1035,22 @@ async def _in_thread(it: Iterator[list[LogRecord]]) -> AsyncIterator[list[LogRec
 
 
 # -- salvage: what can still be read from a damaged log ------------------------------------
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Run a block with Python's cyclic garbage collector off. Reading a log builds a
+    tuple per record, and the collector walks every live tuple again each time enough
+    have been made, though tuples of numbers and bytes form no cycles: a long read
+    (a salvage, a backward pass over an extent) runs 1.5-2x faster without it
+    (measured by `benchmarks/cec.py`)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 @dataclass
