@@ -29,7 +29,7 @@ therefore measures that factor in the same run — a pure-Python loop alone, the
 copies at once — and prints the p=2 / p=1 ratio both as measured and divided by it:
 the second is what the exchange itself costs.
 
-    .venv/bin/python benchmarks/throughput.py [--records N] [--repeats K] [--no-bytewax]
+    .venv/bin/python benchmarks/throughput.py [--records N] [--repeats K] [--no-bytewax] [--cpu-only]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -148,12 +149,17 @@ def bytewax_rate(make_flow, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def _spin(iterations: int) -> float:
+def _spin(iterations: int, start: Any = None, results: Any = None) -> float:
+    if start is not None:
+        start.wait()  # both copies begin together
     started_s = time.process_time()
     total = 0
     for i in range(iterations):
         total += i
-    return time.process_time() - started_s
+    used_s = time.process_time() - started_s
+    if results is not None:
+        results.put(used_s)
+    return used_s
 
 
 def machine_concurrency_factor(iterations: int = 10_000_000, repeats: int = 3
@@ -164,10 +170,21 @@ def machine_concurrency_factor(iterations: int = 10_000_000, repeats: int = 3
     the machine was too busy to tell (two at once came out cheaper than one alone)."""
     import multiprocessing
 
-    with multiprocessing.get_context("spawn").Pool(2) as pool:
-        alone_s = min(pool.apply(_spin, (iterations,)) for _ in range(repeats))
-        together_s = min(max(pool.map(_spin, [iterations, iterations]))
-                         for _ in range(repeats))
+    context = multiprocessing.get_context("spawn")
+
+    def measure(copies: int) -> float:
+        start, results = context.Barrier(copies), context.Queue()
+        processes = [context.Process(target=_spin, args=(iterations, start, results))
+                     for _ in range(copies)]
+        for process in processes:
+            process.start()
+        used_s = max(results.get() for _ in processes)
+        for process in processes:
+            process.join()
+        return used_s
+
+    alone_s = min(measure(1) for _ in range(repeats))
+    together_s = min(measure(2) for _ in range(repeats))
     factor = together_s / alone_s
     return factor if factor >= 1.0 else None
 
@@ -237,6 +254,31 @@ def exchange_cost_figures(messages: int = 2000, frame_bytes: int = 20_000) -> di
     return costs
 
 
+def cpu_figures(n: int, k: int) -> tuple[float, str]:
+    """Print CPU seconds per million records of W1 at parallelism 1, 2 and 4 and the
+    machine's two-busy-cores factor; return the p=2 / p=1 ratio and its adjusted form."""
+    print(f"\nCPU seconds per million records, W1, {n:,} tuples, median of {k}")
+    cpu_s_per_million = {p: statistics.median(bastion_cpu_s_per_million(w1(n, p))
+                                              for _ in range(k))
+                         for p in (1, 2, 4)}
+    factor = machine_concurrency_factor()
+    if factor is None:
+        print("(the machine was too busy to measure what two busy cores cost: no "
+              "adjusted ratio)")
+    else:
+        print(f"(this machine: a CPU second with both cores busy does the work of "
+              f"{1 / factor:.2f} s alone; 'adjusted' divides by {factor:.2f})")
+    print(f"{'workload':<10} {'CPU s/M':>10} {'vs p=1':>8} {'adjusted':>9}")
+    for p, cpu in cpu_s_per_million.items():
+        ratio = cpu / cpu_s_per_million[1]
+        adjusted = f"{ratio / factor:>8.2f}x" if p > 1 and factor else f"{'-':>9}"
+        print(f"{'W1 p=' + str(p):<10} {cpu:>10.2f} {ratio:>7.2f}x {adjusted}")
+    cpu_ratio = cpu_s_per_million[2] / cpu_s_per_million[1]
+    adjusted_ratio = (f"{cpu_ratio / factor:.2f}x adjusted for the machine"
+                      if factor else "no machine adjustment: too busy to measure")
+    return cpu_ratio, adjusted_ratio
+
+
 def startup_figures(warm_repeats: int = 7) -> None:
     """Print `bn.run` wall time, start to finish, of a 10- and a 10,000-record W0:
     cold (the first job in a fresh local Ray: the pool starts its processes, not
@@ -273,8 +315,16 @@ def main() -> None:
     parser.add_argument("--latency-s", type=float, default=5.0,
                         help="seconds of each half-rate latency run")
     parser.add_argument("--no-bytewax", action="store_true")
+    parser.add_argument("--cpu-only", action="store_true",
+                        help="only the CPU seconds per million records (a few minutes)")
     args = parser.parse_args()
     n, k = args.records, args.repeats
+    if args.cpu_only:
+        ensure_ray()
+        cpu_ratio, adjusted_ratio = cpu_figures(n, k)
+        print(f"CPU s per million records of W1, p=2 / p=1: {cpu_ratio:.2f}x "
+              f"({adjusted_ratio})")
+        return
 
     flows = None
     if not args.no_bytewax:
@@ -315,24 +365,7 @@ def main() -> None:
         m = bn.run(make(rate, count)).metrics
         print(f"{name:<10} {rate:>12,.0f} {m.latency_ms['p50']:>8.2f} {m.latency_ms['p99']:>8.2f}")
 
-    print(f"\nCPU seconds per million records, W1, {n:,} tuples, median of {k}")
-    cpu_s_per_million = {p: median_of(lambda: bastion_cpu_s_per_million(w1(n, p)))
-                         for p in (1, 2, 4)}
-    factor = machine_concurrency_factor()
-    if factor is None:
-        print("(the machine was too busy to measure what two busy cores cost: no "
-              "adjusted ratio)")
-    else:
-        print(f"(this machine: a CPU second with both cores busy does the work of "
-              f"{1 / factor:.2f} s alone; 'adjusted' divides by {factor:.2f})")
-    print(f"{'workload':<10} {'CPU s/M':>10} {'vs p=1':>8} {'adjusted':>9}")
-    for p, cpu in cpu_s_per_million.items():
-        ratio = cpu / cpu_s_per_million[1]
-        adjusted = f"{ratio / factor:>8.2f}x" if p > 1 and factor else f"{'-':>9}"
-        print(f"{'W1 p=' + str(p):<10} {cpu:>10.2f} {ratio:>7.2f}x {adjusted}")
-    cpu_ratio = cpu_s_per_million[2] / cpu_s_per_million[1]
-    adjusted_ratio = (f"{cpu_ratio / factor:.2f}x adjusted for the machine"
-                      if factor else "no machine adjustment: too busy to measure")
+    cpu_ratio, adjusted_ratio = cpu_figures(n, k)
 
     print(f"\nDrill-grade runs, W1, {n:,} tuples, median of {k}, modes alternating "
           "(tuples/s)")
