@@ -30,6 +30,7 @@ _EXPORTS = {
     "errors": ("BastionError", "JobFailedError", "NoUsableCheckpointError", "SinkCommitError",
                "TopologyError", "UDFError"),
     "launcher": ("RunResult", "run"),
+    "protocols.cec": ("CecPolicy",),
     "runtime.operators": ("DeadLetter",),
     "runtime.records": ("stable_hash",),
     "topology": ("KeyedStream", "Stream", "Topology"),
@@ -42,6 +43,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from bastion.errors import (BastionError, JobFailedError, NoUsableCheckpointError,
                                 SinkCommitError, TopologyError, UDFError)
     from bastion.launcher import RunResult, run
+    from bastion.protocols.cec import CecPolicy
     from bastion.runtime.operators import DeadLetter
     from bastion.runtime.records import stable_hash
     from bastion.topology import KeyedStream, Stream, Topology

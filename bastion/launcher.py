@@ -27,6 +27,7 @@ from ray._private import ray_constants
 from bastion import faults as fault_injection
 from bastion.errors import JobFailedError, TopologyError, UDFError
 from bastion.protocols import Protocol, get_protocol
+from bastion.protocols.cec import CecPolicy, CecProtocol
 from bastion.runtime.config import SINK_SPILL_RECORDS, JobConfig
 from bastion.runtime.instance import Worker
 from bastion.runtime.job import JobHost, MasterLimits
@@ -147,11 +148,13 @@ def run(topology: Topology, *, protocol: str = "none",
         sink_spill_records: int = SINK_SPILL_RECORDS,
         progress: Callable[[dict[str, Any]], None] | None = None,
         master_limits: MasterLimits | None = None,
-        pool_idle_timeout_s: float | None = None) -> RunResult:
+        pool_idle_timeout_s: float | None = None,
+        cec: CecPolicy | None = None) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
 
     ``protocol`` picks the fault-tolerance protocol (``"none"``, ``"coordinated"``,
-    ``"uncoordinated"``, ``"cic"``);
+    ``"uncoordinated"``, ``"cic"``, ``"cec"``; ``cec`` is the `CecPolicy` of the
+    last, `bastion.protocols.cec`);
     ``checkpoint_interval`` is in seconds (default 1.0 for checkpointing protocols);
     the newest ``retained_checkpoints`` complete checkpoints are kept, older ones
     deleted (uncoordinated protocols delete what their recovery line has passed);
@@ -184,7 +187,13 @@ def run(topology: Topology, *, protocol: str = "none",
     failing to apply a commit, `NoUsableCheckpointError` when no checkpoint could be
     restored without committing outputs twice — or the `UDFError` of ``fail_fast``.
     """
+    if cec is not None:
+        if get_protocol(protocol).name != "cec":
+            raise ValueError(f"cec=... is the policy of protocol 'cec'; this run uses "
+                             f"protocol {protocol!r}")
+        protocol = CecProtocol(cec)
     proto = get_protocol(protocol)
+    lineage = lineage or proto.needs_lineage
     plan = build_plan(topology, chaining=chaining, workers=workers)
     proto.check(topology)
     if deterministic and (reason := nondeterminism(topology)) is not None:

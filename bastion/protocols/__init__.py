@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bastion.protocols.base import Protocol, TaskProtocol
+from bastion.protocols.cec import CecPolicy, CecProtocol
 from bastion.protocols.cic import CicProtocol
 from bastion.protocols.coordinated import CoordinatedProtocol
 from bastion.protocols.none import NoProtocol
@@ -11,7 +12,8 @@ from bastion.protocols.uncoordinated import UncoordinatedProtocol
 _PROTOCOLS: dict[str, type[Protocol]] = {"none": NoProtocol,
                                          "coordinated": CoordinatedProtocol,
                                          "uncoordinated": UncoordinatedProtocol,
-                                         "cic": CicProtocol}
+                                         "cic": CicProtocol,
+                                         "cec": CecProtocol}
 KNOWN = ("none", "acks", "coordinated", "uncoordinated", "cic", "cec")
 
 
@@ -29,4 +31,4 @@ def get_protocol(name: str | Protocol) -> Protocol:
     return cls()
 
 
-__all__ = ["Protocol", "TaskProtocol", "get_protocol"]
+__all__ = ["CecPolicy", "Protocol", "TaskProtocol", "get_protocol"]

@@ -37,7 +37,9 @@ from typing import (TYPE_CHECKING, Any, Callable, Coroutine, Iterable,
 from bastion.runtime.records import Batch, ControlRecord, FrameCodec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from bastion.storage import BlobRef, CheckpointStore
+    from bastion.runtime.durable import DurableCodec
+    from bastion.runtime.operators import Operator
+    from bastion.storage import BlobRef, CheckpointStore, ObjectStore
     from bastion.topology import Topology
 
 
@@ -53,6 +55,10 @@ class InputMerge(Structural):
 
     def extend(self, channel_id: int, elements: Iterable[Any]) -> None: ...
 
+    def resume(self, consumed: dict[int, int], ended: set[int]) -> None:
+        """Set the cursor where it stood once ``consumed[c]`` records of each channel
+        were merged and the channels ``ended`` had ended (a replay from there)."""
+
 
 class TaskContext(abc.ABC):
     """What a task protocol may see and do in its task. Channels are named by their
@@ -60,10 +66,14 @@ class TaskContext(abc.ABC):
 
     task_id: int
     name: str                    # for messages: "<chain>[<index>]"
+    index: int                   # the chain instance this task runs
+    job_id: str
+    watermark: float             # the task's event-time watermark now
     attempt: int                 # grows with every restart of the job
     task_count: int              # tasks in the job (task ids are 0..task_count-1)
     checkpoint_interval_s: float | None
     codec: FrameCodec            # encodes elements the protocol stores (channel state)
+    state_codec: "DurableCodec"  # encodes operator state exactly (sealed blobs)
     merge: InputMerge | None     # the deterministic merge, None unless deterministic
 
     # -- channels ------------------------------------------------------------------------
@@ -175,12 +185,57 @@ class TaskContext(abc.ABC):
     def count_protocol_bytes(self, n: int) -> None:
         """Add protocol information the task sent inside data frames (message overhead)."""
 
+    # -- operators, for protocols that checkpoint state part by part -----------------------
+
+    @abc.abstractmethod
+    def parted_operator(self) -> "tuple[str, Operator] | None":
+        """The chain's stateful operator whose state splits into parts (see
+        `bastion.runtime.operators.Operator.parted`), with its name, or None."""
+
+    @abc.abstractmethod
+    def replace_operator(self, name: str, operator: "Operator") -> None:
+        """Run ``operator`` in place of the chain's operator ``name`` (a wrapper)."""
+
+    @abc.abstractmethod
+    async def emit_after(self, name: str, batch: Batch) -> None:
+        """Send ``batch`` on as if operator ``name`` had just produced it: through the
+        rest of the chain and out on the task's channels."""
+
+    @abc.abstractmethod
+    def end_inputs(self, channel_ids: set[int]) -> None:
+        """Inputs that had ended at the point a replay restores (their end-of-stream
+        arrives again, and is ignored)."""
+
+    @abc.abstractmethod
+    def set_watermark(self, watermark: float) -> None:
+        """Restore the task's watermark (and its inputs') to ``watermark``."""
+
+    @abc.abstractmethod
+    def object_store(self) -> "ObjectStore":
+        """The job's store (a protocol that keeps logs of its own writes them here)."""
+
+    @abc.abstractmethod
+    def rewind_sources(self, replay_from: dict[str, int]) -> None:
+        """Source instances read on after the offset ``replay_from["<op code>/<index>"]``
+        (from the beginning when missing): what they read before is skipped."""
+
+    @abc.abstractmethod
+    async def deduplicate_sinks(self) -> None:
+        """From now on the task's sinks drop records whose lineage id they committed
+        before (read back now) or staged since."""
+
+    @abc.abstractmethod
+    async def stage_sink_outputs(self, commit: int) -> bool:
+        """Store what the sinks staged since their last commit point as commit point
+        ``commit`` (nothing else: no state). False when they staged nothing."""
+
 
 class MasterContext(abc.ABC):
     """What a coordinator may see and do in the job master."""
 
     checkpoint_interval_s: float | None
     retained_checkpoints: int    # complete checkpoints a coordinated store keeps
+    job_id: str
 
     @property
     @abc.abstractmethod
@@ -189,6 +244,9 @@ class MasterContext(abc.ABC):
 
     @abc.abstractmethod
     def checkpoint_store(self) -> "CheckpointStore": ...
+
+    @abc.abstractmethod
+    def object_store(self) -> "ObjectStore": ...
 
     # -- the plan's shape ------------------------------------------------------------------
 
@@ -205,6 +263,10 @@ class MasterContext(abc.ABC):
     @abc.abstractmethod
     def sink_tasks(self) -> set[int]:
         """Tasks whose chain holds a sink (they stage outputs)."""
+
+    @abc.abstractmethod
+    def operators(self) -> dict[str, tuple[str, int]]:
+        """Every operator: ``{name: (kind, parallelism)}``."""
 
     @abc.abstractmethod
     def unfinished_tasks(self) -> set[int]: ...
@@ -290,6 +352,10 @@ class TaskProtocol:
     async def on_finished(self) -> None:
         """Every input ended and every output was flushed."""
 
+    def on_stop(self) -> None:
+        """The task stopped — finished, failed or cancelled: release what the protocol
+        holds (a log writer, a thread). Must not block for long."""
+
 
 class Coordinator:
     """Job-master half. The default takes no checkpoints: a failure restarts the job
@@ -348,6 +414,8 @@ class Protocol:
     name: str = ""
     exactly_once: bool = False
     needs_checkpoint_interval: bool = False
+    # Records must carry lineage ids (`bastion.lineage`): the run turns them on.
+    needs_lineage: bool = False
     # A standby worker, started ahead, takes over a dead slot without a process start.
     # A protocol that restarts the job from the beginning gains little from it and
     # would pay its start (about a core-second) in every run.

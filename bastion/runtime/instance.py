@@ -171,8 +171,9 @@ class Task(TaskContext):
         self.name = f"{chain.name}[{plan.index}]"
         self.config = config
         self.checkpoint_interval_s = config.checkpoint_interval_s
+        self.job_id = config.job_id
         self.codec = FrameCodec(config.codecs)
-        self.durable = DurableCodec(config.codecs)  # state and staged outputs
+        self.durable = self.state_codec = DurableCodec(config.codecs)  # state, outputs
         self.op_names = chain.ops
         codes = self.op_codes = op_codes(physical.topology)
         self.ops = [make_operator(nodes[name], OperatorContext(
@@ -263,9 +264,13 @@ class Task(TaskContext):
             await self._finish()
         except (UDFError, PeerLostError, ray.exceptions.RayError):
             raise  # a user error, or a peer worker that died: the job master decides
+        except asyncio.CancelledError:
+            raise
         except Exception as exc:
             raise RuntimeError(f"task {self.name} failed: {exc!r}\n"
                                f"{traceback.format_exc()}") from exc
+        finally:
+            self.protocol.on_stop()
         self.finished_s = time.time()
         self.finished_cpu_s = time.process_time()
         self.finished = True
@@ -541,18 +546,29 @@ class Task(TaskContext):
         """Snapshot now; the returned awaitable stores the snapshot and this task's
         staged sink outputs, and yields the state blob to acknowledge."""
         state = self.snapshot()
-        staged = [(sink, *sink.take_staged(), sink.take_parts()) for sink in self.sinks]
+        staged = self._take_staged()
 
         async def upload() -> BlobRef:
-            for sink, values, ids, parts in staged:
-                if values or parts:
-                    key = staged_key(self.config.job_id, sink.ctx.name, self.index,
-                                     checkpoint_id)
-                    await self.store.aput(key, self._encode_staged(sink, values, ids, parts))
-                    self.staged_commits.append(checkpoint_id)
+            await self._store_staged(staged, checkpoint_id)
             return await self.store_state(checkpoint_id, state)
 
         return upload()
+
+    def _take_staged(self) -> list[tuple[SinkOp, list, list | None, list]]:
+        return [(sink, *sink.take_staged(), sink.take_parts()) for sink in self.sinks]
+
+    async def _store_staged(self, staged: list[tuple[SinkOp, list, list | None, list]],
+                            commit: int) -> bool:
+        """Store each sink's staged outputs that hold anything as commit point
+        ``commit``; whether any did."""
+        stored = False
+        for sink, values, ids, parts in staged:
+            if values or parts:
+                key = staged_key(self.config.job_id, sink.ctx.name, self.index, commit)
+                await self.store.aput(key, self._encode_staged(sink, values, ids, parts))
+                self.staged_commits.append(commit)
+                stored = True
+        return stored
 
     def acknowledge(self, checkpoint_id: int, ref: BlobRef, meta: Any = None) -> None:
         self.acknowledged.append(checkpoint_id)
@@ -561,6 +577,61 @@ class Task(TaskContext):
 
     def count_protocol_bytes(self, n: int) -> None:
         self.protocol_frame_bytes += n
+
+    # -- operators, as protocols see them ---------------------------------------------------
+
+    def parted_operator(self) -> tuple[str, Any] | None:
+        for name, op in zip(self.op_names, self.ops):
+            if op.parted:
+                return name, op
+        return None
+
+    def replace_operator(self, name: str, operator: Any) -> None:
+        self.ops[self.op_names.index(name)] = operator
+
+    async def emit_after(self, name: str, batch: Batch) -> None:
+        j = self.op_names.index(name)
+        self.counts[j].records_out += len(batch)
+        await self._process(batch, j + 1, 0, keyed=False)
+
+    def end_inputs(self, channel_ids: set[int]) -> None:
+        self.open_inputs -= channel_ids
+        for channel_id in channel_ids:
+            self.channel_watermarks.pop(channel_id, None)
+
+    def set_watermark(self, watermark: float) -> None:
+        self.watermark = watermark
+        for channel_id in self.channel_watermarks:
+            self.channel_watermarks[channel_id] = watermark
+
+    def object_store(self) -> ObjectStore:
+        return self.store
+
+    def rewind_sources(self, replay_from: dict[str, int]) -> None:
+        source = self.source
+        if source is None:
+            return
+        # Read and drop what comes before: the source decides lateness record by record
+        # in order, so reading the skipped records again rebuilds its watermark exactly.
+        target = replay_from.get(f"{source.ctx.code}/{self.index}", -1) + 1
+        while source.position < target:
+            batch = source.poll(min(self.config.source_batch_records,
+                                    target - source.position), time.time())
+            if batch is None:
+                break
+        self.restored_progress = (source.position, 0)
+
+    async def deduplicate_sinks(self) -> None:
+        for sink in self.sinks:
+            ids: list = []
+            for _, _, key in await asyncio.to_thread(
+                    committed_blobs, self.store, self.config.job_id, sink.ctx.name,
+                    self.index):
+                ids.extend((await self._read_staged(key))[1] or ())
+            sink.deduplicate(ids)
+
+    async def stage_sink_outputs(self, commit: int) -> bool:
+        return await self._store_staged(self._take_staged(), commit)
 
     # Channel state is sealed (checksummed) here, so protocols store plain bytes and
     # read back only bytes that pass the check.

@@ -108,6 +108,9 @@ class _CoordinatorContext(MasterContext):
         plan = master.plan
         self.checkpoint_interval_s = master.config.checkpoint_interval_s
         self.retained_checkpoints = master.config.retained_checkpoints
+        self.job_id = master.config.job_id
+        self._operators = {name: (node.kind, node.parallelism)
+                           for name, node in plan.topology.nodes.items()}
         self._tasks = [t.task_id for t in plan.tasks]
         self._channels = {c.channel_id: (c.src_task, t.task_id)
                           for t in plan.tasks for c in t.inputs}
@@ -121,6 +124,12 @@ class _CoordinatorContext(MasterContext):
 
     def checkpoint_store(self) -> CheckpointStore:
         return self._master.checkpoints
+
+    def object_store(self) -> Any:
+        return self._master.store
+
+    def operators(self) -> dict[str, tuple[str, int]]:
+        return dict(self._operators)
 
     def task_ids(self) -> list[int]:
         return list(self._tasks)

@@ -201,6 +201,32 @@ class DeterministicMerge:
             for element in codec.decode(data):
                 self.push(channel_id, element)
 
+    def resume(self, consumed: dict[int, int], ended: set[int]) -> None:
+        """Put the cursor where it stood once ``consumed[c]`` records of each channel
+        had been merged (and the channels in ``ended`` had ended), for a replay that
+        delivers each channel's records from there on. The order is a round robin by
+        record count, so the cursor follows from the counts: play the turns again."""
+        remaining = {c: consumed.get(c, 0) for c in self.active}
+        active, turn, left = list(self.active), 0, self.turn_records
+        while active:
+            channel_id = active[turn]
+            if remaining[channel_id] == 0:
+                if channel_id not in ended:
+                    break  # the merge waits for this channel: the cursor is here
+                del active[turn]  # its end-of-stream was merged at its turn
+                turn, left = (turn % len(active) if active else 0), self.turn_records
+                continue
+            if len(active) == 1:  # a single channel takes everything, turns unchanged
+                remaining[channel_id] = 0
+                continue
+            take = min(left, remaining[channel_id])
+            remaining[channel_id] -= take
+            left -= take
+            if left == 0:
+                turn, left = (turn + 1) % len(active), self.turn_records
+        self.active, self.turn, self.left = active, turn, left
+        self.ended_on_arrival = {c for c in ended}
+
     def extend(self, channel_id: int, elements: Iterable[Any]) -> None:
         """Queue elements recorded by a capture (on restore, after the snapshot's)."""
         for element in elements:

@@ -30,7 +30,7 @@ import math
 import time
 import traceback
 from itertools import compress, islice, repeat
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from bastion import windows as window_specs
 from bastion.errors import UDFError
@@ -118,6 +118,37 @@ class Operator:
 
     def snapshot(self) -> Any:
         return None
+
+    # -- parts: the state split into independent pieces (eventual checkpoints) ----------
+    #
+    # A stateful operator whose state splits into *parts* — one per key of a keyed fold,
+    # one per window of a tumbling window or join — says so with ``parted = True`` and
+    # answers the questions below. `bastion.protocols.cec` writes each part's state
+    # into the operator's output log on its own and loads parts back one by one.
+
+    parted = False
+    closes_parts = False  # do parts close (windows fire), or live as long as the job?
+
+    def parts_of(self, batch: Batch) -> list:
+        """The part each record of ``batch`` goes into."""
+        raise NotImplementedError
+
+    def part_ids(self) -> list:
+        """The parts open now."""
+        raise NotImplementedError
+
+    def has_part(self, part: Any) -> bool:
+        raise NotImplementedError
+
+    def part_state(self, part: Any) -> Any:
+        raise NotImplementedError
+
+    def load_part(self, part: Any, state: Any) -> None:
+        raise NotImplementedError
+
+    def part_retired(self, part: Any, watermark: float) -> bool:
+        """Has ``part`` closed for good once the watermark reached ``watermark``?"""
+        return False
 
     def restore(self, state: Any) -> None:
         pass
@@ -295,6 +326,23 @@ class KeyedFoldOp(Operator):
     def restore(self, state: Any) -> None:
         self.state = state
 
+    parted = True  # a part per key, never closed
+
+    def parts_of(self, batch: Batch) -> list:
+        return batch.keys
+
+    def part_ids(self) -> list:
+        return list(self.state)
+
+    def has_part(self, part: Any) -> bool:
+        return part in self.state
+
+    def part_state(self, part: Any) -> Any:
+        return self.state[part]
+
+    def load_part(self, part: Any, state: Any) -> None:
+        self.state[part] = state
+
 
 class _Emitter:
     """Collects output records one by one (for operators whose outputs are sparse)."""
@@ -385,6 +433,31 @@ class TimeWindowOp(Operator):
         self.open, self.latest_born = state["open"], state["latest_born"]
         self.pending = sorted(self.open)
 
+    # A part per window (tumbling windows only: a record of a sliding window belongs to
+    # several parts, which a replay would have to filter window by window).
+    parted = True
+    closes_parts = True
+
+    def parts_of(self, batch: Batch) -> list:
+        assign = self.windows.assign
+        return [assign(ts)[0] for ts in batch.ts]
+
+    def part_ids(self) -> list:
+        return list(self.open)
+
+    def has_part(self, part: Any) -> bool:
+        return part in self.open
+
+    def part_state(self, part: Any) -> Any:
+        return [self.open[part], self.latest_born[part]]
+
+    def load_part(self, part: Any, state: Any) -> None:
+        self.open[part], self.latest_born[part] = state
+        heapq.heappush(self.pending, part)
+
+    def part_retired(self, part: Any, watermark: float) -> bool:
+        return self.windows.end(part) <= watermark
+
 
 class CountWindowOp(Operator):
     """Count(n) aggregation per key: fires every n records of a key with
@@ -474,13 +547,39 @@ class JoinOp(Operator):
 
     def snapshot(self) -> Any:
         # Each side's (value, ts, id) records as three columns: lists, not a tuple each.
-        return {k: {key: [_columns(a), _columns(b)] for key, (a, b) in sides.items()}
-                for k, sides in self.open.items()}
+        return {k: self.part_state(k) for k in self.open}
 
     def restore(self, state: Any) -> None:
-        self.open = {k: {key: (list(zip(*a)), list(zip(*b))) for key, (a, b) in sides.items()}
-                     for k, sides in state.items()}
+        self.open = {k: _sides(sides) for k, sides in state.items()}
         self.pending = sorted(self.open)
+
+    parted = True  # a part per (tumbling) window, as `TimeWindowOp`
+    closes_parts = True
+
+    def parts_of(self, batch: Batch) -> list:
+        assign = self.windows.assign
+        return [assign(ts)[0] for ts in batch.ts]
+
+    def part_ids(self) -> list:
+        return list(self.open)
+
+    def has_part(self, part: Any) -> bool:
+        return part in self.open
+
+    def part_state(self, part: Any) -> Any:
+        return {key: [_columns(a), _columns(b)] for key, (a, b) in self.open[part].items()}
+
+    def load_part(self, part: Any, state: Any) -> None:
+        self.open[part] = _sides(state)
+        heapq.heappush(self.pending, part)
+
+    def part_retired(self, part: Any, watermark: float) -> bool:
+        return self.windows.end(part) <= watermark
+
+
+def _sides(state: dict) -> dict:
+    """A window's sides from their columns (`JoinOp.snapshot`)."""
+    return {key: (list(zip(*a)), list(zip(*b))) for key, (a, b) in state.items()}
 
 
 def _columns(records: list[tuple]) -> list[list]:
@@ -586,6 +685,16 @@ class SinkOp(Operator):
         self.max_staged_records = 0
         self.parts: list[tuple[str, int]] = []  # parts of the current commit point
         self.spilled_parts = 0      # parts written in this attempt
+        # Lineage ids this sink committed or staged, when a protocol has it drop a
+        # record it already has (`deduplicate`); None: keep every record.
+        self.seen: set | None = None
+        self.duplicates_dropped = 0
+
+    def deduplicate(self, committed_ids: Iterable[Any]) -> None:
+        """From now on drop every record whose lineage id is in ``committed_ids`` or
+        was staged since: a protocol that replays results downstream (CEC) relies on
+        the sink to keep each one once."""
+        self.seen = set(committed_ids)
 
     def take_staged(self) -> tuple[list, list | None]:
         """The values staged since the last commit point or part and, with lineage,
@@ -609,6 +718,8 @@ class SinkOp(Operator):
         return parts
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
+        if self.seen is not None and batch.values and batch.ids is not None:
+            batch = self._drop_seen(batch)
         if not batch.values:
             return None
         now_s = time.time()
@@ -622,6 +733,19 @@ class SinkOp(Operator):
         second = int(now_s)
         self.timeline[second] = self.timeline.get(second, 0) + len(batch.values)
         return None
+
+
+    def _drop_seen(self, batch: Batch) -> Batch:
+        seen, add = self.seen, self.seen.add
+        kept = []
+        for i, rid in enumerate(ids_of(batch.ids)):
+            if rid not in seen:
+                add(rid)
+                kept.append(i)
+        if len(kept) < len(batch):
+            self.duplicates_dropped += len(batch) - len(kept)
+            batch = batch.take(kept)
+        return batch
 
 
 def make_operator(node: OpNode, ctx: OperatorContext) -> Operator:

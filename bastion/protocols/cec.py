@@ -1,0 +1,582 @@
+"""Continuous eventual checkpoints (CEC, Sebeou & Magoutis): the runtime protocol.
+
+A stateful operator under CEC never stops to snapshot its state. Its state is split into
+independent *parts* — one per key of ``reduce`` / ``stateful_map``, one per tumbling
+window of a window aggregate or join — and it writes its results and small *control
+tuples* into its own persisted output log, ``jobs/<job>/logs/<operator>/<instance>/``
+(`bastion.protocols.eventual` defines them and the reconstruction):
+
+- ``G_open`` when a part opens, ``closed`` when it closes (a window fired);
+- ``G_check`` for the parts whose last footprint is oldest, in bursts of at most
+  `CecPolicy.check_interval_s` every `CecPolicy.period_s`, while the *extent* (log
+  records a recovery reads back, q) exceeds ``extent_target`` (Q) or the inputs to
+  replay (u) exceed ``replay_target`` (U) — the paper's targets policy (§III).
+
+Every control tuple carries the operator's *position*: per upstream source instance
+(``"<op code>/<index>"``), the offset of the last record processed, taken from the
+records' lineage ids; and, for the deterministic merge, the records merged per input
+channel (``"#<channel>"``) and the channels that had ended (``"!<channel>"``). A
+footprint's state reflects exactly the inputs at or below its position.
+
+**Recovery** (every task restarts, as after any failure here):
+
+1. The coordinator reads every stateful instance's log backwards until the newest
+   footprint of each of the N parts open at the failure is found (the *EC-load*) and
+   takes, per source instance, the minimum position of all of them: the sources
+   replay from there (an instance whose log is empty or incomplete makes them replay
+   everything).
+2. Each stateful instance loads its parts, restores its watermark (the minimum of its
+   footprints'), and drops replayed records: those at or below the position its
+   oldest footprint reflects (before they reach its merge), those a part already
+   reflects (at or below that part's position), those of parts that closed after
+   the footprints were written, and those of windows that had fired before.
+3. It sends its logged results downstream again, first: a result the sinks never
+   committed is not lost, whatever the failure hit.
+4. Sinks drop every record whose lineage id they committed before or staged since:
+   results sent again, or computed again from the replay, are committed once.
+
+Sinks commit on their own, every `checkpoint_interval_s`: a commit point holds what a
+sink staged, and the lineage ids in it are what a restarted sink drops.
+
+**What it needs of a topology** (`CecProtocol.check` refuses the rest, naming the
+operator): lineage ids (turned on for the run); at most one stateful operator on any
+path; between a source and the stateful operator only ``map`` / ``filter`` in one
+chain with the source, then the key edge into it — so every channel into it carries
+one source instance's records in offset order, which is what makes a position per
+source instance exact; keyed reduce / stateful_map or *tumbling* windows and joins;
+after it, no rebalance edge (a result sent again must reach the sink instance that
+may have committed it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bastion import windows as window_specs
+from bastion.errors import TopologyError
+from bastion.lineage import IdRun
+from bastion.protocols import eventual
+from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
+                                    TaskContext, TaskProtocol)
+from bastion.runtime.records import Batch, Watermark
+from bastion.storage import LogReader, LogWriter
+from bastion.topology import AUTO, BROADCAST, FORWARD, HASH
+
+_STATEFUL = ("reduce", "stateful_map", "window", "join")
+_SAFE_UPSTREAM = ("map", "filter")
+
+
+@dataclass(frozen=True)
+class CecPolicy:
+    """When a stateful operator writes ``G_check`` tuples (paper §III–IV).
+
+    Every ``period_s`` the operator spends at most ``check_interval_s`` writing
+    ``G_check`` tuples for its parts with the oldest footprints, while the extent
+    (log records from the oldest footprint to now) exceeds ``extent_target`` or the
+    inputs processed since the oldest footprint exceed ``replay_target``.
+    ``CecPolicy.open_only()`` writes no ``G_check`` at all (``G_open`` and ``closed``
+    only: the least overhead, the longest recovery)."""
+
+    extent_target: float = 10_000
+    replay_target: float = 100_000
+    check_interval_s: float = 0.01
+    period_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("extent_target", "replay_target", "check_interval_s", "period_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"CecPolicy.{name} must be a number > 0, got {value!r}")
+        if self.check_interval_s > self.period_s:
+            raise ValueError(f"CecPolicy.check_interval_s ({self.check_interval_s}) must "
+                             f"not exceed period_s ({self.period_s})")
+
+    @classmethod
+    def open_only(cls) -> "CecPolicy":
+        return cls(extent_target=math.inf, replay_target=math.inf)
+
+
+def log_prefix(job: str, operator: str, instance: int | str | None = None) -> str:
+    """Where an operator's (or one instance's) output log lives in the store."""
+    base = f"jobs/{job}/logs/{operator}/"
+    return base if instance is None else f"{base}{instance}/"
+
+
+# -- the stateful operator, wrapped ---------------------------------------------------------
+
+
+class _Guard:
+    """What a restored instance drops of the replay (see the module docstring, 2)."""
+
+    def __init__(self, ec: eventual.EventualCheckpoint, parts: dict[Any, dict[str, int]],
+                 closed: set, replay_from: dict[str, int], watermark: float):
+        self.replay_from = replay_from      # the oldest footprint's position
+        self.parts = parts                  # part -> its footprint's position
+        self.closed = closed                # parts closed after the footprints
+        self.watermark = watermark          # windows ending at or below it had fired
+        # Once every source instance is past the newest footprint, nothing replayed
+        # is left to drop: the guard switches itself off.
+        positions = [*parts.values(), ec.newest_position]
+        self.until = {s: max(p.get(s, -1) for p in positions)
+                      for s in set().union(*positions) if "/" in s}
+
+
+class PartedOperator:
+    """A parted stateful operator under CEC: logs its results and control tuples,
+    tracks its position, drops what a replay brings that it already reflects."""
+
+    def __init__(self, inner: Any, task: TaskContext, policy: CecPolicy, log: LogWriter):
+        self.inner = inner
+        self.ctx = inner.ctx
+        self.node = inner.node
+        self.task = task
+        self.policy = policy
+        self.log = log
+        self.codec = task.state_codec
+        self.position: dict[str, int] = {}
+        self.guard: _Guard | None = None
+        # part -> (log seq, inputs processed) of its newest footprint, oldest first
+        self.footprints: dict[Any, tuple[int, int]] = {}
+        self.records_in = 0
+        self.dropped = 0
+        self.checks_written = 0
+        self.next_period_s = time.monotonic() + policy.period_s
+
+    # the operator interface the task calls
+    parted = False
+    closes_parts = False
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        ids = batch.ids
+        if type(ids) is not IdRun:
+            raise TopologyError(
+                f"operator {self.ctx.name!r} received records without their source "
+                "positions (a flat_map, join or union upstream): protocol 'cec' needs "
+                "map/filter only between a source and a stateful operator")
+        source = f"{ids.source}/{ids.instance}"
+        if self.guard is not None:
+            batch = self._drop_replayed(batch, source)
+            if not len(batch):
+                return None
+            ids = batch.ids
+        self.position[source] = ids.positions[-1]
+        self.records_in += len(batch)
+        inner = self.inner
+        opened = [p for p in dict.fromkeys(inner.parts_of(batch)) if not inner.has_part(p)]
+        out = inner.process(batch, input_index)
+        self._log_results(out)
+        for part in opened:
+            if inner.has_part(part):
+                self._footprint(eventual.G_OPEN, part)
+        return out
+
+    def on_watermark(self, watermark: float) -> Batch | None:
+        return self._closing(lambda: self.inner.on_watermark(watermark))
+
+    def on_end(self) -> Batch | None:
+        return self._closing(self.inner.on_end)
+
+    def snapshot(self) -> Any:
+        return self.inner.snapshot()
+
+    def restore(self, state: Any) -> None:
+        self.inner.restore(state)
+
+    def _closing(self, fire: Any) -> Batch | None:
+        inner = self.inner
+        before = inner.part_ids() if inner.closes_parts else ()
+        out = fire()
+        self._log_results(out)
+        for part in before:
+            if not inner.has_part(part):
+                self.footprints.pop(part, None)
+                self._append(eventual.closed(self._part_bytes(part), len(self.footprints),
+                                             self._position(), self.task_watermark()))
+        return out
+
+    # -- the log ------------------------------------------------------------------------------
+
+    def task_watermark(self) -> float:
+        return float(self.task.watermark)
+
+    def _position(self) -> dict[str, int]:
+        return dict(self.position)
+
+    def _part_bytes(self, part: Any) -> bytes:
+        return self.codec.encode(part)
+
+    def _append(self, value: list) -> int:
+        return self.log.append(time.time(), value)
+
+    def _log_results(self, out: Batch | None) -> None:
+        if out is None or not len(out):
+            return
+        ids = out.ids
+        built = list(ids.build()) if type(ids) is IdRun else list(ids)
+        self._append(eventual.result(self.codec.encode(
+            [out.keys, list(out.values), list(out.ts), list(out.born), built])))
+
+    def _footprint(self, kind: int, part: Any) -> None:
+        inner = self.inner
+        self.footprints.pop(part, None)
+        n_open = len(self.footprints) + 1
+        seq = self._append(eventual.footprint(
+            kind, self._part_bytes(part), self.codec.encode(inner.part_state(part)),
+            n_open, self._position(), self.task_watermark()))
+        self.footprints[part] = (seq, self.records_in)
+        if kind == eventual.G_CHECK:
+            self.checks_written += 1
+
+    def check(self) -> None:
+        """Between batches: in a period's burst, refresh the oldest footprints while
+        the extent or the replay exceeds its target."""
+        now_s = time.monotonic()
+        if now_s < self.next_period_s:
+            return
+        policy = self.policy
+        self.next_period_s = now_s + policy.period_s
+        deadline_s = now_s + policy.check_interval_s
+        while self.footprints:
+            part, (seq, records_in) = next(iter(self.footprints.items()))
+            extent = self.log.next_seq - seq
+            replay = self.records_in - records_in
+            if extent <= policy.extent_target and replay <= policy.replay_target:
+                break
+            self._footprint(eventual.G_CHECK, part)
+            if time.monotonic() >= deadline_s:
+                break
+        # What the log holds becomes durable once a period: a recovery finds the
+        # footprints written up to here (and replays what came after).
+        if self.log.durable_seq < self.log.next_seq - 1:
+            self.log.flush()
+
+    # -- a restored instance -------------------------------------------------------------------
+
+    def load(self, ec: eventual.EventualCheckpoint, replay_from: dict[str, int]) -> None:
+        decode = self.codec.decode
+        parts: dict[Any, dict[str, int]] = {}
+        for part_bytes, fp in sorted(ec.parts.items(), key=lambda item: item[1].seq):
+            part = decode(part_bytes, "eventual checkpoint part")
+            self.inner.load_part(part, decode(fp.state, "eventual checkpoint state"))
+            parts[part] = fp.position
+            self.footprints[part] = (fp.seq, 0)
+        closed = {decode(p, "eventual checkpoint part") for p in ec.closed}
+        self.position = {s: p for s, p in replay_from.items() if "/" in s}
+        self.guard = _Guard(ec, parts, closed, replay_from, ec.watermark)
+
+    def _drop_replayed(self, batch: Batch, source: str) -> Batch:
+        guard = self.guard
+        positions = batch.ids.positions
+        if positions[0] > guard.until.get(source, -1):
+            if all(self.position.get(s, -1) >= p for s, p in guard.until.items()):
+                self.guard = None
+            return batch
+        base = guard.replay_from.get(source, -1)
+        parts, closed, watermark = guard.parts, guard.closed, guard.watermark
+        retired = self.inner.part_retired
+        keep = []
+        for i, (part, pos) in enumerate(zip(self.inner.parts_of(batch), positions)):
+            if pos <= base or part in closed or retired(part, watermark):
+                continue
+            footprint = parts.get(part)
+            if footprint is not None and pos <= footprint.get(source, -1):
+                continue
+            keep.append(i)
+        if len(keep) < len(batch):
+            self.dropped += len(batch) - len(keep)
+            batch = batch.take(keep)
+        return batch
+
+
+# -- the task half ---------------------------------------------------------------------------
+
+
+class CecTask(TaskProtocol):
+    def __init__(self, task: TaskContext, policy: CecPolicy):
+        super().__init__(task)
+        self.policy = policy
+        self.operator: PartedOperator | None = None
+        self.operator_name: str | None = None
+        self.drop_below: dict[str, int] | None = None  # before the merge, on restore
+        self.resend: list[Batch] = []
+        self.consumed: dict[int, int] = {}   # records merged per input channel
+        self.ended: set[int] = set()
+        self.last_commit_s = time.monotonic()
+        self.commits = 0
+
+    async def restore(self, recovery_line: Any) -> None:
+        task = self.task
+        found = task.parted_operator()
+        if found is not None:
+            name, inner = found
+            store = task.object_store()
+            prefix = log_prefix(task.job_id, name, task.index)
+            ec = None
+            if recovery_line is not None:
+                ec, _ = await asyncio.to_thread(eventual.read_eventual_checkpoint,
+                                                store, prefix)
+                self.resend = await asyncio.to_thread(self._logged_results, store, prefix)
+            log = await asyncio.to_thread(LogWriter, store, prefix)
+            self.operator = PartedOperator(inner, task, self.policy, log)
+            self.operator_name = name
+            task.replace_operator(name, self.operator)
+            if ec is not None and ec.complete and ec.seq >= 0:
+                replay_from = ec.replay_from
+                self.operator.load(ec, replay_from)
+                task.set_watermark(ec.watermark)
+                self.drop_below = {s: p for s, p in replay_from.items() if "/" in s}
+                self.consumed = {int(s[1:]): p for s, p in replay_from.items()
+                                 if s.startswith("#")}
+                self.ended = {int(s[1:]) for s, p in replay_from.items()
+                              if s.startswith("!") and p > 0}
+                self.operator.position.update(
+                    {f"#{c}": n for c, n in self.consumed.items()})
+                self.operator.position.update({f"!{c}": 1 for c in self.ended})
+                if task.merge is not None:
+                    task.merge.resume(self.consumed, self.ended)
+                    task.end_inputs(self.ended)
+        if recovery_line is None:
+            await task.reapply_commits()
+            return
+        task.rewind_sources(recovery_line["replay_from"])
+        await task.deduplicate_sinks()
+
+    def _logged_results(self, store: Any, prefix: str) -> list[Batch]:
+        decode = self.task.state_codec.decode
+        batches = []
+        for seq, _, value in LogReader(store, prefix).records():
+            if isinstance(value, list) and value and value[0] == eventual.RESULT:
+                keys, values, ts, born, ids = decode(value[1], f"{prefix} record {seq}")
+                batches.append(Batch(keys, values, ts, born, ids))
+        return batches
+
+    async def on_start(self) -> None:
+        # Results the log holds go downstream again first: the sinks keep each once.
+        resend, self.resend = self.resend, []
+        for batch in resend:
+            await self.task.emit_after(self.operator_name, batch)
+
+    async def on_frame(self, channel_id: int, seq: int, frame: list) -> None:
+        drop_below = self.drop_below
+        if drop_below is None:
+            return
+        # Replayed records this instance reflects in full never enter the merge: it
+        # resumes where the oldest footprint left it (`PartedOperator.load`).
+        for i, element in enumerate(frame):
+            if type(element) is Batch and type(element.ids) is IdRun and len(element):
+                ids = element.ids
+                below = drop_below.get(f"{ids.source}/{ids.instance}", -1)
+                if ids.positions[0] <= below:
+                    keep = [j for j, p in enumerate(ids.positions) if p > below]
+                    frame[i] = element.take(keep)
+
+    def on_batch(self, channel_id: int, batch: Batch) -> Batch | None:
+        if self.operator is not None:
+            self.consumed[channel_id] = self.consumed.get(channel_id, 0) + len(batch)
+            position = self.operator.position
+            position[f"#{channel_id}"] = self.consumed[channel_id]
+        return batch
+
+    async def on_input_ended(self, channel_id: int) -> None:
+        if self.operator is not None:
+            self.operator.position[f"!{channel_id}"] = 1
+
+    async def between_frames(self) -> None:
+        if self.operator is not None:
+            self.operator.check()
+        interval_s = self.task.checkpoint_interval_s
+        now_s = time.monotonic()
+        if interval_s is not None and now_s - self.last_commit_s >= interval_s:
+            self.last_commit_s = now_s
+            task = self.task
+            # Unique per task and attempt: sinks commit on their own, no alignment.
+            commit = ((task.attempt * 1_000_000 + self.commits) * task.task_count
+                      + task.task_id + 1)
+            self.commits += 1
+            if await task.stage_sink_outputs(commit):
+                task.acknowledge(commit, None, {"commit": True})
+
+    def on_stop(self) -> None:
+        if self.operator is not None:
+            self.operator.log.close()
+
+
+# -- the coordinator ---------------------------------------------------------------------------
+
+
+class CecCoordinator(Coordinator):
+    """Commits sink outputs as sinks stage them, and after a failure reads every
+    stateful instance's eventual checkpoint to tell the sources where to replay from."""
+
+    def __init__(self, master: MasterContext):
+        super().__init__(master)
+        self.attempt = -1
+        self.committing = asyncio.Lock()
+        self.pending: set[asyncio.Task] = set()
+        self.committed: set[int] = set()
+        self.ec_loads = 0
+        self.extent_records_last: int | None = None
+        self.ec_load_s_last: float | None = None
+
+    def start(self, attempt: int) -> None:
+        self.attempt = attempt
+
+    async def stop(self) -> None:
+        self.attempt = -1   # acknowledgments still on their way no longer count
+        # A commit under way finishes before the restart reads what is committed.
+        if self.pending:
+            await asyncio.gather(*self.pending, return_exceptions=True)
+
+    def on_acknowledge(self, attempt: int, task_id: int, checkpoint_id: int,
+                       ref: Any, meta: Any) -> None:
+        if attempt != self.attempt or not (meta and meta.get("commit")):
+            return
+        job = asyncio.ensure_future(self._commit(attempt, checkpoint_id))
+        self.pending.add(job)
+        job.add_done_callback(self.pending.discard)
+
+    async def _commit(self, attempt: int, commit: int) -> None:
+        async with self.committing:
+            if attempt != self.attempt:
+                return
+            await self.master.commit_outputs(attempt, commit)
+            self.committed.add(commit)
+
+    async def on_job_finished(self, task_reports: list[dict[str, Any]]) -> None:
+        # A sink's acknowledgment can arrive after the watch ended (the coordinator
+        # stopped): its commit point is final all the same — commit it, or its records
+        # are never visible.
+        staged = set().union(*(r["staged_commits"] for r in task_reports))
+        async with self.committing:
+            for commit in sorted(staged - self.committed):
+                await self.master.commit_outputs(self.master.attempt, commit)
+                self.committed.add(commit)
+
+    async def recovery_line(self) -> Any:
+        master = self.master
+        store = master.object_store()
+        started_s = time.monotonic()
+        positions: list[dict[str, int]] = []
+        everything = False
+        extent = 0
+        for name, (kind, parallelism) in master.operators().items():
+            if kind not in _STATEFUL:
+                continue
+            for index in range(parallelism):
+                ec, damage = await asyncio.to_thread(
+                    eventual.read_eventual_checkpoint, store,
+                    log_prefix(master.job_id, name, index))
+                if damage:
+                    master.record_event("log_damaged", operator=name, instance=index,
+                                        damaged=len(damage))
+                if ec.seq < 0 or ec.replay_from is None:
+                    everything = True  # nothing (or not all) of its state is logged
+                    continue
+                extent += ec.extent_records
+                positions.append({s: p for s, p in ec.replay_from.items() if "/" in s})
+        # Per source instance, the oldest position any stateful instance needs; one
+        # that never heard from a source needs all of it (-1).
+        sources = set().union(*positions) if positions else set()
+        replay_from = {} if everything else {
+            s: min(p.get(s, -1) for p in positions) for s in sources}
+        self.ec_loads += 1
+        self.extent_records_last = extent
+        self.ec_load_s_last = time.monotonic() - started_s
+        master.record_event("eventual_checkpoint_loaded", extent_records=extent,
+                            seconds=self.ec_load_s_last, replay_everything=everything)
+        return {"replay_from": replay_from, "summary": "eventual"}
+
+    def stats(self, final_counters: Any = None) -> ProtocolStats:
+        return ProtocolStats(checkpoints_completed=len(self.committed))
+
+
+# -- the protocol ---------------------------------------------------------------------------------
+
+
+class CecProtocol(Protocol):
+    name = "cec"
+    exactly_once = True
+    needs_checkpoint_interval = True   # how often sinks commit
+    needs_lineage = True
+
+    def __init__(self, policy: CecPolicy | None = None):
+        self.policy = policy or CecPolicy()
+
+    def check(self, topology: Any) -> None:
+        nodes = topology.nodes
+        consumers: dict[str, list[str]] = {n: [] for n in nodes}
+        for node in nodes.values():
+            for inp in node.inputs:
+                consumers[inp.upstream].append(node.name)
+
+        def refuse(operator: str, why: str) -> TopologyError:
+            return TopologyError(f"protocol 'cec' cannot run operator {operator!r} of "
+                                 f"topology {topology.name!r}: {why}")
+
+        for node in nodes.values():
+            if any(inp.feedback for inp in node.inputs):
+                raise refuse(node.name, "it closes a cycle (feedback edge)")
+            if node.kind == "window" and not isinstance(node.params["spec"],
+                                                        window_specs.Tumbling):
+                raise refuse(node.name, "CEC splits window state per tumbling window; "
+                                        "use Tumbling windows (or protocol 'coordinated')")
+            if node.kind == "join" and not isinstance(node.params["spec"],
+                                                      window_specs.Tumbling):
+                raise refuse(node.name, "CEC splits join state per tumbling window")
+            if node.kind not in _STATEFUL:
+                continue
+            for inp in node.inputs:
+                self._check_upstream(nodes, consumers, node.name, inp.upstream, refuse)
+            self._check_downstream(nodes, consumers, node.name, refuse)
+
+    @staticmethod
+    def _check_upstream(nodes: Any, consumers: Any, stateful: str, name: str,
+                        refuse: Any) -> None:
+        while nodes[name].kind != "source":
+            node = nodes[name]
+            if node.kind not in _SAFE_UPSTREAM:
+                raise refuse(stateful, f"its input comes through {node.kind} {name!r}; "
+                             "only map and filter may stand between a source and a "
+                             "stateful operator (positions are per source instance)")
+            inp = node.inputs[0]
+            up = nodes[inp.upstream]
+            if (up.parallelism != node.parallelism or inp.partition not in (AUTO, FORWARD)
+                    or len(consumers[inp.upstream]) != 1):
+                raise refuse(stateful, f"{node.kind} {name!r} is not chained to its "
+                             "upstream one to one (same parallelism, forward edge, "
+                             "single consumer): records of a source instance could "
+                             "reach it out of order")
+            name = inp.upstream
+
+    @staticmethod
+    def _check_downstream(nodes: Any, consumers: Any, stateful: str, refuse: Any) -> None:
+        todo = [stateful]
+        while todo:
+            name = todo.pop()
+            for consumer in consumers[name]:
+                node = nodes[consumer]
+                if node.kind in _STATEFUL:
+                    raise refuse(consumer, f"it is fed by stateful operator {stateful!r}; "
+                                 "CEC supports one stateful operator per path")
+                for inp in node.inputs:
+                    if inp.upstream != name:
+                        continue
+                    resolved = inp.partition
+                    if resolved == AUTO and nodes[name].parallelism != node.parallelism:
+                        resolved = "rebalance"
+                    if resolved not in (AUTO, FORWARD, HASH, BROADCAST):
+                        raise refuse(consumer, "a rebalance edge follows stateful "
+                                     f"operator {stateful!r}: results sent again after a "
+                                     "failure could reach another sink instance; key the "
+                                     "edge or keep the parallelism")
+                todo.append(consumer)
+
+    def task_protocol(self, task: TaskContext) -> TaskProtocol:
+        return CecTask(task, self.policy)
+
+    def coordinator(self, master: MasterContext) -> Coordinator:
+        return CecCoordinator(master)
