@@ -35,6 +35,11 @@ class SourceReader:
     def read(self, max_records: int, now_s: float) -> list | None:
         raise NotImplementedError
 
+    def read_backlog(self, max_records: int) -> list | None:
+        """The next records at once, whatever the pacing (a replay skipping what it
+        already reflects); None once the share is read."""
+        return self.read(max_records, math.inf)
+
     def seek(self, offset: int) -> None:
         self.offset = offset
 
@@ -115,13 +120,20 @@ class _GeneratorReader(SourceReader):
             due = min(due, self.share)
         return max(0, due - self.offset)
 
+    def read_backlog(self, max_records: int) -> list | None:
+        # Unpaced, and the schedule not started: pacing starts after the skipped records.
+        return self._read(max_records, None)
+
     def read(self, max_records: int, now_s: float) -> list | None:
+        return self._read(max_records, now_s)
+
+    def _read(self, max_records: int, now_s: float | None) -> list | None:
         if self.share is not None and self.offset >= self.share:
             return None
         n = max_records
         if self.share is not None:
             n = min(n, self.share - self.offset)
-        if self.rate_per_instance is not None:
+        if self.rate_per_instance is not None and now_s is not None:
             if self.started_s is None:
                 self.started_s, self.started_offset = now_s, self.offset
             due = int((now_s - self.started_s) * self.rate_per_instance) + 1

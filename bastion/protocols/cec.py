@@ -349,7 +349,7 @@ class CecTask(TaskProtocol):
         decode = self.task.state_codec.decode
         batches = []
         for seq, _, value in LogReader(store, prefix).records():
-            if isinstance(value, list) and value and value[0] == eventual.RESULT:
+            if eventual.is_result(value):
                 keys, values, ts, born, ids = decode(value[1], f"{prefix} record {seq}")
                 batches.append(Batch(keys, values, ts, born, ids))
         return batches

@@ -97,6 +97,10 @@ def is_control(value: Any) -> bool:
     return _kind(value) in CONTROL_KINDS
 
 
+def is_result(value: Any) -> bool:
+    return _kind(value) == RESULT
+
+
 def _kind(value: Any) -> int | None:
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], int):
         return value[0]

@@ -611,15 +611,8 @@ class Task(TaskContext):
         source = self.source
         if source is None:
             return
-        # Read and drop what comes before: the source decides lateness record by record
-        # in order, so reading the skipped records again rebuilds its watermark exactly.
-        target = replay_from.get(f"{source.ctx.code}/{self.index}", -1) + 1
-        while source.position < target:
-            batch = source.poll(min(self.config.source_batch_records,
-                                    target - source.position), time.time())
-            if batch is None:
-                break
-        self.restored_progress = (source.position, 0)
+        source.skip(replay_from.get(f"{source.ctx.code}/{self.index}", -1) + 1,
+                    self.config.source_batch_records)
 
     async def deduplicate_sinks(self) -> None:
         for sink in self.sinks:

@@ -659,6 +659,19 @@ class SourceOp(Operator):
             ids = ids.take(positions)
         return Batch(None, kept, stamps, [now_s] * len(kept), ids)
 
+    def skip(self, position: int, batch_records: int) -> None:
+        """Read on to ``position`` at once and drop what is read (a replay that starts
+        there). Lateness and the watermark come out as if it had been processed: the
+        skipped records go through the same per-record decision."""
+        reader = self.reader
+        while self.position < position:
+            values = reader.read_backlog(min(batch_records, position - self.position))
+            if values is None:
+                return
+            self.position += len(values)
+            if self.timestamp is not None and values:
+                self._stamp(values, time.time(), None)
+
     def snapshot(self) -> Any:
         return [self.reader.state(), self.max_ts, self.position]
 
