@@ -294,7 +294,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                         address=args.address, duration_s=args.duration,
                         buffer_timeout_ms=args.buffer_timeout_ms,
                         chaining=not args.no_chaining, fail_fast=args.fail_fast,
-                        progress=progress)
+                        progress=progress, resume_from=args.resume_from)
     except (TopologyError, StorageError):
         raise  # user errors: main prints them as one line, exit 2
     except ValueError as exc:  # refused before it ran (e.g. --address ray:// without
@@ -622,6 +622,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--fail-fast", action="store_true",
                      help="stop at the first user-function error instead of sending the "
                           "record to the dead-letter output")
+    run.add_argument("--resume-from", default=None, metavar="JOB",
+                     help="start from the state earlier job JOB (same --storage) left "
+                          "(--protocol cec: the eventual checkpoints `bastion "
+                          "reconstruct` stored, else its logs)")
     run.add_argument("--show", type=_number(int, minimum=0), default=5, metavar="N",
                      help="committed records to print per sink (default 5)")
     run.set_defaults(handler=cmd_run)

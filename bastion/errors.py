@@ -39,7 +39,10 @@ class UDFError(BastionError):
 
 
 class JobFailedError(BastionError):
-    """A job stopped because an instance failed for a reason other than a user function."""
+    """A job stopped because an instance failed for a reason other than a user function.
+    ``job_id`` names the job (what `bn.run(resume_from=...)` takes)."""
+
+    job_id: str | None = None
 
 
 class PeerLostError(BastionError):

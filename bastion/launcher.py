@@ -149,12 +149,15 @@ def run(topology: Topology, *, protocol: str = "none",
         progress: Callable[[dict[str, Any]], None] | None = None,
         master_limits: MasterLimits | None = None,
         pool_idle_timeout_s: float | None = None,
-        cec: CecPolicy | None = None) -> RunResult:
+        cec: CecPolicy | None = None, resume_from: str | None = None) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
 
     ``protocol`` picks the fault-tolerance protocol (``"none"``, ``"coordinated"``,
     ``"uncoordinated"``, ``"cic"``, ``"cec"``; ``cec`` is the `CecPolicy` of the
-    last, `bastion.protocols.cec`);
+    last, `bastion.protocols.cec`); ``resume_from`` names an earlier job in the same
+    storage whose logged state this one starts from (protocol ``"cec"``: the eventual
+    checkpoints `bastion reconstruct` stored for it, else its logs; its committed
+    outputs are not committed again);
     ``checkpoint_interval`` is in seconds (default 1.0 for checkpointing protocols);
     the newest ``retained_checkpoints`` complete checkpoints are kept, older ones
     deleted (uncoordinated protocols delete what their recovery line has passed);
@@ -194,6 +197,9 @@ def run(topology: Topology, *, protocol: str = "none",
         protocol = CecProtocol(cec)
     proto = get_protocol(protocol)
     lineage = lineage or proto.needs_lineage
+    if resume_from is not None and not proto.resumable:
+        raise ValueError(f"resume_from={resume_from!r}: protocol {proto.name!r} cannot "
+                         "start from an earlier job's state; use protocol='cec'")
     plan = build_plan(topology, chaining=chaining, workers=workers)
     proto.check(topology)
     if deterministic and (reason := nondeterminism(topology)) is not None:
@@ -204,6 +210,10 @@ def run(topology: Topology, *, protocol: str = "none",
     if checkpoint_interval is None and proto.needs_checkpoint_interval:
         checkpoint_interval = 1.0
     store = open_store(storage)  # fails here, naming the URL, if it is unusable
+    if resume_from is not None and not store.list(f"jobs/{resume_from}/"):
+        raise ValueError(f"resume_from={resume_from!r}: storage {store.url} holds no job "
+                         f"{resume_from!r} (its id is RunResult.job_id, or the directory "
+                         "name under jobs/)")
     unbounded = [n.name for n in topology.nodes.values()
                  if n.kind == "source" and not n.params["source"].bounded]
     if unbounded and duration_s is None:
@@ -228,6 +238,7 @@ def run(topology: Topology, *, protocol: str = "none",
         max_restarts=max_restarts,
         faults=tuple(faults),
         sink_spill_records=sink_spill_records,
+        resume_from=resume_from,
     )
     kills = fault_injection.validate(config.faults, plan)
     for node in topology.nodes.values():
@@ -270,10 +281,14 @@ def run(topology: Topology, *, protocol: str = "none",
     finally:
         pool.give_back_host.remote()
     failure = report["failure"]
+    if isinstance(failure, JobFailedError):
+        failure.job_id = config.job_id
     if isinstance(failure, (UDFError, JobFailedError)):
         raise failure
     if failure is not None:
-        raise JobFailedError(f"job {config.job_id} failed: {failure}")
+        error = JobFailedError(f"job {config.job_id} failed: {failure}")
+        error.job_id = config.job_id
+        raise error
     return _result(config, plan, report, store, lend_host_s)
 
 

@@ -131,6 +131,64 @@ def test_a_restart_loads_parts_and_replays_only_after_them(storage):
     assert event["extent_records"] > 0 and not event["replay_everything"]
 
 
+# -- resuming a job that failed for good -------------------------------------------------
+
+
+def _committed_by_id(store, job) -> dict:
+    from bastion.runtime.outputs import read_committed
+    values, ids = read_committed(store, job, "out")
+    by_id: dict = {}
+    for rid, value in zip(ids, values):
+        by_id.setdefault(rid, []).append(value)
+    return by_id
+
+
+@pytest.mark.parametrize("stored", ["logs", "spark-ec-at-T"])
+def test_a_failed_job_resumed_from_its_logs_commits_the_rest_exactly_once(
+        stored, tmp_path, request):
+    """Job A dies for good (no restarts allowed); job B resumes from what A logged —
+    its logs, or an EC `bastion reconstruct` stored for an earlier log time T. What
+    A committed plus what B committed is the reference, id by id and value by value,
+    each once."""
+    storage = f"local://{tmp_path}"
+    store = open_store(storage)
+    reference = bn.run(keyed_sum(), protocol="none", lineage=True, deterministic=True,
+                       storage=storage)
+    with pytest.raises(bn.JobFailedError) as failed:
+        bn.run(keyed_sum(), protocol="cec", deterministic=True, storage=storage,
+               max_restarts=0, faults=[bn.faults.KillInstance("sum", 1, at=1.2)])
+    first = failed.value.job_id
+    if stored == "spark-ec-at-T":
+        from bastion.spark_jobs.reconstruct import reconstruct_operator
+        times = [ts for _, ts, _ in LogReader(store, log_prefix(first, "sum", 0)).records()]
+        at = times[len(times) // 2]
+        ecs = reconstruct_operator(request.getfixturevalue("spark"), store, first, "sum",
+                                   at=at)
+        assert all(r.key for r in ecs)  # stored where the resumed job looks first
+    second = bn.run(keyed_sum(), protocol="cec", deterministic=True, storage=storage,
+                    resume_from=first)
+    event = next(e for e in second.details["events"]
+                 if e["kind"] == "eventual_checkpoint_loaded")
+    assert event["job"] == first and not event["replay_everything"]
+    before, after = _committed_by_id(store, first), _committed_by_id(store, second.job_id)
+    assert before and after
+    assert not set(before) & set(after), "an id committed by both jobs"
+    expected = dict(zip(reference.output_ids["out"], reference.outputs["out"]))
+    union = {**{k: v for k, v in before.items()}, **after}
+    assert all(len(v) == 1 for v in union.values())
+    assert {k: v[0] for k, v in union.items()} == expected
+
+
+def test_resume_from_is_refused_where_it_cannot_work(tmp_path):
+    storage = f"local://{tmp_path}"
+    with pytest.raises(ValueError, match="protocol 'coordinated' cannot start from"):
+        bn.run(keyed_sum(count=10), protocol="coordinated", storage=storage,
+               resume_from="some-job")
+    with pytest.raises(ValueError, match="holds no job 'no-such-job'"):
+        bn.run(keyed_sum(count=10), protocol="cec", storage=storage,
+               resume_from="no-such-job")
+
+
 # -- the drills can fail -----------------------------------------------------------------
 
 
@@ -152,7 +210,7 @@ class SinksKeepEverything(CecTask):
     async def restore(self, recovery_line):
         deduplicate, self.task.deduplicate_sinks = self.task.deduplicate_sinks, None
 
-        async def nothing():
+        async def nothing(jobs):
             return None
 
         self.task.deduplicate_sinks = nothing

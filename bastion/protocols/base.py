@@ -220,9 +220,9 @@ class TaskContext(abc.ABC):
         (from the beginning when missing): what they read before is skipped."""
 
     @abc.abstractmethod
-    async def deduplicate_sinks(self) -> None:
+    async def deduplicate_sinks(self, jobs: list[str]) -> None:
         """From now on the task's sinks drop records whose lineage id they committed
-        before (read back now) or staged since."""
+        before in any of ``jobs`` (read back now) or staged since."""
 
     @abc.abstractmethod
     async def stage_sink_outputs(self, commit: int) -> bool:
@@ -236,6 +236,7 @@ class MasterContext(abc.ABC):
     checkpoint_interval_s: float | None
     retained_checkpoints: int    # complete checkpoints a coordinated store keeps
     job_id: str
+    resume_from: str | None      # the earlier job this one starts from, if any
 
     @property
     @abc.abstractmethod
@@ -378,6 +379,11 @@ class Coordinator:
         """The id of a checkpoint started and not yet complete, if any."""
         return None
 
+    async def initial_line(self) -> Any:
+        """What every task of the first attempt restores from (None: nothing; a
+        resumable protocol's line when the job resumes an earlier one)."""
+        return None
+
     async def recovery_line(self) -> Any:
         """What every task restores from after a failure, handed to each task's
         `TaskProtocol.restore` (None: restart from the beginning)."""
@@ -416,6 +422,8 @@ class Protocol:
     needs_checkpoint_interval: bool = False
     # Records must carry lineage ids (`bastion.lineage`): the run turns them on.
     needs_lineage: bool = False
+    # A job can start from the state an earlier job left (`bn.run(resume_from=...)`).
+    resumable: bool = False
     # A standby worker, started ahead, takes over a dead slot without a process start.
     # A protocol that restarts the job from the beginning gains little from it and
     # would pay its start (about a core-second) in every run.

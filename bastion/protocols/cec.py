@@ -60,9 +60,10 @@ from bastion import windows as window_specs
 from bastion.errors import TopologyError
 from bastion.lineage import IdRun
 from bastion.protocols import eventual
+from bastion.protocols.eventual import eventual_prefix, log_prefix
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
                                     TaskContext, TaskProtocol)
-from bastion.runtime.records import Batch, Watermark
+from bastion.runtime.records import Batch
 from bastion.storage import LogReader, LogWriter
 from bastion.topology import AUTO, BROADCAST, FORWARD, HASH
 
@@ -98,12 +99,6 @@ class CecPolicy:
     @classmethod
     def open_only(cls) -> "CecPolicy":
         return cls(extent_target=math.inf, replay_target=math.inf)
-
-
-def log_prefix(job: str, operator: str, instance: int | str | None = None) -> str:
-    """Where an operator's (or one instance's) output log lives in the store."""
-    base = f"jobs/{job}/logs/{operator}/"
-    return base if instance is None else f"{base}{instance}/"
 
 
 # -- the stateful operator, wrapped ---------------------------------------------------------
@@ -268,6 +263,24 @@ class PartedOperator:
         self.position = {s: p for s, p in replay_from.items() if "/" in s}
         self.guard = _Guard(ec, parts, closed, replay_from, ec.watermark)
 
+    def adopt(self, logged: list, ec: eventual.EventualCheckpoint | None) -> None:
+        """Start this (empty) log from an earlier job's: its results, then the loaded
+        footprints as they were, then the parts closed after them — what a recovery of
+        this job reads back as long as it has written no newer footprint."""
+        now_s = time.time()
+        if logged:
+            self.log.append_many([(now_s, value) for value in logged])
+        if ec is not None and ec.complete and ec.parts:
+            n_open = len(ec.parts)
+            for part, fp in sorted(ec.parts.items(), key=lambda item: item[1].seq):
+                seq = self.log.append(now_s, eventual.footprint(
+                    eventual.G_CHECK, part, fp.state, n_open, fp.position, fp.watermark))
+                self.footprints[self.codec.decode(part, "part")] = (seq, 0)
+            for part in sorted(ec.closed):
+                self.log.append(now_s, eventual.closed(part, n_open, ec.newest_position,
+                                                       ec.newest_watermark))
+        self.log.flush()
+
     def _drop_replayed(self, batch: Batch, source: str) -> Batch:
         guard = self.guard
         positions = batch.ids.positions
@@ -292,6 +305,23 @@ class PartedOperator:
         return batch
 
 
+def instance_state(store: Any, job: str, operator: str, index: int, stored: bool
+                   ) -> tuple[eventual.EventualCheckpoint, list]:
+    """An instance's eventual checkpoint in job ``job`` and the result records its log
+    holds up to it. ``stored``: prefer the EC `bastion reconstruct` stored (resuming
+    an earlier job; it may be one at an earlier log time) to reading the log."""
+    prefix = log_prefix(job, operator, index)
+    ec = None
+    if stored:
+        ec = eventual.load_eventual_checkpoint(store, eventual_prefix(job, operator,
+                                                                      str(index)))
+    if ec is None:
+        ec, _ = eventual.read_eventual_checkpoint(store, prefix)
+    logged = [value for seq, _, value in LogReader(store, prefix).records()
+              if seq <= ec.seq and eventual.is_result(value)] if ec.seq >= 0 else []
+    return ec, logged
+
+
 # -- the task half ---------------------------------------------------------------------------
 
 
@@ -314,45 +344,47 @@ class CecTask(TaskProtocol):
         if found is not None:
             name, inner = found
             store = task.object_store()
-            prefix = log_prefix(task.job_id, name, task.index)
-            ec = None
+            ec, logged = None, []
             if recovery_line is not None:
-                ec, _ = await asyncio.to_thread(eventual.read_eventual_checkpoint,
-                                                store, prefix)
-                self.resend = await asyncio.to_thread(self._logged_results, store, prefix)
-            log = await asyncio.to_thread(LogWriter, store, prefix)
+                # this job's own log after a failure, or the earlier job's it resumes
+                ec, logged = await asyncio.to_thread(
+                    instance_state, store, recovery_line["state_job"], name, task.index,
+                    recovery_line["state_job"] != task.job_id)
+            log = await asyncio.to_thread(LogWriter, store,
+                                          log_prefix(task.job_id, name, task.index))
             self.operator = PartedOperator(inner, task, self.policy, log)
             self.operator_name = name
             task.replace_operator(name, self.operator)
+            self.resend = [self._batch(value) for value in logged]
             if ec is not None and ec.complete and ec.seq >= 0:
-                replay_from = ec.replay_from
-                self.operator.load(ec, replay_from)
-                task.set_watermark(ec.watermark)
-                self.drop_below = {s: p for s, p in replay_from.items() if "/" in s}
-                self.consumed = {int(s[1:]): p for s, p in replay_from.items()
-                                 if s.startswith("#")}
-                self.ended = {int(s[1:]) for s, p in replay_from.items()
-                              if s.startswith("!") and p > 0}
-                self.operator.position.update(
-                    {f"#{c}": n for c, n in self.consumed.items()})
-                self.operator.position.update({f"!{c}": 1 for c in self.ended})
-                if task.merge is not None:
-                    task.merge.resume(self.consumed, self.ended)
-                    task.end_inputs(self.ended)
+                self._load(ec)
+            if recovery_line is not None and recovery_line["state_job"] != task.job_id:
+                # A resumed job's log must stand on its own for its own failures: it
+                # starts with the earlier job's results and the footprints loaded.
+                await asyncio.to_thread(self.operator.adopt, logged, ec)
         if recovery_line is None:
             await task.reapply_commits()
             return
         task.rewind_sources(recovery_line["replay_from"])
-        await task.deduplicate_sinks()
+        await task.deduplicate_sinks(recovery_line["dedup_jobs"])
 
-    def _logged_results(self, store: Any, prefix: str) -> list[Batch]:
-        decode = self.task.state_codec.decode
-        batches = []
-        for seq, _, value in LogReader(store, prefix).records():
-            if eventual.is_result(value):
-                keys, values, ts, born, ids = decode(value[1], f"{prefix} record {seq}")
-                batches.append(Batch(keys, values, ts, born, ids))
-        return batches
+    def _load(self, ec: eventual.EventualCheckpoint) -> None:
+        task, replay_from = self.task, ec.replay_from
+        self.operator.load(ec, replay_from)
+        task.set_watermark(ec.watermark)
+        self.drop_below = {s: p for s, p in replay_from.items() if "/" in s}
+        self.consumed = {int(s[1:]): p for s, p in replay_from.items() if s.startswith("#")}
+        self.ended = {int(s[1:]) for s, p in replay_from.items()
+                      if s.startswith("!") and p > 0}
+        self.operator.position.update({f"#{c}": n for c, n in self.consumed.items()})
+        self.operator.position.update({f"!{c}": 1 for c in self.ended})
+        if task.merge is not None:
+            task.merge.resume(self.consumed, self.ended)
+            task.end_inputs(self.ended)
+
+    def _batch(self, value: Any) -> Batch:
+        keys, values, ts, born, ids = self.task.state_codec.decode(value[1], "logged results")
+        return Batch(keys, values, ts, born, ids)
 
     async def on_start(self) -> None:
         # Results the log holds go downstream again first: the sinks keep each once.
@@ -456,7 +488,16 @@ class CecCoordinator(Coordinator):
                 await self.master.commit_outputs(self.master.attempt, commit)
                 self.committed.add(commit)
 
+    async def initial_line(self) -> Any:
+        resumed = self.master.resume_from
+        return None if resumed is None else await self._line(resumed)
+
     async def recovery_line(self) -> Any:
+        return await self._line(self.master.job_id)
+
+    async def _line(self, state_job: str) -> dict[str, Any]:
+        """Where the sources replay from so that every stateful instance, restored
+        from its eventual checkpoint in ``state_job``, gets what it lacks."""
         master = self.master
         store = master.object_store()
         started_s = time.monotonic()
@@ -467,12 +508,11 @@ class CecCoordinator(Coordinator):
             if kind not in _STATEFUL:
                 continue
             for index in range(parallelism):
-                ec, damage = await asyncio.to_thread(
-                    eventual.read_eventual_checkpoint, store,
-                    log_prefix(master.job_id, name, index))
-                if damage:
+                ec, _ = await asyncio.to_thread(instance_state, store, state_job, name,
+                                                index, state_job != master.job_id)
+                if ec.skipped:
                     master.record_event("log_damaged", operator=name, instance=index,
-                                        damaged=len(damage))
+                                        skipped=len(ec.skipped))
                 if ec.seq < 0 or ec.replay_from is None:
                     everything = True  # nothing (or not all) of its state is logged
                     continue
@@ -486,9 +526,12 @@ class CecCoordinator(Coordinator):
         self.ec_loads += 1
         self.extent_records_last = extent
         self.ec_load_s_last = time.monotonic() - started_s
-        master.record_event("eventual_checkpoint_loaded", extent_records=extent,
-                            seconds=self.ec_load_s_last, replay_everything=everything)
-        return {"replay_from": replay_from, "summary": "eventual"}
+        master.record_event("eventual_checkpoint_loaded", job=state_job,
+                            extent_records=extent, seconds=self.ec_load_s_last,
+                            replay_everything=everything)
+        dedup_jobs = [master.job_id] + ([master.resume_from] if master.resume_from else [])
+        return {"replay_from": replay_from, "state_job": state_job,
+                "dedup_jobs": dedup_jobs, "summary": "eventual"}
 
     def stats(self, final_counters: Any = None) -> ProtocolStats:
         return ProtocolStats(checkpoints_completed=len(self.committed))
@@ -500,6 +543,7 @@ class CecCoordinator(Coordinator):
 class CecProtocol(Protocol):
     name = "cec"
     exactly_once = True
+    resumable = True
     needs_checkpoint_interval = True   # how often sinks commit
     needs_lineage = True
 

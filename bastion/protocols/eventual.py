@@ -267,6 +267,20 @@ def read_eventual_checkpoint(store: ObjectStore, prefix: str, at: float | None =
             return reconstruct(reversed(salvaged.records), at), salvaged.damaged
 
 
+# -- where logs and stored checkpoints live ------------------------------------------------
+
+
+def log_prefix(job: str, operator: str, instance: int | str | None = None) -> str:
+    """Where an operator's (or one instance's) output log lives in the store."""
+    base = f"jobs/{job}/logs/{operator}/"
+    return base if instance is None else f"{base}{instance}/"
+
+
+def eventual_prefix(job: str, operator: str, instance: int | str) -> str:
+    """Where the eventual checkpoints of one operator instance are stored."""
+    return f"jobs/{job}/eventual/{operator}/{instance}/"
+
+
 # -- the stored form: what `bastion reconstruct` writes and a restart loads ---------------
 #
 # An EC is stored as one object ``<prefix>ec-<seq, 20 digits>`` (``prefix`` is

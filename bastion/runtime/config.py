@@ -44,6 +44,9 @@ class JobConfig:
     faults: tuple = field(default_factory=tuple)
     progress_interval_s: float = 0.1
     sink_spill_records: int = SINK_SPILL_RECORDS
+    # An earlier job (same storage) whose logged state this job starts from, under a
+    # protocol that can (`Protocol.resumable`): see `bastion.protocols.cec`.
+    resume_from: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("frame_records", "max_inflight_frames", "inbox_frames",

@@ -614,13 +614,13 @@ class Task(TaskContext):
         source.skip(replay_from.get(f"{source.ctx.code}/{self.index}", -1) + 1,
                     self.config.source_batch_records)
 
-    async def deduplicate_sinks(self) -> None:
+    async def deduplicate_sinks(self, jobs: list[str]) -> None:
         for sink in self.sinks:
             ids: list = []
-            for _, _, key in await asyncio.to_thread(
-                    committed_blobs, self.store, self.config.job_id, sink.ctx.name,
-                    self.index):
-                ids.extend((await self._read_staged(key))[1] or ())
+            for job in jobs:
+                for _, _, key in await asyncio.to_thread(committed_blobs, self.store, job,
+                                                         sink.ctx.name, self.index):
+                    ids.extend((await self._read_staged(key))[1] or ())
             sink.deduplicate(ids)
 
     async def stage_sink_outputs(self, commit: int) -> bool:

@@ -109,6 +109,7 @@ class _CoordinatorContext(MasterContext):
         self.checkpoint_interval_s = master.config.checkpoint_interval_s
         self.retained_checkpoints = master.config.retained_checkpoints
         self.job_id = master.config.job_id
+        self.resume_from = master.config.resume_from
         self._operators = {name: (node.kind, node.parallelism)
                            for name, node in plan.topology.nodes.items()}
         self._tasks = [t.task_id for t in plan.tasks]
@@ -355,7 +356,7 @@ class JobMaster:
     async def _phases(self) -> dict[str, Any]:
         try:
             spawn_s = await self._spawn()
-            restore: Any = None
+            restore: Any = await self.coordinator.initial_line()
             while True:
                 try:
                     await self._deploy(restore)

@@ -62,8 +62,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from bastion.protocols.eventual import (EventualCheckpoint, Reconstruction, is_control,
-                                        store_eventual_checkpoint)
+from bastion.protocols.eventual import (EventualCheckpoint, Reconstruction, eventual_prefix,
+                                        is_control, log_prefix, store_eventual_checkpoint)
 from bastion.storage import KeyNotFoundError, ObjectStore, StorageError, open_store
 from bastion.storage.errors import BastionError
 from bastion.storage.log import (Damage, LogRecord, gc_paused, log_object_keys,
@@ -81,17 +81,6 @@ _TASKS_PER_CORE = 4
 class ReconstructError(BastionError):
     """The reconstruction cannot run: no log for the operator, a store that failed
     under the tasks. The message says which and why."""
-
-
-def log_prefix(job: str, operator: str, instance: str | None = None) -> str:
-    """Where an operator's (or one instance's) output log lives in the store."""
-    base = f"jobs/{job}/logs/{operator}/"
-    return base if instance is None else f"{base}{instance}/"
-
-
-def eventual_prefix(job: str, operator: str, instance: str) -> str:
-    """Where the eventual checkpoints of one operator instance are stored."""
-    return f"jobs/{job}/eventual/{operator}/{instance}/"
 
 
 def _instance_order(name: str) -> tuple[int, int | str]:
