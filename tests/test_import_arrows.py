@@ -93,8 +93,12 @@ def under(module: str, package: str) -> bool:
 def wrong_arrows(modules: dict[str, set[str]]) -> list[str]:
     concrete_protocols = [m for m in modules if under(m, "bastion.protocols")
                           and m not in ("bastion.protocols", "bastion.protocols.base")]
+    # lineage ids and window specs are descriptions of records and state, not engine
+    # internals: CEC reads a record's source position from its id, and which windows
+    # it can split into parts from the spec
     protocol_may_use = ("bastion.protocols", "bastion.runtime.records", "bastion.storage",
-                        "bastion.errors", "bastion.topology")
+                        "bastion.errors", "bastion.topology", "bastion.lineage",
+                        "bastion.windows")
     # bastion.protocols.eventual: the CEC control-tuple format and the reconstruction,
     # pure logic over log records; the Spark reconstruction must run that very code
     spark_jobs_may_use = ("bastion.spark_jobs", "bastion.storage", "bastion.runtime.records",

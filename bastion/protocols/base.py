@@ -37,8 +37,6 @@ from typing import (TYPE_CHECKING, Any, Callable, Coroutine, Iterable,
 from bastion.runtime.records import Batch, ControlRecord, FrameCodec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from bastion.runtime.durable import DurableCodec
-    from bastion.runtime.operators import Operator
     from bastion.storage import BlobRef, CheckpointStore, ObjectStore
     from bastion.topology import Topology
 
@@ -60,6 +58,41 @@ class InputMerge(Structural):
         were merged and the channels ``ended`` had ended (a replay from there)."""
 
 
+class StateCodec(Structural):
+    """Encodes operator state exactly (`bastion.runtime.durable`): sealed blobs."""
+
+    def encode(self, value: Any) -> bytes: ...
+
+    def decode(self, data: bytes, what: str) -> Any: ...
+
+
+class PartedOperator(Structural):
+    """A stateful operator whose state splits into independent *parts* (a key of a
+    keyed fold, a tumbling window), as a protocol that checkpoints part by part sees
+    it; `TaskContext.replace_operator` takes a wrapper with the same calls."""
+
+    ctx: Any                      # name, index, code: for messages and dead letters
+    closes_parts: bool            # do parts close (windows fire)?
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None: ...
+
+    def on_watermark(self, watermark: float) -> Batch | None: ...
+
+    def on_end(self) -> Batch | None: ...
+
+    def parts_of(self, batch: Batch) -> list: ...
+
+    def part_ids(self) -> list: ...
+
+    def has_part(self, part: Any) -> bool: ...
+
+    def part_state(self, part: Any) -> Any: ...
+
+    def load_part(self, part: Any, state: Any) -> None: ...
+
+    def part_retired(self, part: Any, watermark: float) -> bool: ...
+
+
 class TaskContext(abc.ABC):
     """What a task protocol may see and do in its task. Channels are named by their
     channel ids; sequence numbers count frames per channel from 0."""
@@ -73,7 +106,7 @@ class TaskContext(abc.ABC):
     task_count: int              # tasks in the job (task ids are 0..task_count-1)
     checkpoint_interval_s: float | None
     codec: FrameCodec            # encodes elements the protocol stores (channel state)
-    state_codec: "DurableCodec"  # encodes operator state exactly (sealed blobs)
+    state_codec: StateCodec      # encodes operator state exactly (sealed blobs)
     merge: InputMerge | None     # the deterministic merge, None unless deterministic
 
     # -- channels ------------------------------------------------------------------------
@@ -188,12 +221,12 @@ class TaskContext(abc.ABC):
     # -- operators, for protocols that checkpoint state part by part -----------------------
 
     @abc.abstractmethod
-    def parted_operator(self) -> "tuple[str, Operator] | None":
+    def parted_operator(self) -> tuple[str, PartedOperator] | None:
         """The chain's stateful operator whose state splits into parts (see
         `bastion.runtime.operators.Operator.parted`), with its name, or None."""
 
     @abc.abstractmethod
-    def replace_operator(self, name: str, operator: "Operator") -> None:
+    def replace_operator(self, name: str, operator: Any) -> None:
         """Run ``operator`` in place of the chain's operator ``name`` (a wrapper)."""
 
     @abc.abstractmethod

@@ -56,13 +56,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bastion import windows as window_specs
+import bastion.windows as window_specs
 from bastion.errors import TopologyError
 from bastion.lineage import IdRun
 from bastion.protocols import eventual
 from bastion.protocols.eventual import eventual_prefix, log_prefix
-from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
-                                    TaskContext, TaskProtocol)
+from bastion.protocols.base import (Coordinator, MasterContext, PartedOperator, Protocol,
+                                    ProtocolStats, TaskContext, TaskProtocol)
 from bastion.runtime.records import Batch
 from bastion.storage import LogReader, LogWriter
 from bastion.topology import AUTO, BROADCAST, FORWARD, HASH
@@ -120,11 +120,12 @@ class _Guard:
                       for s in set().union(*positions) if "/" in s}
 
 
-class PartedOperator:
+class CecOperator:
     """A parted stateful operator under CEC: logs its results and control tuples,
     tracks its position, drops what a replay brings that it already reflects."""
 
-    def __init__(self, inner: Any, task: TaskContext, policy: CecPolicy, log: LogWriter):
+    def __init__(self, inner: PartedOperator, task: TaskContext, policy: CecPolicy,
+                 log: LogWriter):
         self.inner = inner
         self.ctx = inner.ctx
         self.node = inner.node
@@ -329,7 +330,7 @@ class CecTask(TaskProtocol):
     def __init__(self, task: TaskContext, policy: CecPolicy):
         super().__init__(task)
         self.policy = policy
-        self.operator: PartedOperator | None = None
+        self.operator: CecOperator | None = None
         self.operator_name: str | None = None
         self.drop_below: dict[str, int] | None = None  # before the merge, on restore
         self.resend: list[Batch] = []
@@ -352,7 +353,7 @@ class CecTask(TaskProtocol):
                     recovery_line["state_job"] != task.job_id)
             log = await asyncio.to_thread(LogWriter, store,
                                           log_prefix(task.job_id, name, task.index))
-            self.operator = PartedOperator(inner, task, self.policy, log)
+            self.operator = CecOperator(inner, task, self.policy, log)
             self.operator_name = name
             task.replace_operator(name, self.operator)
             self.resend = [self._batch(value) for value in logged]
@@ -397,7 +398,7 @@ class CecTask(TaskProtocol):
         if drop_below is None:
             return
         # Replayed records this instance reflects in full never enter the merge: it
-        # resumes where the oldest footprint left it (`PartedOperator.load`).
+        # resumes where the oldest footprint left it (`CecOperator.load`).
         for i, element in enumerate(frame):
             if type(element) is Batch and type(element.ids) is IdRun and len(element):
                 ids = element.ids
