@@ -73,6 +73,7 @@ class PartedOperator(Structural):
 
     ctx: Any                      # name, index, code: for messages and dead letters
     closes_parts: bool            # do parts close (windows fire)?
+    opened: list | None           # a list: `process` appends each part it opens
 
     def process(self, batch: Batch, input_index: int) -> Batch | None: ...
 

@@ -127,16 +127,26 @@ class CecOperator:
     def __init__(self, inner: PartedOperator, task: TaskContext, policy: CecPolicy,
                  log: LogWriter):
         self.inner = inner
+        inner.opened = []  # the parts each batch opens
         self.ctx = inner.ctx
         self.node = inner.node
         self.task = task
         self.policy = policy
         self.log = log
         self.codec = task.state_codec
+        # The position now: a new dict per batch, never changed after, so the one
+        # before a batch can be kept (`pending`). "#<channel>" and "!<channel>" come
+        # from `channel_counts`, which the task half keeps as the merge consumes.
         self.position: dict[str, int] = {}
+        self.channel_counts: dict[str, int] = {}
         self.guard: _Guard | None = None
         # part -> (log seq, inputs processed) of its newest footprint, oldest first
         self.footprints: dict[Any, tuple[int, int]] = {}
+        # Parts opened since the last footprinting, with the position before their
+        # first input. A part that closes again before it is footprinted (a fast
+        # window) costs no control tuple at all; until then no control tuple may say
+        # the replay starts after its first input (see `_bound`).
+        self.pending: dict[Any, dict[str, int]] = {}
         self.records_in = 0
         self.dropped = 0
         self.checks_written = 0
@@ -153,21 +163,25 @@ class CecOperator:
                 f"operator {self.ctx.name!r} received records without their source "
                 "positions (a flat_map, join or union upstream): protocol 'cec' needs "
                 "map/filter only between a source and a stateful operator")
-        source = f"{ids.source}/{ids.instance}"
+        before = self.position
+        # A record the guard drops is reflected already (or belongs nowhere): the
+        # position moves past it all the same, in step with the merge's counts.
+        position = dict(before)
+        position[f"{ids.source}/{ids.instance}"] = ids.positions[-1]
+        position.update(self.channel_counts)
+        self.position = position
         if self.guard is not None:
-            batch = self._drop_replayed(batch, source)
+            batch = self._drop_replayed(batch, f"{ids.source}/{ids.instance}")
             if not len(batch):
                 return None
-            ids = batch.ids
-        self.position[source] = ids.positions[-1]
         self.records_in += len(batch)
         inner = self.inner
-        opened = [p for p in dict.fromkeys(inner.parts_of(batch)) if not inner.has_part(p)]
         out = inner.process(batch, input_index)
-        self._log_results(out)
-        for part in opened:
-            if inner.has_part(part):
-                self._footprint(eventual.G_OPEN, part)
+        if inner.opened:
+            for part in inner.opened:
+                self.pending[part] = before
+            inner.opened.clear()
+        self._append(self._results(out))
         return out
 
     def on_watermark(self, watermark: float) -> Batch | None:
@@ -186,46 +200,58 @@ class CecOperator:
         inner = self.inner
         before = inner.part_ids() if inner.closes_parts else ()
         out = fire()
-        self._log_results(out)
+        records = self._results(out)
         for part in before:
-            if not inner.has_part(part):
+            if inner.has_part(part):
+                continue
+            if self.pending.pop(part, None) is None:
                 self.footprints.pop(part, None)
-                self._append(eventual.closed(self._part_bytes(part), len(self.footprints),
-                                             self._position(), self.task_watermark()))
+                records.append(eventual.closed(self._part_bytes(part), len(self.footprints),
+                                               self._bound(), self.task_watermark()))
+        self._append(records)
         return out
+
+    def _bound(self) -> dict[str, int]:
+        """The position a ``closed`` tuple carries: now, or, while parts wait for their
+        first footprint, the position before the oldest one's first input — should it
+        be the newest control tuple at a failure, the replay starts there."""
+        return next(iter(self.pending.values())) if self.pending else self.position
 
     # -- the log ------------------------------------------------------------------------------
 
     def task_watermark(self) -> float:
         return float(self.task.watermark)
 
-    def _position(self) -> dict[str, int]:
-        return dict(self.position)
-
     def _part_bytes(self, part: Any) -> bytes:
         return self.codec.encode(part)
 
-    def _append(self, value: list) -> int:
-        return self.log.append(time.time(), value)
+    def _append(self, records: list) -> None:
+        """Append log record values in order, one call for all of them."""
+        if records:
+            now_s = time.time()
+            self.log.append_many([(now_s, value) for value in records])
 
-    def _log_results(self, out: Batch | None) -> None:
+    def _results(self, out: Batch | None) -> list:
+        """The log record of a batch of results (one record holds the whole batch)."""
         if out is None or not len(out):
-            return
+            return []
         ids = out.ids
         built = list(ids.build()) if type(ids) is IdRun else list(ids)
-        self._append(eventual.result(self.codec.encode(
-            [out.keys, list(out.values), list(out.ts), list(out.born), built])))
+        return [eventual.result(self.codec.encode(
+            [out.keys, list(out.values), list(out.ts), list(out.born), built]))]
 
-    def _footprint(self, kind: int, part: Any) -> None:
-        inner = self.inner
+    def _footprint(self, kind: int, part: Any) -> list:
+        """The value of a footprint of ``part`` as it is now (the caller appends it).
+        Its seq is noted as the log's next one: a few records early at most, which
+        only the policy's estimate of the extent sees."""
         self.footprints.pop(part, None)
         n_open = len(self.footprints) + 1
-        seq = self._append(eventual.footprint(
-            kind, self._part_bytes(part), self.codec.encode(inner.part_state(part)),
-            n_open, self._position(), self.task_watermark()))
-        self.footprints[part] = (seq, self.records_in)
+        self.footprints[part] = (self.log.next_seq, self.records_in)
         if kind == eventual.G_CHECK:
             self.checks_written += 1
+        return eventual.footprint(
+            kind, self._part_bytes(part), self.codec.encode(self.inner.part_state(part)),
+            n_open, self.position, self.task_watermark())
 
     def check(self) -> None:
         """Between batches: in a period's burst, refresh the oldest footprints while
@@ -236,13 +262,17 @@ class CecOperator:
         policy = self.policy
         self.next_period_s = now_s + policy.period_s
         deadline_s = now_s + policy.check_interval_s
+        # Parts opened since the last period get their first footprint (G_open).
+        if self.pending:
+            opened, self.pending = list(self.pending), {}
+            self._append([self._footprint(eventual.G_OPEN, part) for part in opened])
         while self.footprints:
             part, (seq, records_in) = next(iter(self.footprints.items()))
             extent = self.log.next_seq - seq
             replay = self.records_in - records_in
             if extent <= policy.extent_target and replay <= policy.replay_target:
                 break
-            self._footprint(eventual.G_CHECK, part)
+            self._append([self._footprint(eventual.G_CHECK, part)])
             if time.monotonic() >= deadline_s:
                 break
         # What the log holds becomes durable once a period: a recovery finds the
@@ -377,8 +407,10 @@ class CecTask(TaskProtocol):
         self.consumed = {int(s[1:]): p for s, p in replay_from.items() if s.startswith("#")}
         self.ended = {int(s[1:]) for s, p in replay_from.items()
                       if s.startswith("!") and p > 0}
-        self.operator.position.update({f"#{c}": n for c, n in self.consumed.items()})
-        self.operator.position.update({f"!{c}": 1 for c in self.ended})
+        counts = self.operator.channel_counts
+        counts.update({f"#{c}": n for c, n in self.consumed.items()})
+        counts.update({f"!{c}": 1 for c in self.ended})
+        self.operator.position = {**self.operator.position, **counts}
         if task.merge is not None:
             task.merge.resume(self.consumed, self.ended)
             task.end_inputs(self.ended)
@@ -409,14 +441,13 @@ class CecTask(TaskProtocol):
 
     def on_batch(self, channel_id: int, batch: Batch) -> Batch | None:
         if self.operator is not None:
-            self.consumed[channel_id] = self.consumed.get(channel_id, 0) + len(batch)
-            position = self.operator.position
-            position[f"#{channel_id}"] = self.consumed[channel_id]
+            self.consumed[channel_id] = count = self.consumed.get(channel_id, 0) + len(batch)
+            self.operator.channel_counts[f"#{channel_id}"] = count
         return batch
 
     async def on_input_ended(self, channel_id: int) -> None:
         if self.operator is not None:
-            self.operator.position[f"!{channel_id}"] = 1
+            self.operator.channel_counts[f"!{channel_id}"] = 1
 
     async def between_frames(self) -> None:
         if self.operator is not None:

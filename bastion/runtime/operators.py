@@ -128,6 +128,10 @@ class Operator:
 
     parted = False
     closes_parts = False  # do parts close (windows fire), or live as long as the job?
+    # When a list, `process` appends every part it opens (a protocol that logs parts
+    # as they open sets it; the test costs nothing on the hot path: it is made only
+    # when a part opens).
+    opened: list | None = None
 
     def parts_of(self, batch: Batch) -> list:
         """The part each record of ``batch`` goes into."""
@@ -283,13 +287,15 @@ class KeyedFoldOp(Operator):
 
     def _fold(self, keys: Any, values: Any, out: list) -> None:
         """The fast path: one output per input, appended to ``out``."""
-        state, initial, fn = self.state, self.initial, self.fn
+        state, initial, fn, opened = self.state, self.initial, self.fn, self.opened
         get, append = state.get, out.append
         if self.emits_pairs:
             for key, value in zip(keys, values):
                 acc = get(key, _MISSING)
                 if acc is _MISSING:
                     acc = _fresh(initial)
+                    if opened is not None:
+                        opened.append(key)
                 acc = fn(acc, value)
                 state[key] = acc
                 append((key, acc))
@@ -298,6 +304,8 @@ class KeyedFoldOp(Operator):
                 acc = get(key, _MISSING)
                 if acc is _MISSING:
                     acc = _fresh(initial)
+                    if opened is not None:
+                        opened.append(key)
                 acc, result = fn(acc, value)
                 state[key] = acc
                 append(result)
@@ -397,6 +405,8 @@ class TimeWindowOp(Operator):
                     accs = open_[k] = {}
                     latest[k] = born
                     heapq.heappush(self.pending, k)
+                    if self.opened is not None:
+                        self.opened.append(k)
                 elif born > latest[k]:
                     latest[k] = born
                 try:
@@ -526,6 +536,8 @@ class JoinOp(Operator):
                 if sides is None:
                     sides = open_[k] = {}
                     heapq.heappush(self.pending, k)
+                    if self.opened is not None:
+                        self.opened.append(k)
                 pair = sides.get(key)
                 if pair is None:
                     pair = sides[key] = ([], [])
