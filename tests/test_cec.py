@@ -333,7 +333,7 @@ def test_the_runtime_log_rebuilds_the_state_in_python_and_in_spark(tmp_path, spa
         final[word[i]] = final.get(word[i], 0) + i
     by_spark = {r.instance: r.ec for r in reconstruct_operator(spark, store, result.job_id,
                                                                "sum", write=False)}
-    decode = DurableCodec().decode
+    decode = DurableCodec().unpack
     seen = set()
     for instance in (0, 1):
         ec, damage = eventual.read_eventual_checkpoint(store, log_prefix(result.job_id,

@@ -59,11 +59,16 @@ class InputMerge(Structural):
 
 
 class StateCodec(Structural):
-    """Encodes operator state exactly (`bastion.runtime.durable`): sealed blobs."""
+    """Encodes operator state exactly (`bastion.runtime.durable`): sealed blobs, or
+    packed bytes that a checksum of the caller's own covers."""
 
     def encode(self, value: Any) -> bytes: ...
 
     def decode(self, data: bytes, what: str) -> Any: ...
+
+    def pack(self, value: Any) -> bytes: ...
+
+    def unpack(self, data: bytes, what: str) -> Any: ...
 
 
 class PartedOperator(Structural):

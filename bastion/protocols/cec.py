@@ -222,8 +222,9 @@ class CecOperator:
     def task_watermark(self) -> float:
         return float(self.task.watermark)
 
+    # A part's key and state are packed, not sealed: the control tuple's CRC covers them.
     def _part_bytes(self, part: Any) -> bytes:
-        return self.codec.encode(part)
+        return self.codec.pack(part)
 
     def _append(self, records: list) -> None:
         """Append log record values in order, one call for all of them."""
@@ -237,7 +238,8 @@ class CecOperator:
             return []
         ids = out.ids
         built = list(ids.build()) if type(ids) is IdRun else list(ids)
-        return [eventual.result(self.codec.encode(
+        # packed, not sealed: the log checks every record's CRC
+        return [eventual.result(self.codec.pack(
             [out.keys, list(out.values), list(out.ts), list(out.born), built]))]
 
     def _footprint(self, kind: int, part: Any) -> list:
@@ -250,7 +252,7 @@ class CecOperator:
         if kind == eventual.G_CHECK:
             self.checks_written += 1
         return eventual.footprint(
-            kind, self._part_bytes(part), self.codec.encode(self.inner.part_state(part)),
+            kind, self._part_bytes(part), self.codec.pack(self.inner.part_state(part)),
             n_open, self.position, self.task_watermark())
 
     def check(self) -> None:
@@ -283,7 +285,7 @@ class CecOperator:
     # -- a restored instance -------------------------------------------------------------------
 
     def load(self, ec: eventual.EventualCheckpoint, replay_from: dict[str, int]) -> None:
-        decode = self.codec.decode
+        decode = self.codec.unpack
         parts: dict[Any, dict[str, int]] = {}
         for part_bytes, fp in sorted(ec.parts.items(), key=lambda item: item[1].seq):
             part = decode(part_bytes, "eventual checkpoint part")
@@ -306,7 +308,7 @@ class CecOperator:
             for part, fp in sorted(ec.parts.items(), key=lambda item: item[1].seq):
                 seq = self.log.append(now_s, eventual.footprint(
                     eventual.G_CHECK, part, fp.state, n_open, fp.position, fp.watermark))
-                self.footprints[self.codec.decode(part, "part")] = (seq, 0)
+                self.footprints[self.codec.unpack(part, "part")] = (seq, 0)
             for part in sorted(ec.closed):
                 self.log.append(now_s, eventual.closed(part, n_open, ec.newest_position,
                                                        ec.newest_watermark))
@@ -416,7 +418,7 @@ class CecTask(TaskProtocol):
             task.end_inputs(self.ended)
 
     def _batch(self, value: Any) -> Batch:
-        keys, values, ts, born, ids = self.task.state_codec.decode(value[1], "logged results")
+        keys, values, ts, born, ids = self.task.state_codec.unpack(value[1], "logged results")
         return Batch(keys, values, ts, born, ids)
 
     async def on_start(self) -> None:

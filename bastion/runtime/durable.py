@@ -165,9 +165,27 @@ class DurableCodec:
                                    key="")
         return codec.decode(data)
 
+    def pack(self, value: Any) -> bytes:
+        """``value`` exactly, like `encode`, but unsealed — a flags byte and the payload,
+        no header or CRC — for bytes a checksum of their own already covers (a CEC
+        control tuple's part and state): small values, read back by the hundred
+        thousand, where a second check would cost as much as the decoding."""
+        self._marked = False
+        payload = self._packer.pack(value)
+        return bytes((_MARKED if self._marked else 0,)) + payload
+
+    def unpack(self, data: bytes, key: str) -> Any:
+        """The value `pack` made of ``data`` (read from ``key``: for messages)."""
+        if not data:
+            raise CorruptBlobError(f"{key!r} holds no packed value", key=key)
+        return self._unpack(data[0], memoryview(data)[1:], key)
+
     def decode(self, data: bytes, key: str) -> Any:
         """The value in blob ``data`` read from ``key``, once its checksum holds."""
         flags, payload = open_blob(data, key)
+        return self._unpack(flags, payload, key)
+
+    def _unpack(self, flags: int, payload: Any, key: str) -> Any:
         try:
             return msgpack.unpackb(payload, raw=False, strict_map_key=False,
                                    ext_hook=self._ext_hook,
