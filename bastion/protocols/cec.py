@@ -188,7 +188,17 @@ class CecOperator:
         return self._closing(lambda: self.inner.on_watermark(watermark))
 
     def on_end(self) -> Batch | None:
-        return self._closing(self.inner.on_end)
+        out = self._closing(self.inner.on_end)
+        # What stays open at the end (a reduce's keys) gets its footprint now: the log
+        # of a finished job holds its whole final state.
+        self._flush_pending()
+        return out
+
+    def _flush_pending(self) -> None:
+        """Parts opened since the last period get their first footprint (G_open)."""
+        if self.pending:
+            opened, self.pending = list(self.pending), {}
+            self._append([self._footprint(eventual.G_OPEN, part) for part in opened])
 
     def snapshot(self) -> Any:
         return self.inner.snapshot()
@@ -264,10 +274,7 @@ class CecOperator:
         policy = self.policy
         self.next_period_s = now_s + policy.period_s
         deadline_s = now_s + policy.check_interval_s
-        # Parts opened since the last period get their first footprint (G_open).
-        if self.pending:
-            opened, self.pending = list(self.pending), {}
-            self._append([self._footprint(eventual.G_OPEN, part) for part in opened])
+        self._flush_pending()
         while self.footprints:
             part, (seq, records_in) = next(iter(self.footprints.items()))
             extent = self.log.next_seq - seq
