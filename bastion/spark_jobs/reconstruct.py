@@ -247,9 +247,12 @@ SUMMARY_HEADER = ("instance", "objects", "records", "open parts", "extent record
 
 
 def _positions(position: dict[str, int] | None) -> str:
+    """Source instances and offsets; the runtime's entries for the merge (records per
+    input channel, ended channels: keys without a ``/``) are left out."""
     if position is None:
         return "everything"
-    return " ".join(f"{source}@{offset}" for source, offset in position.items()) or "-"
+    return " ".join(f"{source}@{offset}" for source, offset in position.items()
+                    if "/" in source) or "-"
 
 
 def summary_rows(results: list[InstanceEC]) -> list[tuple[str, ...]]:
