@@ -113,7 +113,7 @@ def test_random_kills_under_cec_lose_and_duplicate_nothing(workload, seed, stora
     assert report.faults_landed and report.exactly_once, report.verdict_reason
 
 
-@pytest.mark.parametrize("workload", ["sum", "tumbling"])
+@pytest.mark.parametrize("workload", ["sum", "tumbling", "join"])
 def test_cec_drill_on_s3(workload, storage, moto_endpoint):
     s3 = f"s3://bastion-cec-drills/{workload}?endpoint={moto_endpoint}&secure=false"
     report = cec_drill(workload, s3, reference_storage=storage, seed=7)
