@@ -74,6 +74,7 @@ from typing import Any
 import msgpack
 
 import bastion as bn
+from bastion.lineage import from_wire, ids_of
 from bastion.protocols import eventual
 from bastion.protocols.cec import CecPolicy
 from bastion.protocols.eventual import log_prefix, read_eventual_checkpoint, reconstruct
@@ -375,7 +376,8 @@ def policy_sweeps(root: Path, records: int, keys: int, repeats: int) -> list[tup
         # read at the crash (the newest result's input: a lineage id's root position)
         codec = DurableCodec()
         newest = next(v for _, ts, v in reversed(log) if ts <= at and eventual.is_result(v))
-        read_at_crash = max(rid[1][2] for rid in codec.unpack(newest[1], "result")[4])
+        ids = from_wire(codec.unpack(newest[1], "result")[4])
+        read_at_crash = max(rid[1][2] for rid in ids_of(ids))
         replayed = read_at_crash - min(p for s, p in ec.replay_from.items() if "/" in s)
         tuples = extent_tuples(log, ec)
         rate = records / result.metrics.duration_s

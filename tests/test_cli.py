@@ -222,7 +222,7 @@ def test_every_flag_has_help_and_protocol_lists_its_choices():
         for action in command._actions:  # noqa: SLF001 - argparse keeps them here
             assert action.help, f"{name} {action.option_strings or action.dest}: no help"
     run_protocol = next(a for a in commands["run"]._actions if "--protocol" in a.option_strings)
-    assert run_protocol.choices == ["none", "coordinated", "uncoordinated", "cic"]
+    assert run_protocol.choices == ["none", "coordinated", "uncoordinated", "cic", "cec"]
     assert all(p in run_protocol.help for p in run_protocol.choices)
     for flag in ("--protocol", "--checkpoint-interval", "--storage", "--address",
                  "--verbose", "--keep-jobs"):

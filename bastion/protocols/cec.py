@@ -58,13 +58,13 @@ from typing import Any
 
 import bastion.windows as window_specs
 from bastion.errors import TopologyError
-from bastion.lineage import IdRun
+from bastion.lineage import IdRun, from_wire, to_wire
 from bastion.protocols import eventual
 from bastion.protocols.eventual import eventual_prefix, log_prefix
 from bastion.protocols.base import (Coordinator, MasterContext, PartedOperator, Protocol,
                                     ProtocolStats, TaskContext, TaskProtocol)
 from bastion.runtime.records import Batch
-from bastion.storage import LogReader, LogWriter
+from bastion.storage import LogReader, LogWriter, StorageError
 from bastion.topology import AUTO, BROADCAST, FORWARD, HASH
 
 _STATEFUL = ("reduce", "stateful_map", "window", "join")
@@ -246,11 +246,10 @@ class CecOperator:
         """The log record of a batch of results (one record holds the whole batch)."""
         if out is None or not len(out):
             return []
-        ids = out.ids
-        built = list(ids.build()) if type(ids) is IdRun else list(ids)
-        # packed, not sealed: the log checks every record's CRC
+        # Ids as they travel (an unbuilt run of a keyed fold's ids is a few ints);
+        # packed, not sealed: the log checks every record's CRC.
         return [eventual.result(self.codec.pack(
-            [out.keys, list(out.values), list(out.ts), list(out.born), built]))]
+            [out.keys, list(out.values), list(out.ts), list(out.born), to_wire(out.ids)]))]
 
     def _footprint(self, kind: int, part: Any) -> list:
         """The value of a footprint of ``part`` as it is now (the caller appends it).
@@ -426,7 +425,7 @@ class CecTask(TaskProtocol):
 
     def _batch(self, value: Any) -> Batch:
         keys, values, ts, born, ids = self.task.state_codec.unpack(value[1], "logged results")
-        return Batch(keys, values, ts, born, ids)
+        return Batch(keys, values, ts, born, from_wire(ids))
 
     async def on_start(self) -> None:
         # Results the log holds go downstream again first: the sinks keep each once.
@@ -475,7 +474,13 @@ class CecTask(TaskProtocol):
 
     def on_stop(self) -> None:
         if self.operator is not None:
-            self.operator.log.close()
+            try:
+                self.operator.log.close()
+            except StorageError:
+                # The tail stays not durable: a recovery replays from an older
+                # footprint. The task is ending already; its own error (if any) is
+                # the one to report.
+                pass
 
 
 # -- the coordinator ---------------------------------------------------------------------------

@@ -264,8 +264,6 @@ class Task(TaskContext):
             await self._finish()
         except (UDFError, PeerLostError, ray.exceptions.RayError):
             raise  # a user error, or a peer worker that died: the job master decides
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             raise RuntimeError(f"task {self.name} failed: {exc!r}\n"
                                f"{traceback.format_exc()}") from exc
