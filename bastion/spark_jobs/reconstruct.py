@@ -63,7 +63,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from bastion.protocols.eventual import (EventualCheckpoint, Reconstruction, eventual_prefix,
-                                        is_control, log_prefix, store_eventual_checkpoint)
+                                        is_control, log_prefix, store_eventual_checkpoint,
+                                        valid)
 from bastion.storage import KeyNotFoundError, ObjectStore, StorageError, open_store
 from bastion.storage.errors import BastionError
 from bastion.storage.log import (Damage, LogRecord, gc_paused, log_object_keys,
@@ -135,8 +136,31 @@ def scan_object(instance: str, key: str, data: bytes, at: float | None) -> Objec
         newest = max((r[0] for r in records), default=-1)
     else:
         newest = max((r[0] for r in records if r[1] <= at), default=-1)
-    controls = [r for r in records if is_control(r[2])]
-    return ObjectScan(instance, key, controls, newest, len(records), salvaged.damaged)
+    return ObjectScan(instance, key, _newest_per_part(records, at), newest, len(records),
+                      salvaged.damaged)
+
+
+def _newest_per_part(records: list[LogRecord], at: float | None) -> list[LogRecord]:
+    """Of one object's control tuples (at or before ``at``), only what the backward
+    pass can use: per part the newest that checks out — it hides every older one of
+    the same part — and the damaged ones newer than it (the pass reports those as
+    skipped). Checking here, in the tasks, leaves the driver a few tuples per part
+    instead of every footprint ever written: the serial part of the job shrinks."""
+    kept: list[LogRecord] = []
+    decided: set[bytes] = set()
+    for record in reversed(records):
+        value = record[2]
+        if not is_control(value) or (at is not None and record[1] > at):
+            continue
+        if not valid(value):
+            kept.append(record)
+            continue
+        part = value[1]
+        if part not in decided:
+            decided.add(part)
+            kept.append(record)
+    kept.reverse()
+    return kept
 
 
 def _scan_partition(url: str, at: float | None
