@@ -24,6 +24,7 @@ from bastion.protocols.cec import CecPolicy, CecProtocol, CecTask, log_prefix
 from bastion.runtime.merge import DeterministicMerge
 from bastion.runtime.records import Batch, EndOfStream
 from bastion.storage import LogReader, open_store
+from test_drills import keyed_join as join
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -55,22 +56,6 @@ def tumbling(count=4000, rate=2000):
         parallelism=2)
     clicks.key_by(lambda c: c["page"]).window(bn.windows.Tumbling(1.0)).aggregate(
         "per-page", bn.aggregations.Count(), parallelism=2).sink("out", bn.sinks.Collect())
-    return topo
-
-
-def join(count=2000, rate=1000):
-    topo = bn.Topology("cec-join")
-    orders = topo.source("orders", bn.sources.Generator(
-        lambda i: {"user": f"u{i % 13}", "order": i, "ts": i * 0.01}, count=count,
-        rate=rate), timestamp=lambda o: o["ts"])
-    pays = topo.source("payments", bn.sources.Generator(
-        lambda i: {"user": f"u{(i * 5) % 13}", "pay": i, "ts": i * 0.01 + 0.005},
-        count=count, rate=rate), timestamp=lambda p: p["ts"])
-    joined = orders.key_by(lambda o: o["user"]).join(
-        pays.key_by(lambda p: p["user"]), "match", window=bn.windows.Tumbling(1.0),
-        parallelism=2)
-    joined.map("ids", lambda t: (t[0], t[1]["order"], t[2]["pay"])).sink(
-        "out", bn.sinks.Collect())
     return topo
 
 

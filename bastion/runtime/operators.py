@@ -379,7 +379,31 @@ class _Emitter:
         return Batch(self.keys, self.values, self.ts, self.born, self.ids)
 
 
-class TimeWindowOp(Operator):
+class _WindowParts(Operator):
+    """The parts of a windowed operator: one per window, keyed by its number in
+    ``self.open`` (tumbling windows only: a record of a sliding window belongs to
+    several parts, which a replay would have to filter window by window)."""
+
+    parted = True
+    closes_parts = True
+    windows: TimeWindows
+    open: dict
+
+    def parts_of(self, batch: Batch) -> list:
+        assign = self.windows.assign
+        return [assign(ts)[0] for ts in batch.ts]
+
+    def part_ids(self) -> list:
+        return list(self.open)
+
+    def has_part(self, part: Any) -> bool:
+        return part in self.open
+
+    def part_retired(self, part: Any, watermark: float) -> bool:
+        return self.windows.end(part) <= watermark
+
+
+class TimeWindowOp(_WindowParts):
     """Tumbling/Sliding aggregation per key; fires windows as the watermark passes them.
 
     Output record: ``(key, window_start, window_end, result)`` with event time just
@@ -443,30 +467,12 @@ class TimeWindowOp(Operator):
         self.open, self.latest_born = state["open"], state["latest_born"]
         self.pending = sorted(self.open)
 
-    # A part per window (tumbling windows only: a record of a sliding window belongs to
-    # several parts, which a replay would have to filter window by window).
-    parted = True
-    closes_parts = True
-
-    def parts_of(self, batch: Batch) -> list:
-        assign = self.windows.assign
-        return [assign(ts)[0] for ts in batch.ts]
-
-    def part_ids(self) -> list:
-        return list(self.open)
-
-    def has_part(self, part: Any) -> bool:
-        return part in self.open
-
     def part_state(self, part: Any) -> Any:
         return [self.open[part], self.latest_born[part]]
 
     def load_part(self, part: Any, state: Any) -> None:
         self.open[part], self.latest_born[part] = state
         heapq.heappush(self.pending, part)
-
-    def part_retired(self, part: Any, watermark: float) -> bool:
-        return self.windows.end(part) <= watermark
 
 
 class CountWindowOp(Operator):
@@ -513,7 +519,7 @@ class CountWindowOp(Operator):
         self.state, self.fired = state["state"], state["fired"]
 
 
-class JoinOp(Operator):
+class JoinOp(_WindowParts):
     """Windowed equi-join, emitted incrementally: each arriving record pairs with the
     other side's records of the same key already in each of its windows, so a pair is
     emitted once per window the two share, as soon as its second record arrives."""
@@ -565,28 +571,12 @@ class JoinOp(Operator):
         self.open = {k: _sides(sides) for k, sides in state.items()}
         self.pending = sorted(self.open)
 
-    parted = True  # a part per (tumbling) window, as `TimeWindowOp`
-    closes_parts = True
-
-    def parts_of(self, batch: Batch) -> list:
-        assign = self.windows.assign
-        return [assign(ts)[0] for ts in batch.ts]
-
-    def part_ids(self) -> list:
-        return list(self.open)
-
-    def has_part(self, part: Any) -> bool:
-        return part in self.open
-
     def part_state(self, part: Any) -> Any:
         return {key: [_columns(a), _columns(b)] for key, (a, b) in self.open[part].items()}
 
     def load_part(self, part: Any, state: Any) -> None:
         self.open[part] = _sides(state)
         heapq.heappush(self.pending, part)
-
-    def part_retired(self, part: Any, watermark: float) -> bool:
-        return self.windows.end(part) <= watermark
 
 
 def _sides(state: dict) -> dict:
