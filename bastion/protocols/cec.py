@@ -6,11 +6,16 @@ window of a window aggregate or join — and it writes its results and small *co
 tuples* into its own persisted output log, ``jobs/<job>/logs/<operator>/<instance>/``
 (`bastion.protocols.eventual` defines them and the reconstruction):
 
-- ``G_open`` when a part opens, ``closed`` when it closes (a window fired);
+- ``G_open``, a part's first footprint, at the first burst after it opened (below);
+  a part that closes before — a fast window — never needs one, nor a ``closed``;
 - ``G_check`` for the parts whose last footprint is oldest, in bursts of at most
   `CecPolicy.check_interval_s` every `CecPolicy.period_s`, while the *extent* (log
   records a recovery reads back, q) exceeds ``extent_target`` (Q) or the inputs to
-  replay (u) exceed ``replay_target`` (U) — the paper's targets policy (§III).
+  replay (u) exceed ``replay_target`` (U) — the paper's targets policy (§III);
+- ``closed`` when a footprinted part closes (a window fired). While parts wait for
+  their first footprint, it carries the position before the oldest one's first
+  input: were it the newest control tuple at a failure, the replay starts there, and
+  the waiting parts are rebuilt from their inputs.
 
 Every control tuple carries the operator's *position*: per upstream source instance
 (``"<op code>/<index>"``), the offset of the last record processed, taken from the
@@ -36,7 +41,14 @@ footprint's state reflects exactly the inputs at or below its position.
    results sent again, or computed again from the replay, are committed once.
 
 Sinks commit on their own, every `checkpoint_interval_s`: a commit point holds what a
-sink staged, and the lineage ids in it are what a restarted sink drops.
+sink staged, and the lineage ids in it are what a restarted sink drops (it keeps them
+in memory: a set of every id it committed).
+
+**Resuming** (`bn.run(..., resume_from=JOB)`): the first attempt of a new job restores
+as above from an earlier job's state — the EC `bastion reconstruct` stored for it, else
+its logs — copies that state (results, footprints, closings) into its own log, so its
+own failures need nothing of the earlier job's, and drops what the earlier job's sinks
+committed.
 
 **What it needs of a topology** (`CecProtocol.check` refuses the rest, naming the
 operator): lineage ids (turned on for the run); at most one stateful operator on any
@@ -344,21 +356,29 @@ class CecOperator:
         return batch
 
 
-def instance_state(store: Any, job: str, operator: str, index: int, stored: bool
-                   ) -> tuple[eventual.EventualCheckpoint, list]:
-    """An instance's eventual checkpoint in job ``job`` and the result records its log
-    holds up to it. ``stored``: prefer the EC `bastion reconstruct` stored (resuming
-    an earlier job; it may be one at an earlier log time) to reading the log."""
-    prefix = log_prefix(job, operator, index)
+def instance_ec(store: Any, job: str, operator: str, index: int, stored: bool
+                ) -> eventual.EventualCheckpoint:
+    """An instance's eventual checkpoint in job ``job``. ``stored``: prefer the EC
+    `bastion reconstruct` stored (resuming an earlier job; it may be one at an
+    earlier log time) to reading the log."""
     ec = None
     if stored:
         ec = eventual.load_eventual_checkpoint(store, eventual_prefix(job, operator,
                                                                       str(index)))
     if ec is None:
-        ec, _ = eventual.read_eventual_checkpoint(store, prefix)
-    logged = [value for seq, _, value in LogReader(store, prefix).records()
-              if seq <= ec.seq and eventual.is_result(value)] if ec.seq >= 0 else []
-    return ec, logged
+        ec, _ = eventual.read_eventual_checkpoint(store, log_prefix(job, operator, index))
+    return ec
+
+
+def logged_results(store: Any, job: str, operator: str, index: int,
+                   ec: eventual.EventualCheckpoint) -> list:
+    """The result records of an instance's log up to its EC (the whole log is read:
+    which of them the sinks committed only the sinks know)."""
+    if ec.seq < 0:
+        return []
+    return [value for seq, _, value in
+            LogReader(store, log_prefix(job, operator, index)).records()
+            if seq <= ec.seq and eventual.is_result(value)]
 
 
 # -- the task half ---------------------------------------------------------------------------
@@ -386,9 +406,11 @@ class CecTask(TaskProtocol):
             ec, logged = None, []
             if recovery_line is not None:
                 # this job's own log after a failure, or the earlier job's it resumes
-                ec, logged = await asyncio.to_thread(
-                    instance_state, store, recovery_line["state_job"], name, task.index,
-                    recovery_line["state_job"] != task.job_id)
+                state_job = recovery_line["state_job"]
+                ec = await asyncio.to_thread(instance_ec, store, state_job, name,
+                                             task.index, state_job != task.job_id)
+                logged = await asyncio.to_thread(logged_results, store, state_job, name,
+                                                 task.index, ec)
             log = await asyncio.to_thread(LogWriter, store,
                                           log_prefix(task.job_id, name, task.index))
             self.operator = CecOperator(inner, task, self.policy, log)
@@ -554,8 +576,8 @@ class CecCoordinator(Coordinator):
             if kind not in _STATEFUL:
                 continue
             for index in range(parallelism):
-                ec, _ = await asyncio.to_thread(instance_state, store, state_job, name,
-                                                index, state_job != master.job_id)
+                ec = await asyncio.to_thread(instance_ec, store, state_job, name, index,
+                                             state_job != master.job_id)
                 if ec.skipped:
                     master.record_event("log_damaged", operator=name, instance=index,
                                         skipped=len(ec.skipped))
