@@ -116,6 +116,16 @@ def test_a_restart_loads_parts_and_replays_only_after_them(storage):
     assert event["extent_records"] > 0 and not event["replay_everything"]
 
 
+def test_losing_every_process_at_once_loses_nothing(storage):
+    """A whole node (every worker, the standby) dies: nothing survives in memory, the
+    state comes back from the logs alone."""
+    report = cec_drill("tumbling", storage, faults=[bn.faults.KillNode(0, at=1.0)])
+    fault = next(e for e in report.events if e["kind"] == "fault")
+    assert len(fault["killed"]) >= 2
+    assert loaded(report) and not loaded(report)[0]["replay_everything"]
+    assert report.exactly_once, report.verdict_reason
+
+
 # -- resuming a job that failed for good -------------------------------------------------
 
 
