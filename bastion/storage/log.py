@@ -598,7 +598,7 @@ class LogWriter:
         items = records if isinstance(records, (list, tuple)) else list(records)
         if not items:
             return self._next_seq - 1
-        get_ts = itemgetter(0)
+        get_ts, get_value = itemgetter(0), itemgetter(1)
         lo, hi = min(map(get_ts, items)), max(map(get_ts, items))
         if not isinstance(lo, (int, float)) or not isinstance(hi, (int, float)):
             raise TypeError(f"event times must be numbers, got {type(lo).__name__}")
@@ -617,7 +617,10 @@ class LogWriter:
                 chunk = items[at:at + self._slice_records]
                 at += len(chunk)
                 before = len(buf)
-                payloads = [pack((s, ts, value)) for s, (ts, value) in enumerate(chunk, seq)]
+                # (seq, ts, value) triples built by zip and packed by map: no
+                # interpreter loop per record
+                payloads = list(map(pack, zip(range(seq, seq + len(chunk)),
+                                              map(get_ts, chunk), map(get_value, chunk))))
                 # Lengths, CRCs and headers in C-level map() loops: the interpreter's
                 # per-record overhead is a large share of the cost of small records.
                 headers = map(header, map(len, payloads), map(crc32, payloads))
