@@ -35,7 +35,8 @@ Six figures, each against its target:
     ``none`` with lineage ids (which ``cec`` needs), ``cec`` with G_open only, ``cec``
     with the default policy and ``coordinated`` (1 s); best of ``--repeats``, the
     configurations alternating. Target: G_open only costs ≤ 10% against ``none``.
-(e) **Policy sweeps**: a keyed sum over ``--sweep-keys`` keys (parts that never close)
+(e) **Policy sweeps**: a keyed sum over ``--sweep-keys`` keys (parts that never close),
+    paced at ``--sweep-rate`` (runs of seconds: a burst refreshes only so many parts)
     under growing Q (extent target, as multiples of the N open parts), U (replay
     target) and CP (period); at a crash in the middle of the run (the EC at the middle
     log time): the extent in log records and in tuples (a result record holds a
@@ -315,9 +316,9 @@ def runtime_throughput(storage: str, records: int, repeats: int) -> dict[str, fl
     return costs
 
 
-def _keyed_sum(records: int, keys: int) -> "bn.Topology":
+def _keyed_sum(records: int, keys: int, rate: float | None = None) -> "bn.Topology":
     topo = bn.Topology("cec-sweep")
-    nums = topo.source("nums", bn.sources.Generator(lambda i: i, count=records))
+    nums = topo.source("nums", bn.sources.Generator(lambda i: i, count=records, rate=rate))
     nums.key_by(lambda i: (i * 7919) % keys).reduce(
         "sum", lambda acc, i: acc + i, initial=0).sink("out", bn.sinks.Discard())
     return topo
@@ -343,7 +344,8 @@ def ec_load(store: ObjectStore, prefix: str, at: float | None) -> tuple[float, A
     return seconds, ec
 
 
-def policy_sweeps(root: Path, records: int, keys: int, repeats: int) -> list[tuple]:
+def policy_sweeps(root: Path, records: int, keys: int, rate: float, repeats: int
+                  ) -> list[tuple]:
     """(e) A keyed sum over ``keys`` keys (a part each, never closed) under policies
     of growing Q, U and CP: per run, at a crash in the middle of the log (the EC at
     its median log time), the extent (log records read back), the inputs the sources
@@ -359,12 +361,12 @@ def policy_sweeps(root: Path, records: int, keys: int, repeats: int) -> list[tup
                                           period_s=cp)) for cp in (0.025, 0.1, 0.25)]
     policies += [("G_open only", CecPolicy.open_only())]
     rows = []
-    print(f"(e) keyed sum, {records:,} records over N = {keys:,} keys; a crash in the "
-          f"middle of the log ({load()}):")
+    print(f"(e) keyed sum, {records:,} records at {rate:,.0f}/s over N = {keys:,} keys; "
+          f"a crash in the middle of the run ({load()}):")
     print(f"    {'policy':<12} {'records/s':>10} {'extent':>9} {'(tuples)':>10} "
           f"{'replayed':>9} {'G_checks':>9} {'EC-load':>8}")
     for label, policy in policies:
-        result = bn.run(_keyed_sum(records, keys), protocol="cec", cec=policy,
+        result = bn.run(_keyed_sum(records, keys, rate), protocol="cec", cec=policy,
                         storage=storage)
         prefix = log_prefix(result.job_id, "sum", 0)
         log = list(LogReader(store, prefix).records())
@@ -419,8 +421,11 @@ def main() -> None:
     parser.add_argument("--no-spark", action="store_true")
     parser.add_argument("--runtime-records", type=int, default=400_000,
                         help="records of each (d) run")
-    parser.add_argument("--sweep-records", type=int, default=1_000_000)
-    parser.add_argument("--sweep-keys", type=int, default=20_000)
+    parser.add_argument("--sweep-records", type=int, default=2_000_000)
+    parser.add_argument("--sweep-keys", type=int, default=5_000)
+    parser.add_argument("--sweep-rate", type=float, default=250_000,
+                        help="records/s of the (e) runs: long enough for the policy to "
+                             "go round the parts")
     parser.add_argument("--no-runtime", action="store_true",
                         help="skip (d)-(f), the runs through Ray")
     args = parser.parse_args()
@@ -434,7 +439,8 @@ def main() -> None:
         if not args.no_runtime:
             costs = runtime_throughput(f"local://{root / 'runs'}", args.runtime_records,
                                        args.repeats)
-            policy_sweeps(root, args.sweep_records, args.sweep_keys, args.repeats)
+            policy_sweeps(root, args.sweep_records, args.sweep_keys, args.sweep_rate,
+                          args.repeats)
             runtime = (costs, ec_load_targets(root, (120_000, 230_000), args.repeats))
     finally:
         shutil.rmtree(root, ignore_errors=True)
