@@ -81,6 +81,7 @@ from bastion.protocols.cec import CecPolicy
 from bastion.protocols.eventual import log_prefix, read_eventual_checkpoint, reconstruct
 from bastion.runtime.durable import DurableCodec
 from bastion.storage import LocalStore, LogReader, LogWriter, ObjectStore, open_store
+from bastion.storage.log import gc_paused
 
 WRITE_BATCH_RECORDS = 100_000
 APPEND_BATCH_RECORDS = 1_000
@@ -337,8 +338,9 @@ def ec_load(store: ObjectStore, prefix: str, at: float | None) -> tuple[float, A
     codec = DurableCodec()
     start = time.perf_counter()
     ec, _ = read_eventual_checkpoint(store, prefix, at)
-    state = {codec.unpack(p, "part"): codec.unpack(f.state, "state")
-             for p, f in ec.parts.items()}
+    with gc_paused():  # as `CecOperator.load` decodes them
+        state = {codec.unpack(p, "part"): codec.unpack(f.state, "state")
+                 for p, f in ec.parts.items()}
     seconds = time.perf_counter() - start
     assert len(state) == len(ec.parts)
     return seconds, ec

@@ -274,12 +274,18 @@ def test_the_checks_can_fail_a_wrong_ec_is_caught_by_the_model():
 
 
 def test_the_checksum_covers_every_field():
-    base = eventual.footprint(G_CHECK, b"p", b"state", 3, {"src/0": 4}, 1.5)
+    fields = dict(kind=G_CHECK, part=b"p", state=b"state", n_open=3,
+                  position={"src/0": 4}, watermark=1.5)
+    base = eventual.footprint(**fields)
     assert eventual.valid(base)
-    for i, other in [(1, b"q"), (2, b"other"), (3, 4), (4, {"src/0": 5}), (5, 2.5)]:
-        changed = list(base)
-        changed[i] = other
-        assert not eventual.valid(changed), f"field {i} is not covered by the checksum"
+    for name, other in [("kind", eventual.G_OPEN), ("part", b"q"), ("state", b"other"),
+                        ("n_open", 4), ("position", {"src/0": 5}), ("watermark", 2.5)]:
+        changed = eventual.footprint(**{**fields, name: other})
+        changed[-1] = base[-1]  # the checksum of the original fields
+        assert not eventual.valid(changed), f"{name} is not covered by the checksum"
+    closing = eventual.closed(b"p", 3, {"src/0": 4}, 1.5)
+    assert eventual.valid(closing)
+    assert not eventual.valid(closing[:-1] + [base[-1]])
 
 
 @pytest.mark.parametrize("windowed", [True, False])

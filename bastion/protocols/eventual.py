@@ -16,8 +16,8 @@ persisted output log, in order with its results:
 
 Each control tuple carries N, the number of parts open once it is applied, the
 operator's *position* — for every upstream source instance, the offset of the last
-record that reached the operator — and its watermark, and a CRC32 of the part and its
-state. A footprint's state reflects exactly the inputs up to its position.
+record that reached the operator — and its watermark, and a CRC32 over all of it.
+A footprint's state reflects exactly the inputs up to its position.
 
 **The eventual checkpoint** (EC) at the end of a log (or at a log time ``at``) is found
 by reading the log backwards: the newest control tuple gives N; every part's newest
@@ -68,24 +68,41 @@ CONTROL_KINDS = (G_OPEN, G_CHECK, CLOSED)
 Position = dict[str, int]  # "<source>/<instance>" -> offset of the last record reflected
 
 
-def _crc(kind: int, part: bytes, state: bytes | None, n_open: int, position: Position,
-         watermark: float) -> int:
-    return zlib.crc32(msgpack.packb([kind, part, state, n_open, sorted(position.items()),
-                                     watermark]))
+# A control tuple is the list ``[kind, part, state, n_open, meta, crc]``: ``part`` and
+# ``state`` as the task's codec packed them (``state`` is None in a ``closed``), ``meta``
+# the msgpack bytes of ``[position, watermark]`` and ``crc`` a CRC32 over the part,
+# state and meta bytes, started from a value that encodes the kind and N. Checking one
+# is a few CRC32 calls over bytes the log already holds — no re-encoding — and the
+# footprints of one burst share their meta bytes (one position, one watermark), which a
+# backward pass decodes once: most of what it spent per footprint (measured by
+# `benchmarks/cec.py` (f)).
+
+
+def _crc(kind: int, part: bytes, state: bytes | None, n_open: int, meta: bytes) -> int:
+    # For bytes of a fixed length, CRC32 maps distinct start values to distinct
+    # results: a changed kind or N (below 2**30) always shows.
+    crc = zlib.crc32(part, ((n_open << 2) | kind) & 0xFFFFFFFF)
+    if state is not None:
+        crc = zlib.crc32(state, crc)
+    return zlib.crc32(meta, crc)
+
+
+def _control(kind: int, part: bytes, state: bytes | None, n_open: int, position: Position,
+             watermark: float) -> list:
+    meta = msgpack.packb([position, watermark])
+    return [kind, part, state, n_open, meta, _crc(kind, part, state, n_open, meta)]
 
 
 def footprint(kind: int, part: bytes, state: bytes, n_open: int, position: Position,
               watermark: float) -> list:
     """The value of a ``G_open`` or ``G_check`` log record. ``part`` and ``state`` are
     the part's key and state, encoded by the task's durable codec."""
-    return [kind, part, state, n_open, position, watermark,
-            _crc(kind, part, state, n_open, position, watermark)]
+    return _control(kind, part, state, n_open, position, watermark)
 
 
 def closed(part: bytes, n_open: int, position: Position, watermark: float) -> list:
     """The value of the log record saying ``part`` closed (N counts it no more)."""
-    return [CLOSED, part, None, n_open, position, watermark,
-            _crc(CLOSED, part, None, n_open, position, watermark)]
+    return _control(CLOSED, part, None, n_open, position, watermark)
 
 
 def result(payload: Any) -> list:
@@ -109,18 +126,34 @@ def _kind(value: Any) -> int | None:
 
 def valid(value: Any) -> bool:
     """Is ``value`` a well-formed control tuple whose checksum matches?"""
+    return _checked(value) and _decode_meta(value[4]) is not None
+
+
+def _checked(value: Any) -> bool:
+    """Has ``value`` a control tuple's shape, and does its checksum match?"""
     try:
-        kind, part, state, n_open, position, watermark, crc = value
-        return (kind in CONTROL_KINDS and isinstance(part, bytes) and isinstance(n_open, int)
-                and n_open >= 0 and (state is None) == (kind == CLOSED)
-                and (state is None or isinstance(state, bytes))
-                and isinstance(position, dict) and isinstance(watermark, (int, float))
-                and crc == _crc(kind, part, state, n_open, position, watermark))
+        kind, part, state, n_open, meta, crc = value
     except (TypeError, ValueError):
         return False
+    return (kind in CONTROL_KINDS and type(part) is bytes and type(meta) is bytes
+            and type(n_open) is int and n_open >= 0
+            and (type(state) is bytes if kind != CLOSED else state is None)
+            and crc == _crc(kind, part, state, n_open, meta))
 
 
-@dataclass
+def _decode_meta(meta: bytes) -> tuple[Position, float] | None:
+    """A checked control tuple's ``(position, watermark)``; None if its bytes, though
+    they are what was written, are not in a shape this version reads."""
+    try:
+        position, watermark = msgpack.unpackb(meta, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+    if type(position) is not dict or not isinstance(watermark, (int, float)):
+        return None
+    return position, float(watermark)
+
+
+@dataclass(slots=True)
 class Footprint:
     kind: int               # G_OPEN or G_CHECK
     seq: int                # the log record holding it
@@ -198,6 +231,8 @@ class Reconstruction:
         self.ec.seq = -1 if newest_seq is None else newest_seq
         self._n_target: int | None = None
         self._oldest_seq: int | None = None
+        self._meta: bytes | None = None   # the last meta bytes decoded, and what they gave
+        self._decoded: tuple[Position, float] | None = None
         self.done = False
 
     def feed(self, seq: int, ts: float, value: Any) -> bool:
@@ -216,19 +251,46 @@ class Reconstruction:
         if not (isinstance(value, (list, tuple)) and value and isinstance(value[0], int)
                 and value[0] in CONTROL_KINDS):
             return False
-        kind = value[0]
-        if not valid(value):
+        return self._take(seq, value)
+
+    def feed_newest_first(self, records: list[tuple[int, float, Any]]) -> bool:
+        """`feed` over a list of records (newest first) in one loop; True once done."""
+        if self.done:
+            return True
+        at = self.at
+        ec = self.ec
+        take = self._take
+        for record in records:
+            seq, ts, value = record
+            if at is not None and ts > at:
+                continue
+            if ec.seq < 0:
+                ec.seq = seq
+            self._oldest_seq = seq
+            if (isinstance(value, (list, tuple)) and value and isinstance(value[0], int)
+                    and value[0] in CONTROL_KINDS and take(seq, value)):
+                return True
+        return False
+
+    def _take(self, seq: int, value: Any) -> bool:
+        ec = self.ec
+        meta = value[4] if _checked(value) else None
+        if meta is not None and meta != self._meta:
+            self._meta, self._decoded = meta, _decode_meta(meta)
+        if meta is None or self._decoded is None:
             ec.skipped.append(seq)
             return False
-        _, part, state, n_open, position, watermark, _ = value
+        # Footprints of one burst share their (position, watermark): read-only here.
+        position, watermark = self._decoded
+        kind, part = value[0], value[1]
         if self._n_target is None:
-            self._n_target = ec.n_open = n_open
-            ec.newest_position, ec.newest_watermark = dict(position), float(watermark)
+            self._n_target = ec.n_open = value[3]
+            ec.newest_position, ec.newest_watermark = dict(position), watermark
         if kind == CLOSED:
             if part not in ec.parts:
                 ec.closed.add(part)
         elif part not in ec.parts and part not in ec.closed:
-            ec.parts[part] = Footprint(kind, seq, state, dict(position), float(watermark))
+            ec.parts[part] = Footprint(kind, seq, value[2], position, watermark)
         self.done = len(ec.parts) == self._n_target
         return self.done
 
@@ -254,6 +316,15 @@ def reconstruct(records_newest_first: Iterable[tuple[int, float, Any]],
     return rebuild.finish()
 
 
+def _reconstruct_batches(batches: Iterable[list[tuple[int, float, Any]]],
+                         at: float | None) -> EventualCheckpoint:
+    rebuild = Reconstruction(at)
+    for batch in batches:
+        if rebuild.feed_newest_first(batch):
+            break
+    return rebuild.finish()
+
+
 def read_eventual_checkpoint(store: ObjectStore, prefix: str, at: float | None = None
                              ) -> tuple[EventualCheckpoint, list[Damage]]:
     """The EC of the log under ``prefix``, read backwards only as far as its extent,
@@ -261,7 +332,7 @@ def read_eventual_checkpoint(store: ObjectStore, prefix: str, at: float | None =
     log is salvaged (`salvage_log`) and the damage returned with the EC."""
     with gc_paused():
         try:
-            return reconstruct(LogReader(store, prefix).records_backward(), at), []
+            return _reconstruct_batches(LogReader(store, prefix).read_backward(), at), []
         except CorruptRecordError:
             salvaged = salvage_log(store, prefix)
             return reconstruct(reversed(salvaged.records), at), salvaged.damaged

@@ -178,7 +178,13 @@ class DurableCodec:
         """The value `pack` made of ``data`` (read from ``key``: for messages)."""
         if not data:
             raise CorruptBlobError(f"{key!r} holds no packed value", key=key)
-        return self._unpack(data[0], memoryview(data)[1:], key)
+        try:
+            # inline, not through `_unpack`: an EC-load calls this twice per part
+            return msgpack.unpackb(data[1:], raw=False, strict_map_key=False,
+                                   ext_hook=self._ext_hook,
+                                   list_hook=_build_marked if data[0] & _MARKED else None)
+        except (CorruptBlobError, ValueError, TypeError, msgpack.UnpackException):
+            return self._unpack(data[0], data[1:], key)  # raises, naming the key
 
     def decode(self, data: bytes, key: str) -> Any:
         """The value in blob ``data`` read from ``key``, once its checksum holds."""
