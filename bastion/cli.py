@@ -284,12 +284,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.checkpoint_interval is not None and args.protocol == "none":
         raise UsageError("--checkpoint-interval has no effect under --protocol none; "
                          "pick a checkpointing protocol, e.g. --protocol coordinated")
+    faults = _fault_file(args)
     topology = load_topology(args.file)
     store = open_storage(args.storage)
     _warn_local_storage_on_a_cluster(args)
     progress = ProgressLine()
     try:
-        result = bn.run(topology, protocol=args.protocol,
+        result = bn.run(topology, protocol=args.protocol, faults=faults,
                         checkpoint_interval=args.checkpoint_interval, storage=store.url,
                         address=args.address, duration_s=args.duration,
                         buffer_timeout_ms=args.buffer_timeout_ms,
@@ -346,17 +347,30 @@ def print_drill(report: Any, show: int, stream: Any = None) -> None:
                 print(f"  {report.describe(violation)}", file=stream)
 
 
+def _fault_file(args: argparse.Namespace) -> list:
+    """The faults of ``--faults FILE`` (none without it); a usage error naming the line
+    and field of a mistake."""
+    if args.faults is None:
+        return []
+    import bastion as bn
+
+    try:
+        return bn.faults.load(args.faults)
+    except bn.faults.FaultFileError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_drill(args: argparse.Namespace) -> int:
     import bastion as bn
     from bastion.report import write_html
 
-    faults = list(args.kill) + list(args.kill_node)
+    faults = list(args.kill) + list(args.kill_node) + _fault_file(args)
     if args.random_kills:
         first, last = args.between
         faults.append(bn.faults.RandomKills(args.random_kills, (first, last)))
     if not faults:
-        raise UsageError("a drill needs faults: --kill OP[:I]@S, --kill-node N@S or "
-                         "--random-kills N")
+        raise UsageError("a drill needs faults: --kill OP[:I]@S, --kill-node N@S, "
+                         "--random-kills N or --faults FILE")
     topology = load_topology(args.file)
     store = open_storage(args.storage)
     _warn_local_storage_on_a_cluster(args)
@@ -584,6 +598,10 @@ def _common(parser: argparse.ArgumentParser, *, default_protocol: str,
                         help="after the run, delete jobs of a local store beyond the N "
                              "newest, except those written in the last hour (default "
                              f"{DEFAULT_KEEP_JOBS}; 0 keeps every job)")
+    parser.add_argument("--faults", default=None, metavar="FILE",
+                        help="inject the faults a YAML fault file describes (operator -> "
+                             "instances -> timing / drop_frames / link_outage / crash; "
+                             "see bastion.faults)")
     parser.add_argument("--verbose", action="store_true",
                         help="show Ray's start-up notices, storage retries and the "
                              "traceback of an error")

@@ -75,7 +75,7 @@ from bastion.launcher import RunResult, ensure_ray, run
 from bastion.lineage import ancestry, format_id, op_codes
 from bastion.protocols import Protocol, get_protocol
 from bastion.runtime.merge import clock_dependent_operators, nondeterminism
-from bastion.runtime.metrics import rate_recovered_at
+from bastion.runtime.metrics import describe_injected, rate_recovered_at
 from bastion.runtime.plan import build_plan
 from bastion.topology import Topology
 
@@ -392,6 +392,8 @@ class DrillReport:
     metrics: Any = None                    # the faulty run's `RunMetrics`
     format_id: Callable[[Any], str] = field(default=repr, repr=False)
     op_names: list[str] = field(default_factory=list)  # operator code -> name
+    # faults the tasks carry out themselves (stalls, lost frames, outages) declared
+    injections_declared: int = 0
 
     # -- the verdict ----------------------------------------------------------------
 
@@ -415,9 +417,18 @@ class DrillReport:
     def verdict(self) -> Verdict:
         if self.comparison.violations:
             return "violated"
-        if not self.faults_landed or self._unverifiable():
+        if not self.faults_landed or self._unverifiable() or self._nothing_injected():
             return "inconclusive"
         return "exactly-once"
+
+    def _injected(self) -> float:
+        injected = self.metrics.extra.get("faults_injected") if self.metrics else None
+        return sum((injected or {}).get(k, 0) for k in
+                   ("stalls", "frames_dropped", "outage_waits"))
+
+    def _nothing_injected(self) -> bool:
+        """Faults were declared to be injected, and none occurred: nothing was proved."""
+        return bool(self.injections_declared) and not self.faults and not self._injected()
 
     @property
     def exactly_once(self) -> bool:
@@ -444,11 +455,18 @@ class DrillReport:
             if missed:
                 return "; ".join(f"{f.what} at {f.scheduled_s:.2f} s did not land: {f.note}"
                                  for f in missed)
+            if self._nothing_injected():
+                return ("no declared fault occurred during the run (stalls, lost frames "
+                        "and outages all 0): make them more frequent or the run longer")
             return self._unverifiable() or ""
         landed = len(self.faults)
-        return ("nothing lost, duplicated or corrupted"
-                + (f" across {landed} landed fault{'s' if landed != 1 else ''}"
-                   if landed else " (no fault was scheduled)"))
+        if self._injected():
+            landed_text = f" across {landed} landed kill(s) and the injected faults"
+        elif landed:
+            landed_text = f" across {landed} landed fault{'s' if landed != 1 else ''}"
+        else:
+            landed_text = " (no fault was scheduled)"
+        return "nothing lost, duplicated or corrupted" + landed_text
 
     # -- what the first fault did (most drills have one) ---------------------------------
 
@@ -541,7 +559,10 @@ class DrillReport:
             ("jobs", f"faulty {self.job_id}; reference {', '.join(self.reference_job_ids)}"),
         ]
         rows += [(f"fault {i}", f.describe()) for i, f in enumerate(self.faults, 1)]
-        if not self.faults:
+        injected = self.metrics.extra.get("faults_injected") if self.metrics else None
+        if injected:
+            rows.append(("faults injected", describe_injected(injected)))
+        elif not self.faults:
             rows.append(("faults", "none scheduled"))
         rows += [
             ("committed records", f"{sum(map(len, self.outputs.values())):,} "
@@ -605,9 +626,9 @@ def drill(topology: Topology, *, protocol: str | Protocol = "coordinated",
     targets raise `ValueError` before anything runs.
     """
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    if seed is not None:
-        faults = [dataclasses.replace(f, seed=seed) if isinstance(f, RandomKills)
-                  and f.seed is None else f for f in faults]
+    if seed is not None:  # every fault that draws at random and has no seed of its own
+        faults = [dataclasses.replace(f, seed=seed) if dataclasses.is_dataclass(f)
+                  and getattr(f, "seed", 0) is None else f for f in faults]
     faults = list(faults)
     # Everything that can be refused is refused before the first run.
     get_protocol(protocol).check(topology)
@@ -647,7 +668,9 @@ def drill(topology: Topology, *, protocol: str | Protocol = "coordinated",
         output_ids=result.output_ids, reference_outputs=references[0].outputs, seed=seed,
         date=date, nondeterminism=reason, timeline=result.details["timeline"],
         events=result.details["events"], metrics=result.metrics,
-        format_id=_id_formatter(topology), op_names=list(topology.nodes))
+        format_id=_id_formatter(topology), op_names=list(topology.nodes),
+        injections_declared=sum(isinstance(f, fault_injection.INJECTED_KINDS)
+                                for f in faults))
 
 
 def _clock_dependence(topology: Topology) -> Callable[[Any], bool]:

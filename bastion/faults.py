@@ -23,12 +23,45 @@ detect the loss and recover like after any other failure.
 
 Each fault turns into kills (`ScheduledKill`) against a physical plan (``schedule``):
 the schedule the injector follows and a drill compares with what happened.
+
+**Beyond kills** (the fault classes of Tran's Dynamo, §3.1): faults that leave the
+processes alive but make an instance slow or its links unreliable. Each names an
+operator and the instances it hits (``instances=None``: all), and is carried out
+inside the task that runs the instance (`bastion.runtime.faults`):
+
+- ``Timing(op, phase, magnitude, mtbf_records)``: a *computational performance*
+  fault — the instance stalls for ``magnitude`` seconds (a distribution: `Constant`,
+  `Gaussian` with optional min/max, `Uniform`, `Exponential`) at occurrences whose gaps,
+  in records the instance processed, are exponential with mean ``mtbf_records``; in
+  the ``"execute"`` phase (after its operator processed a batch) or the ``"emit"``
+  phase (before its task sends a frame);
+- ``DropFrames(op, probability)``: a *single-shot communication* fault — each data
+  frame the instance's task sends is lost with that probability. Bastion's channels
+  are otherwise reliable, and only a protocol that replays by acknowledgments can
+  make up for the loss: under any other the drill verdict reports it;
+- ``LinkOutage(op, mtbf_s, mttr_s)``: a *correlated communication* fault — the
+  instance's outgoing links go down for periods exponential with mean ``mttr_s``,
+  separated by up-times exponential with mean ``mtbf_s``; frames wait for the link
+  (as TCP retransmits), so an outage delays, it does not lose;
+- ``Crash(op, mtbf_s, mttr_s, max_crashes)``: an *instance* fault — the instance's
+  worker is killed at exponential times, and its replacement may start only after a
+  repair time exponential with mean ``mttr_s``.
+
+Randomness is seeded per fault, operator and instance from the fault's ``seed`` (0
+when none is given; `load` takes the file's), never from the clock: the same seed
+injects the same faults at the same record counts (stalls, drops) or times (outages,
+crashes), run after run. `load` reads them from a YAML file shaped like Dynamo's
+Listing 3.1 (operator -> instances -> faults), naming the line and field of any
+mistake.
 """
 
 from __future__ import annotations
 
+import math
 import random
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 
@@ -41,6 +74,7 @@ class ScheduledKill:
     worker: int | None = None
     node: int | str | None = None
     during_checkpoint: bool = False
+    repair_s: float = 0.0   # no replacement for the killed processes before this
 
 
 @dataclass(frozen=True)
@@ -99,16 +133,261 @@ class RandomKills:
         return kills
 
 
-Fault = KillInstance | KillWorker | KillNode | RandomKills
+# -- distributions of magnitudes ------------------------------------------------------------
+
+
+def _number(owner: str, name: str, value: Any, minimum: float | None = None,
+            above: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"{owner}.{name} must be a number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{owner}.{name} must be >= {minimum}, got {value!r}")
+    if above is not None and value <= above:
+        raise ValueError(f"{owner}.{name} must be > {above}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Constant:
+    """Always ``value`` (seconds)."""
+    value: float
+
+    def __post_init__(self) -> None:
+        _number("Constant", "value", self.value, minimum=0)
+
+    def sample(self, rng: random.Random) -> float:
+        return float(self.value)
+
+
+@dataclass(frozen=True)
+class Gaussian:
+    """Normal with ``mean`` and ``stddev`` (seconds), clipped to [min, max] and never
+    below 0 (a duration)."""
+    mean: float
+    stddev: float
+    min: float | None = None
+    max: float | None = None
+
+    def __post_init__(self) -> None:
+        _number("Gaussian", "mean", self.mean)
+        _number("Gaussian", "stddev", self.stddev, minimum=0)
+        for name in ("min", "max"):
+            if getattr(self, name) is not None:
+                _number("Gaussian", name, getattr(self, name), minimum=0)
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"Gaussian.min ({self.min}) must not exceed max ({self.max})")
+
+    def sample(self, rng: random.Random) -> float:
+        value = rng.gauss(self.mean, self.stddev)
+        if self.min is not None:
+            value = max(value, self.min)
+        if self.max is not None:
+            value = min(value, self.max)
+        return max(value, 0.0)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """Uniform between ``min`` and ``max`` (seconds)."""
+    min: float
+    max: float
+
+    def __post_init__(self) -> None:
+        _number("Uniform", "min", self.min, minimum=0)
+        _number("Uniform", "max", self.max, minimum=0)
+        if self.min > self.max:
+            raise ValueError(f"Uniform.min ({self.min}) must not exceed max ({self.max})")
+
+    def sample(self, rng: random.Random) -> float:
+        return rng.uniform(self.min, self.max)
+
+
+@dataclass(frozen=True)
+class Exponential:
+    """Exponential with ``mean`` (seconds)."""
+    mean: float
+
+    def __post_init__(self) -> None:
+        _number("Exponential", "mean", self.mean, above=0)
+
+    def sample(self, rng: random.Random) -> float:
+        return rng.expovariate(1.0 / self.mean)
+
+
+Distribution = Constant | Gaussian | Uniform | Exponential
+_DISTRIBUTIONS = {"constant": Constant, "gaussian": Gaussian, "uniform": Uniform,
+                  "exponential": Exponential}
+
+
+# -- faults that leave the processes alive ------------------------------------------------------
+
+PHASES = ("execute", "emit", "ack")
+
+
+def _check_target(owner: str, op: Any, instances: Any) -> None:
+    if not isinstance(op, str) or not op:
+        raise ValueError(f"{owner}.op must name an operator, got {op!r}")
+    if instances is not None:
+        if (not isinstance(instances, tuple) or not instances
+                or any(isinstance(i, bool) or not isinstance(i, int) or i < 0
+                       for i in instances)):
+            raise ValueError(f"{owner}.instances must be None (all) or a non-empty tuple "
+                             f"of instance indexes >= 0, got {instances!r}")
+
+
+def _check_seed(owner: str, seed: Any) -> None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"{owner}.seed must be an int or None, got {seed!r}")
+
+
+def _as_instances(instances: Any) -> Any:
+    return tuple(instances) if isinstance(instances, list) else instances
+
+
+@dataclass(frozen=True)
+class Timing:
+    op: str
+    instances: tuple[int, ...] | None = None
+    phase: str = "execute"
+    magnitude: Distribution = Constant(0.1)
+    mtbf_records: float = 10_000
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "instances", _as_instances(self.instances))
+        _check_target("Timing", self.op, self.instances)
+        if self.phase not in PHASES:
+            raise ValueError(f"Timing.phase must be one of {list(PHASES)}, got {self.phase!r}")
+        if not isinstance(self.magnitude, tuple(_DISTRIBUTIONS.values())):
+            raise ValueError("Timing.magnitude must be a distribution (bn.faults.Constant, "
+                             f"Gaussian, Uniform or Exponential), got {self.magnitude!r}")
+        _number("Timing", "mtbf_records", self.mtbf_records, above=0)
+        _check_seed("Timing", self.seed)
+
+
+@dataclass(frozen=True)
+class DropFrames:
+    op: str
+    instances: tuple[int, ...] | None = None
+    probability: float = 0.01
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "instances", _as_instances(self.instances))
+        _check_target("DropFrames", self.op, self.instances)
+        _number("DropFrames", "probability", self.probability, above=0)
+        if self.probability > 1:
+            raise ValueError(f"DropFrames.probability must be <= 1, got {self.probability!r}")
+        _check_seed("DropFrames", self.seed)
+
+
+@dataclass(frozen=True)
+class LinkOutage:
+    op: str
+    instances: tuple[int, ...] | None = None
+    mtbf_s: float = 5.0
+    mttr_s: float = 0.5
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "instances", _as_instances(self.instances))
+        _check_target("LinkOutage", self.op, self.instances)
+        _number("LinkOutage", "mtbf_s", self.mtbf_s, above=0)
+        _number("LinkOutage", "mttr_s", self.mttr_s, above=0)
+        _check_seed("LinkOutage", self.seed)
+
+
+@dataclass(frozen=True)
+class Crash:
+    op: str
+    instances: tuple[int, ...] | None = None
+    mtbf_s: float = 10.0
+    mttr_s: float = 1.0
+    max_crashes: int = 1
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "instances", _as_instances(self.instances))
+        _check_target("Crash", self.op, self.instances)
+        _number("Crash", "mtbf_s", self.mtbf_s, above=0)
+        _number("Crash", "mttr_s", self.mttr_s, minimum=0)
+        if isinstance(self.max_crashes, bool) or not isinstance(self.max_crashes, int) \
+                or self.max_crashes < 1:
+            raise ValueError("Crash.max_crashes must be an int >= 1 (a schedule must end), "
+                             f"got {self.max_crashes!r}")
+        _check_seed("Crash", self.seed)
+
+    def schedule(self, plan: Any) -> list[ScheduledKill]:
+        """Each targeted instance crashes at exponential times (mean ``mtbf_s``), each
+        crash repaired after an exponential time (mean ``mttr_s``), the next one
+        counted from the repair; ``max_crashes`` in all, earliest first."""
+        kills = []
+        for index in _instances_of(self, plan):
+            rng = fault_rng(self.seed, "crash", self.op, index)
+            at_s = 0.0
+            for _ in range(self.max_crashes):
+                at_s += rng.expovariate(1.0 / self.mtbf_s)
+                repair_s = rng.expovariate(1.0 / self.mttr_s) if self.mttr_s > 0 else 0.0
+                task = plan.task_of(self.op, index)
+                kills.append(ScheduledKill(round(at_s, 3), f"crash {self.op}[{index}]",
+                                           worker=task.worker, repair_s=round(repair_s, 3)))
+                at_s += repair_s
+        return sorted(kills)[:self.max_crashes]
+
+
+Injected = Timing | DropFrames | LinkOutage
+INJECTED_KINDS = (Timing, DropFrames, LinkOutage)  # carried out inside the tasks
+
+
+def fault_rng(seed: int | None, *what: Any) -> random.Random:
+    """A generator for one fault at one instance, from a stable hash of ``seed`` and
+    ``what`` (never Python's salted `hash`): reproducible in any process."""
+    key = repr((0 if seed is None else seed, *what)).encode()
+    return random.Random(zlib.crc32(key) << 32 | zlib.crc32(key[::-1]))
+
+
+def _instances_of(fault: Any, plan: Any) -> list[int]:
+    """The instance indexes ``fault`` hits; a clear error for a name or index the plan
+    does not have."""
+    name = type(fault).__name__
+    parallelism = _parallelism(plan, fault.op)
+    if parallelism is None:
+        raise ValueError(f"{name}: no operator named {fault.op!r}")
+    if fault.instances is None:
+        return list(range(parallelism))
+    for index in fault.instances:
+        if index >= parallelism:
+            raise ValueError(f"{name}: operator {fault.op!r} has no instance {index} "
+                             f"(parallelism {parallelism})")
+    return sorted(set(fault.instances))
+
+
+def _parallelism(plan: Any, op: str) -> int | None:
+    node = plan.topology.nodes.get(op)
+    return None if node is None else node.parallelism
+
+
+def injections(faults: Any, op: str, index: int) -> list[tuple[int, Injected]]:
+    """The faults (with their position in ``faults``) that instance ``index`` of
+    operator ``op`` carries out itself."""
+    return [(i, f) for i, f in enumerate(faults)
+            if isinstance(f, INJECTED_KINDS) and f.op == op
+            and (f.instances is None or index in f.instances)]
+
+
+Fault = KillInstance | KillWorker | KillNode | RandomKills | Crash | Injected
 
 
 def validate(faults: Any, plan: Any) -> list[ScheduledKill]:
     """Every fault's kills, sorted by time; a fault naming nothing fails here."""
     kills = []
     for fault in faults:
+        if isinstance(fault, INJECTED_KINDS):
+            _instances_of(fault, plan)  # names an operator and instances that exist
+            continue
         if not hasattr(fault, "schedule"):
             raise ValueError(f"not a fault: {fault!r}; use bn.faults.KillInstance, "
-                             "KillWorker, KillNode or RandomKills")
+                             "KillWorker, KillNode, RandomKills, Crash, Timing, "
+                             "DropFrames or LinkOutage")
         try:
             kills.extend(fault.schedule(plan))
         except KeyError as exc:
@@ -136,3 +415,197 @@ def resolve_node(node: int | str, nodes: list[str]) -> str:
     if node not in nodes:
         raise ValueError(f"KillNode: no live Ray node has id {node!r}")
     return node
+
+
+# -- fault files ---------------------------------------------------------------------------------
+#
+# The shape of Dynamo's Listing 3.1 — operator -> enabled instances -> faults — with the
+# units in the field names:
+#
+#     seed: 7
+#     operators:
+#       count:
+#         instances: [0, 1]          # or "all" (the default)
+#         faults:
+#           - timing: {phase: execute, mtbf_records: 5000,
+#                      magnitude: {gaussian: {mean: 0.45, stddev: 0.05, min: 0.0}}}
+#           - drop_frames: {probability: 0.01}
+#           - link_outage: {mtbf_s: 5.0, mttr_s: 0.5}
+#           - crash: {mtbf_s: 10.0, mttr_s: 1.0, max_crashes: 1}
+
+_FILE_KEYS = ("seed", "operators")
+_OPERATOR_KEYS = ("instances", "faults")
+_FAULT_KINDS = {"timing": Timing, "drop_frames": DropFrames, "link_outage": LinkOutage,
+                "crash": Crash}
+
+
+class FaultFileError(ValueError):
+    """A fault file (or dict) that does not describe faults: names where and why."""
+
+
+@dataclass
+class _Item:
+    """A value of a fault document with the line it starts on (None for a dict)."""
+    value: Any
+    line: int | None
+    children: Any = None   # dict key -> (key _Item, value _Item), or list of _Item
+
+
+def _from_yaml_node(node: Any, construct: Any) -> _Item:
+    import yaml
+
+    line = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        children = {}
+        for key_node, value_node in node.value:
+            key = _from_yaml_node(key_node, construct)
+            children[key.value] = (key, _from_yaml_node(value_node, construct))
+        return _Item({k: v.value for k, (_, v) in children.items()}, line, children)
+    if isinstance(node, yaml.SequenceNode):
+        items = [_from_yaml_node(n, construct) for n in node.value]
+        return _Item([i.value for i in items], line, items)
+    return _Item(construct.construct_object(node, deep=True), line)
+
+
+def _from_python(value: Any) -> _Item:
+    if isinstance(value, dict):
+        children = {k: (_Item(k, None), _from_python(v)) for k, v in value.items()}
+        return _Item(value, None, children)
+    if isinstance(value, (list, tuple)):
+        return _Item(list(value), None, [_from_python(v) for v in value])
+    return _Item(value, None)
+
+
+class _Reader:
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, item: _Item, path: str, message: str) -> FaultFileError:
+        where = self.source if item.line is None else f"{self.source} line {item.line}"
+        return FaultFileError(f"{where}: {path}: {message}" if path else f"{where}: {message}")
+
+    def mapping(self, item: _Item, path: str, allowed: tuple[str, ...]) -> dict:
+        if not isinstance(item.value, dict):
+            raise self.fail(item, path, f"must be a mapping with keys {list(allowed)}, "
+                                        f"got {item.value!r}")
+        for key, (key_item, _) in item.children.items():
+            if key not in allowed:
+                raise self.fail(key_item, f"{path}.{key}" if path else str(key),
+                                f"unknown field; allowed: {list(allowed)}")
+        return {k: v for k, (_, v) in item.children.items()}
+
+    def faults(self, root: _Item) -> list:
+        fields_ = self.mapping(root, "", _FILE_KEYS)
+        seed = None
+        if "seed" in fields_:
+            seed = fields_["seed"].value
+            if isinstance(seed, bool) or not isinstance(seed, int):
+                raise self.fail(fields_["seed"], "seed", f"must be an int, got {seed!r}")
+        if "operators" not in fields_:
+            raise self.fail(root, "", "missing field 'operators' (operator -> faults)")
+        operators = fields_["operators"]
+        if not isinstance(operators.value, dict) or not operators.value:
+            raise self.fail(operators, "operators", "must map operator names to their "
+                                                    f"faults, got {operators.value!r}")
+        out = []
+        for op, (_, spec) in operators.children.items():
+            out.extend(self.operator(str(op), spec, f"operators.{op}", seed))
+        return out
+
+    def operator(self, op: str, spec: _Item, path: str, seed: int | None) -> list:
+        fields_ = self.mapping(spec, path, _OPERATOR_KEYS)
+        instances = None
+        if "instances" in fields_:
+            item = fields_["instances"]
+            if item.value != "all":
+                if (not isinstance(item.value, list) or not item.value
+                        or any(isinstance(i, bool) or not isinstance(i, int) or i < 0
+                               for i in item.value)):
+                    raise self.fail(item, f"{path}.instances", "must be \"all\" or a list "
+                                    f"of instance indexes >= 0, got {item.value!r}")
+                instances = tuple(item.value)
+        if "faults" not in fields_:
+            raise self.fail(spec, path, "missing field 'faults'")
+        listed = fields_["faults"]
+        if not isinstance(listed.value, list) or not listed.value:
+            raise self.fail(listed, f"{path}.faults", "must be a non-empty list of faults "
+                                                      f"({list(_FAULT_KINDS)})")
+        return [self.fault(op, instances, item, f"{path}.faults[{i}]", seed)
+                for i, item in enumerate(listed.children)]
+
+    def fault(self, op: str, instances: Any, item: _Item, path: str, seed: int | None) -> Any:
+        kinds = self.mapping(item, path, tuple(_FAULT_KINDS))
+        if len(kinds) != 1:
+            raise self.fail(item, path, f"must hold exactly one of {list(_FAULT_KINDS)}")
+        (kind, body), = kinds.items()
+        path = f"{path}.{kind}"
+        cls = _FAULT_KINDS[kind]
+        names = tuple(f.name for f in fields(cls) if f.name not in ("op", "instances", "seed"))
+        given = self.mapping(body, path, names)
+        values = {}
+        for name, value in given.items():
+            if name == "magnitude":
+                values[name] = self.distribution(value, f"{path}.magnitude")
+            else:
+                values[name] = value.value
+        try:
+            return cls(op=op, instances=instances, seed=seed, **values)
+        except (ValueError, TypeError) as exc:
+            raise self._field_error(exc, body, given, path) from None
+
+    def distribution(self, item: _Item, path: str) -> Distribution:
+        kinds = self.mapping(item, path, tuple(_DISTRIBUTIONS))
+        if len(kinds) != 1:
+            raise self.fail(item, path, f"must hold exactly one of {list(_DISTRIBUTIONS)}")
+        (kind, body), = kinds.items()
+        cls = _DISTRIBUTIONS[kind]
+        path = f"{path}.{kind}"
+        given = self.mapping(body, path, tuple(f.name for f in fields(cls)))
+        try:
+            return cls(**{name: value.value for name, value in given.items()})
+        except (ValueError, TypeError) as exc:
+            raise self._field_error(exc, body, given, path) from None
+
+    def _field_error(self, exc: Exception, body: _Item, given: dict, path: str
+                     ) -> FaultFileError:
+        """The constructor's message (``Cls.field must ...``) at the field's own line."""
+        message = str(exc)
+        head = message.split(" ", 1)[0]
+        field_name = head.split(".", 1)[1] if "." in head else None
+        if field_name in given:
+            return self.fail(given[field_name], f"{path}.{field_name}",
+                             message.split(" ", 1)[1])
+        return self.fail(body, path, message)
+
+
+def load(path: str | Path) -> list:
+    """The faults a YAML fault file describes (see above); `FaultFileError` naming
+    the file, line and field of the first mistake."""
+    import yaml
+    from yaml.constructor import SafeConstructor
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise FaultFileError(f"{path}: cannot read the fault file: {exc}") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise FaultFileError(f"{path}{line}: not valid YAML: {problem}") from None
+    if node is None:
+        raise FaultFileError(f"{path}: the fault file is empty")
+    try:
+        root = _from_yaml_node(node, SafeConstructor())
+    except yaml.YAMLError as exc:
+        raise FaultFileError(f"{path}: {exc}") from None
+    return _Reader(str(path)).faults(root)
+
+
+def from_dict(doc: Any, source: str = "<dict>") -> list:
+    """The faults a document shaped like a fault file describes (``load`` without
+    the file)."""
+    return _Reader(source).faults(_from_python(doc))

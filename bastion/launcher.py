@@ -241,6 +241,11 @@ def run(topology: Topology, *, protocol: str = "none",
         resume_from=resume_from,
     )
     kills = fault_injection.validate(config.faults, plan)
+    for fault in config.faults:
+        if isinstance(fault, fault_injection.Timing) and fault.phase == "ack":
+            raise ValueError(f"{fault!r}: phase 'ack' stalls acknowledgments, which only "
+                             "protocol 'acks' sends, and this version does not have it; "
+                             "use phase 'execute' or 'emit'")
     for node in topology.nodes.values():
         if node.kind == "sink":
             node.params["sink"].prepare(node.parallelism)
@@ -303,6 +308,16 @@ def process_cpu_s(tasks: list[dict[str, Any]]) -> tuple[float, int]:
         spans[t["process"]] = (min(started, t["started_cpu_s"]),
                                max(finished, t["finished_cpu_s"]))
     return sum(finished - started for started, finished in spans.values()), len(spans)
+
+
+def _faults_injected(tasks: list[dict[str, Any]]) -> dict[str, float]:
+    """What the tasks of the last attempt injected (`bastion.runtime.faults`), summed;
+    empty when nothing was."""
+    total: dict[str, float] = {}
+    for task in tasks:
+        for name, value in (task["faults_injected"] or {}).items():
+            total[name] = total.get(name, 0) + value
+    return total
 
 
 def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
@@ -373,6 +388,7 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
             "workers": plan.workers,
             "tasks": len(plan.tasks),
             "attempts": report["attempts"],
+            "faults_injected": _faults_injected(tasks),
         },
     )
     warnings = []

@@ -51,6 +51,9 @@ class OutputChannel:
         # called with (channel_id, seq, payload) for every frame sent, when a protocol
         # logs in-flight messages
         self.on_sent: Callable[[int, int, bytes], None] | None = None
+        # the sending task's injected faults (`bastion.runtime.faults`), if any
+        self.faults: Any = None
+        self.records_offered = 0   # data records of every frame offered (lost ones too)
 
     # -- buffering --------------------------------------------------------------------
 
@@ -83,6 +86,8 @@ class OutputChannel:
     # -- transport --------------------------------------------------------------------
 
     async def send(self, frame: list) -> None:
+        if self.faults is not None and await self._injected_loss(frame):
+            return
         if self.decorate is not None:
             frame = self.decorate(frame)
         payload = self._codec.encode(frame)
@@ -93,6 +98,22 @@ class OutputChannel:
         self.frames_sent += 1
         self.bytes_sent += len(payload)
         await self.transmit(seq, payload)
+
+    async def _injected_loss(self, frame: list) -> bool:
+        """Carry out the faults injected before a send: wait out stalls and outages;
+        True if the frame is lost. A lost frame takes no sequence number — it is as if
+        it had never been sent — so the receiver does not wait for it."""
+        records = sum(len(e) for e in frame if type(e) is Batch)
+        droppable = all(type(e) in (Batch, Watermark) for e in frame)
+        # A frame is named by the records the channel carried before it: frames cut
+        # the same way lose the same records, whatever the clock did.
+        first_record = self.records_offered
+        self.records_offered += records
+        wait_s, lost = self.faults.before_send(self.channel_id, first_record, records,
+                                               droppable)
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
+        return lost
 
     async def transmit(self, seq: int, payload: bytes) -> None:
         """Deliver an encoded frame with its sequence number (replay uses this too)."""

@@ -40,6 +40,7 @@ from bastion.runtime.channel import (InputGate, LocalOutputChannel, OutputChanne
                                      RemoteOutputChannel)
 from bastion.runtime.config import JobConfig
 from bastion.runtime.durable import DurableCodec, open_bytes, seal
+from bastion.runtime.faults import TaskFaults
 from bastion.runtime.merge import DeterministicMerge
 from bastion.runtime.metrics import OperatorCounts
 from bastion.runtime.operators import (OperatorContext, SinkOp, SourceOp, make_operator)
@@ -230,6 +231,8 @@ class Task(TaskContext):
         self.gil_released_s = time.monotonic()
         self.restored_progress = (0, 0)  # records read and written before a restore
         self.protocol = get_protocol(config.protocol).task_protocol(self)
+        # stalls, lost frames and link outages this task carries out (None: none)
+        self.faults = TaskFaults.for_task(config.faults, chain.ops, plan.index)
 
     # -- wiring ------------------------------------------------------------------------
 
@@ -238,6 +241,8 @@ class Task(TaskContext):
                                   self.config.fail_fast,
                                   self.op_codes[route.edge.dst_op])
         self.routers.append(Router(route, channels, key_ctx, self.config.deterministic))
+        for channel in channels:
+            channel.faults = self.faults
         self.channels.extend(channels)
         self.outputs.update((c.channel_id, c) for c in channels)
         self.channel_destinations.extend(route.dst_tasks)
@@ -284,6 +289,8 @@ class Task(TaskContext):
                 break
             if len(batch):
                 counts.records_out += len(batch)
+                if self.faults is not None:
+                    await self._stall(0, counts.records_out)
                 await self._process(batch, 1, 0, keyed=False)      # process + emit
             if source.watermark > self.watermark:
                 await self._advance_watermark(source.watermark, 1)
@@ -421,12 +428,22 @@ class Task(TaskContext):
             c = counts[j]
             c.records_in += len(batch)
             batch = ops[j].process(batch, input_index if j == start else 0)
+            if self.faults is not None:
+                await self._stall(j, c.records_in)
             if batch is None or not len(batch):
                 if self.sinks:  # a sink ends the chain: it may have staged enough
                     await self._spill_full_sinks()
                 return
             c.records_out += len(batch)
         await self._emit(batch)
+
+    async def _stall(self, position: int, records_done: int) -> None:
+        """An injected computational fault of the chain's operator at ``position``."""
+        stalls = self.faults.execute.get(position)
+        if stalls:
+            stall_s = self.faults.stall_s(stalls, records_done)
+            if stall_s > 0:
+                await asyncio.sleep(stall_s)
 
     async def _emit(self, batch: Batch) -> None:
         for router in self.routers:
@@ -794,6 +811,7 @@ class Task(TaskContext):
             "max_inflight_frames": max((c.max_inflight_seen for c in self.channels),
                                        default=0),
             "max_inbox_frames": self.gate.max_queued_seen,
+            "faults_injected": None if self.faults is None else self.faults.report(),
             "task_id": self.task_id,
             "acknowledged": list(self.acknowledged),
             "staged_commits": list(self.staged_commits),

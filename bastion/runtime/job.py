@@ -247,6 +247,7 @@ class JobMaster:
         self.coordinator = self.protocol.coordinator(_CoordinatorContext(self))
         self.planner: RecoveryPlanner = BlockingRecovery()
         self._injector: asyncio.Task | None = None
+        self.repaired_at_s: dict[int, float] = {}  # slot -> when its crash is repaired
         self._standby_lending: asyncio.Future | None = None  # see _start
 
     # -- what the coordinator's context and the workers call --------------------------------
@@ -622,6 +623,7 @@ class JobMaster:
                           to_fresh=list(plan.to_fresh), restart=list(plan.restart))
         for i in lost:
             ray.kill(self.workers[i], no_restart=True)
+        await self._await_repairs(lost)
         for i in plan.to_standby:
             self.workers[i], self.standby = self.standby, None
         for i, worker in zip(plan.to_fresh, await self._new_workers(list(plan.to_fresh))):
@@ -663,7 +665,24 @@ class JobMaster:
 
     async def _inject_faults(self) -> None:
         await injector.inject(self.kills, self.started_s, self._victims,
-                              self.coordinator.checkpoint_in_progress, self.record_event)
+                              self.coordinator.checkpoint_in_progress, self.record_event,
+                              self._under_repair)
+
+    def _under_repair(self, names: list[str], until_s: float) -> None:
+        for name in names:
+            if name.startswith("worker "):
+                slot = int(name.split()[1])
+                self.repaired_at_s[slot] = max(self.repaired_at_s.get(slot, 0.0), until_s)
+
+    async def _await_repairs(self, lost: list[int]) -> None:
+        """A slot lost to a crash with a repair time (`bastion.faults.Crash`) gets its
+        replacement only once that time has passed: the crashed instance is down
+        for its repair, as the fault describes, and the job waits for it."""
+        until_s = max((self.repaired_at_s.pop(i, 0.0) for i in lost), default=0.0)
+        wait_s = until_s - time.time()
+        if wait_s > 0:
+            self.record_event("repair_wait", slots=lost, seconds=round(wait_s, 3))
+            await asyncio.sleep(wait_s)
 
     def _victims(self) -> dict[str, Any]:
         """The job's processes a kill may take down, by name: the worker of every slot

@@ -200,4 +200,17 @@ class RunMetrics:
             rows.append(("recovery", f"restart {failure.restart_s:.2f} s, recovered "
                          + ("never" if failure.recovery_s is None
                             else f"after {failure.recovery_s:.2f} s")))
+        injected = self.extra.get("faults_injected")
+        if injected:
+            rows.append(("faults injected", describe_injected(injected)))
         return rows
+
+
+def describe_injected(injected: dict[str, float]) -> str:
+    """What the tasks injected (`bastion.runtime.faults`), in words: counts from the
+    last attempt's tasks (an attempt that failed took its counts with it)."""
+    return (f"{injected['stalls']:,.0f} stalls ({injected['stalled_s']:.2f} s), "
+            f"{injected['frames_dropped']:,.0f} frames lost "
+            f"({injected['records_dropped']:,.0f} records), "
+            f"{injected['outage_waits']:,.0f} waits for a link "
+            f"({injected['outage_waited_s']:.2f} s)")

@@ -30,10 +30,15 @@ _CHECKPOINT_POLL_S = 0.002  # how often a during-checkpoint kill looks for a che
 async def inject(kills: Sequence[ScheduledKill], started_s: float,
                  processes: Callable[[], dict[str, Any]],
                  checkpoint_in_progress: Callable[[], bool],
-                 record_event: Callable[..., None]) -> None:
+                 record_event: Callable[..., None],
+                 under_repair: Callable[[list[str], float], None] = lambda names, s: None,
+                 ) -> None:
     """Carry out ``kills`` (sorted by time), timed from ``started_s`` (wall clock, s).
     ``processes()`` names every worker actor of the job a kill may take down —
-    ``"worker <slot>"`` for each slot and ``"standby"`` when there is one."""
+    ``"worker <slot>"`` for each slot and ``"standby"`` when there is one. A kill with
+    a repair time (a `bastion.faults.Crash`) reports the processes it took down and
+    the wall-clock time their repair ends to ``under_repair``: no replacement for
+    them may start before."""
     for kill in kills:
         delay_s = started_s + kill.at_s - time.time()
         if delay_s > 0:
@@ -43,6 +48,8 @@ async def inject(kills: Sequence[ScheduledKill], started_s: float,
         victims = await victims_of(kill, processes())
         record_event("fault", what=kill.what, worker=kill.worker, killed=sorted(victims),
                      checkpoint_in_progress=checkpoint_in_progress())
+        if kill.repair_s > 0:
+            under_repair(sorted(victims), time.time() + kill.repair_s)
         for handle in victims.values():
             ray.kill(handle, no_restart=True)
 

@@ -1,0 +1,166 @@
+"""Faults a task carries out itself: stalls, lost frames and link outages.
+
+Kills come from outside (`bastion.scheduler.injector` terminates processes). The other
+fault classes of `bastion.faults` act inside the instance they hit, so each task builds
+a `TaskFaults` from the faults that name one of its chain's operators at its index,
+and its loop asks it at three points:
+
+- after an operator processed a batch, and before the task sends a frame, how long to
+  stall (`stall_s`): a `bastion.faults.Timing` occurs at record counts drawn ahead from
+  its seed — exponential gaps with mean ``mtbf_records`` — so a call that crosses
+  several occurrences (a whole batch) stalls for all of them, and the same seed stalls
+  at the same records in every run;
+- before a data frame is sent, whether it is lost (`drop_frame`): a
+  `bastion.faults.DropFrames` decides from a stable hash of (seed, operator, instance,
+  channel, records the channel carried before the frame): frames cut the same way —
+  by size, from an unpaced source — lose the same records in every run;
+- before a frame is sent, how long its links stay down (`link_down_for_s`): a
+  `bastion.faults.LinkOutage` lays out up and down periods from its seed, timed from
+  the task's start.
+
+A task without such faults has no `TaskFaults` at all: the loop pays one ``is None``
+test. What was injected is counted (`report`) and lands in `RunResult.metrics`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from bastion.faults import DropFrames, LinkOutage, Timing, fault_rng, injections
+
+
+@dataclass
+class _Stalls:
+    """One Timing fault at one operator instance: its next occurrence, in records."""
+    fault: Timing
+    rng: Any
+    next_at: float
+
+    def due(self, records_done: int) -> tuple[float, int]:
+        """The seconds of the occurrences up to ``records_done``, and how many."""
+        stall_s, count = 0.0, 0
+        while self.next_at <= records_done:
+            stall_s += self.fault.magnitude.sample(self.rng)
+            count += 1
+            self.next_at += self.rng.expovariate(1.0 / self.fault.mtbf_records)
+        return stall_s, count
+
+
+@dataclass
+class _Outages:
+    """One LinkOutage: down periods laid out lazily from the seed, in seconds since the
+    task started."""
+    fault: LinkOutage
+    rng: Any
+    down_from_s: float = 0.0
+    down_until_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._next_period(0.0)
+
+    def _next_period(self, up_from_s: float) -> None:
+        self.down_from_s = up_from_s + self.rng.expovariate(1.0 / self.fault.mtbf_s)
+        self.down_until_s = self.down_from_s + self.rng.expovariate(1.0 / self.fault.mttr_s)
+
+    def down_for_s(self, elapsed_s: float) -> float:
+        """Seconds from ``elapsed_s`` until the link is up (0.0: up now)."""
+        while self.down_until_s <= elapsed_s:
+            self._next_period(self.down_until_s)
+        return self.down_until_s - elapsed_s if elapsed_s >= self.down_from_s else 0.0
+
+
+@dataclass
+class TaskFaults:
+    """The injected faults of one task (see the module docstring)."""
+
+    execute: dict[int, list[_Stalls]] = field(default_factory=dict)  # op position ->
+    emit: list[_Stalls] = field(default_factory=list)
+    drops: list[tuple[int, DropFrames]] = field(default_factory=list)
+    outages: list[_Outages] = field(default_factory=list)
+    ident: str = ""
+    started_s: float = field(default_factory=time.monotonic)  # outages count from here
+    emitted_records: int = 0
+    # what was injected
+    stalls: int = 0               # occurrences of Timing faults
+    stalled_s: float = 0.0
+    frames_dropped: int = 0
+    records_dropped: int = 0
+    outage_waits: int = 0
+    outage_waited_s: float = 0.0
+
+    @classmethod
+    def for_task(cls, faults: Any, ops: list[str], index: int) -> "TaskFaults | None":
+        """The faults of the chain ``ops`` at ``index``; None when it has none."""
+        found = cls(ident=f"{'/'.join(ops)}[{index}]")
+        for position, op in enumerate(ops):
+            for number, fault in injections(faults, op, index):
+                rng = fault_rng(fault.seed, number, type(fault).__name__, op, index)
+                if isinstance(fault, Timing):
+                    stalls = _Stalls(fault, rng, rng.expovariate(1.0 / fault.mtbf_records))
+                    if fault.phase == "execute":
+                        found.execute.setdefault(position, []).append(stalls)
+                    else:
+                        found.emit.append(stalls)
+                elif isinstance(fault, DropFrames):
+                    found.drops.append((number, fault))
+                else:
+                    found.outages.append(_Outages(fault, rng))
+        if not (found.execute or found.emit or found.drops or found.outages):
+            return None
+        return found
+
+    def stall_s(self, stalls: list[_Stalls], records_done: int) -> float:
+        """Seconds to stall now that ``records_done`` records went through (0.0: none)."""
+        total_s = 0.0
+        for stall in stalls:
+            seconds, count = stall.due(records_done)
+            total_s += seconds
+            self.stalls += count
+        self.stalled_s += total_s
+        return total_s
+
+    def drop_frame(self, channel_id: int, first_record: int, records: int) -> bool:
+        """Is the frame lost that ``channel_id`` offers after ``first_record`` records?"""
+        for number, fault in self.drops:
+            key = repr((0 if fault.seed is None else fault.seed, number, self.ident,
+                        channel_id, first_record)).encode()
+            draw = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+            if draw / 2**64 < fault.probability:
+                self.frames_dropped += 1
+                self.records_dropped += records
+                return True
+        return False
+
+    def before_send(self, channel_id: int, first_record: int, records: int,
+                    droppable: bool) -> tuple[float, bool]:
+        """Before the task sends a frame holding ``records`` data records: seconds to
+        wait (emit stalls, a link down) and whether the frame is lost. Only a
+        ``droppable`` frame — data and watermarks alone — is lost: a lost end-of-stream
+        or barrier would hang the job instead of showing in its output."""
+        wait_s = 0.0
+        if self.emit and records:
+            self.emitted_records += records
+            wait_s += self.stall_s(self.emit, self.emitted_records)
+        if self.outages:
+            wait_s += self.link_down_for_s(time.monotonic() - self.started_s + wait_s)
+        lost = (bool(self.drops) and droppable and records > 0
+                and self.drop_frame(channel_id, first_record, records))
+        return wait_s, lost
+
+    def link_down_for_s(self, elapsed_s: float) -> float:
+        """Seconds the task's links stay down from ``elapsed_s`` on (0.0: up)."""
+        wait_s = max((o.down_for_s(elapsed_s) for o in self.outages), default=0.0)
+        if wait_s > 0:
+            self.outage_waits += 1
+            self.outage_waited_s += wait_s
+        return wait_s
+
+    def report(self) -> dict[str, Any]:
+        return {"stalls": self.stalls, "stalled_s": round(self.stalled_s, 6),
+                "frames_dropped": self.frames_dropped,
+                "records_dropped": self.records_dropped,
+                "outage_waits": self.outage_waits,
+                "outage_waited_s": round(self.outage_waited_s, 6)}
