@@ -42,9 +42,10 @@ on them:
 code  meaning
 ====  ===================================================================
 0     done; for a drill: exactly-once, every fault landed, nothing lost,
-      duplicated or corrupted
+      duplicated or corrupted (at-least-once under protocol ``acks``: nothing
+      lost or corrupted, duplicates counted)
 1     ``run``: the job failed; ``drill``: violated — a record was lost,
-      duplicated or corrupted
+      duplicated (but under ``acks``) or corrupted
 2     usage error: bad arguments, a job file that does not load, an unusable
       store, no faults or a fault target that does not exist (nothing ran)
 3     ``drill``: inconclusive — nothing violated, but a fault did not land (the
@@ -72,7 +73,7 @@ from bastion.topology import Topology
 EXIT_OK, EXIT_VIOLATED, EXIT_USAGE, EXIT_INCONCLUSIVE, EXIT_FAILED = 0, 1, 2, 3, 4
 EXIT_JOB_FAILED = 1  # `bastion run`: the job failed (a drill's 1 is "violated")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
-_EXIT_CODES = {"exactly-once": EXIT_OK, "violated": EXIT_VIOLATED,
+_EXIT_CODES = {"exactly-once": EXIT_OK, "at-least-once": EXIT_OK, "violated": EXIT_VIOLATED,
                "inconclusive": EXIT_INCONCLUSIVE}
 
 DEFAULT_STORAGE = "local://.bastion"
@@ -278,6 +279,17 @@ def _warn_local_storage_on_a_cluster(args: argparse.Namespace) -> None:
              "multi-node run are lost; pass --storage s3://BUCKET/PREFIX?endpoint=HOST:PORT")
 
 
+def _acks_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags of protocol acks that were given, as `bastion.run` options."""
+    options = {name: value for name, value in (
+        ("acks_mode", args.acks_mode), ("ack_timeout_s", args.ack_timeout),
+        ("max_pending", args.max_pending)) if value is not None}
+    if options and args.protocol != "acks":
+        raise UsageError("--acks-mode, --ack-timeout and --max-pending set protocol acks; "
+                         f"this run uses --protocol {args.protocol}")
+    return options
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import bastion as bn
 
@@ -295,7 +307,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                         address=args.address, duration_s=args.duration,
                         buffer_timeout_ms=args.buffer_timeout_ms,
                         chaining=not args.no_chaining, fail_fast=args.fail_fast,
-                        progress=progress, resume_from=args.resume_from)
+                        progress=progress, resume_from=args.resume_from,
+                        **_acks_options(args))
     except (TopologyError, StorageError):
         raise  # user errors: main prints them as one line, exit 2
     except ValueError as exc:  # refused before it ran (e.g. --address ray:// without
@@ -379,7 +392,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
         # bn.drill checks every fault target against the plan before the first run
         report = bn.drill(topology, protocol=args.protocol, faults=faults, seed=args.seed,
                           checkpoint_interval=args.checkpoint_interval,
-                          storage=store.url, address=args.address, progress=progress)
+                          storage=store.url, address=args.address, progress=progress,
+                          **_acks_options(args))
     except StorageError:
         raise  # a usage error (exit 2), printed by main
     except TopologyError as exc:  # refused (e.g. a cycle under coordinated): exit 4
@@ -602,6 +616,18 @@ def _common(parser: argparse.ArgumentParser, *, default_protocol: str,
                         help="inject the faults a YAML fault file describes (operator -> "
                              "instances -> timing / drop_frames / link_outage / crash; "
                              "see bastion.faults)")
+    parser.add_argument("--acks-mode", choices=["fine", "xor"], default=None,
+                        help="--protocol acks: what a source tracks per root tuple: the "
+                             "set of pending tuples (fine, the default) or one XOR value "
+                             "(xor, Storm's acker)")
+    parser.add_argument("--ack-timeout", type=_number(float, minimum=0, strict=True),
+                        default=None, metavar="S",
+                        help="--protocol acks: seconds before a root tuple not fully "
+                             "acknowledged is replayed (default 5)")
+    parser.add_argument("--max-pending", type=_number(int, minimum=1), default=None,
+                        metavar="N",
+                        help="--protocol acks: pending root tuples per source instance "
+                             "before it stops reading (default 100000)")
     parser.add_argument("--verbose", action="store_true",
                         help="show Ray's start-up notices, storage retries and the "
                              "traceback of an error")

@@ -23,7 +23,9 @@ mode (`DrillReport.verified_by`):
 
 - ``"deterministic"``: whenever the topology can run in deterministic mode
   (`bn.run(deterministic=True)`: every multi-input task merges its inputs in a fixed
-  order), reference and faulty run both do, and every id's value must match;
+  order), reference and faulty run both do, and every id's value must match (under
+  ``acks``, which cannot merge in order, only the reference does: it runs stateless
+  topologies only, whose values do not depend on the order);
 - ``"ids"``: otherwise (a feedback edge, windows on ingest time, ...) the reference
   runs twice. Ids present in both references must be committed — except ids that
   derive from a window or join on ingest time, which depend on when a run happened
@@ -46,8 +48,12 @@ if it killed a process and the job then detected a failure (or the kill hit a
 recovery already in progress, which the restart then covered). The verdict:
 
 - ``"exactly-once"``: every fault landed and lost == duplicated == corrupted == 0;
-- ``"violated"``: a record was lost, duplicated or corrupted (found even when some
-  fault did not land: a violation is a violation);
+- ``"at-least-once"``: under a protocol that promises only that (``acks``: it
+  replays, so a record may be committed twice), every fault landed and lost ==
+  corrupted == 0; the duplicates are counted and reported, not held against it;
+- ``"violated"``: a record was lost, duplicated or corrupted — under an at-least-once
+  protocol, lost or corrupted (found even when some fault did not land: a violation
+  is a violation);
 - ``"inconclusive"``: nothing was violated, but a fault did not land (the job ended
   first, the target had nothing to kill) or no reference record was reproducible —
   the drill proves nothing, and never says "exactly once".
@@ -79,11 +85,14 @@ from bastion.runtime.metrics import describe_injected, rate_recovered_at
 from bastion.runtime.plan import build_plan
 from bastion.topology import Topology
 
-Verdict = Literal["exactly-once", "violated", "inconclusive"]
-VERDICTS: tuple[Verdict, ...] = ("exactly-once", "violated", "inconclusive")
+Verdict = Literal["exactly-once", "at-least-once", "violated", "inconclusive"]
+VERDICTS: tuple[Verdict, ...] = ("exactly-once", "at-least-once", "violated", "inconclusive")
 KINDS = ("lost", "duplicated", "corrupted")
+GOOD = ("exactly-once", "at-least-once")  # verdicts that keep the protocol's promise
 EXAMPLES = 5  # violations of each kind kept as examples
 REFERENCE_PROTOCOL = "none"
+# `bastion.run` options that configure the protocol under test (not the reference's)
+PROTOCOL_OPTIONS = ("cec", "acks_mode", "ack_timeout_s", "max_pending")
 
 
 # -- comparing committed outputs by id ------------------------------------------------------
@@ -394,6 +403,8 @@ class DrillReport:
     op_names: list[str] = field(default_factory=list)  # operator code -> name
     # faults the tasks carry out themselves (stalls, lost frames, outages) declared
     injections_declared: int = 0
+    # what the protocol promises: "exactly-once", or "at-least-once" (duplicates allowed)
+    guarantee: str = "exactly-once"
 
     # -- the verdict ----------------------------------------------------------------
 
@@ -415,11 +426,16 @@ class DrillReport:
 
     @property
     def verdict(self) -> Verdict:
-        if self.comparison.violations:
+        if self._violations():
             return "violated"
         if not self.faults_landed or self._unverifiable() or self._nothing_injected():
             return "inconclusive"
-        return "exactly-once"
+        return "at-least-once" if self.guarantee == "at-least-once" else "exactly-once"
+
+    def _violations(self) -> int:
+        """Records that break the protocol's promise (duplicates break only exactly-once)."""
+        c = self.comparison
+        return c.lost + c.corrupted + (c.duplicated if self.guarantee == "exactly-once" else 0)
 
     def _injected(self) -> float:
         injected = self.metrics.extra.get("faults_injected") if self.metrics else None
@@ -447,9 +463,12 @@ class DrillReport:
     def verdict_reason(self) -> str:
         """The evidence for the verdict, in one sentence."""
         verdict, c = self.verdict, self.comparison
+        allowed = "" if self.guarantee == "exactly-once" else (
+            f"; {c.duplicated:,} duplicated, which {self.guarantee} allows")
         if verdict == "violated":
             return ", ".join(f"{n:,} {kind}" for kind, n in zip(
-                KINDS, (c.lost, c.duplicated, c.corrupted)) if n)
+                KINDS, (c.lost, c.duplicated, c.corrupted))
+                if n and (kind != "duplicated" or not allowed)) + allowed
         if verdict == "inconclusive":
             missed = [f for f in self.faults if not f.landed]
             if missed:
@@ -466,6 +485,8 @@ class DrillReport:
             landed_text = f" across {landed} landed fault{'s' if landed != 1 else ''}"
         else:
             landed_text = " (no fault was scheduled)"
+        if allowed:
+            return "nothing lost or corrupted" + landed_text + allowed
         return "nothing lost, duplicated or corrupted" + landed_text
 
     # -- what the first fault did (most drills have one) ---------------------------------
@@ -572,7 +593,7 @@ class DrillReport:
             ("corrupted", f"{c.corrupted:,}"),
             ("checkpoints", self.checkpoint_summary()),
             # shouted unless it is good news
-            ("verdict", f"{self.verdict if self.exactly_once else self.verdict.upper()}: "
+            ("verdict", f"{self.verdict if self.verdict in GOOD else self.verdict.upper()}: "
                         f"{self.verdict_reason}"),
         ]
         return rows
@@ -622,10 +643,15 @@ def drill(topology: Topology, *, protocol: str | Protocol = "coordinated",
     topology allows it, ``deterministic=True``) to compare with instead of running
     the reference again; the input must be the same. ``progress`` is called about
     twice a second during every run with the job's progress and ``"run"`` naming the
-    run. Other keyword arguments go to `bastion.run` (for every run). Bad fault
+    run. Other keyword arguments go to `bastion.run` (for every run; the protocol's
+    own, such as ``cec`` or ``acks_mode``, for the faulty run only). Bad fault
     targets raise `ValueError` before anything runs.
     """
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    # Options of the protocol under test go to the faulty run only: the reference runs
+    # under protocol "none", which refuses them.
+    protocol_options = {name: run_options.pop(name) for name in PROTOCOL_OPTIONS
+                        if name in run_options}
     if seed is not None:  # every fault that draws at random and has no seed of its own
         faults = [dataclasses.replace(f, seed=seed) if dataclasses.is_dataclass(f)
                   and getattr(f, "seed", 0) is None else f for f in faults]
@@ -651,9 +677,13 @@ def drill(topology: Topology, *, protocol: str | Protocol = "coordinated",
                                      progress=progress, **run_options)
     references = references[:needed]
 
+    # A protocol that cannot merge deterministically (acks) runs only stateless
+    # topologies, whose ids carry the same values in any order: the deterministic
+    # reference still judges them value by value.
+    merge_in_order = deterministic and get_protocol(protocol).nondeterministic_merge is None
     result = run(topology, protocol=protocol, checkpoint_interval=checkpoint_interval,
-                 faults=faults, lineage=True, deterministic=deterministic,
-                 progress=_labelled(progress, "faulty"), **run_options)
+                 faults=faults, lineage=True, deterministic=merge_in_order,
+                 progress=_labelled(progress, "faulty"), **protocol_options, **run_options)
     committed = [Committed.of(r) for r in references]
     comparison = compare(committed[0], Committed.of(result),
                          None if deterministic else committed[1],
@@ -670,7 +700,9 @@ def drill(topology: Topology, *, protocol: str | Protocol = "coordinated",
         events=result.details["events"], metrics=result.metrics,
         format_id=_id_formatter(topology), op_names=list(topology.nodes),
         injections_declared=sum(isinstance(f, fault_injection.INJECTED_KINDS)
-                                for f in faults))
+                                for f in faults),
+        guarantee="at-least-once" if get_protocol(protocol).at_least_once
+        else "exactly-once")
 
 
 def _clock_dependence(topology: Topology) -> Callable[[Any], bool]:

@@ -33,8 +33,9 @@ inside the task that runs the instance (`bastion.runtime.faults`):
   fault — the instance stalls for ``magnitude`` seconds (a distribution: `Constant`,
   `Gaussian` with optional min/max, `Uniform`, `Exponential`) at occurrences whose gaps,
   in records the instance processed, are exponential with mean ``mtbf_records``; in
-  the ``"execute"`` phase (after its operator processed a batch) or the ``"emit"``
-  phase (before its task sends a frame);
+  the ``"execute"`` phase (after its operator processed a batch), the ``"emit"``
+  phase (before its task sends a frame) or the ``"ack"`` phase (its acknowledgments
+  of tuples arrive that much later; protocol ``acks`` only);
 - ``DropFrames(op, probability)``: a *single-shot communication* fault — each data
   frame the instance's task sends is lost with that probability. Bastion's channels
   are otherwise reliable, and only a protocol that replays by acknowledgments can

@@ -27,6 +27,7 @@ from ray._private import ray_constants
 from bastion import faults as fault_injection
 from bastion.errors import JobFailedError, TopologyError, UDFError
 from bastion.protocols import Protocol, get_protocol
+from bastion.protocols.acks import AcksProtocol
 from bastion.protocols.cec import CecPolicy, CecProtocol
 from bastion.runtime.config import SINK_SPILL_RECORDS, JobConfig
 from bastion.runtime.instance import Worker
@@ -149,12 +150,16 @@ def run(topology: Topology, *, protocol: str = "none",
         progress: Callable[[dict[str, Any]], None] | None = None,
         master_limits: MasterLimits | None = None,
         pool_idle_timeout_s: float | None = None,
-        cec: CecPolicy | None = None, resume_from: str | None = None) -> RunResult:
+        cec: CecPolicy | None = None, resume_from: str | None = None,
+        acks_mode: str | None = None, ack_timeout_s: float | None = None,
+        max_pending: int | None = None) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
 
-    ``protocol`` picks the fault-tolerance protocol (``"none"``, ``"coordinated"``,
-    ``"uncoordinated"``, ``"cic"``, ``"cec"``; ``cec`` is the `CecPolicy` of the
-    last, `bastion.protocols.cec`); ``resume_from`` names an earlier job in the same
+    ``protocol`` picks the fault-tolerance protocol (``"none"``, ``"acks"``,
+    ``"coordinated"``, ``"uncoordinated"``, ``"cic"``, ``"cec"``; ``cec`` is the
+    `CecPolicy` of the last, `bastion.protocols.cec`; ``acks_mode`` (``"fine"`` or
+    ``"xor"``), ``ack_timeout_s`` and ``max_pending`` set ``"acks"``,
+    `bastion.protocols.acks`); ``resume_from`` names an earlier job in the same
     storage whose logged state this one starts from (protocol ``"cec"``: the eventual
     checkpoints `bastion reconstruct` stored for it, else its logs; its committed
     outputs are not committed again);
@@ -195,6 +200,14 @@ def run(topology: Topology, *, protocol: str = "none",
             raise ValueError(f"cec=... is the policy of protocol 'cec'; this run uses "
                              f"protocol {protocol!r}")
         protocol = CecProtocol(cec)
+    acks_options = {name: value for name, value in (
+        ("mode", acks_mode), ("ack_timeout_s", ack_timeout_s), ("max_pending", max_pending))
+        if value is not None}
+    if acks_options:
+        if get_protocol(protocol).name != "acks":
+            raise ValueError(f"acks_mode, ack_timeout_s and max_pending set protocol "
+                             f"'acks'; this run uses protocol {protocol!r}")
+        protocol = AcksProtocol(**acks_options)
     proto = get_protocol(protocol)
     lineage = lineage or proto.needs_lineage
     if resume_from is not None and not proto.resumable:
@@ -202,6 +215,9 @@ def run(topology: Topology, *, protocol: str = "none",
                          "start from an earlier job's state; use protocol='cec'")
     plan = build_plan(topology, chaining=chaining, workers=workers)
     proto.check(topology)
+    if deterministic and proto.nondeterministic_merge is not None:
+        raise ValueError(f"protocol {proto.name!r} cannot run with deterministic=True: "
+                         f"{proto.nondeterministic_merge}")
     if deterministic and (reason := nondeterminism(topology)) is not None:
         raise TopologyError(f"topology {topology.name!r} cannot run with "
                             f"deterministic=True: {reason}")
@@ -242,10 +258,11 @@ def run(topology: Topology, *, protocol: str = "none",
     )
     kills = fault_injection.validate(config.faults, plan)
     for fault in config.faults:
-        if isinstance(fault, fault_injection.Timing) and fault.phase == "ack":
-            raise ValueError(f"{fault!r}: phase 'ack' stalls acknowledgments, which only "
-                             "protocol 'acks' sends, and this version does not have it; "
-                             "use phase 'execute' or 'emit'")
+        if (isinstance(fault, fault_injection.Timing) and fault.phase == "ack"
+                and not proto.acknowledges_tuples):
+            raise ValueError(f"{fault!r}: phase 'ack' stalls acknowledgments of tuples, "
+                             f"which protocol {proto.name!r} does not send; use protocol "
+                             "'acks', or phase 'execute' or 'emit'")
     for node in topology.nodes.values():
         if node.kind == "sink":
             node.params["sink"].prepare(node.parallelism)
@@ -310,13 +327,16 @@ def process_cpu_s(tasks: list[dict[str, Any]]) -> tuple[float, int]:
     return sum(finished - started for started, finished in spans.values()), len(spans)
 
 
-def _faults_injected(tasks: list[dict[str, Any]]) -> dict[str, float]:
-    """What the tasks of the last attempt injected (`bastion.runtime.faults`), summed;
-    empty when nothing was."""
+def _summed(tasks: list[dict[str, Any]], field: str) -> dict[str, float]:
+    """The counters ``field`` of the last attempt's tasks, summed (a counter named
+    ``max_...``: the largest); empty when no task had any. ``faults_injected``: what
+    the tasks injected (`bastion.runtime.faults`); ``protocol_counters``: what their
+    protocol counted (`TaskProtocol.counters`)."""
     total: dict[str, float] = {}
     for task in tasks:
-        for name, value in (task["faults_injected"] or {}).items():
-            total[name] = total.get(name, 0) + value
+        for name, value in (task[field] or {}).items():
+            total[name] = (max(total.get(name, value), value) if name.startswith("max_")
+                           else total.get(name, 0) + value)
     return total
 
 
@@ -388,7 +408,8 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
             "workers": plan.workers,
             "tasks": len(plan.tasks),
             "attempts": report["attempts"],
-            "faults_injected": _faults_injected(tasks),
+            "faults_injected": _summed(tasks, "faults_injected"),
+            "protocol_counters": _summed(tasks, "protocol_counters"),
         },
     )
     warnings = []

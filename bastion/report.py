@@ -24,7 +24,8 @@ from typing import Any
 
 _MARKS = {"fault": ("red", "fault"), "failure_detected": ("orange", "detected"),
           "restarted": ("green", "restarted")}
-_VERDICT_COLOURS = {"exactly-once": "#1b7f3b", "violated": "#b3261e",
+_VERDICT_COLOURS = {"exactly-once": "#1b7f3b", "at-least-once": "#1b7f3b",
+                    "violated": "#b3261e",
                     "inconclusive": "#9a6700"}
 
 

@@ -100,7 +100,10 @@ def test_a_job_file_that_does_not_load_is_one_line(kind, tmp_path, capsys, nothi
 @pytest.mark.parametrize("argv,message", [
     (["run", "JOB", "--protocol", "bogus"],
      r"run: argument --protocol: invalid choice: 'bogus' \(choose from 'none', "
-     r"'coordinated', .*see `bastion run --help`"),
+     r"'acks', 'coordinated', .*see `bastion run --help`"),
+    (["run", "JOB", "--acks-mode", "xor"],
+     r"--acks-mode, --ack-timeout and --max-pending set protocol acks; this run uses "
+     r"--protocol none"),
     (["drill", "JOB", "--random-kills", "1", "--between", "a,b"],
      r"--between: 'a,b': expected FIRST,LAST in seconds, e.g. 1,4"),
     (["drill", "JOB", "--random-kills", "1", "--between", "4,1"], r"need 0 <= FIRST <= LAST"),
@@ -222,7 +225,7 @@ def test_every_flag_has_help_and_protocol_lists_its_choices():
         for action in command._actions:  # noqa: SLF001 - argparse keeps them here
             assert action.help, f"{name} {action.option_strings or action.dest}: no help"
     run_protocol = next(a for a in commands["run"]._actions if "--protocol" in a.option_strings)
-    assert run_protocol.choices == ["none", "coordinated", "uncoordinated", "cic", "cec"]
+    assert run_protocol.choices == ["none", "acks", "coordinated", "uncoordinated", "cic", "cec"]
     assert all(p in run_protocol.help for p in run_protocol.choices)
     for flag in ("--protocol", "--checkpoint-interval", "--storage", "--address",
                  "--verbose", "--keep-jobs"):

@@ -97,7 +97,7 @@ def test_a_crash_is_survived_after_its_repair_time():
 
 
 def test_an_ack_phase_stall_is_refused_until_there_are_acknowledgments():
-    with pytest.raises(ValueError, match="phase 'ack' stalls acknowledgments"):
+    with pytest.raises(ValueError, match="phase 'ack' stalls acknowledgments of tuples, which protocol 'none'"):
         bn.run(pipeline(records=10), faults=[bn.faults.Timing("double", phase="ack")])
 
 

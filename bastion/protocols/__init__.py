@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bastion.protocols.acks import AcksProtocol
 from bastion.protocols.base import Protocol, TaskProtocol
 from bastion.protocols.cec import CecPolicy, CecProtocol
 from bastion.protocols.cic import CicProtocol
@@ -10,6 +11,7 @@ from bastion.protocols.none import NoProtocol
 from bastion.protocols.uncoordinated import UncoordinatedProtocol
 
 _PROTOCOLS: dict[str, type[Protocol]] = {"none": NoProtocol,
+                                         "acks": AcksProtocol,
                                          "coordinated": CoordinatedProtocol,
                                          "uncoordinated": UncoordinatedProtocol,
                                          "cic": CicProtocol,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import math
 from dataclasses import dataclass
 from typing import (TYPE_CHECKING, Any, Callable, Coroutine, Iterable,
                     Protocol as Structural)
@@ -268,6 +269,43 @@ class TaskContext(abc.ABC):
         """Store what the sinks staged since their last commit point as commit point
         ``commit`` (nothing else: no state). False when they staged nothing."""
 
+    @abc.abstractmethod
+    async def commit_sink_outputs(self, commit: int) -> bool:
+        """Stage as `stage_sink_outputs`, then have the job master commit it now; True
+        once it is committed (or nothing was staged), False when the attempt is over
+        and it was not."""
+
+    # -- tuple tracking, for protocols that acknowledge tuples ---------------------------
+
+    @abc.abstractmethod
+    def op_kinds(self) -> list[str]:
+        """Every operator's kind, by operator code (`bastion.lineage`)."""
+
+    @abc.abstractmethod
+    def is_source(self) -> bool: ...
+
+    @abc.abstractmethod
+    def has_sinks(self) -> bool: ...
+
+    @abc.abstractmethod
+    def source_identity(self) -> tuple[int, int]:
+        """``(source operator code, instance)`` of this source task."""
+
+    @abc.abstractmethod
+    def source_task(self, source_code: int, instance: int) -> int:
+        """The task that runs instance ``instance`` of source ``source_code``."""
+
+    @abc.abstractmethod
+    def send_acks(self, task_id: int, entries: list) -> None:
+        """Deliver ``entries`` (msgpack-able) to task ``task_id``'s
+        `TaskProtocol.on_acks` — this task's own at once, another's over the data
+        plane — without waiting; lost if either task's attempt ends first."""
+
+    @abc.abstractmethod
+    async def replay_source_records(self, batch: Batch) -> None:
+        """Send records this source task read before (with their ids) through its
+        chain again; they are not counted as read again."""
+
 
 class MasterContext(abc.ABC):
     """What a coordinator may see and do in the job master."""
@@ -396,6 +434,31 @@ class TaskProtocol:
         """The task stopped — finished, failed or cancelled: release what the protocol
         holds (a log writer, a thread). Must not block for long."""
 
+    def counters(self) -> dict[str, float]:
+        """What the protocol counted in this task, for `RunResult.metrics`'s
+        ``extra["protocol_counters"]`` (summed over tasks; a name ``max_...``: the
+        largest)."""
+        return {}
+
+    # -- tuple tracking -------------------------------------------------------------------
+
+    def on_source_batch(self, batch: Batch) -> None:
+        """A source task read ``batch`` (with its ids); it is processed next."""
+
+    def on_emit(self, batch: Batch) -> None:
+        """``batch`` leaves the task on its output channels."""
+
+    def source_room(self) -> float:
+        """How many records the source task may read now (0: it waits, and calls
+        `between_frames` meanwhile)."""
+        return math.inf
+
+    async def before_source_end(self) -> None:
+        """The source's input is exhausted; the task ends once this returns."""
+
+    def on_acks(self, entries: list) -> None:
+        """Entries another task (or this one) sent with `TaskContext.send_acks`."""
+
 
 class Coordinator:
     """Job-master half. The default takes no checkpoints: a failure restarts the job
@@ -458,7 +521,15 @@ class Protocol:
 
     name: str = ""
     exactly_once: bool = False
+    # Nothing is lost, duplicates are allowed: a drill's verdict is "at-least-once"
+    # when it finds duplicates only.
+    at_least_once: bool = False
     needs_checkpoint_interval: bool = False
+    # Why the protocol cannot run with a deterministic merge (None: it can).
+    nondeterministic_merge: str | None = None
+    # Tasks acknowledge the tuples they take in (`TaskContext.send_acks`): a fault
+    # injected in the "ack" phase has something to delay.
+    acknowledges_tuples: bool = False
     # Records must carry lineage ids (`bastion.lineage`): the run turns them on.
     needs_lineage: bool = False
     # A job can start from the state an earlier job left (`bn.run(resume_from=...)`).

@@ -5,8 +5,8 @@ fault classes of `bastion.faults` act inside the instance they hit, so each task
 a `TaskFaults` from the faults that name one of its chain's operators at its index,
 and its loop asks it at three points:
 
-- after an operator processed a batch, and before the task sends a frame, how long to
-  stall (`stall_s`): a `bastion.faults.Timing` occurs at record counts drawn ahead from
+- after an operator processed a batch, before the task sends a frame, and before it
+  sends an acknowledgment message (protocol ``acks``), how long to stall (`stall_s`): a `bastion.faults.Timing` occurs at record counts drawn ahead from
   its seed — exponential gaps with mean ``mtbf_records`` — so a call that crosses
   several occurrences (a whole batch) stalls for all of them, and the same seed stalls
   at the same records in every run;
@@ -78,11 +78,13 @@ class TaskFaults:
 
     execute: dict[int, list[_Stalls]] = field(default_factory=dict)  # op position ->
     emit: list[_Stalls] = field(default_factory=list)
+    ack: list[_Stalls] = field(default_factory=list)
     drops: list[tuple[int, DropFrames]] = field(default_factory=list)
     outages: list[_Outages] = field(default_factory=list)
     ident: str = ""
     started_s: float = field(default_factory=time.monotonic)  # outages count from here
     emitted_records: int = 0
+    acknowledged_records: int = 0
     # what was injected
     stalls: int = 0               # occurrences of Timing faults
     stalled_s: float = 0.0
@@ -102,13 +104,15 @@ class TaskFaults:
                     stalls = _Stalls(fault, rng, rng.expovariate(1.0 / fault.mtbf_records))
                     if fault.phase == "execute":
                         found.execute.setdefault(position, []).append(stalls)
-                    else:
+                    elif fault.phase == "emit":
                         found.emit.append(stalls)
+                    else:
+                        found.ack.append(stalls)
                 elif isinstance(fault, DropFrames):
                     found.drops.append((number, fault))
                 else:
                     found.outages.append(_Outages(fault, rng))
-        if not (found.execute or found.emit or found.drops or found.outages):
+        if not (found.execute or found.emit or found.ack or found.drops or found.outages):
             return None
         return found
 
@@ -149,6 +153,14 @@ class TaskFaults:
         lost = (bool(self.drops) and droppable and records > 0
                 and self.drop_frame(channel_id, first_record, records))
         return wait_s, lost
+
+    def ack_delay_s(self, records: int) -> float:
+        """Seconds an acknowledgment message for ``records`` tuples is held up (an
+        ``"ack"``-phase stall: the tuples are done, their acknowledgment is late)."""
+        if not self.ack:
+            return 0.0
+        self.acknowledged_records += records
+        return self.stall_s(self.ack, self.acknowledged_records)
 
     def link_down_for_s(self, elapsed_s: float) -> float:
         """Seconds the task's links stay down from ``elapsed_s`` on (0.0: up)."""

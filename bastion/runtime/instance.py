@@ -30,6 +30,7 @@ import time
 import traceback
 from typing import Any, Callable, Coroutine
 
+import msgpack
 import ray
 
 from bastion.errors import PeerLostError, UDFError
@@ -62,6 +63,7 @@ _IDLE_SOURCE_SLEEP_S = 0.001
 # master to declare a live worker dead. Releasing the GIL this often keeps heartbeat
 # answers within tens of milliseconds at no measurable cost to throughput.
 _GIL_RELEASE_INTERVAL_S = 0.005
+ACKS_CHANNEL = -1  # the channel id of `Task.send_acks` messages on the data plane
 _RESET_RECANCEL_S = 0.5  # how long a reset waits for cancelled tasks before cancelling again
 
 
@@ -87,8 +89,12 @@ class Router:
     """Routes a task's output batches on one out-edge to that edge's channels."""
 
     def __init__(self, route: OutputRoute, channels: list[OutputChannel],
-                 key_ctx: OperatorContext, per_record: bool):
+                 key_ctx: OperatorContext, per_record: bool,
+                 emitted: Callable[[Batch], None]):
         self.edge = route.edge
+        # told every tuple the edge carries (`TaskProtocol.on_emit`): each copy a
+        # broadcast makes is a tuple of its own, with an id of its own
+        self.emitted = emitted
         self.channels = channels
         self.key_ctx = key_ctx  # the downstream operator: its code and dead letters
         # Deterministic mode deals rebalanced records one by one: whole batches would
@@ -103,16 +109,21 @@ class Router:
         if edge.key_fn is not None:
             batch = apply_key(batch, edge.key_fn, self.key_ctx)
         n = len(channels)
-        if n == 1 or edge.partition == FORWARD:
-            return [channels[0]] if channels[0].add_batch(batch) else []
-        if edge.partition == BROADCAST:
+        if edge.partition == BROADCAST and n > 1:
             if batch.ids is None:
                 return [c for c in channels if c.add_batch(batch)]
             # every copy is a tuple of its own: the receiving instance tells them apart
-            code = self.key_ctx.code
-            return [c for d, c in enumerate(channels) if c.add_batch(Batch(
-                batch.keys, batch.values, batch.ts, batch.born,
-                broadcast_ids(code, d, batch.ids)))]
+            code, full = self.key_ctx.code, []
+            for d, channel in enumerate(channels):
+                copy = Batch(batch.keys, batch.values, batch.ts, batch.born,
+                             broadcast_ids(code, d, batch.ids))
+                self.emitted(copy)
+                if channel.add_batch(copy):
+                    full.append(channel)
+            return full
+        self.emitted(batch)
+        if n == 1 or edge.partition == FORWARD:
+            return [channels[0]] if channels[0].add_batch(batch) else []
         if edge.partition != HASH and self.per_record:  # rebalance: record by record
             return self._deal(batch)
         if edge.partition != HASH:  # rebalance: whole batches, round-robin
@@ -230,6 +241,13 @@ class Task(TaskContext):
         self.finished_cpu_s: float | None = None
         self.gil_released_s = time.monotonic()
         self.restored_progress = (0, 0)  # records read and written before a restore
+        self.physical = physical
+        # (source code, instance) -> the task that runs it, for tuple tracking
+        self.source_tasks = {(codes[physical.chains[t.chain_id].ops[0]], t.index): t.task_id
+                             for t in physical.tasks
+                             if nodes[physical.chains[t.chain_id].ops[0]].kind == "source"}
+        # how `send_acks` reaches a task: set by the worker that hosts this one
+        self.ack_router: Any = None
         self.protocol = get_protocol(config.protocol).task_protocol(self)
         # stalls, lost frames and link outages this task carries out (None: none)
         self.faults = TaskFaults.for_task(config.faults, chain.ops, plan.index)
@@ -240,7 +258,8 @@ class Task(TaskContext):
         key_ctx = OperatorContext(route.edge.dst_op, self.index, self.plan.parallelism,
                                   self.config.fail_fast,
                                   self.op_codes[route.edge.dst_op])
-        self.routers.append(Router(route, channels, key_ctx, self.config.deterministic))
+        self.routers.append(Router(route, channels, key_ctx, self.config.deterministic,
+                                   self.protocol.on_emit))
         for channel in channels:
             channel.faults = self.faults
         self.channels.extend(channels)
@@ -281,14 +300,22 @@ class Task(TaskContext):
     async def _run_source(self) -> None:
         source, batch_records = self.source, self.config.source_batch_records
         counts = self.counts[0]
+        protocol = self.protocol
         while not self.stop_requested:
             while self.triggers:
-                await self.protocol.on_trigger(self.triggers.pop(0))
-            batch = source.poll(batch_records, time.time())        # receive
+                await protocol.on_trigger(self.triggers.pop(0))
+            room = protocol.source_room()
+            if room <= 0:  # its protocol holds it back
+                await self._flush_aged()  # what it holds back may wait in a buffer
+                await protocol.between_frames()
+                await asyncio.sleep(_IDLE_SOURCE_SLEEP_S)
+                continue
+            batch = source.poll(min(batch_records, room), time.time())  # receive
             if batch is None:
                 break
             if len(batch):
                 counts.records_out += len(batch)
+                protocol.on_source_batch(batch)
                 if self.faults is not None:
                     await self._stall(0, counts.records_out)
                 await self._process(batch, 1, 0, keyed=False)      # process + emit
@@ -300,6 +327,7 @@ class Task(TaskContext):
                 await self._pause()
             else:
                 await asyncio.sleep(_IDLE_SOURCE_SLEEP_S)
+        await protocol.before_source_end()
 
     async def _run_inputs(self) -> None:
         gate, inputs, decode = self.gate, self.inputs, self.codec.decode
@@ -641,6 +669,38 @@ class Task(TaskContext):
     async def stage_sink_outputs(self, commit: int) -> bool:
         return await self._store_staged(self._take_staged(), commit)
 
+    async def commit_sink_outputs(self, commit: int) -> bool:
+        if not await self.stage_sink_outputs(commit):
+            return True
+        return await self.master.commit(self.attempt, commit)
+
+    # -- tuple tracking ----------------------------------------------------------------------
+
+    def op_kinds(self) -> list[str]:
+        return [node.kind for node in self.physical.topology.nodes.values()]
+
+    def is_source(self) -> bool:
+        return self.source is not None
+
+    def has_sinks(self) -> bool:
+        return bool(self.sinks)
+
+    def source_identity(self) -> tuple[int, int]:
+        return self.source.ctx.code, self.index
+
+    def source_task(self, source_code: int, instance: int) -> int:
+        return self.source_tasks[(source_code, instance)]
+
+    def send_acks(self, task_id: int, entries: list) -> None:
+        delay_s = 0.0 if self.faults is None else self.faults.ack_delay_s(len(entries))
+        if delay_s > 0:  # a slow acknowledgment: the task itself goes on
+            asyncio.get_running_loop().call_later(delay_s, self.ack_router, task_id, entries)
+        else:
+            self.ack_router(task_id, entries)
+
+    async def replay_source_records(self, batch: Batch) -> None:
+        await self._process(batch, 1, 0, keyed=False)
+
     # Channel state is sealed (checksummed) here, so protocols store plain bytes and
     # read back only bytes that pass the check.
 
@@ -812,6 +872,7 @@ class Task(TaskContext):
                                        default=0),
             "max_inbox_frames": self.gate.max_queued_seen,
             "faults_injected": None if self.faults is None else self.faults.report(),
+            "protocol_counters": self.protocol.counters(),
             "task_id": self.task_id,
             "acknowledged": list(self.acknowledged),
             "staged_commits": list(self.staged_commits),
@@ -882,16 +943,18 @@ class Worker:
         ``peers`` are the frame addresses of every slot's worker."""
         await self.reset()
         config = self.config
-        await self.links.connect([peers[plan.tasks[dst].worker]
-                                  for t in plan.tasks_of(worker_index) for route in t.routes
-                                  for dst in route.dst_tasks
-                                  if plan.tasks[dst].worker != worker_index])
+        # Links to every other slot: frames go to the workers downstream, and a
+        # protocol that acknowledges tuples sends to the workers of their sources.
+        await self.links.connect([address for slot, address in enumerate(peers)
+                                  if slot != worker_index])
         self.worker_index = worker_index
         self.attempt = attempt
         self.epoch = (config.job_id, attempt)
         self.tasks = {t.task_id: Task(t, plan, config, self.store, master, attempt)
                       for t in plan.tasks_of(self.worker_index)}
+        route_acks = self._ack_router(plan, peers)
         for task in self.tasks.values():
+            task.ack_router = route_acks
             for route in task.plan.routes:
                 channels: list[OutputChannel] = []
                 for channel_id, dst in zip(route.channel_ids, route.dst_tasks):
@@ -930,7 +993,29 @@ class Worker:
         """A frame from a peer worker: into its task's inbox, in sequence order."""
         if epoch != self.epoch:
             return  # a frame of a failed attempt (replayed) or of an earlier job
+        if channel_id == ACKS_CHANNEL:
+            task = self.tasks.get(task_id)
+            if task is not None:
+                task.protocol.on_acks(msgpack.unpackb(payload))
+            return
         await self.tasks[task_id].gate.deliver(channel_id, seq, payload)
+
+    def _ack_router(self, plan: PhysicalPlan, peers: list[tuple[str, int]]) -> Any:
+        """How this worker's tasks reach any task's `TaskProtocol.on_acks`: a task of
+        this worker directly, another's over the link to its worker (no credits: an
+        acknowledgment never waits for room in an inbox)."""
+        tasks, epoch, links = self.tasks, self.epoch, self.links
+
+        def route(task_id: int, entries: list) -> None:
+            local = tasks.get(task_id)
+            if local is not None:
+                local.protocol.on_acks(entries)
+                return
+            sent = links[peers[plan.tasks[task_id].worker]].send(
+                epoch, task_id, ACKS_CHANNEL, 0, msgpack.packb(entries))
+            # A lost link ends the attempt anyway (the detector sees the dead peer).
+            sent.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return route
 
     # Calls from the job master carry the job's epoch, (job id, attempt), like frames:
     # a late call of a failed attempt, or of the job this pooled worker served before,

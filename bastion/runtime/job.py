@@ -171,6 +171,10 @@ class MasterLink:
                     meta: Any = None) -> None:
         self.host.acknowledge.remote(self.job_id, attempt, task_id, checkpoint_id, ref, meta)
 
+    async def commit(self, attempt: int, commit: int) -> bool:
+        """Have the job master commit ``commit`` now; False if ``attempt`` is over."""
+        return await self.host.commit_now.remote(self.job_id, attempt, commit)
+
 
 @ray.remote(num_cpus=0)
 class JobHost:
@@ -198,6 +202,11 @@ class JobHost:
         """The job's progress; None before it started here or after it ended."""
         master = self.masters.get(job_id)
         return None if master is None else master.progress()
+
+    async def commit_now(self, job_id: str, attempt: int, commit: int) -> bool:
+        """A task asks that its staged commit point be committed now (protocol acks)."""
+        master = self.masters.get(job_id)
+        return master is not None and await master.commit_now(attempt, commit)
 
     def acknowledge(self, job_id: str, attempt: int, task_id: int, checkpoint_id: int,
                     ref: Any, meta: Any = None) -> None:
@@ -298,6 +307,14 @@ class JobMaster:
                               sinks=self._sinks_of(slots), error=str(error))
             self._end_job(error)
             raise error
+
+    async def commit_now(self, attempt: int, commit: int) -> bool:
+        """Commit ``commit`` for a task of ``attempt`` (`TaskContext.commit_sink_outputs`);
+        False when that attempt is no longer the one running, or the job has ended."""
+        if attempt != self.attempt or self.job_error is not None or self.phase == "done":
+            return False
+        await self.commit_outputs(attempt, commit)
+        return True
 
     def _sinks_of(self, slots: list[int]) -> list[str]:
         """The sink instances the workers of ``slots`` run, as ``'name' [index]``."""

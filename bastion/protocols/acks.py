@@ -1,0 +1,448 @@
+"""At-least-once by acknowledgments and replay (protocol ``acks``), as in Storm and Heron.
+
+Every record a source reads is a *root*. Its descendants are the tuples it becomes on
+the way to the sinks; a tuple that crosses a channel is an *intermediate* tuple (inside
+a chain nothing is lost that the whole task does not lose with it). Each task tells
+the source instance that read the root, directly and batched, what it did with the
+tuples of that root it took in: "these I acknowledge, these I emitted" — one message
+per root per frame, so a tuple's acknowledgment and its children's emission arrive
+together. The source keeps, per pending root, what is still outstanding:
+
+- ``acks_mode="fine"`` (the default, Dynamo §3.2.3.2): the set of intermediate tuples
+  emitted and not yet acknowledged — a count per tuple token (a 64-bit hash of its
+  lineage id), so messages may arrive in any order: a tuple acknowledged before its
+  emission was reported counts -1 until it is;
+- ``acks_mode="xor"`` (Storm's acker): one 64-bit value per root, every token XORed
+  in once when emitted and once when acknowledged.
+
+A root is complete when nothing is outstanding (fine: every count 0; xor: the value
+0). Sinks acknowledge only once what they staged is committed: a task with sinks holds
+its messages back and sends them after its sinks' next commit, which it makes every
+``checkpoint_interval_s`` (the job master writes the commit marker before it
+returns). A root not complete ``ack_timeout_s`` after it was emitted is replayed: the
+source keeps each pending root's value and sends it again under the same lineage id;
+its outstanding set starts over (copies still in flight may complete it first: one
+complete copy of every tuple is all at-least-once needs). ``max_pending`` bounds the
+pending roots of a source instance: at the bound the source stops reading (Storm's
+``max.spout.pending``), which is also its backpressure. A source whose input is
+exhausted waits for its pending roots before it ends.
+
+**Failures.** A killed instance restarts the job's tasks, as under every protocol
+here; what they held is gone. Every source instance reports now and then its
+*frontier* — the position below which every root is complete — and the sources of the
+next attempt read on from there: the roots that were pending are read again, and
+those complete above the frontier are duplicated. Committed outputs stay. Nothing is
+lost; duplicates are allowed, and a drill reports them separately.
+
+**What it needs of a topology** (`AcksProtocol.check` refuses the rest, naming the
+operator): every tuple descends from exactly one root and replaying a root gives the
+same tuples — so no windows or joins (a window's result has many roots), and no
+operator state (``reduce``, ``stateful_map``), which a replay would count twice and a
+restart would lose: Storm's at-least-once is for stateless bolts, and so is this one;
+an exactly-once protocol is for state. Lineage ids are turned on for the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from bastion.errors import TopologyError
+from bastion.lineage import IdRun
+from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
+                                    TaskContext, TaskProtocol)
+from bastion.runtime.records import Batch
+
+MODES = ("fine", "xor")
+_STATEFUL = ("reduce", "stateful_map", "window", "join")
+_REPORT_INTERVAL_S = 0.1   # how often a source reports its frontier to the coordinator
+_END_POLL_S = 0.005        # how often an exhausted source looks at its pending roots
+
+
+# Tokens. A tuple's token is a 64-bit hash of its lineage id, stable across processes
+# (never Python's salted `hash`), folded element by element — an int as itself, a
+# nested id by its own token, anything else (a window's key or bounds) by a keyed
+# BLAKE2b of its msgpack bytes — with an xor-multiply step and a shift that spreads
+# high bits down. Folding this way lets an unbuilt `IdRun` get the tokens of the ids
+# it stands for without building them: its source and instance fold once per batch,
+# each position once, each operator prefix once per level (`column_tokens`); a few
+# integer operations per record where hashing the built tuple's bytes costs a
+# microsecond.
+_MASK = (1 << 64) - 1
+_MULTIPLIER = 0x9E3779B97F4A7C15  # odd: multiplying by it is a bijection mod 2**64
+
+
+def _fold(h: int, value: int) -> int:
+    h = ((h ^ value) * _MULTIPLIER) & _MASK
+    return h ^ (h >> 29)
+
+
+def _element(value: Any) -> int:
+    kind = type(value)
+    if kind is int or kind is bool:
+        return value & _MASK
+    if kind is tuple:
+        return token(value)
+    return int.from_bytes(hashlib.blake2b(msgpack.packb(value), digest_size=8).digest(),
+                          "little")
+
+
+def token(record_id: tuple) -> int:
+    """A tuple's 64-bit token (see above)."""
+    h = len(record_id)
+    for value in record_id:
+        h = _fold(h, _element(value))
+    return h
+
+
+def _prefix(parts: tuple, length: int) -> int:
+    """The fold of an id's leading ``parts`` (an id of ``length`` elements in all)."""
+    h = length
+    for value in parts:
+        h = _fold(h, _element(value))
+    return h
+
+
+def column_tokens(column: Any) -> list[int]:
+    """The tokens of a batch's ids: ``[token(i) for i in ids_of(column)]``, without
+    building an `IdRun`'s ids."""
+    if type(column) is not IdRun:
+        return [token(rid) for rid in column]
+    base, mask, multiplier = _prefix((column.source, column.instance), 3), _MASK, _MULTIPLIER
+    tokens = [((base ^ p) * multiplier) & mask for p in column.positions]
+    tokens = [t ^ (t >> 29) for t in tokens]
+    for parts in column.path:  # (*parts, parent): the parent's token folds in last
+        outer = _prefix(parts, len(parts) + 1)
+        tokens = [((outer ^ t) * multiplier) & mask for t in tokens]
+        tokens = [t ^ (t >> 29) for t in tokens]
+    return tokens
+
+
+def root_position(record_id: tuple, kinds: list[str]) -> tuple[int, int, int]:
+    """``(source code, instance, position)`` of the root ``record_id`` descends from
+    (`bastion.lineage`: a source id is its own root)."""
+    rid = record_id
+    while kinds[rid[0]] != "source":
+        if kinds[rid[0]] == "union" or (len(rid) == 3 and type(rid[1]) is int):
+            rid = rid[2]   # union (op, input, parent); broadcast (op, -1 - instance, parent)
+        else:
+            rid = rid[1]   # map-like (op, parent); flat_map (op, parent, j)
+    return rid
+
+
+@dataclass
+class _Root:
+    """A pending root at its source: its record, to replay it, and what is outstanding."""
+    value: Any
+    ts: float
+    born: float
+    emitted_s: float
+    counts: dict[int, int] = field(default_factory=dict)   # fine: token -> outstanding
+    xor: int = 0                                           # xor mode
+
+    def done(self) -> bool:
+        return not self.counts and not self.xor
+
+
+class AcksTask(TaskProtocol):
+    def __init__(self, task: TaskContext, mode: str, ack_timeout_s: float, max_pending: int):
+        super().__init__(task)
+        self.mode = mode
+        self.ack_timeout_s = ack_timeout_s
+        self.max_pending = max_pending
+        self.kinds = task.op_kinds()
+        self.inputs: list[Any] = []     # id columns taken in since the last message
+        self.outputs: list[Any] = []    # id columns emitted since the last message
+        self.held: dict[int, list] = {}  # source task -> entries waiting for a commit
+        self.commits = 0
+        self.committer: asyncio.Task | None = None
+        # a source task's pending roots, by position, and when each went out, oldest
+        # first (a root sent again is queued again; its older entry is then stale)
+        self.pending: dict[int, _Root] = {}
+        self.sent_order: deque[tuple[float, int]] = deque()
+        self.read_up_to = -1             # the newest position read
+        self.last_report_s = 0.0
+        self.replayed = 0
+        self.completed = 0
+        self.max_pending_seen = 0
+        self.messages_sent = 0
+
+    # -- restore and start ---------------------------------------------------------------
+
+    async def restore(self, recovery_line: Any) -> None:
+        await self.task.reapply_commits()
+        if recovery_line is not None:
+            self.task.rewind_sources(recovery_line["replay_from"])
+
+    async def on_start(self) -> None:
+        if self.task.has_sinks():
+            self.committer = asyncio.ensure_future(self._commit_periodically())
+
+    def on_stop(self) -> None:
+        if self.committer is not None:
+            self.committer.cancel()
+
+    # -- what goes in and out -------------------------------------------------------------
+
+    def on_source_batch(self, batch: Batch) -> None:
+        ids = batch.ids
+        now_s = time.monotonic()
+        for position, value, ts, born, root_token in zip(
+                ids.positions, batch.values, batch.ts, batch.born, column_tokens(ids)):
+            self._register(position, _Root(value, ts, born, now_s), root_token)
+        self.read_up_to = max(self.read_up_to, ids.positions[-1])
+        self.max_pending_seen = max(self.max_pending_seen, len(self.pending))
+        self.inputs.append(ids)
+
+    def on_batch(self, channel_id: int, batch: Batch) -> Batch | None:
+        if batch.ids is not None and len(batch):
+            self.inputs.append(batch.ids)
+        return batch
+
+    def on_emit(self, batch: Batch) -> None:
+        if batch.ids is not None and len(batch):
+            self.outputs.append(batch.ids)
+
+    def source_room(self) -> float:
+        return self.max_pending - len(self.pending)
+
+    async def between_frames(self) -> None:
+        self._report_frame()
+        if self.pending or self.task.is_source():
+            await self._replay_overdue()
+            self._report_frontier()
+
+    async def before_source_end(self) -> None:
+        # The last records' frames are not full: send them, or nothing acknowledges them.
+        await self.task.flush_outputs()
+        while self.pending:
+            await self._replay_overdue()
+            self._report_frontier()
+            await asyncio.sleep(_END_POLL_S)
+        self._report_frontier()
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def _report_frame(self) -> None:
+        """One entry per root the frame touched: its tokens acknowledged and emitted."""
+        if not self.inputs and not self.outputs:
+            return
+        entries: dict[tuple[int, int, int], list] = {}
+        for sign, columns in ((-1, self.inputs), (1, self.outputs)):
+            for column in columns:
+                self._collect(entries, column, sign)
+        self.inputs, self.outputs = [], []
+        by_task: dict[int, list] = {}
+        for (code, instance, position), (plus, minus) in entries.items():
+            entry = ([position, plus, minus] if self.mode == "fine"
+                     else [position, _xor(plus) ^ _xor(minus)])
+            by_task.setdefault(self.task.source_task(code, instance), []).append(entry)
+        if self.task.has_sinks():
+            for task_id, listed in by_task.items():
+                self.held.setdefault(task_id, []).extend(listed)
+        else:
+            self._send(by_task)
+
+    def _collect(self, entries: dict, column: Any, sign: int) -> None:
+        if type(column) is IdRun:  # one source instance's records: positions are roots
+            roots = [(column.source, column.instance, p) for p in column.positions]
+        else:
+            kinds = self.kinds
+            roots = [root_position(rid, kinds) for rid in column]
+        slot = 0 if sign > 0 else 1
+        for root, t in zip(roots, column_tokens(column)):
+            entry = entries.get(root)
+            if entry is None:
+                entry = entries[root] = ([], [])
+            entry[slot].append(t)
+
+    def _send(self, by_task: dict[int, list]) -> None:
+        for task_id, entries in by_task.items():
+            self.task.send_acks(task_id, entries)
+        self.messages_sent += len(by_task)
+
+    def on_acks(self, entries: list) -> None:
+        """Entries from a task (this one included) for this source's roots."""
+        pending = self.pending
+        for entry in entries:
+            root = pending.get(entry[0])
+            if root is None:
+                continue  # complete already (a late copy), or read in an earlier attempt
+            if self.mode == "fine":
+                counts = root.counts
+                for t in entry[1]:
+                    n = counts.get(t, 0) + 1
+                    if n:
+                        counts[t] = n
+                    else:
+                        del counts[t]
+                for t in entry[2]:
+                    n = counts.get(t, 0) - 1
+                    if n:
+                        counts[t] = n
+                    else:
+                        del counts[t]
+            else:
+                root.xor ^= entry[1]
+            if root.done():
+                del pending[entry[0]]
+                self.completed += 1
+
+    # -- a source's roots -----------------------------------------------------------------
+
+    def _register(self, position: int, root: _Root, root_token: int) -> None:
+        if self.mode == "fine":
+            root.counts[root_token] = 1
+        else:
+            root.xor = root_token
+        self.pending[position] = root
+        self.sent_order.append((root.emitted_s, position))
+
+    async def _replay_overdue(self) -> None:
+        """Send the roots not complete ``ack_timeout_s`` after they went out again,
+        under the same ids; their outstanding sets start over."""
+        sent_order, pending = self.sent_order, self.pending
+        now_s = time.monotonic()
+        deadline_s = now_s - self.ack_timeout_s
+        overdue = []
+        while sent_order and sent_order[0][0] <= deadline_s:
+            emitted_s, position = sent_order.popleft()
+            root = pending.get(position)
+            if root is not None and root.emitted_s == emitted_s:  # else: stale entry
+                overdue.append(position)
+        if not overdue:
+            return
+        source, instance = self.task.source_identity()
+        ids = IdRun(source, instance, tuple(overdue))
+        for position, root_token in zip(overdue, column_tokens(ids)):
+            old = self.pending[position]
+            self._register(position, _Root(old.value, old.ts, old.born, now_s), root_token)
+        roots = [self.pending[p] for p in overdue]
+        self.inputs.append(ids)
+        self.replayed += len(overdue)
+        await self.task.replay_source_records(Batch(
+            None, [r.value for r in roots], [r.ts for r in roots], [r.born for r in roots],
+            ids))
+        self._report_frame()
+        await self.task.flush_outputs()  # a source waiting at its end flushes nothing else
+
+    def _report_frontier(self) -> None:
+        now_s = time.monotonic()
+        if now_s - self.last_report_s < _REPORT_INTERVAL_S and self.pending:
+            return
+        self.last_report_s = now_s
+        frontier = (min(self.pending) - 1) if self.pending else self.read_up_to
+        source, instance = self.task.source_identity()
+        self.task.acknowledge(0, None, {"frontier": {f"{source}/{instance}": frontier}})
+
+    # -- sinks commit, then acknowledge -------------------------------------------------------
+
+    async def _commit_periodically(self) -> None:
+        interval_s = self.task.checkpoint_interval_s
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.commit_and_acknowledge()
+
+    async def commit_and_acknowledge(self) -> None:
+        # Only entries of frames processed in full (a frame half done would acknowledge
+        # its inputs before their children are emitted), taken before staging: every
+        # record they acknowledge is staged now.
+        held, self.held = self.held, {}
+        task = self.task
+        commit = ((task.attempt * 1_000_000 + self.commits) * task.task_count
+                  + task.task_id + 1)
+        self.commits += 1
+        if await task.commit_sink_outputs(commit):
+            self._send(held)
+        # else: the attempt is over; the roots are read again by the next one
+
+    async def on_finished(self) -> None:
+        self._report_frame()
+        if self.task.has_sinks():
+            await self.commit_and_acknowledge()
+
+    def counters(self) -> dict[str, float]:
+        counters = {"ack_messages": self.messages_sent}
+        if self.task.is_source():
+            counters.update(roots_replayed=self.replayed, roots_completed=self.completed,
+                            roots_pending=len(self.pending),
+                            max_pending_roots=self.max_pending_seen)
+        return counters
+
+
+def _xor(tokens: list[int]) -> int:
+    value = 0
+    for t in tokens:
+        value ^= t
+    return value
+
+
+class AcksCoordinator(Coordinator):
+    """Keeps every source instance's frontier; after a failure the sources read on
+    from there."""
+
+    def __init__(self, master: MasterContext):
+        super().__init__(master)
+        self.frontier: dict[str, int] = {}
+
+    def on_acknowledge(self, attempt: int, task_id: int, checkpoint_id: int,
+                       ref: Any, meta: Any) -> None:
+        if meta and "frontier" in meta:
+            for source, position in meta["frontier"].items():
+                # a late report of an earlier attempt never moves the frontier back
+                self.frontier[source] = max(self.frontier.get(source, -1), position)
+
+    async def recovery_line(self) -> Any:
+        self.master.record_event("replay_from_frontier", frontier=dict(self.frontier))
+        return {"replay_from": dict(self.frontier)}
+
+
+class AcksProtocol(Protocol):
+    name = "acks"
+    exactly_once = False
+    at_least_once = True
+    acknowledges_tuples = True
+    nondeterministic_merge = (
+        "a source ends only once its roots are acknowledged, while a deterministic merge "
+        "downstream waits for that source's turn to fill or end: neither would move; "
+        "the tuples of a stateless topology do not depend on the order anyway")
+    needs_checkpoint_interval = True   # how often sinks commit (and acknowledge)
+    needs_lineage = True
+
+    def __init__(self, mode: str = "fine", ack_timeout_s: float = 5.0,
+                 max_pending: int = 100_000):
+        if mode not in MODES:
+            raise ValueError(f"acks_mode must be one of {list(MODES)}, got {mode!r}")
+        if not isinstance(ack_timeout_s, (int, float)) or ack_timeout_s <= 0:
+            raise ValueError(f"ack_timeout_s must be a number > 0, got {ack_timeout_s!r}")
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int) \
+                or max_pending < 1:
+            raise ValueError(f"max_pending must be an int >= 1, got {max_pending!r}")
+        self.mode = mode
+        self.ack_timeout_s = float(ack_timeout_s)
+        self.max_pending = max_pending
+
+    def check(self, topology: Any) -> None:
+        for node in topology.nodes.values():
+            if node.kind in _STATEFUL:
+                raise TopologyError(
+                    f"protocol 'acks' cannot run {node.kind} {node.name!r} of topology "
+                    f"{topology.name!r}: it replays tuples, so operator state would "
+                    "count a replayed tuple twice and a restart would lose it; use an "
+                    "exactly-once protocol (coordinated, uncoordinated, cic, cec) for "
+                    "stateful operators")
+            if any(inp.feedback for inp in node.inputs):
+                raise TopologyError(f"protocol 'acks' cannot run {node.name!r} of topology "
+                                    f"{topology.name!r}: it closes a cycle (feedback edge)")
+
+    def task_protocol(self, task: TaskContext) -> TaskProtocol:
+        return AcksTask(task, self.mode, self.ack_timeout_s, self.max_pending)
+
+    def coordinator(self, master: MasterContext) -> Coordinator:
+        return AcksCoordinator(master)
