@@ -30,6 +30,11 @@ copies at once — and prints the p=2 / p=1 ratio both as measured and divided b
 the second is what the exchange itself costs.
 
     .venv/bin/python benchmarks/throughput.py [--records N] [--repeats K] [--no-bytewax] [--cpu-only]
+    .venv/bin/python benchmarks/throughput.py --cpu-threads [--records N]
+
+``--cpu-threads`` prints, instead, W1's CPU seconds per thread of its worker processes
+at parallelism 1 and 2 (Linux: read from /proc), to tell the data plane's cost from
+Ray's own threads'.
 """
 
 from __future__ import annotations
@@ -279,6 +284,52 @@ def cpu_figures(n: int, k: int) -> tuple[float, str]:
     return cpu_ratio, adjusted_ratio
 
 
+def _thread_cpu_s() -> dict[tuple[int, int], tuple[str, float]]:
+    """(pid, thread id) -> (thread name, user + system CPU seconds) of every thread on
+    this machine, from /proc (Linux)."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    threads = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    stat = f.read()
+                name = stat[stat.index("(") + 1:stat.rindex(")")]
+                fields = stat[stat.rindex(")") + 2:].split()
+                threads[int(pid), int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # ended meanwhile
+    return threads
+
+
+def thread_cpu_figures(n: int) -> None:
+    """Print where W1's worker processes spend CPU, thread by thread, at parallelism 1
+    and 2: the CPU seconds of each thread over a whole `bn.run` (deploy and teardown
+    included, unlike `RunMetrics.cpu_s`). Ray names its threads (the actor's event
+    loop runs in the thread named after the process's first title, e.g. ray::IDLE),
+    so this says whether the cost is the data plane or Ray's own threads."""
+    for p in (1, 2):
+        bn.run(w1(n, p))  # the pool's processes exist and are warm
+        before = _thread_cpu_s()
+        result = bn.run(w1(n, p))
+        after = _thread_cpu_s()
+        pids = {int(t["process"].rsplit(":", 1)[1]) for t in result.details["tasks"]}
+        print(f"\nW1 p={p}, {n:,} tuples: CPU s per thread of the job's worker processes "
+              f"(cpu_s of the run: {result.metrics.cpu_s:.3f})")
+        for pid in sorted(pids):
+            used: dict[str, float] = {}
+            for (owner, tid), (name, cpu_s) in after.items():
+                if owner == pid:
+                    used[name] = used.get(name, 0.0) + cpu_s - before.get(
+                        (owner, tid), (name, 0.0))[1]
+            print(f"  process {pid}: {sum(used.values()):.2f} s")
+            for name, cpu_s in sorted(used.items(), key=lambda item: -item[1]):
+                if cpu_s >= 0.005:
+                    print(f"    {name:<20} {cpu_s:>6.2f}")
+
+
 def startup_figures(warm_repeats: int = 7) -> None:
     """Print `bn.run` wall time, start to finish, of a 10- and a 10,000-record W0:
     cold (the first job in a fresh local Ray: the pool starts its processes, not
@@ -317,8 +368,14 @@ def main() -> None:
     parser.add_argument("--no-bytewax", action="store_true")
     parser.add_argument("--cpu-only", action="store_true",
                         help="only the CPU seconds per million records (a few minutes)")
+    parser.add_argument("--cpu-threads", action="store_true",
+                        help="only W1's CPU seconds per thread of its worker processes")
     args = parser.parse_args()
     n, k = args.records, args.repeats
+    if args.cpu_threads:
+        ensure_ray()
+        thread_cpu_figures(n)
+        return
     if args.cpu_only:
         ensure_ray()
         cpu_ratio, adjusted_ratio = cpu_figures(n, k)

@@ -16,8 +16,9 @@ task to one downstream task, in order. Three mechanisms make it fast and safe:
   async actor out of order), drops a frame it has already seen (a replay), and gives
   protocols the numbers they log for in-flight recovery.
 
-A channel to a task of the same worker hands the frame over by reference (no
-serialisation) through the same bounded inbox.
+A channel to a task of the same worker skips the network, not the codec: it puts the
+encoded frame straight into the same bounded inbox, so a value behaves the same
+wherever its consumer runs (`LocalOutputChannel`).
 """
 
 from __future__ import annotations

@@ -146,15 +146,8 @@ class Router:
                         ctx = self.key_ctx
                         raise UDFError(ctx.name, ctx.index, batch.values[i], str(exc)) from None
             parts = list(map(memo.__getitem__, keys))
-        buckets: list[list[int]] = [[] for _ in range(n)]
-        appends = [b.append for b in buckets]
-        for i, p in enumerate(parts):
-            appends[p](i)
-        full = []
-        for p, positions in enumerate(buckets):
-            if positions and channels[p].add_batch(batch.take(positions)):
-                full.append(channels[p])
-        return full
+        return [channel for channel, part in zip(channels, batch.split(parts, n))
+                if part is not None and channel.add_batch(part)]
 
     def _deal(self, batch: Batch) -> list[OutputChannel]:
         """Record ``i`` of the batch goes to channel ``(next_channel + i) % n``."""

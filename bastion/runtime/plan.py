@@ -16,8 +16,8 @@ move*:
 - **Workers.** Tasks run inside worker actors (Ray processes). Like Flink's slot
   sharing, worker ``w`` hosts instance ``i`` of every chain with ``i % workers == w``,
   so a job needs as many processes as its widest operator, not one per task (each Ray
-  actor costs about 84 MiB here). Channels between tasks of one worker skip
-  serialisation.
+  actor costs about 84 MiB here). Channels between tasks of one worker skip the
+  network (frames are still encoded: see `bastion.runtime.channel`).
 """
 
 from __future__ import annotations

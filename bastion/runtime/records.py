@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from itertools import compress
 from operator import itemgetter
 from typing import Any, ClassVar, Sequence
 
@@ -69,6 +70,40 @@ class Batch:
         return Batch(None if self.keys is None else get(self.keys), get(self.values),
                      _take_column(self.ts, get, n), _take_column(self.born, get, n), ids)
 
+    def split(self, parts: list[int], n: int) -> list["Batch | None"]:
+        """The batch cut by destination: item ``p`` holds, in order, the records whose
+        ``parts`` entry is ``p`` (None when there are none). A destination that gets
+        every record gets the batch itself (batches are never mutated)."""
+        if n > SPLIT_BY_MASK_MAX:
+            buckets: list[list[int]] = [[] for _ in range(n)]
+            appends = [b.append for b in buckets]
+            for i, p in enumerate(parts):
+                appends[p](i)
+            size = len(parts)
+            return [None if not positions else self if len(positions) == size
+                    else self.take(positions) for positions in buckets]
+        codes = bytes(parts)
+        size = len(codes)
+        out: list[Batch | None] = []
+        for p in range(n):
+            count = codes.count(p)
+            if count == 0:
+                out.append(None)
+            elif count == size:
+                out.append(self)
+            else:
+                out.append(self._select(codes.translate(_SELECTS[p]), count))
+        return out
+
+    def _select(self, mask: bytes, count: int) -> "Batch":
+        """The ``count`` records whose ``mask`` byte is 1: one C-level pass a column."""
+        ids = self.ids
+        if ids is not None:
+            ids = take_ids(ids, list(compress(range(len(mask)), mask)))
+        return Batch(None if self.keys is None else list(compress(self.keys, mask)),
+                     list(compress(self.values, mask)), _select_column(self.ts, mask, count),
+                     _select_column(self.born, mask, count), ids)
+
     def slice(self, start: int, stop: int) -> "Batch":
         """The records from ``start`` up to ``stop``."""
         ids = self.ids
@@ -91,6 +126,21 @@ def _take_column(column: Sequence, get: itemgetter, n: int) -> Sequence:
     if column[-1] == first and column.count(first) == len(column):
         return [first] * n
     return get(column)
+
+
+def _select_column(column: Sequence, mask: bytes, count: int) -> Sequence:
+    first = column[0]
+    if column[-1] == first and column.count(first) == len(column):
+        return [first] * count
+    return list(compress(column, mask))
+
+
+# Batch.split cuts a batch for up to this many destinations with one C-level pass per
+# destination and column (`itertools.compress` under a byte mask); for more, one
+# interpreted pass that deals positions into buckets is cheaper than that many passes.
+SPLIT_BY_MASK_MAX = 2
+# _SELECTS[p] translates a destination code to 1 where it is p, else 0: a mask.
+_SELECTS = [bytes(int(code == p) for code in range(256)) for p in range(SPLIT_BY_MASK_MAX)]
 
 
 def _constant(column: Sequence) -> Any:
