@@ -98,6 +98,10 @@ class PartedOperator(Structural):
 
     def part_retired(self, part: Any, watermark: float) -> bool: ...
 
+    def results_form(self, out: Batch) -> list: ...
+
+    def results_batch(self, form: list) -> Batch: ...
+
 
 class TaskContext(abc.ABC):
     """What a task protocol may see and do in its task. Channels are named by their

@@ -70,7 +70,7 @@ from typing import Any
 
 import bastion.windows as window_specs
 from bastion.errors import TopologyError
-from bastion.lineage import IdRun, from_wire, to_wire
+from bastion.lineage import IdRun
 from bastion.protocols import eventual
 from bastion.protocols.eventual import eventual_prefix, log_prefix
 from bastion.protocols.base import (Coordinator, MasterContext, PartedOperator, Protocol,
@@ -256,13 +256,12 @@ class CecOperator:
             self.log.append_many([(now_s, value) for value in records])
 
     def _results(self, out: Batch | None) -> list:
-        """The log record of a batch of results (one record holds the whole batch)."""
+        """The log record of a batch of results (one record holds the whole batch), in
+        the operator's own form of them (`PartedOperator.results_form`); packed, not
+        sealed: the log checks every record's CRC."""
         if out is None or not len(out):
             return []
-        # Ids as they travel (an unbuilt run of a keyed fold's ids is a few ints);
-        # packed, not sealed: the log checks every record's CRC.
-        return [eventual.result(self.codec.pack(
-            [out.keys, list(out.values), list(out.ts), list(out.born), to_wire(out.ids)]))]
+        return [eventual.result(self.codec.pack(self.inner.results_form(out)))]
 
     def _footprint(self, kind: int, part: Any) -> list:
         """The value of a footprint of ``part`` as it is now (the caller appends it).
@@ -450,8 +449,8 @@ class CecTask(TaskProtocol):
             task.end_inputs(self.ended)
 
     def _batch(self, value: Any) -> Batch:
-        keys, values, ts, born, ids = self.task.state_codec.unpack(value[1], "logged results")
-        return Batch(keys, values, ts, born, from_wire(ids))
+        form = self.task.state_codec.unpack(value[1], "logged results")
+        return self.operator.inner.results_batch(form)
 
     async def on_start(self) -> None:
         # Results the log holds go downstream again first: the sinks keep each once.
