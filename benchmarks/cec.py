@@ -339,10 +339,9 @@ def ec_load(store: ObjectStore, prefix: str, at: float | None) -> tuple[float, A
     start = time.perf_counter()
     ec, _ = read_eventual_checkpoint(store, prefix, at)
     with gc_paused():  # as `CecOperator.load` decodes them
-        state = {codec.unpack(p, "part"): codec.unpack(f.state, "state")
-                 for p, f in ec.parts.items()}
+        parts, states, _ = eventual.decode_parts(codec, ec)
     seconds = time.perf_counter() - start
-    assert len(state) == len(ec.parts)
+    assert len(parts) == len(states) == len(ec.parts)
     return seconds, ec
 
 

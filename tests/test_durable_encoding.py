@@ -98,6 +98,22 @@ def test_packed_values_come_back_exactly_too():
         codec.unpack(b"", "k")
 
 
+def test_values_unpacked_together_come_back_as_unpacked_one_by_one():
+    """`unpack_many` (an EC-load's keys and states in one pass) gives what `unpack`
+    gives item by item, marks and big integers included; a damaged item is refused
+    naming the key, as by `unpack`."""
+    codec = DurableCodec()
+    rng = random.Random(20261125)
+    for _ in range(200):
+        values = [random_value(rng, 3) for _ in range(rng.randrange(0, 20))]
+        packed = [codec.pack(v) for v in values]
+        assert typed(codec.unpack_many(packed, "k")) == typed(values)
+    plain = [codec.pack(i) for i in range(5)]
+    for damaged in (b"", b"\x00", b"\x00\xc1", codec.pack(1) + codec.pack(2)):
+        with pytest.raises(CorruptBlobError, match="'parts'"):
+            codec.unpack_many(plain + [damaged], "parts")
+
+
 def test_state_shapes_operators_keep_come_back_exactly():
     codec = DurableCodec()
     state = {

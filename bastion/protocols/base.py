@@ -70,6 +70,8 @@ class StateCodec(Structural):
 
     def unpack(self, data: bytes, what: str) -> Any: ...
 
+    def unpack_many(self, datas: list[bytes], what: str) -> list: ...
+
 
 class PartedOperator(Structural):
     """A stateful operator whose state splits into independent *parts* (a key of a

@@ -303,17 +303,15 @@ class CecOperator:
     # -- a restored instance -------------------------------------------------------------------
 
     def load(self, ec: eventual.EventualCheckpoint, replay_from: dict[str, int]) -> None:
-        decode = self.codec.unpack
         parts: dict[Any, dict[str, int]] = {}
         # Two objects per part, by the hundred thousand, none in a cycle: the
         # collector would walk them all again and again (2-3x the load time).
         with gc_paused():
-            for part_bytes, fp in sorted(ec.parts.items(), key=lambda item: item[1].seq):
-                part = decode(part_bytes, "eventual checkpoint part")
-                self.inner.load_part(part, decode(fp.state, "eventual checkpoint state"))
+            for part, state, fp in zip(*eventual.decode_parts(self.codec, ec)):
+                self.inner.load_part(part, state)
                 parts[part] = fp.position
                 self.footprints[part] = (fp.seq, 0)
-        closed = {decode(p, "eventual checkpoint part") for p in ec.closed}
+        closed = set(self.codec.unpack_many(list(ec.closed), "eventual checkpoint part"))
         self.position = {s: p for s, p in replay_from.items() if "/" in s}
         self.guard = _Guard(ec, parts, closed, replay_from, ec.watermark)
 
