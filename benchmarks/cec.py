@@ -53,7 +53,7 @@ load average is printed with them.
 
 Run: ``.venv/bin/python benchmarks/cec.py`` (about 10-15 minutes on two cores;
 ``--spark-records 2000000 --repeats 1`` for a quick look, ``--no-spark`` and
-``--no-runtime`` to leave sections out).
+``--no-runtime`` to leave sections out, ``--sections df`` to run only (d) and (f)).
 """
 
 from __future__ import annotations
@@ -339,10 +339,9 @@ def ec_load(store: ObjectStore, prefix: str, at: float | None) -> tuple[float, A
     start = time.perf_counter()
     ec, _ = read_eventual_checkpoint(store, prefix, at)
     with gc_paused():  # as `CecOperator.load` decodes them
-        state = {codec.unpack(p, "part"): codec.unpack(f.state, "state")
-                 for p, f in ec.parts.items()}
+        parts, states, _ = eventual.decode_parts(codec, ec)
     seconds = time.perf_counter() - start
-    assert len(state) == len(ec.parts)
+    assert len(parts) == len(states) == len(ec.parts)
     return seconds, ec
 
 
@@ -430,37 +429,57 @@ def main() -> None:
                              "go round the parts")
     parser.add_argument("--no-runtime", action="store_true",
                         help="skip (d)-(f), the runs through Ray")
+    parser.add_argument("--sections", default="abcdef",
+                        help="the sections to run, e.g. 'df' for (d) and (f) only "
+                             "(default all; --no-spark and --no-runtime still apply)")
     args = parser.parse_args()
+    unknown = set(args.sections) - set("abcdef")
+    if unknown:
+        parser.error(f"--sections takes letters a-f, not {''.join(sorted(unknown))!r}")
+    run = set(args.sections)
+    if args.no_spark:
+        run.discard("b")
+    if args.no_runtime:
+        run -= set("def")
     root = Path(tempfile.mkdtemp(prefix="bastion-cec-bench-"))
+    python_rate = spark = append_rate = costs = loads = None
     try:
-        python_rate = python_reconstruction(root, args.python_records, args.repeats)
-        spark = None if args.no_spark else spark_reconstruction(
-            root, args.spark_records, args.instances, min(args.repeats, 2))
-        append_rate = log_append(root, args.append_records, args.repeats)
-        runtime = None
-        if not args.no_runtime:
+        if "a" in run:
+            python_rate = python_reconstruction(root, args.python_records, args.repeats)
+        if "b" in run:
+            spark = spark_reconstruction(root, args.spark_records, args.instances,
+                                         min(args.repeats, 2))
+        if "c" in run:
+            append_rate = log_append(root, args.append_records, args.repeats)
+        if "d" in run:
             costs = runtime_throughput(f"local://{root / 'runs'}", args.runtime_records,
                                        args.repeats)
+        if "e" in run:
             policy_sweeps(root, args.sweep_records, args.sweep_keys, args.sweep_rate,
                           args.repeats)
-            runtime = (costs, ec_load_targets(root, (120_000, 230_000), args.repeats))
+        if "f" in run:
+            loads = ec_load_targets(root, (120_000, 230_000), args.repeats)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    headline = (f"CEC: Python reconstruction {python_rate:,.0f} records/s (target 500,000); ")
+    headline = []
+    if python_rate is not None:
+        headline.append(f"Python reconstruction {python_rate:,.0f} records/s "
+                        "(target 500,000)")
     if spark:
-        headline += (f"Spark {spark['local[1]']:,.0f} / {spark['local[2]']:,.0f} records/s "
-                     f"on local[1] / local[2] = {spark['local[2]'] / spark['local[1]']:.2f}x "
-                     "(target 1.6x); ")
-    headline += f"log append {append_rate / 1e6:.2f} M records/s (target 1 M)"
-    if runtime:
-        costs, loads = runtime
-        headline += "; G_open-only cost vs none " + ", ".join(
+        headline.append(f"Spark {spark['local[1]']:,.0f} / {spark['local[2]']:,.0f} "
+                        f"records/s on local[1] / local[2] = "
+                        f"{spark['local[2]'] / spark['local[1]']:.2f}x (target 1.6x)")
+    if append_rate is not None:
+        headline.append(f"log append {append_rate / 1e6:.2f} M records/s (target 1 M)")
+    if costs:
+        headline.append("G_open-only cost vs none " + ", ".join(
             f"{label.split(' (')[0]} {cost:.0%}" for label, cost in costs.items())
-        headline += " (target <= 10%); EC-load " + ", ".join(
+            + " (target <= 10%)")
+    if loads:
+        headline.append("EC-load " + ", ".join(
             f"{extent:,} records {seconds:.2f} s" for extent, seconds in loads)
-        headline += " (target 0.4 s)"
-    print(headline)
-
+            + " (target 0.4 s)")
+    print("CEC: " + "; ".join(headline))
 
 if __name__ == "__main__":
     main()

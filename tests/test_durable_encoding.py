@@ -98,6 +98,22 @@ def test_packed_values_come_back_exactly_too():
         codec.unpack(b"", "k")
 
 
+def test_values_unpacked_together_come_back_as_unpacked_one_by_one():
+    """`unpack_many` (an EC-load's keys and states in one pass) gives what `unpack`
+    gives item by item, marks and big integers included; a damaged item is refused
+    naming the key, as by `unpack`."""
+    codec = DurableCodec()
+    rng = random.Random(20261125)
+    for _ in range(200):
+        values = [random_value(rng, 3) for _ in range(rng.randrange(0, 20))]
+        packed = [codec.pack(v) for v in values]
+        assert typed(codec.unpack_many(packed, "k")) == typed(values)
+    plain = [codec.pack(i) for i in range(5)]
+    for damaged in (b"", b"\x00", b"\x00\xc1", codec.pack(1) + codec.pack(2)):
+        with pytest.raises(CorruptBlobError, match="'parts'"):
+            codec.unpack_many(plain + [damaged], "parts")
+
+
 def test_state_shapes_operators_keep_come_back_exactly():
     codec = DurableCodec()
     state = {
@@ -307,3 +323,68 @@ def test_sink_records_without_codec_fail_the_job_naming_the_sink(tmp_path):
     with pytest.raises(bn.JobFailedError, match=r"sink 'points'.*cannot serialise a value "
                                                 r"of type Point"):
         bn.run(topo, storage=f"local://{tmp_path}")
+
+
+class _Last:
+    """An aggregation whose result is the window's last value, whatever its type; it
+    fails on the value "drop" (the window's result is dead-lettered)."""
+
+    def create(self):
+        return None
+
+    def add(self, acc, value):
+        return value[1]
+
+    def merge(self, a, b):
+        return b
+
+    def result(self, acc):
+        if acc == "drop":
+            raise ValueError("dropped")
+        return acc
+
+
+@pytest.mark.parametrize("spec", [bn.windows.Tumbling(0.1), bn.windows.Tumbling(7),
+                                  bn.windows.Sliding(0.3, 0.1)])
+@pytest.mark.parametrize("lineage", [True, False])
+def test_window_results_come_back_exactly_from_their_log_form(spec, lineage):
+    """A time window logs its results in a form of its own (per result: key, aggregate,
+    born, window start; `TimeWindowOp.results_form`): packed by the state codec and
+    read back, it gives the very batch the window emitted — values, event times, born
+    and lineage ids, every type and float bit (keys, aggregates and bounds of any
+    kind, negative windows, results a failing aggregate dropped)."""
+    from bastion.lineage import root_ids
+    from bastion.runtime.operators import OperatorContext, make_operator
+    from bastion.runtime.records import Batch
+
+    rng = random.Random(f"{spec}-{lineage}")
+    topo = bn.Topology("log-form")
+    topo.source("src", bn.sources.Collection([])).key_by(lambda v: v[0]).window(
+        spec).aggregate("agg", _Last()).sink("out", bn.sinks.Discard())
+    ctx = OperatorContext("agg", 0, 1, False, code=1, lineage=lineage)
+    op = make_operator(topo.nodes["agg"], ctx)
+    codec = DurableCodec()
+    keys = [random_hashable(rng, 2) for _ in range(12)]
+    keys = [k for k in keys if not (isinstance(k, float) and math.isnan(k))]
+    fired = 0
+    for step in range(40):
+        n = rng.randrange(1, 30)
+        values = [(rng.choice(keys), "drop" if rng.random() < 0.1 else random_value(rng, 3))
+                  for _ in range(n)]
+        ts = [rng.uniform(-5.0, 5.0) + step for _ in range(n)]
+        born = [rng.random() * 1e9 for _ in range(n)]
+        ids = root_ids(0, 0, step * 100, n) if lineage else None
+        op.process(Batch([v[0] for v in values], values, ts, born, ids), 0)
+        out = op.on_watermark(step - 2.0 + rng.random())
+        if out is None:
+            continue
+        back = op.results_batch(codec.unpack(codec.pack(op.results_form(out)), "k"))
+        fired += len(out)
+        assert typed(back.keys) == typed(list(out.keys))
+        assert typed(back.values) == typed(list(out.values))
+        assert typed(back.ts) == typed(list(out.ts))
+        assert typed(back.born) == typed(list(out.born))
+        assert typed(back.ids) == typed(out.ids if lineage else None)
+    assert fired > 50 and ctx.dead_letter_count > 0
+    with pytest.raises(ValueError, match="not a time window's"):
+        op.results_batch([[1], [(1,)], [0.5], [0.5], None])

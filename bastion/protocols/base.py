@@ -71,6 +71,8 @@ class StateCodec(Structural):
 
     def unpack(self, data: bytes, what: str) -> Any: ...
 
+    def unpack_many(self, datas: list[bytes], what: str) -> list: ...
+
 
 class PartedOperator(Structural):
     """A stateful operator whose state splits into independent *parts* (a key of a
@@ -98,6 +100,10 @@ class PartedOperator(Structural):
     def load_part(self, part: Any, state: Any) -> None: ...
 
     def part_retired(self, part: Any, watermark: float) -> bool: ...
+
+    def results_form(self, out: Batch) -> list: ...
+
+    def results_batch(self, form: list) -> Batch: ...
 
 
 class TaskContext(abc.ABC):

@@ -70,7 +70,7 @@ from typing import Any
 
 import bastion.windows as window_specs
 from bastion.errors import TopologyError
-from bastion.lineage import IdRun, from_wire, to_wire
+from bastion.lineage import IdRun
 from bastion.protocols import eventual
 from bastion.protocols.eventual import eventual_prefix, log_prefix
 from bastion.protocols.base import (Coordinator, MasterContext, PartedOperator, Protocol,
@@ -256,13 +256,12 @@ class CecOperator:
             self.log.append_many([(now_s, value) for value in records])
 
     def _results(self, out: Batch | None) -> list:
-        """The log record of a batch of results (one record holds the whole batch)."""
+        """The log record of a batch of results (one record holds the whole batch), in
+        the operator's own form of them (`PartedOperator.results_form`); packed, not
+        sealed: the log checks every record's CRC."""
         if out is None or not len(out):
             return []
-        # Ids as they travel (an unbuilt run of a keyed fold's ids is a few ints);
-        # packed, not sealed: the log checks every record's CRC.
-        return [eventual.result(self.codec.pack(
-            [out.keys, list(out.values), list(out.ts), list(out.born), to_wire(out.ids)]))]
+        return [eventual.result(self.codec.pack(self.inner.results_form(out)))]
 
     def _footprint(self, kind: int, part: Any) -> list:
         """The value of a footprint of ``part`` as it is now (the caller appends it).
@@ -304,17 +303,15 @@ class CecOperator:
     # -- a restored instance -------------------------------------------------------------------
 
     def load(self, ec: eventual.EventualCheckpoint, replay_from: dict[str, int]) -> None:
-        decode = self.codec.unpack
         parts: dict[Any, dict[str, int]] = {}
         # Two objects per part, by the hundred thousand, none in a cycle: the
         # collector would walk them all again and again (2-3x the load time).
         with gc_paused():
-            for part_bytes, fp in sorted(ec.parts.items(), key=lambda item: item[1].seq):
-                part = decode(part_bytes, "eventual checkpoint part")
-                self.inner.load_part(part, decode(fp.state, "eventual checkpoint state"))
+            for part, state, fp in zip(*eventual.decode_parts(self.codec, ec)):
+                self.inner.load_part(part, state)
                 parts[part] = fp.position
                 self.footprints[part] = (fp.seq, 0)
-        closed = {decode(p, "eventual checkpoint part") for p in ec.closed}
+        closed = set(self.codec.unpack_many(list(ec.closed), "eventual checkpoint part"))
         self.position = {s: p for s, p in replay_from.items() if "/" in s}
         self.guard = _Guard(ec, parts, closed, replay_from, ec.watermark)
 
@@ -450,8 +447,8 @@ class CecTask(TaskProtocol):
             task.end_inputs(self.ended)
 
     def _batch(self, value: Any) -> Batch:
-        keys, values, ts, born, ids = self.task.state_codec.unpack(value[1], "logged results")
-        return Batch(keys, values, ts, born, from_wire(ids))
+        form = self.task.state_codec.unpack(value[1], "logged results")
+        return self.operator.inner.results_batch(form)
 
     async def on_start(self) -> None:
         # Results the log holds go downstream again first: the sinks keep each once.
