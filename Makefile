@@ -37,6 +37,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) benchmarks/throughput.py
 	$(PY) benchmarks/storage.py
 	$(PY) benchmarks/protocols.py
+	$(PY) benchmarks/acks.py
 
 clean:
 	rm -rf $(VENV) .bastion drill-report.html

@@ -21,12 +21,10 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings, strategies as st
 
 import bastion as bn
 from bastion.drills import Committed, DrillReport, compare
-from bastion.lineage import IdRun, ids_of
-from bastion.protocols.acks import AcksProtocol, AcksTask, column_tokens, token
+from bastion.protocols.acks import AcksProtocol, AcksTask, path_token, token
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -232,28 +230,17 @@ def test_acks_options_are_validated_and_belong_to_acks():
 # -- tokens ------------------------------------------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
-@given(source=st.integers(0, 50), instance=st.integers(0, 8),
-       positions=st.lists(st.integers(0, 2**40), max_size=20),
-       path=st.lists(st.one_of(st.tuples(st.integers(0, 50)),
-                               st.tuples(st.integers(0, 50), st.integers(-9, 9))),
-                     max_size=4))
-def test_an_unbuilt_run_gets_the_tokens_of_the_ids_it_stands_for(source, instance,
-                                                                  positions, path):
-    run = IdRun(source, instance, positions, tuple(path))
-    built = ids_of(run)
-    assert column_tokens(run) == [token(rid) for rid in built] == column_tokens(built)
-    # different tuples of one root get different tokens (a set per root needs that)
-    assert len(set(column_tokens(built))) == len(set(built))
-
-
-def test_tokens_are_stable_and_tell_tuples_apart():
+def test_tokens_are_stable_and_tell_the_tuples_of_a_root_apart():
     ids = [(0, 0, 5), (1, (0, 0, 5)), (2, (1, (0, 0, 5)), 0), (2, (1, (0, 0, 5)), 1),
            (3, -1, (1, (0, 0, 5))), (3, -2, (1, (0, 0, 5))), (4, "key", 0.5, 1.0),
            (4, "key", 1.0, 1.5)]
     tokens = [token(rid) for rid in ids]
     assert len(set(tokens)) == len(ids)
     assert all(0 <= t < 2**64 for t in tokens)
+    # an unbuilt column's tuples, within their root, by the path they took: the root
+    # itself, a map, the copies a broadcast makes, a union's sides
+    paths = [(), ((1,),), ((1,), (3, -1)), ((1,), (3, -2)), ((1,), (5, 0)), ((1,), (5, 1))]
+    assert len({path_token(p) for p in paths} | set(tokens)) == len(paths) + len(tokens)
     # the same in every process and every run: fixed values, not Python's salted hash
-    assert token((0, 0, 5)) == column_tokens(IdRun(0, 0, [5]))[0] == 6713187248477137048
+    assert token((0, 0, 5)) == 6713187248477137048
     assert token((4, "key", 0.5, 1.0)) == 475614791476565211

@@ -2,16 +2,16 @@
 
 Every record a source reads is a *root*. Its descendants are the tuples it becomes on
 the way to the sinks; a tuple that crosses a channel is an *intermediate* tuple (inside
-a chain nothing is lost that the whole task does not lose with it). Each task tells
-the source instance that read the root, directly and batched, what it did with the
-tuples of that root it took in: "these I acknowledge, these I emitted" — one message
-per root per frame, so a tuple's acknowledgment and its children's emission arrive
-together. The source keeps, per pending root, what is still outstanding:
+a chain nothing is lost that the whole task does not lose with it). After every frame
+each task tells the source instances whose roots it touched, directly and batched,
+what it did: "these tuples I took in, these I emitted" — one message per source task
+per frame, so a tuple's acknowledgment and its children's emission arrive together.
+The source keeps, per pending root, what is still outstanding:
 
 - ``acks_mode="fine"`` (the default, Dynamo §3.2.3.2): the set of intermediate tuples
-  emitted and not yet acknowledged — a count per tuple token (a 64-bit hash of its
-  lineage id), so messages may arrive in any order: a tuple acknowledged before its
-  emission was reported counts -1 until it is;
+  emitted and not yet acknowledged — a count per tuple token (a 64-bit name of the
+  tuple within its root, below), so messages may arrive in any order: a tuple
+  acknowledged before its emission was reported counts -1 until it is;
 - ``acks_mode="xor"`` (Storm's acker): one 64-bit value per root, every token XORed
   in once when emitted and once when acknowledged.
 
@@ -48,6 +48,7 @@ import asyncio
 import hashlib
 import time
 from collections import deque
+from itertools import repeat
 from typing import Any
 
 import msgpack
@@ -64,15 +65,15 @@ _REPORT_INTERVAL_S = 0.1   # how often a source reports its frontier to the coor
 _END_POLL_S = 0.005        # how often an exhausted source looks at its pending roots
 
 
-# Tokens. A tuple's token is a 64-bit hash of its lineage id, stable across processes
-# (never Python's salted `hash`), folded element by element — an int as itself, a
-# nested id by its own token, anything else (a window's key or bounds) by a keyed
-# BLAKE2b of its msgpack bytes — with an xor-multiply step and a shift that spreads
-# high bits down. Folding this way lets an unbuilt `IdRun` get the tokens of the ids
-# it stands for without building them: its source and instance fold once per batch,
-# each position once, each operator prefix once per level (`column_tokens`); a few
-# integer operations per record where hashing the built tuple's bytes costs a
-# microsecond.
+# Tokens. A root's outstanding tuples are told apart by a 64-bit token each, stable
+# across processes (never Python's salted `hash`). A tuple whose id is still an unbuilt
+# `IdRun` (`bastion.lineage`) is its root's position plus the path of operator prefixes
+# it took, so within its root the path alone names it: its token is the path's hash,
+# one for the whole column — no arithmetic per record. A built id (after a flat_map)
+# gets a hash of the whole id, folded element by element: an int as itself, a nested
+# id by its own token, anything else (a window's key or bounds) by BLAKE2b of its
+# msgpack bytes. A tuple keeps its form from the task that emits it to the task that
+# takes it in (frames carry id columns as they are), so both sides name it alike.
 _MASK = (1 << 64) - 1
 _MULTIPLIER = 0x9E3779B97F4A7C15  # odd: multiplying by it is a bijection mod 2**64
 
@@ -93,34 +94,20 @@ def _element(value: Any) -> int:
 
 
 def token(record_id: tuple) -> int:
-    """A tuple's 64-bit token (see above)."""
+    """A built id's 64-bit token (see above)."""
     h = len(record_id)
     for value in record_id:
         h = _fold(h, _element(value))
     return h
 
 
-def _prefix(parts: tuple, length: int) -> int:
-    """The fold of an id's leading ``parts`` (an id of ``length`` elements in all)."""
-    h = length
-    for value in parts:
-        h = _fold(h, _element(value))
+def path_token(path: tuple) -> int:
+    """The token of every tuple of an `IdRun` with this ``path`` within its root (the
+    root itself: the empty path). Distinct from a built id's token but by chance."""
+    h = 0x5bd1e995  # keeps the empty path away from small values
+    for parts in path:
+        h = _fold(h, token(parts))
     return h
-
-
-def column_tokens(column: Any) -> list[int]:
-    """The tokens of a batch's ids: ``[token(i) for i in ids_of(column)]``, without
-    building an `IdRun`'s ids."""
-    if type(column) is not IdRun:
-        return [token(rid) for rid in column]
-    base, mask, multiplier = _prefix((column.source, column.instance), 3), _MASK, _MULTIPLIER
-    tokens = [((base ^ p) * multiplier) & mask for p in column.positions]
-    tokens = [t ^ (t >> 29) for t in tokens]
-    for parts in column.path:  # (*parts, parent): the parent's token folds in last
-        outer = _prefix(parts, len(parts) + 1)
-        tokens = [((outer ^ t) * multiplier) & mask for t in tokens]
-        tokens = [t ^ (t >> 29) for t in tokens]
-    return tokens
 
 
 def root_position(record_id: tuple, kinds: list[str]) -> tuple[int, int, int]:
@@ -148,10 +135,10 @@ class AcksTask(TaskProtocol):
         self.ack_timeout_s = ack_timeout_s
         self.max_pending = max_pending
         self.kinds = task.op_kinds()
-        # id columns taken in / emitted since the last message, with their tokens when
-        # known already (a source's own reads), else None
-        self.inputs: list[tuple[Any, list[int] | None]] = []
-        self.outputs: list[tuple[Any, list[int] | None]] = []
+        self.inputs: list[Any] = []     # id columns taken in since the last message
+        self.outputs: list[Any] = []    # id columns emitted since the last message
+        self.path_tokens: dict[tuple, int] = {}
+        self.root_token = path_token(())
         self.held: dict[int, list] = {}  # source task -> entries waiting for a commit
         self.commits = 0
         self.committer: asyncio.Task | None = None
@@ -185,20 +172,19 @@ class AcksTask(TaskProtocol):
 
     def on_source_batch(self, batch: Batch) -> None:
         ids = batch.ids
-        tokens = column_tokens(ids)
-        self._register(ids.positions, tokens, batch.values, batch.ts, batch.born)
+        self._register(ids.positions, batch.values, batch.ts, batch.born)
         self.read_up_to = max(self.read_up_to, ids.positions[-1])
         self.max_pending_seen = max(self.max_pending_seen, len(self.pending))
-        self.inputs.append((ids, tokens))
+        self.inputs.append(ids)
 
     def on_batch(self, channel_id: int, batch: Batch) -> Batch | None:
         if batch.ids is not None and len(batch):
-            self.inputs.append((batch.ids, None))
+            self.inputs.append(batch.ids)
         return batch
 
     def on_emit(self, batch: Batch) -> None:
         if batch.ids is not None and len(batch):
-            self.outputs.append((batch.ids, None))
+            self.outputs.append(batch.ids)
 
     def source_room(self) -> float:
         return self.max_pending - len(self.pending)
@@ -221,60 +207,42 @@ class AcksTask(TaskProtocol):
     # -- messages ---------------------------------------------------------------------------
 
     def _report_frame(self) -> None:
-        """One entry per root the frame touched — fine: ``[position, emitted tokens,
-        acknowledged tokens]``; xor: ``[position, XOR of both]`` — per source task."""
+        """What the frame did, as one message per source task: entries ``[+1 or -1,
+        root positions, tokens]`` — emitted (+1) or taken in (-1); ``tokens`` one int
+        for a whole unbuilt column, else one per tuple."""
         if not self.inputs and not self.outputs:
             return
-        # (source, instance) -> position -> fine: [emitted, acknowledged]; xor: [value]
-        roots: dict[tuple[int, int], dict[int, list]] = {}
-        collect = self._collect_fine if self.mode == "fine" else self._collect_xor
-        for slot, columns in ((0, self.outputs), (1, self.inputs)):
-            for column, tokens in columns:
-                collect(roots, column, column_tokens(column) if tokens is None else tokens,
-                        slot)
-        self.inputs, self.outputs = [], []
         by_task: dict[int, list] = {}
-        for (code, instance), entries in roots.items():
-            listed = by_task.setdefault(self.task.source_task(code, instance), [])
-            listed.extend([position, *entry] for position, entry in entries.items())
+        for sign, columns in ((1, self.outputs), (-1, self.inputs)):
+            for column in columns:
+                if type(column) is IdRun:  # one source instance's: positions are roots
+                    by_task.setdefault(self.task.source_task(column.source, column.instance),
+                                       []).append([sign, list(column.positions),
+                                                   self._path_token(column.path)])
+                    continue
+                kinds, per_source = self.kinds, {}
+                for rid in column:
+                    source, instance, position = root_position(rid, kinds)
+                    entry = per_source.get((source, instance))
+                    if entry is None:
+                        per_source[source, instance] = entry = [sign, [], []]
+                    entry[1].append(position)
+                    entry[2].append(token(rid))
+                for (source, instance), entry in per_source.items():
+                    by_task.setdefault(self.task.source_task(source, instance),
+                                       []).append(entry)
+        self.inputs, self.outputs = [], []
         if self.task.has_sinks():
             for task_id, listed in by_task.items():
                 self.held.setdefault(task_id, []).extend(listed)
         else:
             self._send(by_task)
 
-    def _root_positions(self, column: Any) -> list[tuple[tuple[int, int], int]]:
-        """``((source, instance), position)`` of each id's root."""
-        if type(column) is IdRun:  # one source instance's records: positions are roots
-            source = (column.source, column.instance)
-            return [(source, p) for p in column.positions]
-        kinds = self.kinds
-        return [((r[0], r[1]), r[2]) for r in (root_position(rid, kinds) for rid in column)]
-
-    def _collect_fine(self, roots: dict, column: Any, tokens: list[int], slot: int) -> None:
-        if type(column) is IdRun:  # the common case, one dict lookup per record
-            entries = roots.setdefault((column.source, column.instance), {})
-            for position, t in zip(column.positions, tokens):
-                entry = entries.get(position)
-                if entry is None:
-                    entries[position] = entry = [[], []]
-                entry[slot].append(t)
-            return
-        for (source, position), t in zip(self._root_positions(column), tokens):
-            entries = roots.setdefault(source, {})
-            entry = entries.get(position)
-            if entry is None:
-                entries[position] = entry = [[], []]
-            entry[slot].append(t)
-
-    def _collect_xor(self, roots: dict, column: Any, tokens: list[int], slot: int) -> None:
-        for (source, position), t in zip(self._root_positions(column), tokens):
-            entries = roots.setdefault(source, {})
-            entry = entries.get(position)
-            if entry is None:
-                entries[position] = [t]
-            else:
-                entry[0] ^= t
+    def _path_token(self, path: tuple) -> int:
+        known = self.path_tokens.get(path)
+        if known is None:
+            known = self.path_tokens[path] = path_token(path)
+        return known
 
     def _send(self, by_task: dict[int, list]) -> None:
         for task_id, entries in by_task.items():
@@ -282,45 +250,42 @@ class AcksTask(TaskProtocol):
         self.messages_sent += len(by_task)
 
     def on_acks(self, entries: list) -> None:
-        """Entries from a task (this one included) for this source's roots."""
+        """A message from a task (this one included) about this source's roots. Its
+        entries apply together, before any root is checked: a tuple taken in and its
+        children emitted arrive in one message, so a root never looks complete halfway."""
         pending, fine = self.pending, self.mode == "fine"
-        for entry in entries:
-            root = pending.get(entry[0])
-            if root is None:
-                continue  # complete already (a late copy), or read in an earlier attempt
-            if fine:
-                counts = root[_OUTSTANDING]
-                for t in entry[1]:
-                    n = counts.get(t, 0) + 1
+        for sign, positions, tokens in entries:
+            pairs = (zip(positions, repeat(tokens)) if type(tokens) is int
+                     else zip(positions, tokens))
+            for position, t in pairs:
+                root = pending.get(position)
+                if root is None:
+                    continue  # complete already (a late copy), or read by an earlier attempt
+                if fine:
+                    counts = root[_OUTSTANDING]
+                    n = counts.get(t, 0) + sign
                     if n:
                         counts[t] = n
                     else:
                         del counts[t]
-                for t in entry[2]:
-                    n = counts.get(t, 0) - 1
-                    if n:
-                        counts[t] = n
-                    else:
-                        del counts[t]
-                if counts:
-                    continue
-            else:
-                root[_OUTSTANDING] ^= entry[1]
-                if root[_OUTSTANDING]:
-                    continue
-            del pending[entry[0]]
-            self.completed += 1
+                else:
+                    root[_OUTSTANDING] ^= t
+        for _, positions, _ in entries:
+            for position in positions:
+                root = pending.get(position)
+                if root is not None and not root[_OUTSTANDING]:
+                    del pending[position]
+                    self.completed += 1
 
     # -- a source's roots -----------------------------------------------------------------
 
-    def _register(self, positions: Any, tokens: list[int], values: Any, ts: Any,
-                  born: Any) -> None:
-        """Roots that go out now: each outstanding until its own token is acknowledged."""
-        now_s = time.monotonic()
+    def _register(self, positions: Any, values: Any, ts: Any, born: Any) -> None:
+        """Roots that go out now: each outstanding until it is itself taken in."""
+        now_s, root = time.monotonic(), self.root_token
         if self.mode == "fine":
-            roots = [[{t: 1}, now_s, v, s, b] for t, v, s, b in zip(tokens, values, ts, born)]
+            roots = [[{root: 1}, now_s, v, s, b] for v, s, b in zip(values, ts, born)]
         else:
-            roots = [[t, now_s, v, s, b] for t, v, s, b in zip(tokens, values, ts, born)]
+            roots = [[root, now_s, v, s, b] for v, s, b in zip(values, ts, born)]
         self.pending.update(zip(positions, roots))
         self.sent_order.extend(zip([now_s] * len(roots), positions))
 
@@ -340,12 +305,11 @@ class AcksTask(TaskProtocol):
             return
         source, instance = self.task.source_identity()
         ids = IdRun(source, instance, tuple(overdue))
-        tokens = column_tokens(ids)
         roots = [pending[p] for p in overdue]
         values, ts, born = ([r[_VALUE] for r in roots], [r[_TS] for r in roots],
                             [r[_BORN] for r in roots])
-        self._register(overdue, tokens, values, ts, born)
-        self.inputs.append((ids, tokens))
+        self._register(overdue, values, ts, born)
+        self.inputs.append(ids)
         self.replayed += len(overdue)
         await self.task.replay_source_records(Batch(None, values, ts, born, ids))
         self._report_frame()
