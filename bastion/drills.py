@@ -480,7 +480,8 @@ class DrillReport:
             return self._unverifiable() or ""
         landed = len(self.faults)
         if self._injected():
-            landed_text = f" across {landed} landed kill(s) and the injected faults"
+            landed_text = (f" across {landed} landed kill(s) and the injected faults" if landed
+                           else " across the injected faults")
         elif landed:
             landed_text = f" across {landed} landed fault{'s' if landed != 1 else ''}"
         else:

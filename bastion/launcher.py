@@ -225,6 +225,7 @@ def run(topology: Topology, *, protocol: str = "none",
         raise ValueError(f"pool_idle_timeout_s must be > 0 seconds, got {pool_idle_timeout_s}")
     if checkpoint_interval is None and proto.needs_checkpoint_interval:
         checkpoint_interval = 1.0
+    proto.check_interval(checkpoint_interval)
     store = open_store(storage)  # fails here, naming the URL, if it is unusable
     if resume_from is not None and not store.list(f"jobs/{resume_from}/"):
         raise ValueError(f"resume_from={resume_from!r}: storage {store.url} holds no job "

@@ -231,6 +231,9 @@ def test_acks_options_are_validated_and_belong_to_acks():
         bn.run(pipeline(10), protocol="acks", max_pending=0)
     with pytest.raises(ValueError, match="set protocol 'acks'; this run uses protocol"):
         bn.run(pipeline(10), protocol="coordinated", acks_mode="xor")
+    with pytest.raises(ValueError, match=r"ack_timeout_s=0.5 must be longer than "
+                                         r"checkpoint_interval=1: sinks acknowledge only"):
+        bn.run(pipeline(10), protocol="acks", ack_timeout_s=0.5)
     with pytest.raises(ValueError, match="cannot run with deterministic=True: a source "
                                          "ends only once its roots are acknowledged"):
         bn.run(pipeline(10), protocol="acks", deterministic=True)

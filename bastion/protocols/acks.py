@@ -417,6 +417,14 @@ class AcksProtocol(Protocol):
                 raise TopologyError(f"protocol 'acks' cannot run {node.name!r} of topology "
                                     f"{topology.name!r}: it closes a cycle (feedback edge)")
 
+    def check_interval(self, checkpoint_interval_s: float | None) -> None:
+        if checkpoint_interval_s is not None and self.ack_timeout_s <= checkpoint_interval_s:
+            raise ValueError(
+                f"ack_timeout_s={self.ack_timeout_s:g} must be longer than "
+                f"checkpoint_interval={checkpoint_interval_s:g}: sinks acknowledge only "
+                "when they commit, so every root would be replayed before it could "
+                "complete, and the replays would flood the job")
+
     def task_protocol(self, task: TaskContext) -> TaskProtocol:
         return AcksTask(task, self.mode, self.ack_timeout_s, self.max_pending)
 

@@ -548,6 +548,10 @@ class Protocol:
     def check(self, topology: "Topology") -> None:
         """Raise `TopologyError` if this protocol cannot run ``topology``."""
 
+    def check_interval(self, checkpoint_interval_s: float | None) -> None:
+        """Raise `ValueError` if this protocol's own options do not fit the run's
+        checkpoint (or commit) interval."""
+
     def task_protocol(self, task: TaskContext) -> TaskProtocol:
         return TaskProtocol(task)
 
