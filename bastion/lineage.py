@@ -177,6 +177,18 @@ def ancestry(record_id: Any, kinds: Sequence[str]) -> set[int]:
     return codes
 
 
+def source_root(record_id: Any, kinds: Sequence[str]) -> tuple[int, int, int]:
+    """The source id ``(op, instance, position)`` that ``record_id`` descends from,
+    for ids with one root (no window or join on the way). ``kinds``: each operator's
+    kind, by code (`op_codes` order)."""
+    rid = record_id
+    while kinds[rid[0]] != "source":
+        # union (op, input, parent) and broadcast (op, -1 - instance, parent) name an
+        # int before the parent; map-like (op, parent) and flat_map (op, parent, j) not
+        rid = rid[2] if len(rid) == 3 and type(rid[1]) is int else rid[1]
+    return rid
+
+
 def format_id(record_id: Any, topology: Any) -> str:
     """``record_id`` with operator names instead of codes, e.g.
     ``count(split(lines[0]@17 #2))`` for the running count of the third word of the
@@ -211,4 +223,5 @@ def format_id(record_id: Any, topology: Any) -> str:
 
 
 __all__ = ["IdRun", "RecordId", "ancestry", "broadcast_ids", "derived_ids", "format_id", "from_wire",
-           "ids_of", "op_codes", "root_ids", "take_ids", "to_wire", "union_ids"]
+           "ids_of", "op_codes", "root_ids", "source_root", "take_ids", "to_wire",
+           "union_ids"]

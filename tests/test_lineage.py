@@ -10,7 +10,7 @@ import math
 import pytest
 
 import bastion as bn
-from bastion.lineage import format_id, op_codes
+from bastion.lineage import format_id, op_codes, source_root
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -122,3 +122,16 @@ def test_format_id_names_every_kind_of_tuple():
     assert format_id((code["copy"], (code["copy"], -2, root)), topo) == \
         "copy(copy<broadcast to [1]>(src[0]@4))"
     assert format_id("not an id", topo) == "'not an id'"
+
+
+def test_source_root_walks_every_single_parent_shape_to_its_source():
+    kinds = ["source", "map", "flat_map", "union", "filter"]
+    src = (0, 1, 42)
+    mapped = (1, src)
+    split = (2, mapped, 3)
+    joined = (3, 1, split)
+    broadcast_into_flat_map = (2, -2, joined)   # a broadcast copy for instance 1
+    deeper = (1, (4, -1, broadcast_into_flat_map))
+    for rid in (src, mapped, split, joined, broadcast_into_flat_map, deeper):
+        assert source_root(rid, kinds) == src
+    assert source_root((2, (0, 0, 7), 0), kinds) == (0, 0, 7)

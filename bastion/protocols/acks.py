@@ -54,7 +54,7 @@ from typing import Any
 import msgpack
 
 from bastion.errors import TopologyError
-from bastion.lineage import IdRun
+from bastion.lineage import IdRun, source_root
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol,
                                     TaskContext, TaskProtocol)
 from bastion.runtime.records import Batch
@@ -108,18 +108,6 @@ def path_token(path: tuple) -> int:
     for parts in path:
         h = _fold(h, token(parts))
     return h
-
-
-def root_position(record_id: tuple, kinds: list[str]) -> tuple[int, int, int]:
-    """``(source code, instance, position)`` of the root ``record_id`` descends from
-    (`bastion.lineage`: a source id is its own root)."""
-    rid = record_id
-    while kinds[rid[0]] != "source":
-        if kinds[rid[0]] == "union" or (len(rid) == 3 and type(rid[1]) is int):
-            rid = rid[2]   # union (op, input, parent); broadcast (op, -1 - instance, parent)
-        else:
-            rid = rid[1]   # map-like (op, parent); flat_map (op, parent, j)
-    return rid
 
 
 # A pending root at its source is a list (a few hundred nanoseconds cheaper per root
@@ -222,7 +210,7 @@ class AcksTask(TaskProtocol):
                     continue
                 kinds, per_source = self.kinds, {}
                 for rid in column:
-                    source, instance, position = root_position(rid, kinds)
+                    source, instance, position = source_root(rid, kinds)
                     entry = per_source.get((source, instance))
                     if entry is None:
                         per_source[source, instance] = entry = [sign, [], []]
