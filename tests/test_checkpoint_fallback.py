@@ -9,6 +9,7 @@ recovery reads the blobs through the real store, as always.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pickle
@@ -18,6 +19,7 @@ import pytest
 
 import bastion as bn
 from bastion.errors import NoUsableCheckpointError
+from bastion.protocols.uncoordinated import RecoveryLineCoordinator, checkpoint_number
 from bastion.scheduler.detector import unreadable_blob
 from bastion.storage import CheckpointStore, StorageError, open_store
 
@@ -139,3 +141,65 @@ def test_a_blob_that_does_not_read_back_is_named_by_its_key_across_processes(dam
     assert blob.key == ref.key and checkpoints.checkpoint_of(blob.key) == 7
     assert type(error).__name__ in blob.reason
     assert unreadable_blob(RuntimeError(ref.key)) is None  # a bug is not a damaged blob
+
+
+class _Master:
+    """The little of a job master a recovery-line coordinator reads: two tasks, one
+    channel from task 0 to task 1 (a sink), a real checkpoint store."""
+
+    checkpoint_interval_s = 0.2
+    job_id = "line"
+
+    def __init__(self, checkpoints: CheckpointStore):
+        self.store = checkpoints
+
+    def checkpoint_store(self):
+        return self.store
+
+    def channels(self):
+        return {0: (0, 1)}
+
+    def sink_tasks(self):
+        return set()
+
+    def task_ids(self):
+        return [0, 1]
+
+    def record_event(self, kind, **fields):
+        pass
+
+
+def test_a_fallback_behind_reclaimed_checkpoints_restores_none_of_them(tmp_path):
+    """Reclamation deletes the checkpoints below the line, which only moves forward
+    — until a damaged checkpoint is excluded and the line falls back behind it."""
+    async def scenario():
+        checkpoints = CheckpointStore(open_store(f"local://{tmp_path}"), "line")
+        coordinator = RecoveryLineCoordinator(_Master(checkpoints))
+        coordinator.start(0)
+        numbers = {}
+        for local in (1, 2):
+            for task in (0, 1):
+                number = numbers[task, local] = checkpoint_number(0, local, task)
+                ref = checkpoints.put_state(number, "op", task, b"state")
+                channels = {}
+                if task == 0:   # the sender logs the frames it sent since its last one
+                    log = checkpoints.put_channel(number, "0", b"frames")
+                    channels = {0: (log, 10 * local - 9, 10 * local)}
+                meta = {"sent": {0: 10 * local} if task == 0 else {},
+                        "received": {0: 10 * local} if task == 1 else {},
+                        "channels": channels, "duration_s": 0.0, "forced": False}
+                coordinator.on_acknowledge(0, task, number, ref, meta)
+        graph = coordinator._graph()
+        line = graph.recovery_line()
+        assert line == {0: numbers[0, 2], 1: numbers[1, 2]}
+        await coordinator._reclaim(line, graph.replay_from(line))
+        assert coordinator.reclaimed == {numbers[0, 1], numbers[1, 1]}
+        await coordinator.stop()
+        coordinator.exclude(numbers[0, 2])   # damaged: task 0 falls back behind it
+        restore = await coordinator.recovery_line()
+        # task 0 has nothing left it can restore: it starts over, and task 1, which
+        # received frames task 0 will send again, with it
+        assert restore["summary"] == {0: None, 1: None}
+        assert not restore["tasks"][0].replay
+
+    asyncio.run(scenario())

@@ -214,8 +214,9 @@ class RecoveryLineCoordinator(Coordinator):
                                  task=task_id, duration_s=meta["duration_s"],
                                  state_bytes=ref.size, forced=meta["forced"])
 
-    def _graph(self) -> CheckpointGraph:
-        records = [cp.record for cps in self.history.values() for cp in cps]
+    def _graph(self, restorable_only: bool = False) -> CheckpointGraph:
+        records = [cp.record for cps in self.history.values() for cp in cps
+                   if not (restorable_only and cp.record.number in self.reclaimed)]
         return CheckpointGraph(records, self.channels)
 
     async def _commit_loop(self) -> None:
@@ -280,7 +281,10 @@ class RecoveryLineCoordinator(Coordinator):
                         self.committed.add(number)
 
     async def recovery_line(self) -> Any:
-        graph = self._graph()
+        # A reclaimed checkpoint lies below the line, which only moves forward — until
+        # a damaged checkpoint is excluded and the line falls back behind it: the
+        # reclaimed ones are gone from the store, so the line is drawn without them.
+        graph = self._graph(restorable_only=True)
         line = graph.recovery_line()
         replay_from = graph.replay_from(line)  # channel -> first seq the receiver lacks
         tasks: dict[int, TaskRestore] = {}
