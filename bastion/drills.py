@@ -83,6 +83,7 @@ from bastion.protocols import Protocol, get_protocol
 from bastion.runtime.merge import clock_dependent_operators, nondeterminism
 from bastion.runtime.metrics import describe_injected, rate_recovered_at
 from bastion.runtime.plan import build_plan
+from bastion.runtime.redundancy import resolve as resolve_redundancy
 from bastion.topology import Topology
 
 Verdict = Literal["exactly-once", "at-least-once", "violated", "inconclusive"]
@@ -92,7 +93,8 @@ GOOD = ("exactly-once", "at-least-once")  # verdicts that keep the protocol's pr
 EXAMPLES = 5  # violations of each kind kept as examples
 REFERENCE_PROTOCOL = "none"
 # `bastion.run` options that configure the protocol under test (not the reference's)
-PROTOCOL_OPTIONS = ("cec", "acks_mode", "ack_timeout_s", "max_pending")
+PROTOCOL_OPTIONS = ("cec", "acks_mode", "ack_timeout_s", "max_pending", "redundancy",
+                    "dedup_window_s")
 
 
 # -- comparing committed outputs by id ------------------------------------------------------
@@ -660,7 +662,9 @@ def drill(topology: Topology, *, protocol: str | Protocol = "coordinated",
     # Everything that can be refused is refused before the first run.
     get_protocol(protocol).check(topology)
     plan = build_plan(topology, chaining=run_options.get("chaining", True),
-                      workers=run_options.get("workers"))
+                      workers=run_options.get("workers"),
+                      redundancy=resolve_redundancy(topology,
+                                                    protocol_options.get("redundancy")))
     kills = fault_injection.validate(faults, plan)
     if any(kill.node is not None for kill in kills):
         ensure_ray(run_options.get("address"))
@@ -681,7 +685,9 @@ def drill(topology: Topology, *, protocol: str | Protocol = "coordinated",
     # A protocol that cannot merge deterministically (acks) runs only stateless
     # topologies, whose ids carry the same values in any order: the deterministic
     # reference still judges them value by value.
-    merge_in_order = deterministic and get_protocol(protocol).nondeterministic_merge is None
+    # Redundant copies race each other: the faulty run cannot merge in order either.
+    merge_in_order = (deterministic and get_protocol(protocol).nondeterministic_merge is None
+                      and not protocol_options.get("redundancy"))
     result = run(topology, protocol=protocol, checkpoint_interval=checkpoint_interval,
                  faults=faults, lineage=True, deterministic=merge_in_order,
                  progress=_labelled(progress, "faulty"), **protocol_options, **run_options)

@@ -18,7 +18,7 @@ import sysconfig
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import ray
 from ray import cloudpickle
@@ -37,6 +37,7 @@ from bastion.runtime.metrics import (LatencyHistogram, OperatorCounts, ProtocolM
                                      RunMetrics)
 from bastion.runtime.outputs import read_committed
 from bastion.runtime.plan import PhysicalPlan, build_plan
+from bastion.runtime.redundancy import resolve as resolve_redundancy
 from bastion.scheduler.pool import get_pool
 from bastion.storage import ObjectStore, open_store
 from bastion.topology import Topology
@@ -152,7 +153,9 @@ def run(topology: Topology, *, protocol: str = "none",
         pool_idle_timeout_s: float | None = None,
         cec: CecPolicy | None = None, resume_from: str | None = None,
         acks_mode: str | None = None, ack_timeout_s: float | None = None,
-        max_pending: int | None = None) -> RunResult:
+        max_pending: int | None = None,
+        redundancy: float | Mapping[str, float] | None = None,
+        dedup_window_s: float = 1.0) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
 
     ``protocol`` picks the fault-tolerance protocol (``"none"``, ``"acks"``,
@@ -178,6 +181,10 @@ def run(topology: Topology, *, protocol: str = "none",
     largest parallelism); ``fail_fast`` stops the job at the first user-function
     error instead of sending the record to the dead-letter output; ``progress`` is
     called about twice a second with the records read and written so far.
+    ``redundancy`` (a ratio from 0.0 to 2.0, or a dict operator -> ratio) sends that
+    share of the tuples into an operator to a second instance as well, and keeps the
+    first result of each (`bastion.runtime.redundancy`; protocols ``none`` and
+    ``acks``); a receiving task remembers tuple ids for ``dedup_window_s``.
     ``lineage`` gives every record a lineage id (`bastion.lineage`) and fills
     ``RunResult.output_ids``; ``deterministic`` merges every multi-input task's
     inputs in a fixed order (`bastion.runtime.merge`), so every run commits the same
@@ -213,7 +220,19 @@ def run(topology: Topology, *, protocol: str = "none",
     if resume_from is not None and not proto.resumable:
         raise ValueError(f"resume_from={resume_from!r}: protocol {proto.name!r} cannot "
                          "start from an earlier job's state; use protocol='cec'")
-    plan = build_plan(topology, chaining=chaining, workers=workers)
+    copied = resolve_redundancy(topology, redundancy)
+    if copied:
+        if not proto.tolerates_copies:
+            raise TopologyError(
+                f"redundancy={redundancy!r} with protocol {proto.name!r}: an exactly-once "
+                "protocol processes every tuple once, and a redundant copy is a second "
+                "processing; use protocol 'none' or 'acks'")
+        if deterministic:
+            raise ValueError("redundancy cannot run with deterministic=True: which copy "
+                             "of a tuple arrives first is a race")
+        proto.check_copies(dedup_window_s)
+        lineage = True   # copies are told apart from new tuples by their ids
+    plan = build_plan(topology, chaining=chaining, workers=workers, redundancy=copied)
     proto.check(topology)
     if deterministic and proto.nondeterministic_merge is not None:
         raise ValueError(f"protocol {proto.name!r} cannot run with deterministic=True: "
@@ -256,6 +275,8 @@ def run(topology: Topology, *, protocol: str = "none",
         faults=tuple(faults),
         sink_spill_records=sink_spill_records,
         resume_from=resume_from,
+        redundancy=copied,
+        dedup_window_s=dedup_window_s,
     )
     kills = fault_injection.validate(config.faults, plan)
     for fault in config.faults:
@@ -404,6 +425,7 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
             "spawn_s": report["spawn_s"],
             "frames_sent": sum(t["frames_sent"] for t in tasks),
             "bytes_sent": sum(t["bytes_sent"] for t in tasks),
+            "records_sent": sum(t["records_sent"] for t in tasks),
             "max_inflight_frames": max((t["max_inflight_frames"] for t in tasks), default=0),
             "max_inbox_frames": max((t["max_inbox_frames"] for t in tasks), default=0),
             "workers": plan.workers,
@@ -411,6 +433,13 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
             "attempts": report["attempts"],
             "faults_injected": _summed(tasks, "faults_injected"),
             "protocol_counters": _summed(tasks, "protocol_counters"),
+            # tuple-level redundancy: copies routers made, copies receivers dropped,
+            # and the most tuple ids one receiving task remembered at once
+            "redundancy": {"ratios": dict(config.redundancy),
+                           "copies_sent": sum(t["copies_sent"] for t in tasks),
+                           "copies_dropped": sum(t["copies_dropped"] for t in tasks),
+                           "max_remembered_ids": max((t["max_remembered_ids"] for t in tasks),
+                                                     default=0)},
         },
     )
     warnings = []

@@ -46,9 +46,12 @@ needs them: flat_map, join, sinks that keep what they receive.
 
 from __future__ import annotations
 
+import hashlib
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, Sequence
+
+import msgpack
 
 RecordId = tuple
 
@@ -225,3 +228,61 @@ def format_id(record_id: Any, topology: Any) -> str:
 __all__ = ["IdRun", "RecordId", "ancestry", "broadcast_ids", "derived_ids", "format_id", "from_wire",
            "ids_of", "op_codes", "root_ids", "source_root", "take_ids", "to_wire",
            "union_ids"]
+
+
+# -- tokens ------------------------------------------------------------------------------
+# A tuple's 64-bit token names it within its root, the same in every process (never
+# Python's salted `hash`): tuple tracking (protocol ``acks``) counts outstanding tuples
+# by token, and tuple-level redundancy routes and drops copies by `record_hashes`. A
+# tuple whose id is still an unbuilt `IdRun` is its root's position plus the path of
+# operator prefixes it took, so within its root the path alone names it: its token is
+# the path's hash, one for the whole column. A built id (after a flat_map) gets a hash
+# of the whole id, folded element by element: an int as itself, a nested id by its own
+# token, anything else (a window's key or bounds) by BLAKE2b of its msgpack bytes. A
+# tuple keeps its form from the task that emits it to the task that takes it in (frames
+# carry id columns as they are), so both sides name it alike.
+_MASK = (1 << 64) - 1
+_MULTIPLIER = 0x9E3779B97F4A7C15  # odd: multiplying by it is a bijection mod 2**64
+
+
+def fold(h: int, value: int) -> int:
+    """Mix the 64-bit ``value`` into the 64-bit hash ``h``."""
+    h = ((h ^ value) * _MULTIPLIER) & _MASK
+    return h ^ (h >> 29)
+
+
+def _element(value: Any) -> int:
+    kind = type(value)
+    if kind is int or kind is bool:
+        return value & _MASK
+    if kind is tuple:
+        return token(value)
+    return int.from_bytes(hashlib.blake2b(msgpack.packb(value), digest_size=8).digest(),
+                          "little")
+
+
+def token(record_id: tuple) -> int:
+    """A built id's 64-bit token (see above)."""
+    h = len(record_id)
+    for value in record_id:
+        h = fold(h, _element(value))
+    return h
+
+
+def path_token(path: tuple) -> int:
+    """The token of every tuple of an `IdRun` with this ``path`` within its root (the
+    root itself: the empty path). Distinct from a built id's token but by chance."""
+    h = 0x5bd1e995  # keeps the empty path away from small values
+    for parts in path:
+        h = fold(h, token(parts))
+    return h
+
+
+def record_hashes(column: IdColumn) -> list[int]:
+    """A 64-bit hash per record of ``column`` that names the tuple across the whole job
+    (its root included): two copies of one tuple hash alike wherever they are, two
+    different tuples alike only by chance (about 2**-64 a pair)."""
+    if type(column) is IdRun:
+        base = fold(fold(path_token(column.path), column.source), column.instance)
+        return [fold(base, p) for p in column.positions]
+    return list(map(token, column))

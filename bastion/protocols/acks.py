@@ -8,15 +8,23 @@ what it did: "these tuples I took in, these I emitted" — one message per sourc
 per frame, so a tuple's acknowledgment and its children's emission arrive together.
 The source keeps, per pending root, what is still outstanding:
 
-- ``acks_mode="fine"`` (the default, Dynamo §3.2.3.2): the set of intermediate tuples
-  emitted and not yet acknowledged — a count per tuple token (a 64-bit name of the
-  tuple within its root, below), so messages may arrive in any order: a tuple
-  acknowledged before its emission was reported counts -1 until it is;
+- ``acks_mode="fine"`` (the default, Dynamo §3.2.3.2): the intermediate tuples
+  emitted and not yet acknowledged, as a count per tuple token (a 64-bit name of the
+  tuple within its root, `bastion.lineage.token`): emissions minus acknowledgments.
+  A tuple is outstanding while its count is above 0. Messages may arrive in any
+  order: a tuple acknowledged before its emission is reported counts below 0, and
+  its parent, whose acknowledgment travels in the same message as that emission, is
+  still outstanding meanwhile. Copies of a tuple (tuple-level redundancy) share its
+  token: the first copy acknowledged brings the count to 0 — a stalled instance's
+  copy is not waited for — and the later one to -1, which holds nothing back;
 - ``acks_mode="xor"`` (Storm's acker): one 64-bit value per root, every token XORed
-  in once when emitted and once when acknowledged.
+  in once when emitted and once when acknowledged. A token is salted with the
+  channel the tuple crossed, so the two copies of a redundant tuple (and their
+  results, which cross different channels) are distinct tuples: the root completes
+  only once *every* copy is acknowledged, as in the thesis's coarse mode.
 
-A root is complete when nothing is outstanding (fine: every count 0; xor: the value
-0). Sinks acknowledge only once what they staged is committed: a task with sinks holds
+A root is complete when nothing is outstanding (fine: no count above 0; xor: the
+value 0). Sinks acknowledge only once what they staged is committed: a task with sinks holds
 its messages back and sends them after its sinks' next commit, which it makes every
 ``checkpoint_interval_s`` (the job master writes the commit marker before it
 returns). A root not complete ``ack_timeout_s`` after it was emitted is replayed: the
@@ -45,16 +53,13 @@ an exactly-once protocol is for state. Lineage ids are turned on for the run.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections import deque
 from itertools import repeat
 from typing import Any
 
-import msgpack
-
 from bastion.errors import TopologyError
-from bastion.lineage import IdRun, source_root
+from bastion.lineage import IdRun, fold, path_token, source_root, token
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol,
                                     TaskContext, TaskProtocol)
 from bastion.runtime.records import Batch
@@ -65,55 +70,17 @@ _REPORT_INTERVAL_S = 0.1   # how often a source reports its frontier to the coor
 _END_POLL_S = 0.005        # how often an exhausted source looks at its pending roots
 
 
-# Tokens. A root's outstanding tuples are told apart by a 64-bit token each, stable
-# across processes (never Python's salted `hash`). A tuple whose id is still an unbuilt
-# `IdRun` (`bastion.lineage`) is its root's position plus the path of operator prefixes
-# it took, so within its root the path alone names it: its token is the path's hash,
-# one for the whole column — no arithmetic per record. A built id (after a flat_map)
-# gets a hash of the whole id, folded element by element: an int as itself, a nested
-# id by its own token, anything else (a window's key or bounds) by BLAKE2b of its
-# msgpack bytes. A tuple keeps its form from the task that emits it to the task that
-# takes it in (frames carry id columns as they are), so both sides name it alike.
-_MASK = (1 << 64) - 1
-_MULTIPLIER = 0x9E3779B97F4A7C15  # odd: multiplying by it is a bijection mod 2**64
-
-
-def _fold(h: int, value: int) -> int:
-    h = ((h ^ value) * _MULTIPLIER) & _MASK
-    return h ^ (h >> 29)
-
-
-def _element(value: Any) -> int:
-    kind = type(value)
-    if kind is int or kind is bool:
-        return value & _MASK
-    if kind is tuple:
-        return token(value)
-    return int.from_bytes(hashlib.blake2b(msgpack.packb(value), digest_size=8).digest(),
-                          "little")
-
-
-def token(record_id: tuple) -> int:
-    """A built id's 64-bit token (see above)."""
-    h = len(record_id)
-    for value in record_id:
-        h = _fold(h, _element(value))
-    return h
-
-
-def path_token(path: tuple) -> int:
-    """The token of every tuple of an `IdRun` with this ``path`` within its root (the
-    root itself: the empty path). Distinct from a built id's token but by chance."""
-    h = 0x5bd1e995  # keeps the empty path away from small values
-    for parts in path:
-        h = _fold(h, token(parts))
-    return h
-
-
 # A pending root at its source is a list (a few hundred nanoseconds cheaper per root
-# than an object): what is outstanding — fine: {token: count}; xor: the XOR of the
-# tokens — when it went out, and its record, to replay it.
-_OUTSTANDING, _SENT_S, _VALUE, _TS, _BORN = range(5)
+# than an object): what is outstanding — fine: {token: emissions - acknowledgments}
+# and how many tokens are above 0; xor: the XOR of the tokens (the count unused) —
+# when it went out, and its record, to replay it.
+_OUTSTANDING, _COUNT, _SENT_S, _VALUE, _TS, _BORN = range(6)
+
+
+def _channel_salt(channel_id: int) -> int:
+    """What XOR mode mixes into the token of a tuple that crossed ``channel_id`` (0:
+    a root, taken in by its own source task)."""
+    return 0 if channel_id is None else fold(0x27D4EB2F165667C5, channel_id + 1)
 
 
 class AcksTask(TaskProtocol):
@@ -123,8 +90,10 @@ class AcksTask(TaskProtocol):
         self.ack_timeout_s = ack_timeout_s
         self.max_pending = max_pending
         self.kinds = task.op_kinds()
-        self.inputs: list[Any] = []     # id columns taken in since the last message
-        self.outputs: list[Any] = []    # id columns emitted since the last message
+        # (id column, channel) taken in / emitted since the last message
+        self.inputs: list[tuple[Any, int | None]] = []
+        self.outputs: list[tuple[Any, int | None]] = []
+        self.salts: dict[int | None, int] = {}
         self.path_tokens: dict[tuple, int] = {}
         self.root_token = path_token(())
         self.held: dict[int, list] = {}  # source task -> entries waiting for a commit
@@ -163,16 +132,18 @@ class AcksTask(TaskProtocol):
         self._register(ids.positions, batch.values, batch.ts, batch.born)
         self.read_up_to = max(self.read_up_to, ids.positions[-1])
         self.max_pending_seen = max(self.max_pending_seen, len(self.pending))
-        self.inputs.append(ids)
+        self.inputs.append((ids, None))
 
     def on_batch(self, channel_id: int, batch: Batch) -> Batch | None:
+        # every copy is acknowledged, the ones dropped as later copies too: XOR mode
+        # counts each copy, and fine mode ignores an acknowledgment it already has
         if batch.ids is not None and len(batch):
-            self.inputs.append(batch.ids)
+            self.inputs.append((batch.ids, channel_id))
         return batch
 
-    def on_emit(self, batch: Batch) -> None:
+    def on_emit(self, batch: Batch, channel_id: int) -> None:
         if batch.ids is not None and len(batch):
-            self.outputs.append(batch.ids)
+            self.outputs.append((batch.ids, channel_id))
 
     def source_room(self) -> float:
         return self.max_pending - len(self.pending)
@@ -201,12 +172,14 @@ class AcksTask(TaskProtocol):
         if not self.inputs and not self.outputs:
             return
         by_task: dict[int, list] = {}
+        salted = self.mode == "xor"
         for sign, columns in ((1, self.outputs), (-1, self.inputs)):
-            for column in columns:
+            for column, channel_id in columns:
+                salt = self._salt(channel_id) if salted else 0
                 if type(column) is IdRun:  # one source instance's: positions are roots
                     by_task.setdefault(self.task.source_task(column.source, column.instance),
                                        []).append([sign, list(column.positions),
-                                                   self._path_token(column.path)])
+                                                   self._path_token(column.path) ^ salt])
                     continue
                 kinds, per_source = self.kinds, {}
                 for rid in column:
@@ -215,7 +188,7 @@ class AcksTask(TaskProtocol):
                     if entry is None:
                         per_source[source, instance] = entry = [sign, [], []]
                     entry[1].append(position)
-                    entry[2].append(token(rid))
+                    entry[2].append(token(rid) ^ salt)
                 for (source, instance), entry in per_source.items():
                     by_task.setdefault(self.task.source_task(source, instance),
                                        []).append(entry)
@@ -225,6 +198,12 @@ class AcksTask(TaskProtocol):
                 self.held.setdefault(task_id, []).extend(listed)
         else:
             self._send(by_task)
+
+    def _salt(self, channel_id: int | None) -> int:
+        known = self.salts.get(channel_id)
+        if known is None:
+            known = self.salts[channel_id] = _channel_salt(channel_id)
+        return known
 
     def _path_token(self, path: tuple) -> int:
         known = self.path_tokens.get(path)
@@ -249,19 +228,24 @@ class AcksTask(TaskProtocol):
                 root = pending.get(position)
                 if root is None:
                     continue  # complete already (a late copy), or read by an earlier attempt
-                if fine:
-                    counts = root[_OUTSTANDING]
-                    n = counts.get(t, 0) + sign
-                    if n:
-                        counts[t] = n
-                    else:
-                        del counts[t]
-                else:
+                if not fine:
                     root[_OUTSTANDING] ^= t
+                    continue
+                counts = root[_OUTSTANDING]
+                before = counts.get(t, 0)
+                after = before + sign
+                if after:
+                    counts[t] = after
+                else:
+                    del counts[t]
+                if after > 0 >= before:
+                    root[_COUNT] += 1
+                elif before > 0 >= after:
+                    root[_COUNT] -= 1
         for _, positions, _ in entries:
             for position in positions:
                 root = pending.get(position)
-                if root is not None and not root[_OUTSTANDING]:
+                if root is not None and not (root[_COUNT] if fine else root[_OUTSTANDING]):
                     del pending[position]
                     self.completed += 1
 
@@ -271,9 +255,9 @@ class AcksTask(TaskProtocol):
         """Roots that go out now: each outstanding until it is itself taken in."""
         now_s, root = time.monotonic(), self.root_token
         if self.mode == "fine":
-            roots = [[{root: 1}, now_s, v, s, b] for v, s, b in zip(values, ts, born)]
+            roots = [[{root: 1}, 1, now_s, v, s, b] for v, s, b in zip(values, ts, born)]
         else:
-            roots = [[root, now_s, v, s, b] for v, s, b in zip(values, ts, born)]
+            roots = [[root, 0, now_s, v, s, b] for v, s, b in zip(values, ts, born)]
         self.pending.update(zip(positions, roots))
         self.sent_order.extend(zip([now_s] * len(roots), positions))
 
@@ -297,7 +281,7 @@ class AcksTask(TaskProtocol):
         values, ts, born = ([r[_VALUE] for r in roots], [r[_TS] for r in roots],
                             [r[_BORN] for r in roots])
         self._register(overdue, values, ts, born)
-        self.inputs.append(ids)
+        self.inputs.append((ids, None))
         self.replayed += len(overdue)
         await self.task.replay_source_records(Batch(None, values, ts, born, ids))
         self._report_frame()
@@ -378,6 +362,7 @@ class AcksProtocol(Protocol):
         "the tuples of a stateless topology do not depend on the order anyway")
     needs_checkpoint_interval = True   # how often sinks commit (and acknowledge)
     needs_lineage = True
+    tolerates_copies = True
 
     def __init__(self, mode: str = "fine", ack_timeout_s: float = 5.0,
                  max_pending: int = 100_000):
@@ -412,6 +397,14 @@ class AcksProtocol(Protocol):
                 f"checkpoint_interval={checkpoint_interval_s:g}: sinks acknowledge only "
                 "when they commit, so every root would be replayed before it could "
                 "complete, and the replays would flood the job")
+
+    def check_copies(self, dedup_window_s: float) -> None:
+        if 2 * dedup_window_s >= self.ack_timeout_s:
+            raise ValueError(
+                f"dedup_window_s={dedup_window_s:g} must be shorter than half of "
+                f"ack_timeout_s={self.ack_timeout_s:g}: a receiver remembers a tuple id "
+                "for up to twice the window, and would drop a replayed root's tuples as "
+                "copies of the ones it replaces")
 
     def task_protocol(self, task: TaskContext) -> TaskProtocol:
         return AcksTask(task, self.mode, self.ack_timeout_s, self.max_pending)

@@ -451,8 +451,9 @@ class TaskProtocol:
     def on_source_batch(self, batch: Batch) -> None:
         """A source task read ``batch`` (with its ids); it is processed next."""
 
-    def on_emit(self, batch: Batch) -> None:
-        """``batch`` leaves the task on its output channels."""
+    def on_emit(self, batch: Batch, channel_id: int) -> None:
+        """``batch`` leaves the task on output channel ``channel_id`` (a tuple sent on
+        two channels — a broadcast, a redundant copy — is reported on each)."""
 
     def source_room(self) -> float:
         """How many records the source task may read now (0: it waits, and calls
@@ -538,6 +539,9 @@ class Protocol:
     acknowledges_tuples: bool = False
     # Records must carry lineage ids (`bastion.lineage`): the run turns them on.
     needs_lineage: bool = False
+    # A tuple may be processed twice without breaking what the protocol promises, so
+    # tuple-level redundancy (`bastion.runtime.redundancy`) may send it to two instances.
+    tolerates_copies: bool = False
     # A job can start from the state an earlier job left (`bn.run(resume_from=...)`).
     resumable: bool = False
     # A standby worker, started ahead, takes over a dead slot without a process start.
@@ -551,6 +555,10 @@ class Protocol:
     def check_interval(self, checkpoint_interval_s: float | None) -> None:
         """Raise `ValueError` if this protocol's own options do not fit the run's
         checkpoint (or commit) interval."""
+
+    def check_copies(self, dedup_window_s: float) -> None:
+        """Raise `ValueError` if receivers that remember tuple ids for
+        ``dedup_window_s`` (to drop redundant copies) would break this protocol."""
 
     def task_protocol(self, task: TaskContext) -> TaskProtocol:
         return TaskProtocol(task)

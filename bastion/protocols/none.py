@@ -13,3 +13,4 @@ from bastion.protocols.base import Protocol
 class NoProtocol(Protocol):
     name = "none"
     exactly_once = False
+    tolerates_copies = True

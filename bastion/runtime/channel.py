@@ -46,6 +46,7 @@ class OutputChannel:
         self.first_buffered_s = 0.0  # when the oldest unsent element was buffered
         self.frames_sent = 0
         self.bytes_sent = 0
+        self.records_sent = 0   # data records given to the channel (a tuple per copy)
         self.max_inflight_seen = 0
         # a protocol's hook that may add bookkeeping to each frame before it is sent
         self.decorate: Callable[[list], list] | None = None
@@ -67,6 +68,7 @@ class OutputChannel:
             self.first_buffered_s = time.monotonic()
         self.elements.append(batch)
         self.records += len(batch)
+        self.records_sent += len(batch)
         return self.records >= self.frame_records
 
     def add_control(self, control: ControlRecord) -> None:

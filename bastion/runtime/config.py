@@ -47,6 +47,11 @@ class JobConfig:
     # An earlier job (same storage) whose logged state this job starts from, under a
     # protocol that can (`Protocol.resumable`): see `bastion.protocols.cec`.
     resume_from: str | None = None
+    # Tuple-level redundancy (`bastion.runtime.redundancy`): operator -> ratio of the
+    # tuples into it that get a copy on the next instance; how long a receiving task
+    # remembers the ids it has seen, to drop later copies.
+    redundancy: dict[str, float] = field(default_factory=dict)
+    dedup_window_s: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("frame_records", "max_inflight_frames", "inbox_frames",
@@ -61,6 +66,8 @@ class JobConfig:
                              f"{self.checkpoint_interval_s}")
         if self.heartbeat_timeout_s <= 0:
             raise ValueError(f"heartbeat_timeout_s must be > 0, got {self.heartbeat_timeout_s}")
+        if not self.dedup_window_s > 0:
+            raise ValueError(f"dedup_window_s must be > 0 seconds, got {self.dedup_window_s!r}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ValueError(f"duration_s must be > 0 seconds, got {self.duration_s}")
 

@@ -34,7 +34,7 @@ import msgpack
 import ray
 
 from bastion.errors import PeerLostError, UDFError
-from bastion.lineage import broadcast_ids, op_codes
+from bastion.lineage import broadcast_ids, op_codes, record_hashes
 from bastion.protocols import get_protocol
 from bastion.protocols.base import TaskContext
 from bastion.runtime.channel import (InputGate, LocalOutputChannel, OutputChannel,
@@ -52,6 +52,7 @@ from bastion.runtime.outputs import (FINAL_COMMIT, committed_blobs, encode_part,
                                      staged_key)
 from bastion.runtime.records import (Batch, ControlRecord, EndOfStream, FrameCodec,
                                      UnstableKeyError, Watermark, stable_hash)
+from bastion.runtime.redundancy import FirstCopies, copy_shares
 from bastion.runtime.transport import FrameServer, PeerLinks, node_address, pusher
 from bastion.sinks import SinkWriter
 from bastion.storage import BlobRef, CheckpointStore, ObjectStore, open_store
@@ -90,7 +91,7 @@ class Router:
 
     def __init__(self, route: OutputRoute, channels: list[OutputChannel],
                  key_ctx: OperatorContext, per_record: bool,
-                 emitted: Callable[[Batch], None]):
+                 emitted: Callable[[Batch, int], None]):
         self.edge = route.edge
         # told every tuple the edge carries (`TaskProtocol.on_emit`): each copy a
         # broadcast makes is a tuple of its own, with an id of its own
@@ -102,6 +103,7 @@ class Router:
         self.per_record = per_record
         self.next_channel = 0
         self.memo: dict = {}
+        self.copies_sent = 0   # redundant copies of tuples (`_route_by_hash`)
 
     def route(self, batch: Batch) -> list[OutputChannel]:
         """Buffer ``batch`` on its channels; return the channels whose frame is full."""
@@ -117,37 +119,72 @@ class Router:
             for d, channel in enumerate(channels):
                 copy = Batch(batch.keys, batch.values, batch.ts, batch.born,
                              broadcast_ids(code, d, batch.ids))
-                self.emitted(copy)
-                if channel.add_batch(copy):
+                if self._add(channel, copy):
                     full.append(channel)
             return full
-        self.emitted(batch)
         if n == 1 or edge.partition == FORWARD:
-            return [channels[0]] if channels[0].add_batch(batch) else []
+            return [channels[0]] if self._add(channels[0], batch) else []
+        if edge.copies or edge.by_id:
+            return self._route_by_hash(batch)
         if edge.partition != HASH and self.per_record:  # rebalance: record by record
             return self._deal(batch)
         if edge.partition != HASH:  # rebalance: whole batches, round-robin
             channel = channels[self.next_channel]
             self.next_channel = (self.next_channel + 1) % n
-            return [channel] if channel.add_batch(batch) else []
-        memo = self.memo
-        keys = batch.keys
+            return [channel] if self._add(channel, batch) else []
+        return self._split(batch, self._key_parts(batch))
+
+    def _add(self, channel: OutputChannel, batch: Batch) -> bool:
+        self.emitted(batch, channel.channel_id)
+        return channel.add_batch(batch)
+
+    def _split(self, batch: Batch, parts: list[int]) -> list[OutputChannel]:
+        return [channel for channel, part in zip(self.channels,
+                                                 batch.split(parts, len(self.channels)))
+                if part is not None and self._add(channel, part)]
+
+    def _key_parts(self, batch: Batch) -> list[int]:
+        memo, keys, n = self.memo, batch.keys, len(self.channels)
         try:
-            parts = list(map(memo.__getitem__, keys))
+            return list(map(memo.__getitem__, keys))
         except KeyError:
             if len(memo) > _ROUTE_MEMO_KEYS:
                 memo.clear()
             for i, k in enumerate(keys):
                 if k not in memo:
-                    try:
-                        memo[k] = stable_hash(k) % n
-                    # a bug of the job, not of one record: fail, fail_fast or not
-                    except UnstableKeyError as exc:
-                        ctx = self.key_ctx
-                        raise UDFError(ctx.name, ctx.index, batch.values[i], str(exc)) from None
-            parts = list(map(memo.__getitem__, keys))
-        return [channel for channel, part in zip(channels, batch.split(parts, n))
-                if part is not None and channel.add_batch(part)]
+                    memo[k] = self._key_hash(k, batch, i) % n
+            return list(map(memo.__getitem__, keys))
+
+    def _key_hash(self, key: Any, batch: Batch, i: int) -> int:
+        try:
+            return stable_hash(key)
+        # a bug of the job, not of one record: fail, fail_fast or not
+        except UnstableKeyError as exc:
+            ctx = self.key_ctx
+            raise UDFError(ctx.name, ctx.index, batch.values[i], str(exc)) from None
+
+    def _route_by_hash(self, batch: Batch) -> list[OutputChannel]:
+        """Tuple-level redundancy (`bastion.runtime.redundancy`): the primary instance
+        by the key's hash (keyed) or the id's (unkeyed), and for a share of the keys or
+        tuples a copy on the next instance, and above a ratio of 1.0 a second."""
+        n = len(self.channels)
+        if self.edge.partition == HASH:
+            hashes = [self._key_hash(k, batch, i) for i, k in enumerate(batch.keys)]
+        else:
+            hashes = record_hashes(batch.ids)
+        parts = [h % n for h in hashes]
+        full = set(self._split(batch, parts))
+        ratio = self.edge.copies
+        if ratio:
+            shares = copy_shares(hashes)
+            for extra in range(1, min(math.ceil(ratio), n - 1) + 1):
+                bar = ratio - (extra - 1)
+                picked = [i for i, u in enumerate(shares) if u < bar]
+                if picked:
+                    copies = batch.take(picked)
+                    self.copies_sent += len(picked)
+                    full.update(self._split(copies, [(parts[i] + extra) % n for i in picked]))
+        return list(full)
 
     def _deal(self, batch: Batch) -> list[OutputChannel]:
         """Record ``i`` of the batch goes to channel ``(next_channel + i) % n``."""
@@ -156,7 +193,7 @@ class Router:
         full = []
         for p, channel in enumerate(channels):
             positions = list(range((p - start) % n, records, n))
-            if positions and channel.add_batch(batch.take(positions)):
+            if positions and self._add(channel, batch.take(positions)):
                 full.append(channel)
         self.next_channel = (start + records) % n
         return full
@@ -244,6 +281,13 @@ class Task(TaskContext):
         self.protocol = get_protocol(config.protocol).task_protocol(self)
         # stalls, lost frames and link outages this task carries out (None: none)
         self.faults = TaskFaults.for_task(config.faults, chain.ops, plan.index)
+        # Inputs from a chain that receives redundant copies: both copies of one result
+        # come here, and only the first is processed (`bastion.runtime.redundancy`).
+        copied = config.redundancy
+        self.copied_inputs = {
+            c.channel_id for c in plan.inputs
+            if copied.keys() & set(physical.chains[physical.tasks[c.src_task].chain_id].ops)}
+        self.first_copies = FirstCopies(config.dedup_window_s) if self.copied_inputs else None
 
     # -- wiring ------------------------------------------------------------------------
 
@@ -413,6 +457,10 @@ class Task(TaskContext):
             kind = type(element)
             if kind is Batch:
                 batch = self.protocol.on_batch(channel_id, element)
+                if batch is not None and channel_id in self.copied_inputs:
+                    keep = self.first_copies.keep(batch.ids)
+                    if keep is not None:
+                        batch = batch.take(keep)
                 if batch is not None and len(batch):
                     await self._process(batch, 0, channel.input_index, keyed=True)
             elif kind is Watermark:
@@ -859,6 +907,7 @@ class Task(TaskContext):
             "finished_cpu_s": self.finished_cpu_s,
             "frames_sent": sum(c.frames_sent for c in self.channels),
             "bytes_sent": sum(c.bytes_sent for c in self.channels),
+            "records_sent": sum(c.records_sent for c in self.channels),
             "protocol_frame_bytes": self.protocol_frame_bytes,
             "protocol_message_bytes": self.protocol_message_bytes,
             "max_inflight_frames": max((c.max_inflight_seen for c in self.channels),
@@ -866,6 +915,10 @@ class Task(TaskContext):
             "max_inbox_frames": self.gate.max_queued_seen,
             "faults_injected": None if self.faults is None else self.faults.report(),
             "protocol_counters": self.protocol.counters(),
+            "copies_sent": sum(r.copies_sent for r in self.routers),
+            "copies_dropped": 0 if self.first_copies is None else self.first_copies.dropped,
+            "max_remembered_ids": (0 if self.first_copies is None
+                                   else self.first_copies.peak_remembered()),
             "task_id": self.task_id,
             "acknowledged": list(self.acknowledged),
             "staged_commits": list(self.staged_commits),

@@ -42,6 +42,11 @@ class EdgePlan:
     partition: str             # FORWARD, REBALANCE, HASH or BROADCAST
     key_fn: Callable[[Any], Any] | None
     feedback: bool
+    # Tuple-level redundancy (`bastion.runtime.redundancy`): the ratio of copies this
+    # edge sends to the next instance, and whether it routes unkeyed tuples by their
+    # lineage id (so copies made upstream meet on one instance) instead of round-robin.
+    copies: float = 0.0
+    by_id: bool = False
 
 
 @dataclass
@@ -120,10 +125,14 @@ def _resolve(partition: str, src_p: int, dst_p: int, src: str, dst: str) -> str:
     return partition
 
 
-def build_plan(topology: Topology, *, chaining: bool = True, workers: int | None = None
-               ) -> PhysicalPlan:
-    """Chain, instantiate and place a validated topology."""
+def build_plan(topology: Topology, *, chaining: bool = True, workers: int | None = None,
+               redundancy: dict[str, float] | None = None) -> PhysicalPlan:
+    """Chain, instantiate and place a validated topology. ``redundancy`` (operator ->
+    ratio, `bastion.runtime.redundancy.resolve`) names the operators that receive
+    copies: each heads a chain of its own and ends it, so its copies arrive over
+    channels and its results leave over channels where they meet again."""
     topology.validate()
+    copied = redundancy or {}
     nodes = topology.nodes
     consumers: dict[str, list[tuple[str, int]]] = {name: [] for name in nodes}
     for node in nodes.values():
@@ -132,9 +141,11 @@ def build_plan(topology: Topology, *, chaining: bool = True, workers: int | None
 
     def chains_into_next(name: str) -> bool:
         """Can ``name`` be fused with its single consumer?"""
-        if not chaining or len(consumers[name]) != 1:
+        if not chaining or len(consumers[name]) != 1 or name in copied:
             return False
         dst_name, i = consumers[name][0]
+        if dst_name in copied:
+            return False
         dst = nodes[dst_name]
         inp = dst.inputs[i]
         if len(dst.inputs) != 1 or inp.feedback:
@@ -171,8 +182,15 @@ def build_plan(topology: Topology, *, chaining: bool = True, workers: int | None
                 continue  # a chained link
             partition = _resolve(inp.partition, nodes[inp.upstream].parallelism,
                                  node.parallelism, inp.upstream, node.name)
+            copies = copied.get(node.name, 0.0)
+            by_id = copies > 0 or inp.upstream in copied
+            if by_id and partition == FORWARD and node.parallelism > 1:
+                # a copy goes to another instance; copies made upstream may come from
+                # any instance: a forward edge becomes one routed by id
+                partition = REBALANCE
             edge = EdgePlan(len(edges), inp.upstream, node.name, src_chain, dst_chain, i,
-                            partition, inp.key_fn, inp.feedback)
+                            partition, inp.key_fn, inp.feedback, copies,
+                            by_id and partition == REBALANCE)
             edges.append(edge)
             chains[src_chain].outputs.append(edge)
             chains[dst_chain].inputs.append(edge)
