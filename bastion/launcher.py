@@ -39,6 +39,7 @@ from bastion.runtime.outputs import read_committed
 from bastion.runtime.plan import PhysicalPlan, build_plan
 from bastion.runtime.redundancy import resolve as resolve_redundancy
 from bastion.scheduler.pool import get_pool
+from bastion.scheduler.resiliency import ResiliencyPolicy
 from bastion.storage import ObjectStore, open_store
 from bastion.topology import Topology
 
@@ -154,8 +155,9 @@ def run(topology: Topology, *, protocol: str = "none",
         cec: CecPolicy | None = None, resume_from: str | None = None,
         acks_mode: str | None = None, ack_timeout_s: float | None = None,
         max_pending: int | None = None,
-        redundancy: float | Mapping[str, float] | None = None,
-        dedup_window_s: float = 1.0) -> RunResult:
+        redundancy: float | Mapping[str, float] | str | None = None,
+        dedup_window_s: float = 1.0, latency_bound_ms: float | None = None,
+        resiliency: ResiliencyPolicy | None = None) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
 
     ``protocol`` picks the fault-tolerance protocol (``"none"``, ``"acks"``,
@@ -185,6 +187,10 @@ def run(topology: Topology, *, protocol: str = "none",
     share of the tuples into an operator to a second instance as well, and keeps the
     first result of each (`bastion.runtime.redundancy`; protocols ``none`` and
     ``acks``); a receiving task remembers tuple ids for ``dedup_window_s``.
+    ``redundancy="auto"`` lets the resiliency manager (`bastion.scheduler.resiliency`)
+    move the ratio every period to keep the windowed p90 latency under
+    ``latency_bound_ms`` (or follow a whole ``resiliency`` policy); its decisions are
+    in ``RunResult.metrics.extra["redundancy"]["decisions"]``.
     ``lineage`` gives every record a lineage id (`bastion.lineage`) and fills
     ``RunResult.output_ids``; ``deterministic`` merges every multi-input task's
     inputs in a fixed order (`bastion.runtime.merge`), so every run commits the same
@@ -220,7 +226,9 @@ def run(topology: Topology, *, protocol: str = "none",
     if resume_from is not None and not proto.resumable:
         raise ValueError(f"resume_from={resume_from!r}: protocol {proto.name!r} cannot "
                          "start from an earlier job's state; use protocol='cec'")
-    copied = resolve_redundancy(topology, redundancy)
+    policy = _resiliency_policy(redundancy, latency_bound_ms, resiliency)
+    copied = resolve_redundancy(topology, redundancy,
+                                0.0 if policy is None else policy.initial_ratio)
     if copied:
         if not proto.tolerates_copies:
             raise TopologyError(
@@ -277,6 +285,7 @@ def run(topology: Topology, *, protocol: str = "none",
         resume_from=resume_from,
         redundancy=copied,
         dedup_window_s=dedup_window_s,
+        resiliency=policy,
     )
     kills = fault_injection.validate(config.faults, plan)
     for fault in config.faults:
@@ -349,6 +358,25 @@ def process_cpu_s(tasks: list[dict[str, Any]]) -> tuple[float, int]:
     return sum(finished - started for started, finished in spans.values()), len(spans)
 
 
+def _resiliency_policy(redundancy: Any, latency_bound_ms: float | None,
+                       resiliency: ResiliencyPolicy | None) -> ResiliencyPolicy | None:
+    """The policy of ``redundancy="auto"``; None for a fixed ratio."""
+    if redundancy != "auto":
+        if latency_bound_ms is not None or resiliency is not None:
+            raise ValueError("latency_bound_ms and resiliency set the resiliency manager "
+                             f"of redundancy='auto'; this run has redundancy={redundancy!r}")
+        return None
+    if resiliency is None:
+        if latency_bound_ms is None:
+            raise ValueError("redundancy='auto' needs latency_bound_ms (the p90 latency "
+                             "to stay under) or a resiliency=bn.ResiliencyPolicy(...)")
+        return ResiliencyPolicy(latency_bound_ms=latency_bound_ms)
+    if latency_bound_ms is not None and latency_bound_ms != resiliency.latency_bound_ms:
+        raise ValueError(f"latency_bound_ms={latency_bound_ms!r} contradicts the policy's "
+                         f"latency_bound_ms={resiliency.latency_bound_ms!r}: give one")
+    return resiliency
+
+
 def _summed(tasks: list[dict[str, Any]], field: str) -> dict[str, float]:
     """The counters ``field`` of the last attempt's tasks, summed (a counter named
     ``max_...``: the largest); empty when no task had any. ``faults_injected``: what
@@ -368,6 +396,7 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
     outputs: dict[str, list] = {}
     latency = LatencyHistogram()
     timeline: dict[int, int] = {}
+    latency_windows: dict[int, LatencyHistogram] = {}
     operators: dict[str, OperatorCounts] = {name: OperatorCounts()
                                             for name in plan.topology.nodes}
     dead_letters = []
@@ -379,6 +408,9 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
             latency.merge(LatencyHistogram(sink["latency"]))
             for second, count in sink["timeline"].items():
                 timeline[second] = timeline.get(second, 0) + count
+            for second, buckets in sink["latency_by_second"].items():
+                latency_windows.setdefault(second, LatencyHistogram()).merge(
+                    LatencyHistogram(buckets))
         dead_letters.extend(task["dead_letters"])
     output_ids: dict[str, list] = {}
     for name, node in plan.topology.nodes.items():
@@ -416,6 +448,8 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
         operators=operators,
         dead_letters=sum(task["dead_letter_count"] for task in tasks),  # not just examples
         sink_timeline=dict(sorted(timeline.items())),
+        latency_histogram=latency,
+        latency_windows=dict(sorted(latency_windows.items())),
         protocol=protocol,
         latency_timeline=[(p["t_s"], p["latency_p50_ms"], p["latency_p99_ms"])
                           for p in report["timeline"]],
@@ -439,7 +473,8 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
                            "copies_sent": sum(t["copies_sent"] for t in tasks),
                            "copies_dropped": sum(t["copies_dropped"] for t in tasks),
                            "max_remembered_ids": max((t["max_remembered_ids"] for t in tasks),
-                                                     default=0)},
+                                                     default=0),
+                           "decisions": report["redundancy_decisions"]},
         },
     )
     warnings = []

@@ -100,7 +100,7 @@ def test_policy_validation_names_the_field_and_value(field, value):
 def test_policy_defaults_are_the_thesis_settings_and_frozen():
     policy = ResiliencyPolicy(latency_bound_ms=300.0)
     assert (policy.percentile, policy.step_min, policy.gain_increase, policy.gain_decrease) \
-        == (90.0, 0.1, 5.0, 5.0)
+        == (90.0, 0.1, 0.05, 0.05)   # the thesis's 5 percentage points
     assert (policy.max_ratio, policy.initial_ratio) == (2.0, 0.0)
     with pytest.raises(FrozenInstanceError):
         policy.step_min = 0.2  # type: ignore[misc]
@@ -295,9 +295,11 @@ def test_steps_use_the_magnitude_of_the_difference():
 
 
 def test_the_ratio_stays_between_zero_and_max_ratio():
-    manager = ResiliencyManager(ResiliencyPolicy(latency_bound_ms=100.0, max_ratio=1.5))
+    manager = ResiliencyManager(ResiliencyPolicy(latency_bound_ms=100.0, max_ratio=1.5,
+                                                 gain_increase=5.0))
     assert manager.decide(0.0, 1000.0).ratio == 1.5
-    low = ResiliencyManager(ResiliencyPolicy(latency_bound_ms=100.0, initial_ratio=0.3))
+    low = ResiliencyManager(ResiliencyPolicy(latency_bound_ms=100.0, initial_ratio=0.3,
+                                             gain_decrease=5.0))
     assert low.decide(0.0, 1.0).ratio == 0.0
 
 

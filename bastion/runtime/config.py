@@ -52,6 +52,9 @@ class JobConfig:
     # remembers the ids it has seen, to drop later copies.
     redundancy: dict[str, float] = field(default_factory=dict)
     dedup_window_s: float = 1.0
+    # `redundancy="auto"`: the `bastion.scheduler.resiliency.ResiliencyPolicy` the job
+    # master's resiliency manager follows (None: the ratios above stay as they are)
+    resiliency: Any = None
 
     def __post_init__(self) -> None:
         for name in ("frame_records", "max_inflight_frames", "inbox_frames",

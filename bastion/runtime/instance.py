@@ -104,6 +104,7 @@ class Router:
         self.next_channel = 0
         self.memo: dict = {}
         self.copies_sent = 0   # redundant copies of tuples (`_route_by_hash`)
+        self.copies = route.edge.copies  # the ratio now (`redundancy="auto"` moves it)
 
     def route(self, batch: Batch) -> list[OutputChannel]:
         """Buffer ``batch`` on its channels; return the channels whose frame is full."""
@@ -124,7 +125,7 @@ class Router:
             return full
         if n == 1 or edge.partition == FORWARD:
             return [channels[0]] if self._add(channels[0], batch) else []
-        if edge.copies or edge.by_id:
+        if self.copies or edge.by_id:
             return self._route_by_hash(batch)
         if edge.partition != HASH and self.per_record:  # rebalance: record by record
             return self._deal(batch)
@@ -174,7 +175,7 @@ class Router:
             hashes = record_hashes(batch.ids)
         parts = [h % n for h in hashes]
         full = set(self._split(batch, parts))
-        ratio = self.edge.copies
+        ratio = self.copies
         if ratio:
             shares = copy_shares(hashes)
             for extra in range(1, min(math.ceil(ratio), n - 1) + 1):
@@ -894,6 +895,9 @@ class Task(TaskContext):
                           for name, c in zip(self.op_names, self.counts)},
             "sinks": {op.ctx.name: {"latency": op.latency.buckets,
                                     "timeline": op.timeline,
+                                    "latency_by_second": {
+                                        second: h.buckets
+                                        for second, h in op.latency_by_second.items()},
                                     "spilled_parts": op.spilled_parts,
                                     "max_staged_records": op.max_staged_records}
                       for op in self.sinks},
@@ -1082,6 +1086,15 @@ class Worker:
             return
         for task in self.tasks.values():
             await task.reapply_commits(only=commit)
+
+    def set_redundancy(self, epoch: tuple[str, int], ratio: float) -> None:
+        """The resiliency manager's new redundancy ratio, for every copying edge."""
+        if epoch != self.epoch:
+            return
+        for task in self.tasks.values():
+            for router in task.routers:
+                if router.edge.dst_op in task.config.redundancy:
+                    router.copies = ratio
 
     def stop_sources(self, epoch: tuple[str, int]) -> None:
         if epoch != self.epoch:

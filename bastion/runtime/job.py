@@ -73,6 +73,7 @@ from bastion.scheduler import detector, injector, placement
 from bastion.scheduler.detector import Failure, within
 from bastion.scheduler.recovery import (BlockingRecovery, Capacity, RecoveryPlanError,
                                        RecoveryPlanner, check_plan)
+from bastion.scheduler.resiliency import ResiliencyManager
 from bastion.storage import CheckpointStore, open_store
 
 
@@ -258,6 +259,12 @@ class JobMaster:
         self._injector: asyncio.Task | None = None
         self.repaired_at_s: dict[int, float] = {}  # slot -> when its crash is repaired
         self._standby_lending: asyncio.Future | None = None  # see _start
+        # `redundancy="auto"`: the resiliency manager decides the redundancy ratio each
+        # period from the latency sinks saw in it (`bastion.scheduler.resiliency`)
+        self.redundancy = (None if config.resiliency is None
+                           else ResiliencyManager(config.resiliency))
+        self._redundancy_window = LatencyHistogram()
+        self._redundancy_window_s: float | None = None  # when the current window began
 
     # -- what the coordinator's context and the workers call --------------------------------
 
@@ -454,6 +461,8 @@ class JobMaster:
         if self.attempt:
             self.record_event("restarted", attempt=self.attempt,
                               checkpoint=_line_summary(restore))
+            if self.redundancy is not None:  # new tasks start from the configured ratio
+                self._send_redundancy(self.redundancy.ratio)
         self.coordinator.start(self.attempt)
 
     async def _recover(self, failure: Failure) -> Any:
@@ -555,6 +564,8 @@ class JobMaster:
                 {t["task_id"]: (t["final_sent"], t["final_received"]) for t in tasks}),
             "attempts": self.attempt + 1,
             "failures": failures,
+            "redundancy_decisions": ([] if self.redundancy is None else
+                                     [dataclasses.asdict(d) for d in self.redundancy.decisions]),
         }
 
     def _events_report(self) -> dict[str, Any]:
@@ -751,6 +762,8 @@ class JobMaster:
             self._totals[k] += v
         if self.plan.topology.has_feedback():
             await self._check_loops(replies)
+        if self.redundancy is not None and self.started_s is not None:
+            self._manage_redundancy(latency)
         if self.started_s is not None:
             p50, p99 = latency.percentile(50), latency.percentile(99)
             self.log.progress({"t_s": time.time() - self.started_s, **gained,
@@ -758,6 +771,32 @@ class JobMaster:
                                       not isinstance(r, BaseException) for r in replies),
                                   "latency_p50_ms": None if p50 is None else p50 * 1000,
                                   "latency_p99_ms": None if p99 is None else p99 * 1000})
+
+    def _manage_redundancy(self, latency: LatencyHistogram) -> None:
+        """Add what sinks saw since the last poll to the manager's window; once a
+        period is over, let it decide, and send a new ratio to every worker."""
+        policy = self.config.resiliency
+        now_s = time.time()
+        if self._redundancy_window_s is None:
+            self._redundancy_window_s = now_s
+        self._redundancy_window.merge(latency)
+        if now_s - self._redundancy_window_s < policy.period_s:
+            return
+        seen = self._redundancy_window.percentile(policy.percentile)
+        decision = self.redundancy.decide(now_s - self.started_s,
+                                          None if seen is None else seen * 1000.0)
+        self._redundancy_window = LatencyHistogram()
+        self._redundancy_window_s = now_s
+        if decision.ratio != decision.ratio_before:
+            self._send_redundancy(decision.ratio)
+            self.record_event("redundancy_changed", ratio=decision.ratio,
+                              ratio_before=decision.ratio_before,
+                              latency_ms=decision.latency_ms, reason=decision.reason)
+
+    def _send_redundancy(self, ratio: float) -> None:
+        epoch = self._epoch(self.attempt)
+        for w in self.workers:
+            w.set_redundancy.remote(epoch, ratio)
 
     async def _check_loops(self, replies: list) -> None:
         """Distributed termination of feedback loops. When every unfinished task has

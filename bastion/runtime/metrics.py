@@ -63,6 +63,25 @@ class LatencyHistogram:
             self.buckets[b] = self.buckets.get(b, 0) + c
         self.count += other.count
 
+    def mean_std(self) -> tuple[float, float] | None:
+        """Mean and standard deviation in seconds (each sample at its bucket's middle),
+        None when empty."""
+        if not self.count:
+            return None
+        mids = {b: _MIN_LATENCY_S * _BUCKET_RATIO ** (b + 0.5) for b in self.buckets}
+        mean = sum(mids[b] * c for b, c in self.buckets.items()) / self.count
+        variance = sum(c * (mids[b] - mean) ** 2 for b, c in self.buckets.items()) / self.count
+        return mean, math.sqrt(variance)
+
+    def share_above(self, latency_s: float) -> float:
+        """The share of samples above ``latency_s`` (a bucket counts as above when its
+        middle is): 0.0 when empty."""
+        if not self.count:
+            return 0.0
+        above = sum(c for b, c in self.buckets.items()
+                    if _MIN_LATENCY_S * _BUCKET_RATIO ** (b + 0.5) > latency_s)
+        return above / self.count
+
     def percentile(self, q: float) -> float | None:
         """The ``q``-th percentile (0–100) in seconds, None when empty."""
         if not self.count:
@@ -154,6 +173,11 @@ class RunMetrics:
     latency_timeline: list[tuple[float, float | None, float | None]] = field(
         default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # Every latency sample of the run, and those of each wall-clock second (the
+    # real-time metrics of the Dynamo thesis: `deadline_ms`, `missed_deadlines`,
+    # `violated_windows`)
+    latency_histogram: LatencyHistogram = field(default_factory=LatencyHistogram)
+    latency_windows: dict[int, LatencyHistogram] = field(default_factory=dict)
     # Seconds before and after the run (`duration_s`): from borrowing the job's
     # processes until its sources started; from the last task's end until its
     # workers were back in the pool (the final commit included). Process starts, when
@@ -171,6 +195,25 @@ class RunMetrics:
     def cpu_s_per_million_records(self) -> float:
         """`cpu_s` per million source records: the data plane's cost per record."""
         return self.cpu_s / self.source_records * 1e6 if self.source_records else 0.0
+
+    def deadline_ms(self) -> float | None:
+        """The thesis's per-tuple deadline (§3.2.2.4) if this run is failure-free:
+        its mean latency plus two standard deviations."""
+        stats = self.latency_histogram.mean_std()
+        return None if stats is None else (stats[0] + 2 * stats[1]) * 1000.0
+
+    def missed_deadlines(self, deadline_ms: float) -> float:
+        """The share of sampled tuples whose latency exceeded ``deadline_ms`` (take it
+        from a failure-free run's `deadline_ms`)."""
+        return self.latency_histogram.share_above(deadline_ms / 1000.0)
+
+    def violated_windows(self, bound_ms: float, percentile: float = 90.0
+                         ) -> tuple[int, int]:
+        """How many one-second windows with output had their ``percentile`` latency
+        above ``bound_ms``, and how many windows had output."""
+        values = [h.percentile(percentile) for h in self.latency_windows.values()]
+        values = [v for v in values if v is not None]
+        return sum(v * 1000.0 > bound_ms for v in values), len(values)
 
     def summary_rows(self) -> list[tuple[str, str]]:
         def ms(v: float | None) -> str:

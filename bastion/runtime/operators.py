@@ -736,6 +736,8 @@ class SinkOp(Operator):
         self.writer = node.params["sink"].open(ctx.index, ctx.parallelism)
         self.latency = LatencyHistogram()
         self.timeline: dict[int, int] = {}
+        # the latency samples of each wall-clock second, for real-time bounds per window
+        self.latency_by_second: dict[int, LatencyHistogram] = {}
         self.keeps_ids = ctx.lineage and self.writer.keeps_values
         self.staged_ids: list = []
         self.staged_records = 0     # records held in memory since the last commit or part
@@ -786,8 +788,12 @@ class SinkOp(Operator):
             self.max_staged_records = max(self.max_staged_records, self.staged_records)
         if self.keeps_ids:
             self.staged_ids.extend(ids_of(batch.ids))
-        self.latency.add_batch(batch.born, now_s)
         second = int(now_s)
+        window = self.latency_by_second.get(second)
+        if window is None:
+            window = self.latency_by_second[second] = LatencyHistogram()
+        window.add_batch(batch.born, now_s)
+        self.latency.add_batch(batch.born, now_s)
         self.timeline[second] = self.timeline.get(second, 0) + len(batch.values)
         return None
 

@@ -52,16 +52,29 @@ _CANNOT_COPY = {"source": "a source reads its input: nothing sends it tuples to 
                 "sink": "nothing after a sink could drop the second copy it writes"}
 
 
-def resolve(topology: Any, redundancy: float | Mapping[str, float] | None,
-            ) -> dict[str, float]:
-    """The redundancy ratio of every operator that receives copies (ratio > 0).
+def resolve(topology: Any, redundancy: float | Mapping[str, float] | str | None,
+            initial_ratio: float = 0.0) -> dict[str, float]:
+    """The redundancy ratio of every operator that receives copies.
 
-    A number applies to every operator that can take copies; a dict names operators,
-    and one that cannot take copies (a source, a sink, parallelism 1, a feedback
-    input) raises `TopologyError` naming it."""
+    A number applies to every operator that can take copies (those above 0 receive
+    them); a dict names operators, and one that cannot take copies (a source, a sink,
+    parallelism 1, a feedback input) raises `TopologyError` naming it. ``"auto"``:
+    every operator that can take copies, at ``initial_ratio`` (0 included), since the
+    resiliency manager moves the ratio while the job runs."""
     if redundancy is None:
         return {}
     nodes = topology.nodes
+    if isinstance(redundancy, str):
+        if redundancy != "auto":
+            raise ValueError(f"redundancy must be a number, a dict operator -> number, "
+                             f"or 'auto'; got {redundancy!r}")
+        copied = {name: initial_ratio for name, node in nodes.items()
+                  if _why_not(node) is None}
+        if not copied:
+            raise TopologyError(f"redundancy='auto': no operator of topology "
+                                f"{topology.name!r} can receive copies (each is a source, "
+                                "a sink or of parallelism 1)")
+        return copied
     if isinstance(redundancy, Mapping):
         unknown = [name for name in redundancy if name not in nodes]
         if unknown:

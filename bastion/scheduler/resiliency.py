@@ -96,15 +96,17 @@ class ResiliencyPolicy:
     ``perf_margin``: the dead band under the bound, as a share of the bound.
     ``max_ratio``: the ceiling of the ratio; ``initial_ratio``: where it starts.
 
-    The defaults are the thesis's settings (§4.2.1: δmin = 10%, δi = δd = 5, p90).
+    The defaults are the thesis's settings (§4.2.1: δmin = 10%, δi = δd = 5, p90),
+    whose redundancy is in percent: δi = 5 is 5 percentage points per bound of excess
+    latency, 0.05 in the ratio this policy counts in (1.0 = every tuple copied once).
     """
 
     latency_bound_ms: float
     percentile: float = 90.0
     period_s: float = 1.0
     step_min: float = 0.1
-    gain_increase: float = 5.0
-    gain_decrease: float = 5.0
+    gain_increase: float = 0.05
+    gain_decrease: float = 0.05
     perf_margin: float = 0.1
     max_ratio: float = 2.0
     initial_ratio: float = 0.0
