@@ -66,7 +66,7 @@ def make_router(n: int, key_fn=None) -> tuple[Router, list[Collecting]]:
     channels = [Collecting(c) for c in range(n)]
     ctx = OperatorContext("count", 0, n, False, 1, False)
     return Router(OutputRoute(edge, list(range(n)), list(range(n))), channels, ctx,
-                  False, lambda batch, channel_id: None), channels
+                  False, lambda batch, channel_id, copy: None), channels
 
 
 def check_part(part: Batch | None, batch: Batch, positions: list[int]) -> None:

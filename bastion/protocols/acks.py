@@ -141,8 +141,10 @@ class AcksTask(TaskProtocol):
             self.inputs.append((batch.ids, channel_id))
         return batch
 
-    def on_emit(self, batch: Batch, channel_id: int) -> None:
-        if batch.ids is not None and len(batch):
+    def on_emit(self, batch: Batch, channel_id: int, copy: bool) -> None:
+        # Fine mode counts a tuple once, whichever copy is acknowledged first; XOR mode
+        # counts every copy, each a tuple of its own on its channel.
+        if batch.ids is not None and len(batch) and (not copy or self.mode == "xor"):
             self.outputs.append((batch.ids, channel_id))
 
     def source_room(self) -> float:

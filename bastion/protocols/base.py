@@ -451,9 +451,10 @@ class TaskProtocol:
     def on_source_batch(self, batch: Batch) -> None:
         """A source task read ``batch`` (with its ids); it is processed next."""
 
-    def on_emit(self, batch: Batch, channel_id: int) -> None:
-        """``batch`` leaves the task on output channel ``channel_id`` (a tuple sent on
-        two channels — a broadcast, a redundant copy — is reported on each)."""
+    def on_emit(self, batch: Batch, channel_id: int, copy: bool) -> None:
+        """``batch`` leaves the task on output channel ``channel_id``; ``copy``: as a
+        redundant copy of tuples sent on another channel too
+        (`bastion.runtime.redundancy`)."""
 
     def source_room(self) -> float:
         """How many records the source task may read now (0: it waits, and calls

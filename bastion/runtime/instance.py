@@ -91,7 +91,7 @@ class Router:
 
     def __init__(self, route: OutputRoute, channels: list[OutputChannel],
                  key_ctx: OperatorContext, per_record: bool,
-                 emitted: Callable[[Batch, int], None]):
+                 emitted: Callable[[Batch, int, bool], None]):
         self.edge = route.edge
         # told every tuple the edge carries (`TaskProtocol.on_emit`): each copy a
         # broadcast makes is a tuple of its own, with an id of its own
@@ -135,14 +135,15 @@ class Router:
             return [channel] if self._add(channel, batch) else []
         return self._split(batch, self._key_parts(batch))
 
-    def _add(self, channel: OutputChannel, batch: Batch) -> bool:
-        self.emitted(batch, channel.channel_id)
+    def _add(self, channel: OutputChannel, batch: Batch, copy: bool = False) -> bool:
+        self.emitted(batch, channel.channel_id, copy)
         return channel.add_batch(batch)
 
-    def _split(self, batch: Batch, parts: list[int]) -> list[OutputChannel]:
+    def _split(self, batch: Batch, parts: list[int], copy: bool = False
+               ) -> list[OutputChannel]:
         return [channel for channel, part in zip(self.channels,
                                                  batch.split(parts, len(self.channels)))
-                if part is not None and self._add(channel, part)]
+                if part is not None and self._add(channel, part, copy)]
 
     def _key_parts(self, batch: Batch) -> list[int]:
         memo, keys, n = self.memo, batch.keys, len(self.channels)
@@ -184,7 +185,8 @@ class Router:
                 if picked:
                     copies = batch.take(picked)
                     self.copies_sent += len(picked)
-                    full.update(self._split(copies, [(parts[i] + extra) % n for i in picked]))
+                    full.update(self._split(copies, [(parts[i] + extra) % n for i in picked],
+                                            copy=True))
         return list(full)
 
     def _deal(self, batch: Batch) -> list[OutputChannel]:
