@@ -279,14 +279,25 @@ def _warn_local_storage_on_a_cluster(args: argparse.Namespace) -> None:
              "multi-node run are lost; pass --storage s3://BUCKET/PREFIX?endpoint=HOST:PORT")
 
 
-def _acks_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The flags of protocol acks that were given, as `bastion.run` options."""
+def _acks_and_redundancy_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags of protocol acks and of redundancy that were given, as `bastion.run`
+    options."""
     options = {name: value for name, value in (
         ("acks_mode", args.acks_mode), ("ack_timeout_s", args.ack_timeout),
         ("max_pending", args.max_pending)) if value is not None}
     if options and args.protocol != "acks":
         raise UsageError("--acks-mode, --ack-timeout and --max-pending set protocol acks; "
                          f"this run uses --protocol {args.protocol}")
+    if args.redundancy is not None:
+        options["redundancy"] = args.redundancy
+    if args.latency_bound is not None:
+        if args.redundancy != "auto":
+            raise UsageError("--latency-bound sets the resiliency manager of "
+                             "--redundancy auto")
+        options["latency_bound_ms"] = args.latency_bound
+    elif args.redundancy == "auto":
+        raise UsageError("--redundancy auto needs --latency-bound MS (the p90 latency to "
+                         "keep under)")
     return options
 
 
@@ -308,7 +319,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                         buffer_timeout_ms=args.buffer_timeout_ms,
                         chaining=not args.no_chaining, fail_fast=args.fail_fast,
                         progress=progress, resume_from=args.resume_from,
-                        **_acks_options(args))
+                        **_acks_and_redundancy_options(args))
     except (TopologyError, StorageError):
         raise  # user errors: main prints them as one line, exit 2
     except ValueError as exc:  # refused before it ran (e.g. --address ray:// without
@@ -393,7 +404,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
         report = bn.drill(topology, protocol=args.protocol, faults=faults, seed=args.seed,
                           checkpoint_interval=args.checkpoint_interval,
                           storage=store.url, address=args.address, progress=progress,
-                          **_acks_options(args))
+                          **_acks_and_redundancy_options(args))
     except StorageError:
         raise  # a usage error (exit 2), printed by main
     except TopologyError as exc:  # refused (e.g. a cycle under coordinated): exit 4
@@ -535,6 +546,17 @@ def _number(kind: type, *, minimum: float, strict: bool = False) -> Callable[[st
     return parse
 
 
+def _redundancy(text: str) -> float | str:
+    """An argparse type: 'auto' or a ratio from 0 to 2."""
+    if text == "auto":
+        return text
+    ratio = _number(float, minimum=0)(text)
+    if ratio > 2:
+        raise argparse.ArgumentTypeError(f"{text} is too large: a tuple gets at most two "
+                                         "extra copies (2.0)")
+    return ratio
+
+
 def _parse_kill(text: str) -> Any:
     import bastion as bn
 
@@ -628,6 +650,15 @@ def _common(parser: argparse.ArgumentParser, *, default_protocol: str,
                         metavar="N",
                         help="--protocol acks: pending root tuples per source instance "
                              "before it stops reading (default 100000)")
+    parser.add_argument("--redundancy", type=_redundancy, default=None, metavar="R",
+                        help="send a share R (0 to 2) of the tuples into every operator "
+                             "that can take copies to the next instance as well, and keep "
+                             "the first result of each (protocols none and acks); 'auto': "
+                             "the resiliency manager picks R to meet --latency-bound")
+    parser.add_argument("--latency-bound", type=_number(float, minimum=0, strict=True),
+                        default=None, metavar="MS",
+                        help="--redundancy auto: the p90 latency (ms) of each second to "
+                             "keep under")
     parser.add_argument("--verbose", action="store_true",
                         help="show Ray's start-up notices, storage retries and the "
                              "traceback of an error")

@@ -104,6 +104,11 @@ def test_a_job_file_that_does_not_load_is_one_line(kind, tmp_path, capsys, nothi
     (["run", "JOB", "--acks-mode", "xor"],
      r"--acks-mode, --ack-timeout and --max-pending set protocol acks; this run uses "
      r"--protocol none"),
+    (["run", "JOB", "--redundancy", "2.5"],
+     r"argument --redundancy: 2.5 is too large: a tuple gets at most two extra copies"),
+    (["run", "JOB", "--redundancy", "auto"], r"--redundancy auto needs --latency-bound MS"),
+    (["run", "JOB", "--redundancy", "1", "--latency-bound", "50"],
+     r"--latency-bound sets the resiliency manager of --redundancy auto"),
     (["drill", "JOB", "--random-kills", "1", "--between", "a,b"],
      r"--between: 'a,b': expected FIRST,LAST in seconds, e.g. 1,4"),
     (["drill", "JOB", "--random-kills", "1", "--between", "4,1"], r"need 0 <= FIRST <= LAST"),

@@ -17,6 +17,7 @@ Through the public API on real Ray workers:
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from itertools import permutations
 
@@ -270,3 +271,20 @@ def test_first_copies_are_remembered_for_one_to_two_windows():
     assert seen.keep(IdRun(0, 0, (9,))) is None         # 5 is previous; 1-4 forgotten
     assert seen.keep(IdRun(0, 0, (1,))) is None         # ... so 1 passes again
     assert seen.peak_remembered() == 5
+
+
+def test_bastion_run_takes_redundancy_and_reports_the_copies(tmp_path, capsys):
+    from bastion.cli import EXIT_OK, main
+
+    job = tmp_path / "job.py"
+    job.write_text('''
+import bastion as bn
+
+topology = bn.Topology("cli-copies")
+nums = topology.source("nums", bn.sources.Generator(lambda i: i, count=2000))
+nums.map("double", lambda i: i * 2, parallelism=2).sink("out", bn.sinks.Collect())
+''')
+    assert main(["run", str(job), "--storage", f"local://{tmp_path}/store",
+                 "--redundancy", "1"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert re.search(r"redundancy\s+double 1; 2,000 copies sent, 2,000 dropped", out), out

@@ -246,6 +246,14 @@ class RunMetrics:
         injected = self.extra.get("faults_injected")
         if injected:
             rows.append(("faults injected", describe_injected(injected)))
+        copied = self.extra.get("redundancy")
+        if copied and copied["ratios"]:
+            decisions = copied["decisions"]
+            ratio = (f"auto, {len(decisions)} decisions, last ratio "
+                     f"{decisions[-1]['ratio']:.2f}" if decisions else
+                     ", ".join(f"{op} {r:g}" for op, r in copied["ratios"].items()))
+            rows.append(("redundancy", f"{ratio}; {copied['copies_sent']:,} copies sent, "
+                                       f"{copied['copies_dropped']:,} dropped"))
         return rows
 
 
