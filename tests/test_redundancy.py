@@ -288,3 +288,40 @@ nums.map("double", lambda i: i * 2, parallelism=2).sink("out", bn.sinks.Collect(
                  "--redundancy", "1"]) == EXIT_OK
     out = capsys.readouterr().out
     assert re.search(r"redundancy\s+double 1; 2,000 copies sent, 2,000 dropped", out), out
+
+
+def test_a_tuple_with_copies_skips_a_congested_instance_unless_state_needs_it():
+    """Into a stateless operator, the router leaves a congested (stalled) instance out
+    of a tuple's instances while another can take it, and reports the first instance
+    left as the tuple's primary; into a keyed stateful one it never does."""
+    from bastion.runtime.instance import Router
+    from bastion.runtime.operators import OperatorContext
+    from bastion.runtime.plan import EdgePlan, OutputRoute
+    from bastion.runtime.records import Batch
+
+    from test_routing import Collecting
+
+    class Stalled(Collecting):
+        def congested(self):
+            return True
+
+    def route(skips: bool):
+        edge = EdgePlan(0, "src", "upper", 0, 1, 0, REBALANCE, None, False, 1.0, True)
+        channels = [Stalled(0), Collecting(1)]
+        emitted = []
+        router = Router(OutputRoute(edge, [0, 1], [0, 1]), channels,
+                        OperatorContext("upper", 0, 2, False, 1, True), False,
+                        lambda batch, channel_id, copy: emitted.append(
+                            (channel_id, copy, len(batch))), skips_congested=skips)
+        batch = Batch(None, list(range(100)), [0.0] * 100, [0.0] * 100,
+                      IdRun(0, 0, tuple(range(100))))
+        router.route(batch)
+        return channels, emitted, router
+
+    channels, emitted, router = route(skips=True)
+    assert channels[0].records == 0 and channels[1].records == 100
+    assert emitted == [(1, False, 100)] and router.sends_skipped == 100
+    channels, emitted, router = route(skips=False)
+    assert channels[0].records == 100 and channels[1].records == 100   # both, waiting
+    assert sum(n for _, copy, n in emitted if not copy) == 100
+    assert sum(n for _, copy, n in emitted if copy) == 100 and router.sends_skipped == 0

@@ -47,6 +47,11 @@ class OutputChannel:
         self.frames_sent = 0
         self.bytes_sent = 0
         self.records_sent = 0   # data records given to the channel (a tuple per copy)
+        # An aged frame waits while the channel is congested, instead of holding up the
+        # sending task: set on channels into an operator that receives redundant copies
+        # (their tuples have another instance to go to meanwhile). A full frame never
+        # waits, so what the channel buffers stays bounded.
+        self.defers_when_congested = False
         self.max_inflight_seen = 0
         # a protocol's hook that may add bookkeeping to each frame before it is sent
         self.decorate: Callable[[list], list] | None = None
@@ -84,7 +89,9 @@ class OutputChannel:
         return frame
 
     def aged(self, now_s: float) -> bool:
-        return bool(self.elements) and now_s - self.first_buffered_s >= self.buffer_timeout_s
+        return (bool(self.elements) and now_s - self.first_buffered_s >= self.buffer_timeout_s
+                and not (self.defers_when_congested and self.records < self.frame_records
+                         and self.congested()))
 
     # -- transport --------------------------------------------------------------------
 
@@ -125,6 +132,10 @@ class OutputChannel:
     async def drain(self) -> None:
         """Wait until every frame sent so far has been acknowledged."""
 
+    def congested(self) -> bool:
+        """Would sending a frame now wait (no credit, or the inbox is full)?"""
+        return False
+
     async def flush(self) -> None:
         if self.has_pending():
             frame = self.take_frame()
@@ -154,6 +165,9 @@ class RemoteOutputChannel(OutputChannel):
         while self._inflight:
             await self._inflight.popleft()
 
+    def congested(self) -> bool:
+        return len(self._inflight) >= self._max_inflight and not self._inflight[0].done()
+
 
 class LocalOutputChannel(OutputChannel):
     """To a task in the same worker: through the bounded inbox, without a Ray call.
@@ -161,13 +175,18 @@ class LocalOutputChannel(OutputChannel):
     runs (it must be serialisable, and a list arrives as a tuple)."""
 
     def __init__(self, channel_id: int, frame_records: int, buffer_timeout_s: float,
-                 deliver: Callable[[int, int, Any], Awaitable[None]], codec: FrameCodec):
+                 deliver: Callable[[int, int, Any], Awaitable[None]], codec: FrameCodec,
+                 inbox_full: Callable[[], bool] = lambda: False):
         super().__init__(channel_id, frame_records, buffer_timeout_s)
         self._deliver = deliver
         self._codec = codec
+        self._inbox_full = inbox_full
 
     async def transmit(self, seq: int, payload: bytes) -> None:
         await self._deliver(self.channel_id, seq, payload)
+
+    def congested(self) -> bool:
+        return self._inbox_full()
 
 
 class InputGate:

@@ -57,6 +57,7 @@ from bastion.runtime.transport import FrameServer, PeerLinks, node_address, push
 from bastion.sinks import SinkWriter
 from bastion.storage import BlobRef, CheckpointStore, ObjectStore, open_store
 
+_STATELESS = ("map", "filter", "flat_map", "union")
 _ROUTE_MEMO_KEYS = 65536  # keys whose partition a router remembers before starting over
 _IDLE_SOURCE_SLEEP_S = 0.001
 # A busy task loop holds the GIL; CPython's forced switching alone left the worker's
@@ -91,7 +92,8 @@ class Router:
 
     def __init__(self, route: OutputRoute, channels: list[OutputChannel],
                  key_ctx: OperatorContext, per_record: bool,
-                 emitted: Callable[[Batch, int, bool], None]):
+                 emitted: Callable[[Batch, int, bool], None],
+                 skips_congested: bool = False):
         self.edge = route.edge
         # told every tuple the edge carries (`TaskProtocol.on_emit`): each copy a
         # broadcast makes is a tuple of its own, with an id of its own
@@ -105,6 +107,8 @@ class Router:
         self.memo: dict = {}
         self.copies_sent = 0   # redundant copies of tuples (`_route_by_hash`)
         self.copies = route.edge.copies  # the ratio now (`redundancy="auto"` moves it)
+        self.skips_congested = skips_congested
+        self.sends_skipped = 0  # sends of tuples with copies left out: congested
 
     def route(self, batch: Batch) -> list[OutputChannel]:
         """Buffer ``batch`` on its channels; return the channels whose frame is full."""
@@ -168,25 +172,48 @@ class Router:
     def _route_by_hash(self, batch: Batch) -> list[OutputChannel]:
         """Tuple-level redundancy (`bastion.runtime.redundancy`): the primary instance
         by the key's hash (keyed) or the id's (unkeyed), and for a share of the keys or
-        tuples a copy on the next instance, and above a ratio of 1.0 a second."""
+        tuples a copy on the next instance, and above a ratio of 1.0 a second. Into a
+        stateless operator, a tuple with copies skips the instances that cannot take
+        a frame now (a stalled one), so long as one of its instances can: waiting for
+        the slowest instance would undo what the copies are for."""
         n = len(self.channels)
         if self.edge.partition == HASH:
             hashes = [self._key_hash(k, batch, i) for i, k in enumerate(batch.keys)]
         else:
             hashes = record_hashes(batch.ids)
         parts = [h % n for h in hashes]
-        full = set(self._split(batch, parts))
         ratio = self.copies
-        if ratio:
-            shares = copy_shares(hashes)
-            for extra in range(1, min(math.ceil(ratio), n - 1) + 1):
+        if not ratio:
+            return self._split(batch, parts)
+        shares = copy_shares(hashes)
+        extras = min(math.ceil(ratio), n - 1)
+        congested = ([c.congested() for c in self.channels] if self.skips_congested
+                     else [False] * n)
+        if not any(congested):
+            full = set(self._split(batch, parts))
+            for extra in range(1, extras + 1):
                 bar = ratio - (extra - 1)
                 picked = [i for i, u in enumerate(shares) if u < bar]
                 if picked:
-                    copies = batch.take(picked)
                     self.copies_sent += len(picked)
-                    full.update(self._split(copies, [(parts[i] + extra) % n for i in picked],
-                                            copy=True))
+                    full.update(self._split(batch.take(picked),
+                                            [(parts[i] + extra) % n for i in picked], True))
+            return list(full)
+        # Each record's instances in order (primary first); those that are congested
+        # are left out unless all are, and the first left is its primary now.
+        targets = []
+        for p, u in zip(parts, shares):
+            mine = [p] + [(p + e) % n for e in range(1, extras + 1) if u < ratio - (e - 1)]
+            free = [t for t in mine if not congested[t]] or mine[:1]
+            self.sends_skipped += len(mine) - len(free)
+            targets.append(free)
+        full = set(self._split(batch, [t[0] for t in targets]))
+        for extra in range(1, extras + 1):
+            picked = [i for i, t in enumerate(targets) if len(t) > extra]
+            if picked:
+                self.copies_sent += len(picked)
+                full.update(self._split(batch.take(picked),
+                                        [targets[i][extra] for i in picked], True))
         return list(full)
 
     def _deal(self, batch: Batch) -> list[OutputChannel]:
@@ -298,10 +325,15 @@ class Task(TaskContext):
         key_ctx = OperatorContext(route.edge.dst_op, self.index, self.plan.parallelism,
                                   self.config.fail_fast,
                                   self.op_codes[route.edge.dst_op])
+        # a tuple with copies into a stateless operator may skip a congested instance:
+        # no state there misses it
+        stateless = self.physical.topology.nodes[route.edge.dst_op].kind in _STATELESS
         self.routers.append(Router(route, channels, key_ctx, self.config.deterministic,
-                                   self.protocol.on_emit))
+                                   self.protocol.on_emit, skips_congested=stateless))
+        copied = stateless and route.edge.dst_op in self.config.redundancy
         for channel in channels:
             channel.faults = self.faults
+            channel.defers_when_congested = copied
         self.channels.extend(channels)
         self.outputs.update((c.channel_id, c) for c in channels)
         self.channel_destinations.extend(route.dst_tasks)
@@ -922,6 +954,7 @@ class Task(TaskContext):
             "faults_injected": None if self.faults is None else self.faults.report(),
             "protocol_counters": self.protocol.counters(),
             "copies_sent": sum(r.copies_sent for r in self.routers),
+            "sends_skipped": sum(r.sends_skipped for r in self.routers),
             "copies_dropped": 0 if self.first_copies is None else self.first_copies.dropped,
             "max_remembered_ids": (0 if self.first_copies is None
                                    else self.first_copies.peak_remembered()),
@@ -1012,9 +1045,10 @@ class Worker:
                 for channel_id, dst in zip(route.channel_ids, route.dst_tasks):
                     dst_worker = plan.tasks[dst].worker
                     if dst_worker == self.worker_index:
+                        gate = self.tasks[dst].gate
                         channels.append(LocalOutputChannel(
                             channel_id, config.frame_records, config.buffer_timeout_s,
-                            self.tasks[dst].gate.deliver, task.codec))
+                            gate.deliver, task.codec, gate.inbox.full))
                     else:
                         channels.append(RemoteOutputChannel(
                             channel_id, config.frame_records, config.buffer_timeout_s,
