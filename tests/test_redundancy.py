@@ -244,18 +244,22 @@ def test_what_cannot_take_copies_is_refused_naming_it():
         bn.run(topo, redundancy="auto")
 
 
-def test_copying_operators_get_chains_of_their_own_and_meet_on_id_routed_edges():
+def test_copying_operators_head_chains_that_end_where_copies_meet_on_id_routed_edges():
     topo = grep()
     plan = build_plan(topo, redundancy={"upper": 1.0})
-    names = [chain.ops for chain in plan.chains]
-    assert ["upper"] in names            # neither chained to its source nor to "match"
-    into_upper = [e for c in plan.chains for e in c.inputs if e.dst_op == "upper"]
-    out_of_upper = [e for c in plan.chains for e in c.inputs if e.src_op == "upper"]
-    assert [e.copies for e in into_upper] == [1.0]
-    # "upper" -> "match" was forward between instances: copies of one result come
-    # from both instances, so it routes by id and sends no copies of its own
-    assert [(e.partition, e.by_id, e.copies) for e in out_of_upper] == [(REBALANCE, True, 0.0)]
-    assert build_plan(topo).chains[0].ops == ["lines"]   # without copies: as before
+    # "upper" takes its copies over a channel, and its chain goes on through the
+    # stateless "match" — but not into the sink, which must not write both copies
+    assert [chain.ops for chain in plan.chains] == [["lines"], ["upper", "match"], ["out"]]
+    edges = {(e.src_op, e.dst_op): e for c in plan.chains for e in c.inputs}
+    assert edges["lines", "upper"].copies == 1.0
+    assert edges["match", "out"].by_id and edges["match", "out"].copies == 0.0
+    # both copying: "match" takes copies of its own, so it heads a chain too, and the
+    # forward edge between them becomes one routed by id (copies come from both)
+    plan = build_plan(topo, redundancy={"upper": 1.0, "match": 0.5})
+    assert [chain.ops for chain in plan.chains] == [["lines"], ["upper"], ["match"], ["out"]]
+    edge = [e for c in plan.chains for e in c.inputs if e.src_op == "upper"][0]
+    assert (edge.partition, edge.by_id, edge.copies) == (REBALANCE, True, 0.5)
+    assert [c.ops for c in build_plan(topo).chains] == [["lines"], ["upper", "match", "out"]]
 
 
 def test_first_copies_are_remembered_for_one_to_two_windows():

@@ -129,19 +129,22 @@ def build_plan(topology: Topology, *, chaining: bool = True, workers: int | None
                redundancy: dict[str, float] | None = None) -> PhysicalPlan:
     """Chain, instantiate and place a validated topology. ``redundancy`` (operator ->
     ratio, `bastion.runtime.redundancy.resolve`) names the operators that receive
-    copies: each heads a chain of its own and ends it, so its copies arrive over
-    channels and its results leave over channels where they meet again."""
+    copies: each heads a chain, so its copies arrive over channels; the chain goes on
+    through stateless operators and ends before a sink or another copying operator, so
+    the copies' results meet again on the channel that leaves it."""
     topology.validate()
     copied = redundancy or {}
     nodes = topology.nodes
+    # operators whose output holds copies: a copying one, and what it chains into
+    carries_copies: set[str] = set(copied)
     consumers: dict[str, list[tuple[str, int]]] = {name: [] for name in nodes}
     for node in nodes.values():
         for i, inp in enumerate(node.inputs):
             consumers[inp.upstream].append((node.name, i))
 
-    def chains_into_next(name: str) -> bool:
-        """Can ``name`` be fused with its single consumer?"""
-        if not chaining or len(consumers[name]) != 1 or name in copied:
+    def fusable(name: str) -> bool:
+        """Could ``name`` be fused with its single consumer, copies aside?"""
+        if not chaining or len(consumers[name]) != 1:
             return False
         dst_name, i = consumers[name][0]
         if dst_name in copied:
@@ -154,6 +157,15 @@ def build_plan(topology: Topology, *, chaining: bool = True, workers: int | None
         if src_p == dst_p == 1:
             return True
         return src_p == dst_p and inp.partition in (AUTO, FORWARD)
+
+    for name in nodes:  # insertion order is a topological order of the DSL
+        if name in carries_copies and fusable(name):
+            carries_copies.add(consumers[name][0][0])
+
+    def chains_into_next(name: str) -> bool:
+        """Can ``name`` be fused with its single consumer? Not a sink behind copies."""
+        return fusable(name) and not (name in carries_copies
+                                      and nodes[consumers[name][0][0]].kind == "sink")
 
     chained_from_upstream = {consumers[n][0][0] for n in nodes if chains_into_next(n)}
     chains: list[ChainPlan] = []
@@ -183,7 +195,7 @@ def build_plan(topology: Topology, *, chaining: bool = True, workers: int | None
             partition = _resolve(inp.partition, nodes[inp.upstream].parallelism,
                                  node.parallelism, inp.upstream, node.name)
             copies = copied.get(node.name, 0.0)
-            by_id = copies > 0 or inp.upstream in copied
+            by_id = copies > 0 or inp.upstream in carries_copies
             if by_id and partition == FORWARD and node.parallelism > 1:
                 # a copy goes to another instance; copies made upstream may come from
                 # any instance: a forward edge becomes one routed by id
