@@ -156,7 +156,7 @@ def run(topology: Topology, *, protocol: str = "none",
         acks_mode: str | None = None, ack_timeout_s: float | None = None,
         max_pending: int | None = None,
         redundancy: float | Mapping[str, float] | str | None = None,
-        dedup_window_s: float = 1.0, latency_bound_ms: float | None = None,
+        dedup_window_s: float | None = None, latency_bound_ms: float | None = None,
         resiliency: ResiliencyPolicy | None = None) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
 
@@ -186,7 +186,8 @@ def run(topology: Topology, *, protocol: str = "none",
     ``redundancy`` (a ratio from 0.0 to 2.0, or a dict operator -> ratio) sends that
     share of the tuples into an operator to a second instance as well, and keeps the
     first result of each (`bastion.runtime.redundancy`; protocols ``none`` and
-    ``acks``); a receiving task remembers tuple ids for ``dedup_window_s``.
+    ``acks``); a receiving task remembers tuple ids for ``dedup_window_s`` (default
+    5 s; under ``acks`` a third of ``ack_timeout_s``) to twice that.
     ``redundancy="auto"`` lets the resiliency manager (`bastion.scheduler.resiliency`)
     move the ratio every period to keep the windowed p90 latency under
     ``latency_bound_ms`` (or follow a whole ``resiliency`` policy); its decisions are
@@ -227,6 +228,8 @@ def run(topology: Topology, *, protocol: str = "none",
         raise ValueError(f"resume_from={resume_from!r}: protocol {proto.name!r} cannot "
                          "start from an earlier job's state; use protocol='cec'")
     policy = _resiliency_policy(redundancy, latency_bound_ms, resiliency)
+    if dedup_window_s is None:
+        dedup_window_s = proto.dedup_window_s()
     copied = resolve_redundancy(topology, redundancy,
                                 0.0 if policy is None else policy.initial_ratio)
     if copied:
@@ -358,6 +361,21 @@ def process_cpu_s(tasks: list[dict[str, Any]]) -> tuple[float, int]:
     return sum(finished - started for started, finished in spans.values()), len(spans)
 
 
+def _latency_summaries(tasks: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """The protocols' latency histograms (`TaskProtocol.histograms`), merged over
+    tasks: per name, mean, p50, p90 and p99 in milliseconds."""
+    merged: dict[str, LatencyHistogram] = {}
+    for task in tasks:
+        for name, buckets in task["protocol_histograms"].items():
+            merged.setdefault(name, LatencyHistogram()).merge(LatencyHistogram(buckets))
+    summaries = {}
+    for name, histogram in merged.items():
+        mean_s, _ = histogram.mean_std()
+        summaries[name] = {"mean": mean_s * 1000.0, **{
+            f"p{q}": histogram.percentile(q) * 1000.0 for q in (50, 90, 99)}}
+    return summaries
+
+
 def _resiliency_policy(redundancy: Any, latency_bound_ms: float | None,
                        resiliency: ResiliencyPolicy | None) -> ResiliencyPolicy | None:
     """The policy of ``redundancy="auto"``; None for a fixed ratio."""
@@ -467,9 +485,14 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
             "attempts": report["attempts"],
             "faults_injected": _summed(tasks, "faults_injected"),
             "protocol_counters": _summed(tasks, "protocol_counters"),
-            # tuple-level redundancy: copies routers made, copies receivers dropped,
-            # and the most tuple ids one receiving task remembered at once
-            "redundancy": {"ratios": dict(config.redundancy),
+            "protocol_latency_ms": _latency_summaries(tasks),
+            # tuple-level redundancy: the ratios (redundancy="auto": the manager's
+            # last), copies routers made, copies receivers dropped, sends left out at
+            # congested instances, and the most tuple ids one receiver remembered
+            "redundancy": {"ratios": ({op: report["redundancy_decisions"][-1]["ratio"]
+                                       for op in config.redundancy}
+                                      if report["redundancy_decisions"]
+                                      else dict(config.redundancy)),
                            "copies_sent": sum(t["copies_sent"] for t in tasks),
                            "copies_dropped": sum(t["copies_dropped"] for t in tasks),
                            "sends_skipped": sum(t["sends_skipped"] for t in tasks),
@@ -478,7 +501,10 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
                            "decisions": report["redundancy_decisions"]},
         },
     )
-    warnings = []
+    warnings = [f"redundancy {ratio:g} for operator {op!r}: a second extra copy needs three "
+                f"instances, and it has {plan.topology.nodes[op].parallelism}: its tuples "
+                "get one copy at most" for op, ratio in config.redundancy.items()
+                if ratio > 1 and plan.topology.nodes[op].parallelism < 3]
     if report["events_not_stored"] is not None:
         lost = report["events_not_stored"]
         warnings.append(f"{lost['records']} run events of job {config.job_id} could not be "

@@ -56,6 +56,8 @@ def test_copies_change_no_result_across_fan_out_broadcast_and_union(protocol, mo
     if protocol == "acks":
         counters = result.metrics.extra["protocol_counters"]
         assert counters["roots_completed"] == 4000 and counters["roots_pending"] == 0
+        complete = result.metrics.extra["protocol_latency_ms"]["complete_latency"]
+        assert 0 < complete["p50"] <= complete["p99"]   # Storm's complete latency
 
 
 def words(i: int) -> str:
@@ -84,6 +86,7 @@ def test_a_replica_keeps_the_state_of_the_keys_it_copies(tmp_path):
     # ratio 2.0 on three instances: every key has a replica on +1 and +2
     assert copies(result)["copies_sent"] == 2 * len(running)
     assert copies(result)["copies_dropped"] == 2 * len(running)
+    assert result.warnings == []
 
 
 def test_copies_into_a_keyed_window_join_meet_again(tmp_path):
@@ -99,7 +102,10 @@ def test_copies_into_a_keyed_window_join_meet_again(tmp_path):
         pays.key_by(lambda p: p["user"]), "match", window=bn.windows.Tumbling(0.5),
         parallelism=2).map("ids", lambda t: (t[1]["order"], t[2]["pay"]), parallelism=2
                            ).sink("out", bn.sinks.Collect())
-    result = bn.run(topo, redundancy=1.0, storage=f"local://{tmp_path}")
+    result = bn.run(topo, redundancy=1.5, storage=f"local://{tmp_path}")
+    # two instances: the half of the tuples due a second copy get one copy only
+    assert any("redundancy 1.5 for operator 'match': a second extra copy needs three "
+               "instances, and it has 2" in w for w in result.warnings), result.warnings
     brute = Counter()
     for o in range(count):
         for p in range(count):
@@ -180,6 +186,7 @@ def test_fine_acks_complete_on_the_first_copy_xor_on_every_copy(mode, complete_a
         task.on_acks(message)
         done = 0 not in task.pending
         assert done == (n >= complete_after), (mode, n)
+    assert task.complete_latency.count == 1 and "complete_latency" in task.histograms()
 
 
 def test_a_fine_root_completes_when_its_tuples_are_processed_whatever_the_order():

@@ -62,6 +62,7 @@ from bastion.errors import TopologyError
 from bastion.lineage import IdRun, fold, path_token, source_root, token
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol,
                                     TaskContext, TaskProtocol)
+from bastion.runtime.metrics import LatencyHistogram
 from bastion.runtime.records import Batch
 
 MODES = ("fine", "xor")
@@ -107,6 +108,9 @@ class AcksTask(TaskProtocol):
         self.last_report_s = 0.0
         self.replayed = 0
         self.completed = 0
+        # Storm's "complete latency": from a root's birth at its source until it is
+        # complete — what the fine and XOR modes differ in under redundancy
+        self.complete_latency = LatencyHistogram()
         self.max_pending_seen = 0
         self.messages_sent = 0
 
@@ -244,12 +248,14 @@ class AcksTask(TaskProtocol):
                     root[_COUNT] += 1
                 elif before > 0 >= after:
                     root[_COUNT] -= 1
+        now_s, latency = time.time(), self.complete_latency
         for _, positions, _ in entries:
             for position in positions:
                 root = pending.get(position)
                 if root is not None and not (root[_COUNT] if fine else root[_OUTSTANDING]):
                     del pending[position]
                     self.completed += 1
+                    latency.add(now_s - root[_BORN])
 
     # -- a source's roots -----------------------------------------------------------------
 
@@ -323,6 +329,9 @@ class AcksTask(TaskProtocol):
         self._report_frame()
         if self.task.has_sinks():
             await self.commit_and_acknowledge()
+
+    def histograms(self) -> dict[str, dict[int, int]]:
+        return {"complete_latency": self.complete_latency.buckets} if self.completed else {}
 
     def counters(self) -> dict[str, float]:
         counters = {"ack_messages": self.messages_sent}
@@ -399,6 +408,9 @@ class AcksProtocol(Protocol):
                 f"checkpoint_interval={checkpoint_interval_s:g}: sinks acknowledge only "
                 "when they commit, so every root would be replayed before it could "
                 "complete, and the replays would flood the job")
+
+    def dedup_window_s(self) -> float:
+        return min(5.0, self.ack_timeout_s / 3)   # see check_copies
 
     def check_copies(self, dedup_window_s: float) -> None:
         if 2 * dedup_window_s >= self.ack_timeout_s:

@@ -446,6 +446,12 @@ class TaskProtocol:
         largest)."""
         return {}
 
+    def histograms(self) -> dict[str, dict[int, int]]:
+        """Latency histograms the protocol kept (`bastion.runtime.metrics.
+        LatencyHistogram` bucket counts, by name): merged over tasks into
+        ``RunResult.metrics.extra["protocol_latency_ms"]``."""
+        return {}
+
     # -- tuple tracking -------------------------------------------------------------------
 
     def on_source_batch(self, batch: Batch) -> None:
@@ -556,6 +562,12 @@ class Protocol:
     def check_interval(self, checkpoint_interval_s: float | None) -> None:
         """Raise `ValueError` if this protocol's own options do not fit the run's
         checkpoint (or commit) interval."""
+
+    def dedup_window_s(self) -> float:
+        """How long receivers remember tuple ids to drop redundant copies, unless the
+        run says: long enough that a copy stuck behind a stalled instance (a pause of
+        seconds) still finds its id."""
+        return 5.0
 
     def check_copies(self, dedup_window_s: float) -> None:
         """Raise `ValueError` if receivers that remember tuple ids for

@@ -51,7 +51,7 @@ class JobConfig:
     # tuples into it that get a copy on the next instance; how long a receiving task
     # remembers the ids it has seen, to drop later copies.
     redundancy: dict[str, float] = field(default_factory=dict)
-    dedup_window_s: float = 1.0
+    dedup_window_s: float = 5.0
     # `redundancy="auto"`: the `bastion.scheduler.resiliency.ResiliencyPolicy` the job
     # master's resiliency manager follows (None: the ratios above stay as they are)
     resiliency: Any = None

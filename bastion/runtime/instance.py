@@ -953,6 +953,7 @@ class Task(TaskContext):
             "max_inbox_frames": self.gate.max_queued_seen,
             "faults_injected": None if self.faults is None else self.faults.report(),
             "protocol_counters": self.protocol.counters(),
+            "protocol_histograms": self.protocol.histograms(),
             "copies_sent": sum(r.copies_sent for r in self.routers),
             "sends_skipped": sum(r.sends_skipped for r in self.routers),
             "copies_dropped": 0 if self.first_copies is None else self.first_copies.dropped,
