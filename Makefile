@@ -38,6 +38,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) benchmarks/storage.py
 	$(PY) benchmarks/protocols.py
 	$(PY) benchmarks/acks.py
+	$(PY) benchmarks/redundancy.py
 
 clean:
 	rm -rf $(VENV) .bastion drill-report.html
