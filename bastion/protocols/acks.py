@@ -62,7 +62,6 @@ from bastion.errors import TopologyError
 from bastion.lineage import IdRun, fold, path_token, source_root, token
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol,
                                     TaskContext, TaskProtocol)
-from bastion.runtime.metrics import LatencyHistogram
 from bastion.runtime.records import Batch
 
 MODES = ("fine", "xor")
@@ -108,9 +107,6 @@ class AcksTask(TaskProtocol):
         self.last_report_s = 0.0
         self.replayed = 0
         self.completed = 0
-        # Storm's "complete latency": from a root's birth at its source until it is
-        # complete — what the fine and XOR modes differ in under redundancy
-        self.complete_latency = LatencyHistogram()
         self.max_pending_seen = 0
         self.messages_sent = 0
 
@@ -248,14 +244,19 @@ class AcksTask(TaskProtocol):
                     root[_COUNT] += 1
                 elif before > 0 >= after:
                     root[_COUNT] -= 1
-        now_s, latency = time.time(), self.complete_latency
+        # Storm's "complete latency" of each root completed: from its birth at its
+        # source until now — what the fine and XOR modes differ in under redundancy
+        born = []
         for _, positions, _ in entries:
             for position in positions:
                 root = pending.get(position)
                 if root is not None and not (root[_COUNT] if fine else root[_OUTSTANDING]):
                     del pending[position]
-                    self.completed += 1
-                    latency.add(now_s - root[_BORN])
+                    born.append(root[_BORN])
+        if born:
+            self.completed += len(born)
+            now_s = time.time()
+            self.task.observe_latencies("complete_latency", [now_s - b for b in born])
 
     # -- a source's roots -----------------------------------------------------------------
 
@@ -329,9 +330,6 @@ class AcksTask(TaskProtocol):
         self._report_frame()
         if self.task.has_sinks():
             await self.commit_and_acknowledge()
-
-    def histograms(self) -> dict[str, dict[int, int]]:
-        return {"complete_latency": self.complete_latency.buckets} if self.completed else {}
 
     def counters(self) -> dict[str, float]:
         counters = {"ack_messages": self.messages_sent}

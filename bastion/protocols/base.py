@@ -312,6 +312,12 @@ class TaskContext(abc.ABC):
         """Send records this source task read before (with their ids) through its
         chain again; they are not counted as read again."""
 
+    @abc.abstractmethod
+    def observe_latencies(self, name: str, latencies_s: list[float]) -> None:
+        """Add latencies (seconds) the protocol measured to the task's histogram
+        ``name``; merged over tasks into ``RunResult.metrics.extra[
+        "protocol_latency_ms"][name]`` (mean, p50, p90, p99)."""
+
 
 class MasterContext(abc.ABC):
     """What a coordinator may see and do in the job master."""
@@ -444,12 +450,6 @@ class TaskProtocol:
         """What the protocol counted in this task, for `RunResult.metrics`'s
         ``extra["protocol_counters"]`` (summed over tasks; a name ``max_...``: the
         largest)."""
-        return {}
-
-    def histograms(self) -> dict[str, dict[int, int]]:
-        """Latency histograms the protocol kept (`bastion.runtime.metrics.
-        LatencyHistogram` bucket counts, by name): merged over tasks into
-        ``RunResult.metrics.extra["protocol_latency_ms"]``."""
         return {}
 
     # -- tuple tracking -------------------------------------------------------------------

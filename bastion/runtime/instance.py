@@ -43,7 +43,7 @@ from bastion.runtime.config import JobConfig
 from bastion.runtime.durable import DurableCodec, open_bytes, seal
 from bastion.runtime.faults import TaskFaults
 from bastion.runtime.merge import DeterministicMerge
-from bastion.runtime.metrics import OperatorCounts
+from bastion.runtime.metrics import LatencyHistogram, OperatorCounts
 from bastion.runtime.operators import (OperatorContext, SinkOp, SourceOp, make_operator)
 from bastion.runtime.plan import (BROADCAST, FORWARD, HASH, InputChannel, OutputRoute,
                                   PhysicalPlan, TaskPlan)
@@ -288,6 +288,7 @@ class Task(TaskContext):
         # acknowledgments sent to the coordinator.
         self.protocol_frame_bytes = 0
         self.protocol_message_bytes = 0
+        self.protocol_latency: dict[str, LatencyHistogram] = {}  # `observe_latencies`
         self.task_count = len(physical.tasks)
         self.channel_destinations: list[int] = []  # task id at the end of each channel
         self.stop_requested = False
@@ -767,6 +768,13 @@ class Task(TaskContext):
     def source_task(self, source_code: int, instance: int) -> int:
         return self.source_tasks[(source_code, instance)]
 
+    def observe_latencies(self, name: str, latencies_s: list[float]) -> None:
+        histogram = self.protocol_latency.get(name)
+        if histogram is None:
+            histogram = self.protocol_latency[name] = LatencyHistogram()
+        for latency_s in latencies_s:
+            histogram.add(latency_s)
+
     def send_acks(self, task_id: int, entries: list) -> None:
         delay_s = 0.0 if self.faults is None else self.faults.ack_delay_s(len(entries))
         if delay_s > 0:  # a slow acknowledgment: the task itself goes on
@@ -953,7 +961,8 @@ class Task(TaskContext):
             "max_inbox_frames": self.gate.max_queued_seen,
             "faults_injected": None if self.faults is None else self.faults.report(),
             "protocol_counters": self.protocol.counters(),
-            "protocol_histograms": self.protocol.histograms(),
+            "protocol_histograms": {name: h.buckets
+                                    for name, h in self.protocol_latency.items()},
             "copies_sent": sum(r.copies_sent for r in self.routers),
             "sends_skipped": sum(r.sends_skipped for r in self.routers),
             "copies_dropped": 0 if self.first_copies is None else self.first_copies.dropped,
