@@ -77,9 +77,9 @@ _END_POLL_S = 0.005        # how often an exhausted source looks at its pending 
 _OUTSTANDING, _COUNT, _SENT_S, _VALUE, _TS, _BORN = range(6)
 
 
-def _channel_salt(channel_id: int) -> int:
-    """What XOR mode mixes into the token of a tuple that crossed ``channel_id`` (0:
-    a root, taken in by its own source task)."""
+def _channel_salt(channel_id: int | None) -> int:
+    """What XOR mode mixes into the token of a tuple that crossed ``channel_id`` (None,
+    salt 0: a root, taken in by its own source task)."""
     return 0 if channel_id is None else fold(0x27D4EB2F165667C5, channel_id + 1)
 
 
@@ -136,7 +136,8 @@ class AcksTask(TaskProtocol):
 
     def on_batch(self, channel_id: int, batch: Batch) -> Batch | None:
         # every copy is acknowledged, the ones dropped as later copies too: XOR mode
-        # counts each copy, and fine mode ignores an acknowledgment it already has
+        # counts each copy; in fine mode a later copy takes its count below 0, which
+        # holds nothing back
         if batch.ids is not None and len(batch):
             self.inputs.append((batch.ids, channel_id))
         return batch
