@@ -35,7 +35,9 @@ inside the task that runs the instance (`bastion.runtime.faults`):
   in records the instance processed, are exponential with mean ``mtbf_records``; in
   the ``"execute"`` phase (after its operator processed a batch), the ``"emit"``
   phase (before its task sends a frame) or the ``"ack"`` phase (its acknowledgments
-  of tuples arrive that much later; protocol ``acks`` only);
+  of tuples arrive that much later; protocol ``acks`` only); ``active_s=(from, to)``
+  lets it strike only between those seconds after the task started (a fault profile
+  that varies in time, as in the thesis's Table 4.2; a restarted task starts over);
 - ``DropFrames(op, probability)``: a *single-shot communication* fault — each data
   frame the instance's task sends is lost with that probability. Bastion's channels
   are otherwise reliable, and only a protocol that replays by acknowledgments can
@@ -252,10 +254,18 @@ class Timing:
     magnitude: Distribution = Constant(0.1)
     mtbf_records: float = 10_000
     seed: int | None = None
+    active_s: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "instances", _as_instances(self.instances))
         _check_target("Timing", self.op, self.instances)
+        if self.active_s is not None:
+            if not isinstance(self.active_s, (tuple, list)) or len(self.active_s) != 2:
+                raise ValueError("Timing.active_s must be (from_s, to_s), got "
+                                 f"{self.active_s!r}")
+            object.__setattr__(self, "active_s", tuple(self.active_s))
+            _number("Timing", "active_s[0]", self.active_s[0], minimum=0)
+            _number("Timing", "active_s[1]", self.active_s[1], above=self.active_s[0])
         if self.phase not in PHASES:
             raise ValueError(f"Timing.phase must be one of {list(PHASES)}, got {self.phase!r}")
         if not isinstance(self.magnitude, tuple(_DISTRIBUTIONS.values())):

@@ -58,7 +58,7 @@ operators:
   count:
     instances: [0, 1]
     faults:
-      - timing: {phase: execute, mtbf_records: 5000,
+      - timing: {phase: execute, mtbf_records: 5000, active_s: [0, 30],
                  magnitude: {gaussian: {mean: 0.45, stddev: 0.05, min: 0.0}}}
       - drop_frames: {probability: 0.01}
   split:
@@ -72,7 +72,8 @@ def test_a_fault_file_reads_into_the_python_declarations(tmp_path):
     path = tmp_path / "faults.yaml"
     path.write_text(GOOD)
     assert bn.faults.load(path) == [
-        Timing("count", (0, 1), "execute", Gaussian(0.45, 0.05, min=0.0), 5000, seed=7),
+        Timing("count", (0, 1), "execute", Gaussian(0.45, 0.05, min=0.0), 5000, seed=7,
+               active_s=(0, 30)),
         DropFrames("count", (0, 1), 0.01, seed=7),
         LinkOutage("split", None, 5.0, 0.5, seed=7),
         Crash("split", None, 10.0, 1.0, 2, seed=7),
@@ -154,6 +155,25 @@ def test_stall_gaps_follow_the_declared_mean_and_magnitudes_their_distribution()
     assert faults.stalls >= len(points)
     assert faults.stalls == pytest.approx(500_000 / 50, rel=0.05)
     assert faults.stalled_s / faults.stalls == pytest.approx(0.2, rel=0.05)
+
+
+def test_a_stall_strikes_only_inside_its_active_seconds_where_it_would_without_them():
+    always = TaskFaults.for_task([Timing("op", mtbf_records=100, seed=5)], ["op"], 0)
+    windowed = TaskFaults.for_task([Timing("op", mtbf_records=100, seed=5,
+                                           active_s=(10.0, 20.0))], ["op"], 0)
+    for faults in (always, windowed):
+        faults.started_s -= 5.0          # the task started 5 s ago: before the window
+    assert windowed.stall_s(windowed.execute[0], 5_000) == 0.0
+    assert always.stall_s(always.execute[0], 5_000) > 0
+    for faults in (always, windowed):
+        faults.started_s -= 10.0         # 15 s: inside it
+    assert windowed.stall_s(windowed.execute[0], 10_000) == pytest.approx(
+        always.stall_s(always.execute[0], 10_000))
+    assert windowed.stall_s(windowed.execute[0], 10_000) == 0.0 < windowed.stalled_s
+    with pytest.raises(ValueError, match=r"Timing.active_s\[1\] must be > 10"):
+        Timing("op", active_s=(10, 5))
+    with pytest.raises(ValueError, match=r"Timing.active_s must be \(from_s, to_s\)"):
+        Timing("op", active_s=3)
 
 
 def test_other_instances_and_operators_carry_nothing():

@@ -39,12 +39,17 @@ class _Stalls:
     rng: Any
     next_at: float
 
-    def due(self, records_done: int) -> tuple[float, int]:
-        """The seconds of the occurrences up to ``records_done``, and how many."""
+    def due(self, records_done: int, elapsed_s: float) -> tuple[float, int]:
+        """The seconds of the occurrences up to ``records_done``, and how many; none
+        outside the fault's ``active_s`` (drawn all the same, so the ones inside strike
+        where they would without it)."""
         stall_s, count = 0.0, 0
+        active = self.fault.active_s
         while self.next_at <= records_done:
-            stall_s += self.fault.magnitude.sample(self.rng)
-            count += 1
+            magnitude_s = self.fault.magnitude.sample(self.rng)
+            if active is None or active[0] <= elapsed_s < active[1]:
+                stall_s += magnitude_s
+                count += 1
             self.next_at += self.rng.expovariate(1.0 / self.fault.mtbf_records)
         return stall_s, count
 
@@ -119,8 +124,9 @@ class TaskFaults:
     def stall_s(self, stalls: list[_Stalls], records_done: int) -> float:
         """Seconds to stall now that ``records_done`` records went through (0.0: none)."""
         total_s = 0.0
+        elapsed_s = time.monotonic() - self.started_s
         for stall in stalls:
-            seconds, count = stall.due(records_done)
+            seconds, count = stall.due(records_done, elapsed_s)
             total_s += seconds
             self.stalls += count
         self.stalled_s += total_s
