@@ -190,6 +190,8 @@ class Router:
         congested = ([c.congested() for c in self.channels] if self.skips_congested
                      else [False] * n)
         if not any(congested):
+            # the common case, on the hot path: one comprehension per extra copy, no
+            # list of instances per record as below
             full = set(self._split(batch, parts))
             for extra in range(1, extras + 1):
                 bar = ratio - (extra - 1)
