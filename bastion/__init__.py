@@ -33,6 +33,7 @@ _EXPORTS = {
     "protocols.cec": ("CecPolicy",),
     "runtime.operators": ("DeadLetter",),
     "runtime.records": ("stable_hash",),
+    "scheduler.recovery": ("RecoveryPolicy",),
     "scheduler.resiliency": ("ResiliencyPolicy",),
     "topology": ("KeyedStream", "Stream", "Topology"),
 }
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from bastion.protocols.cec import CecPolicy
     from bastion.runtime.operators import DeadLetter
     from bastion.runtime.records import stable_hash
+    from bastion.scheduler.recovery import RecoveryPolicy
     from bastion.scheduler.resiliency import ResiliencyPolicy
     from bastion.topology import KeyedStream, Stream, Topology
 

@@ -19,7 +19,13 @@ detect the loss and recover like after any other failure.
   node's position among the cluster's live nodes sorted by node id (``0`` on a
   single-machine Ray) or its node id (hex);
 - ``RandomKills(count, between, seed)``: ``count`` kills of random instances at random
-  times in ``between = (first_s, last_s)``, reproducible from ``seed``.
+  times in ``between = (first_s, last_s)``, reproducible from ``seed``;
+- ``AddNode(at, cpus)``: not a kill but capacity that *arrives*: a Ray node with
+  ``cpus`` CPUs joins the simulated cluster the run was given (``bn.run(...,
+  cluster=...)``, a `ray.cluster_utils.Cluster` on 127.0.0.1) — the replacement
+  slots a progressive recovery waits for after a `KillNode`
+  (`bastion.scheduler.recovery`). The driver adds it, as an operator or an
+  autoscaler would on a real cluster.
 
 Each fault turns into kills (`ScheduledKill`) against a physical plan (``schedule``):
 the schedule the injector follows and a drill compares with what happened.
@@ -116,6 +122,23 @@ class KillNode:
             raise ValueError(f"KillNode: node must be a position (0, 1, ...) among the "
                              f"cluster's live nodes or a node id, not {self.node!r}")
         return [ScheduledKill(self.at, f"kill node {self.node}", node=self.node)]
+
+
+@dataclass(frozen=True)
+class AddNode:
+    at: float = 1.0
+    cpus: int = 1
+
+    def schedule(self, plan: Any) -> list[ScheduledKill]:
+        if isinstance(self.cpus, bool) or not isinstance(self.cpus, int) or self.cpus < 1:
+            raise ValueError(f"AddNode: cpus must be an int >= 1, not {self.cpus!r}")
+        _number("AddNode", "at", self.at, minimum=0)
+        return []  # nothing to kill: the driver adds the node (`node_additions`)
+
+
+def node_additions(faults: Any) -> list[AddNode]:
+    """The `AddNode` faults among ``faults``, by time."""
+    return sorted((f for f in faults if isinstance(f, AddNode)), key=lambda f: f.at)
 
 
 @dataclass(frozen=True)
@@ -385,7 +408,7 @@ def injections(faults: Any, op: str, index: int) -> list[tuple[int, Injected]]:
             and (f.instances is None or index in f.instances)]
 
 
-Fault = KillInstance | KillWorker | KillNode | RandomKills | Crash | Injected
+Fault = KillInstance | KillWorker | KillNode | AddNode | RandomKills | Crash | Injected
 
 
 def validate(faults: Any, plan: Any) -> list[ScheduledKill]:
@@ -397,7 +420,7 @@ def validate(faults: Any, plan: Any) -> list[ScheduledKill]:
             continue
         if not hasattr(fault, "schedule"):
             raise ValueError(f"not a fault: {fault!r}; use bn.faults.KillInstance, "
-                             "KillWorker, KillNode, RandomKills, Crash, Timing, "
+                             "KillWorker, KillNode, AddNode, RandomKills, Crash, Timing, "
                              "DropFrames or LinkOutage")
         try:
             kills.extend(fault.schedule(plan))

@@ -39,11 +39,13 @@ from bastion.runtime.outputs import read_committed
 from bastion.runtime.plan import PhysicalPlan, build_plan
 from bastion.runtime.redundancy import resolve as resolve_redundancy
 from bastion.scheduler.pool import get_pool
+from bastion.scheduler.recovery import RecoveryPolicy, recovery_policy
 from bastion.scheduler.resiliency import ResiliencyPolicy
 from bastion.storage import ObjectStore, open_store
 from bastion.topology import Topology
 
 _PROGRESS_INTERVAL_S = 0.5
+_NODE_POLL_S = 0.05  # how often the driver looks whether a node is due (`AddNode`)
 
 
 @dataclass
@@ -89,6 +91,9 @@ def ensure_ray(address: str | None = None) -> None:
                       no_proxy=_LOOPBACK, NO_PROXY=_LOOPBACK)
     try:
         ray.init(
+            # A new instance of its own: without an address, Ray would join any cluster
+            # a `ray start` left running on this machine.
+            address="local",
             _node_ip_address="127.0.0.1",
             include_dashboard=False,
             ignore_reinit_error=True,
@@ -157,7 +162,8 @@ def run(topology: Topology, *, protocol: str = "none",
         max_pending: int | None = None,
         redundancy: float | Mapping[str, float] | str | None = None,
         dedup_window_s: float | None = None, latency_bound_ms: float | None = None,
-        resiliency: ResiliencyPolicy | None = None) -> RunResult:
+        resiliency: ResiliencyPolicy | None = None,
+        recovery: str | RecoveryPolicy | None = None, cluster: Any = None) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
 
     ``protocol`` picks the fault-tolerance protocol (``"none"``, ``"acks"``,
@@ -192,6 +198,13 @@ def run(topology: Topology, *, protocol: str = "none",
     move the ratio every period to keep the windowed p90 latency under
     ``latency_bound_ms`` (or follow a whole ``resiliency`` policy); its decisions are
     in ``RunResult.metrics.extra["redundancy"]["decisions"]``.
+    ``recovery`` (``"blocking"``, ``"progressive"`` or a `RecoveryPolicy`) says how
+    failures are recovered (`bastion.scheduler.recovery`): bursts of losses are one
+    correlated failure, and with a capacity model (``task_slots_per_cpu``) lost tasks
+    wait for task slots — all of them (blocking) or whole queries by priority as slots
+    arrive (progressive); per query availability is in
+    ``RunResult.metrics.extra["queries"]``. ``cluster`` is a simulated
+    `ray.cluster_utils.Cluster` the driver adds `bn.faults.AddNode` nodes to.
     ``lineage`` gives every record a lineage id (`bastion.lineage`) and fills
     ``RunResult.output_ids``; ``deterministic`` merges every multi-input task's
     inputs in a fixed order (`bastion.runtime.merge`), so every run commits the same
@@ -289,7 +302,13 @@ def run(topology: Topology, *, protocol: str = "none",
         redundancy=copied,
         dedup_window_s=dedup_window_s,
         resiliency=policy,
+        recovery=None if recovery is None else recovery_policy(recovery),
     )
+    additions = fault_injection.node_additions(config.faults)
+    if additions and cluster is None:
+        raise ValueError(f"{additions[0]!r} adds a node to a simulated cluster: pass "
+                         "cluster=ray.cluster_utils.Cluster(...) (on a real cluster nodes "
+                         "come from the autoscaler or an operator)")
     kills = fault_injection.validate(config.faults, plan)
     for fault in config.faults:
         if (isinstance(fault, fault_injection.Timing) and fault.phase == "ack"
@@ -317,14 +336,22 @@ def run(topology: Topology, *, protocol: str = "none",
         host = ray.get(lending)
         lend_host_s = time.time() - lend_started_s
         pending = host.run.remote(plan, config, master_limits, pool)
+        waiting_s = _NODE_POLL_S if additions else _PROGRESS_INTERVAL_S
+        last_progress_s = 0.0
         while True:
-            ready, _ = ray.wait([pending], timeout=_PROGRESS_INTERVAL_S)
+            ready, _ = ray.wait([pending], timeout=waiting_s)
             if ready:
                 break
-            if progress is not None:
-                now = ray.get(host.progress.remote(config.job_id))
-                if now is not None:
-                    progress(now)
+            if progress is None and not additions:
+                continue
+            now = ray.get(host.progress.remote(config.job_id))
+            if now is None:
+                continue
+            while additions and now["elapsed_s"] > 0 and now["elapsed_s"] >= additions[0].at:
+                _add_node(cluster, additions.pop(0), host, config.job_id)
+            if progress is not None and time.time() - last_progress_s >= _PROGRESS_INTERVAL_S:
+                last_progress_s = time.time()
+                progress(now)
         report = ray.get(pending)
     except BaseException:
         # The driver gives up (Ctrl-C, a failing progress callback): so does the job.
@@ -393,6 +420,16 @@ def _resiliency_policy(redundancy: Any, latency_bound_ms: float | None,
         raise ValueError(f"latency_bound_ms={latency_bound_ms!r} contradicts the policy's "
                          f"latency_bound_ms={resiliency.latency_bound_ms!r}: give one")
     return resiliency
+
+
+def _add_node(cluster: Any, addition: fault_injection.AddNode, host: Any, job_id: str
+              ) -> None:
+    """Carry out ``addition``: a node with its CPUs joins the simulated cluster, on
+    127.0.0.1; the job's events record it."""
+    # Not waited for: the node registers with the cluster on its own (the job master
+    # sees it then), and the driver stays on time for the next addition.
+    cluster.add_node(wait=False, num_cpus=addition.cpus, node_ip_address="127.0.0.1")
+    host.note_event.remote(job_id, "node_added", cpus=addition.cpus)
 
 
 def _summed(tasks: list[dict[str, Any]], field: str) -> dict[str, float]:
@@ -483,6 +520,12 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
             "workers": plan.workers,
             "tasks": len(plan.tasks),
             "attempts": report["attempts"],
+            # per query: when it was available again after the first failure, and its
+            # latency relative to before (`bastion.runtime.metrics.QueryAvailability`)
+            "queries": {name: dataclasses.asdict(q) for name, q in report["queries"].items()},
+            # frames upstream tasks held for pending tasks (and spilled to the store)
+            "frames_held": sum(t["frames_held"] for t in tasks),
+            "frames_spilled": sum(t["frames_spilled"] for t in tasks),
             "faults_injected": _summed(tasks, "faults_injected"),
             "protocol_counters": _summed(tasks, "protocol_counters"),
             "protocol_latency_ms": _latency_summaries(tasks),

@@ -28,6 +28,9 @@ import collections
 import time
 from typing import Any, Awaitable, Callable
 
+import msgpack
+
+from bastion.runtime.durable import open_bytes, seal
 from bastion.runtime.records import Batch, ControlRecord, FrameCodec, Watermark
 
 
@@ -187,6 +190,74 @@ class LocalOutputChannel(OutputChannel):
 
     def congested(self) -> bool:
         return self._inbox_full()
+
+
+class HeldOutputChannel(OutputChannel):
+    """To a task that is not running yet: *adaptive buffering*.
+
+    After a failure that left some tasks pending (no capacity for them yet, see
+    `bastion.scheduler.recovery`), their upstream tasks keep running for the queries
+    that are available. Frames for a pending task are numbered and encoded as usual
+    but held here: the newest ``in_memory_frames`` in memory, older ones spilled to
+    the job's store, each spilled blob sealed with a checksum. The sender never waits
+    on a pending task, so a healthy query it also feeds is never held up by it. When
+    the task joins the running attempt, `attach` hands every held frame, in sequence
+    order, to the real channel and forwards from then on — the receiver sees frames
+    that were late, not replayed, so nothing is processed twice."""
+
+    def __init__(self, channel_id: int, frame_records: int, buffer_timeout_s: float,
+                 codec: FrameCodec, in_memory_frames: int, store: Any, spill_prefix: str):
+        super().__init__(channel_id, frame_records, buffer_timeout_s)
+        self._codec = codec
+        self._in_memory_frames = in_memory_frames
+        self._store = store
+        self._spill_prefix = spill_prefix
+        self._held: list[tuple[int, bytes]] = []
+        self._spilled: list[str] = []   # keys of spilled blobs, oldest first
+        self._target: OutputChannel | None = None
+        self._lock = asyncio.Lock()     # a transmit and the attach never interleave
+        self.attaching = False
+        self.frames_held = 0
+        self.frames_spilled = 0
+
+    async def transmit(self, seq: int, payload: bytes) -> None:
+        async with self._lock:
+            if self._target is not None:
+                await self._target.transmit(seq, payload)
+                return
+            self._held.append((seq, payload))
+            self.frames_held += 1
+            if len(self._held) >= self._in_memory_frames:
+                key = f"{self._spill_prefix}/{len(self._spilled):08d}"
+                await self._store.aput(key, seal(msgpack.packb(self._held)))
+                self._spilled.append(key)
+                self.frames_spilled += len(self._held)
+                self._held = []
+
+    async def attach(self, target: OutputChannel) -> None:
+        """The receiving task runs now: send it everything held, then forward."""
+        self.attaching = True
+        async with self._lock:
+            for key in self._spilled:
+                frames = msgpack.unpackb(open_bytes(await self._store.aget(key), key))
+                for seq, payload in frames:
+                    await target.transmit(seq, payload)
+            for seq, payload in self._held:
+                await target.transmit(seq, payload)
+            for key in self._spilled:
+                await self._store.adelete(key)
+            self._held, self._spilled, self._target = [], [], target
+
+    @property
+    def attached(self) -> bool:
+        return self._target is not None
+
+    async def drain(self) -> None:
+        if self._target is not None:
+            await self._target.drain()
+
+    def congested(self) -> bool:
+        return self._target is not None and self._target.congested()
 
 
 class InputGate:

@@ -55,6 +55,9 @@ class JobConfig:
     # `redundancy="auto"`: the `bastion.scheduler.resiliency.ResiliencyPolicy` the job
     # master's resiliency manager follows (None: the ratios above stay as they are)
     resiliency: Any = None
+    # How failures are recovered: the `bastion.scheduler.recovery.RecoveryPolicy`
+    # (None: blocking, no capacity model)
+    recovery: Any = None
 
     def __post_init__(self) -> None:
         for name in ("frame_records", "max_inflight_frames", "inbox_frames",

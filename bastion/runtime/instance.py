@@ -37,8 +37,8 @@ from bastion.errors import PeerLostError, UDFError
 from bastion.lineage import broadcast_ids, op_codes, record_hashes
 from bastion.protocols import get_protocol
 from bastion.protocols.base import TaskContext
-from bastion.runtime.channel import (InputGate, LocalOutputChannel, OutputChannel,
-                                     RemoteOutputChannel)
+from bastion.runtime.channel import (HeldOutputChannel, InputGate, LocalOutputChannel,
+                                     OutputChannel, RemoteOutputChannel)
 from bastion.runtime.config import JobConfig
 from bastion.runtime.durable import DurableCodec, open_bytes, seal
 from bastion.runtime.faults import TaskFaults
@@ -966,6 +966,11 @@ class Task(TaskContext):
             "protocol_histograms": {name: h.buckets
                                     for name, h in self.protocol_latency.items()},
             "copies_sent": sum(r.copies_sent for r in self.routers),
+            # adaptive buffering: frames held for pending tasks, and of those spilled
+            "frames_held": sum(c.frames_held for c in self.channels
+                               if isinstance(c, HeldOutputChannel)),
+            "frames_spilled": sum(c.frames_spilled for c in self.channels
+                                  if isinstance(c, HeldOutputChannel)),
             "sends_skipped": sum(r.sends_skipped for r in self.routers),
             "copies_dropped": 0 if self.first_copies is None else self.first_copies.dropped,
             "max_remembered_ids": (0 if self.first_copies is None
@@ -996,6 +1001,7 @@ class Worker:
         self.store: ObjectStore | None = None
         self.tasks: dict[int, Task] = {}
         self.runners: list[asyncio.Task] = []
+        self.unstarted: list[Task] = []  # tasks that joined, started by `attach`
         self.attempt = -1
         self.epoch: tuple[str, int] | None = None  # (job id, attempt) frames must carry
         # The data plane (`bastion.runtime.transport`): frames from peers arrive
@@ -1033,42 +1039,106 @@ class Worker:
         return ray.get_runtime_context().get_node_id()
 
     async def deploy(self, plan: PhysicalPlan, peers: list[tuple[str, int]], master: Any,
-                     attempt: int, restore: Any, worker_index: int) -> None:
+                     attempt: int, restore: Any, worker_index: int,
+                     assignment: list[int | None] | None = None) -> None:
         """Build this attempt's tasks for slot ``worker_index`` (a standby worker takes
         over the slot of a dead one); each task's protocol restores it from
         ``restore``, the recovery line its coordinator chose (None: from the start).
-        ``peers`` are the frame addresses of every slot's worker."""
+        ``peers`` are the frame addresses of every worker, ``assignment`` the worker
+        of every task (default: the plan's; None: a task that is pending, whose
+        inputs are held upstream — `HeldOutputChannel`)."""
         await self.reset()
-        config = self.config
-        # Links to every other slot: frames go to the workers downstream, and a
-        # protocol that acknowledges tuples sends to the workers of their sources.
-        await self.links.connect([address for slot, address in enumerate(peers)
-                                  if slot != worker_index])
         self.worker_index = worker_index
         self.attempt = attempt
-        self.epoch = (config.job_id, attempt)
-        self.tasks = {t.task_id: Task(t, plan, config, self.store, master, attempt)
-                      for t in plan.tasks_of(self.worker_index)}
-        route_acks = self._ack_router(plan, peers)
+        self.epoch = (self.config.job_id, attempt)
+        await self._add_tasks(plan, peers, master, restore, assignment,
+                              [t.task_id for t in plan.tasks
+                               if _worker_of(plan, assignment, t.task_id) == worker_index])
+
+    async def join(self, epoch: tuple[str, int], plan: PhysicalPlan,
+                   peers: list[tuple[str, int]], master: Any, restore: Any,
+                   assignment: list[int | None], task_ids: list[int]) -> None:
+        """Pending tasks ``task_ids`` join the running attempt on this worker,
+        restored from the attempt's recovery line ``restore``; they start at the
+        `attach` that follows, once every joining task of every worker exists (a
+        frame for a task not built yet would have nowhere to go)."""
+        if self.epoch is None:  # a fresh worker: it joins the attempt that runs
+            self.epoch, self.attempt = epoch, epoch[1]
+        elif epoch != self.epoch:
+            return
+        self.unstarted.extend(
+            await self._add_tasks(plan, peers, master, restore, assignment, task_ids))
+
+    async def attach(self, epoch: tuple[str, int], plan: PhysicalPlan,
+                     peers: list[tuple[str, int]], assignment: list[int | None]) -> int:
+        """Tasks that were pending run now (``assignment``): the tasks that joined
+        this worker start, and every channel held for a task that runs now sends
+        what it held, in the background (its sender waits meanwhile), and forwards
+        from then on. How many channels it attached."""
+        if epoch != self.epoch:
+            return 0
+        await self.links.connect([address for slot, address in enumerate(peers)
+                                  if slot != self.worker_index])
+        # Started first: a held channel into a task of this worker drains only as
+        # fast as that task takes frames.
+        self.runners.extend(asyncio.ensure_future(t.run()) for t in self.unstarted)
+        self.unstarted = []
+        route_acks = self._ack_router(plan, peers, assignment)
+        attached = 0
         for task in self.tasks.values():
             task.ack_router = route_acks
+            for channel, dst in zip(task.channels, task.channel_destinations):
+                if isinstance(channel, HeldOutputChannel) and not channel.attached \
+                        and not channel.attaching and assignment[dst] is not None:
+                    self.runners.append(asyncio.ensure_future(channel.attach(
+                        self._channel(task, plan, peers, assignment, channel.channel_id,
+                                      dst))))
+                    attached += 1
+        return attached
+
+    async def _add_tasks(self, plan: PhysicalPlan, peers: list[tuple[str, int]],
+                         master: Any, restore: Any, assignment: list[int | None] | None,
+                         task_ids: list[int]) -> list["Task"]:
+        config = self.config
+        # Links to every other worker: frames go to the workers downstream, and a
+        # protocol that acknowledges tuples sends to the workers of their sources.
+        await self.links.connect([address for slot, address in enumerate(peers)
+                                  if slot != self.worker_index])
+        added = [Task(plan.tasks[t], plan, config, self.store, master, self.attempt)
+                 for t in task_ids]
+        self.tasks.update((task.task_id, task) for task in added)
+        route_acks = self._ack_router(plan, peers, assignment)
+        for task in self.tasks.values():
+            task.ack_router = route_acks
+        for task in added:
             for route in task.plan.routes:
-                channels: list[OutputChannel] = []
-                for channel_id, dst in zip(route.channel_ids, route.dst_tasks):
-                    dst_worker = plan.tasks[dst].worker
-                    if dst_worker == self.worker_index:
-                        gate = self.tasks[dst].gate
-                        channels.append(LocalOutputChannel(
-                            channel_id, config.frame_records, config.buffer_timeout_s,
-                            gate.deliver, task.codec, gate.inbox.full))
-                    else:
-                        channels.append(RemoteOutputChannel(
-                            channel_id, config.frame_records, config.buffer_timeout_s,
-                            pusher(self.links[peers[dst_worker]], dst, self.epoch),
-                            task.codec,
-                            config.max_inflight_frames))
-                task.connect(route, channels)
+                task.connect(route, [self._channel(task, plan, peers, assignment, channel_id,
+                                                   dst)
+                                     for channel_id, dst in zip(route.channel_ids,
+                                                                route.dst_tasks)])
             await task.protocol.restore(restore)
+        return added
+
+    def _channel(self, task: "Task", plan: PhysicalPlan, peers: list[tuple[str, int]],
+                 assignment: list[int | None] | None, channel_id: int,
+                 dst: int) -> OutputChannel:
+        """The sending end of ``channel_id`` from ``task`` to task ``dst``: in this
+        worker, to a peer, or held while ``dst`` is pending."""
+        config = self.config
+        dst_worker = _worker_of(plan, assignment, dst)
+        if dst_worker is None:
+            recovery = config.recovery
+            return HeldOutputChannel(
+                channel_id, config.frame_records, config.buffer_timeout_s, task.codec,
+                64 if recovery is None else recovery.held_frames_in_memory, self.store,
+                f"jobs/{config.job_id}/held/{self.attempt}/{channel_id}")
+        if dst_worker == self.worker_index and dst in self.tasks:
+            gate = self.tasks[dst].gate
+            return LocalOutputChannel(channel_id, config.frame_records, config.buffer_timeout_s,
+                                      gate.deliver, task.codec, gate.inbox.full)
+        return RemoteOutputChannel(channel_id, config.frame_records, config.buffer_timeout_s,
+                                   pusher(self.links[peers[dst_worker]], dst, self.epoch),
+                                   task.codec, config.max_inflight_frames)
 
     async def reset(self) -> None:
         """Stop every task of the current attempt (their state is discarded)."""
@@ -1081,7 +1151,7 @@ class Worker:
             _, running = await asyncio.wait(running, timeout=_RESET_RECANCEL_S)
         for task in self.tasks.values():
             task.gate.close()  # frames of the failed attempt still waiting to enter
-        self.runners, self.tasks = [], {}
+        self.runners, self.tasks, self.unstarted = [], {}, []
 
     async def start(self) -> None:
         self.runners = [asyncio.ensure_future(t.run()) for t in self.tasks.values()]
@@ -1098,7 +1168,8 @@ class Worker:
             return
         await self.tasks[task_id].gate.deliver(channel_id, seq, payload)
 
-    def _ack_router(self, plan: PhysicalPlan, peers: list[tuple[str, int]]) -> Any:
+    def _ack_router(self, plan: PhysicalPlan, peers: list[tuple[str, int]],
+                    assignment: list[int | None] | None = None) -> Any:
         """How this worker's tasks reach any task's `TaskProtocol.on_acks`: a task of
         this worker directly, another's over the link to its worker (no credits: an
         acknowledgment never waits for room in an inbox)."""
@@ -1109,7 +1180,10 @@ class Worker:
             if local is not None:
                 local.protocol.on_acks(entries)
                 return
-            sent = links[peers[plan.tasks[task_id].worker]].send(
+            worker = _worker_of(plan, assignment, task_id)
+            if worker is None:  # a pending source: it replays once it runs
+                return
+            sent = links[peers[worker]].send(
                 epoch, task_id, ACKS_CHANNEL, 0, msgpack.packb(entries))
             # A lost link ends the attempt anyway (the detector sees the dead peer).
             sent.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -1181,6 +1255,12 @@ class Worker:
 
     def report(self) -> list[dict[str, Any]]:
         return [t.report() for t in self.tasks.values()]
+
+
+def _worker_of(plan: PhysicalPlan, assignment: list[int | None] | None,
+               task_id: int) -> int | None:
+    """The worker index task ``task_id`` runs on (None: pending)."""
+    return plan.tasks[task_id].worker if assignment is None else assignment[task_id]
 
 
 def _process_id() -> str:

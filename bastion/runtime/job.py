@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,13 +67,15 @@ from bastion.protocols import get_protocol
 from bastion.protocols.base import MasterContext, cancel
 from bastion.runtime.config import JobConfig
 from bastion.runtime.events import EventLimits, EventLog
-from bastion.runtime.metrics import FailureRecovery, LatencyHistogram, rate_recovered_at
+from bastion.runtime.metrics import (FailureRecovery, LatencyHistogram, query_availability,
+                                     rate_recovered_at)
 from bastion.runtime.outputs import FINAL_COMMIT, committed_blobs, marker_key
 from bastion.runtime.plan import PhysicalPlan
 from bastion.scheduler import detector, injector, placement
-from bastion.scheduler.detector import Failure, within
-from bastion.scheduler.recovery import (BlockingRecovery, Capacity, RecoveryPlanError,
-                                       RecoveryPlanner, check_plan)
+from bastion.scheduler.detector import CorrelatedFailures, Failure, within
+from bastion.scheduler.recovery import (BlockingRecovery, Capacity, QueryNeeds,
+                                       RecoveryPlanError, RecoveryPlanner, check_plan,
+                                       queries_needs, recovery_policy)
 from bastion.scheduler.resiliency import ResiliencyManager
 from bastion.storage import CheckpointStore, open_store
 
@@ -199,6 +202,12 @@ class JobHost:
         finally:
             del self.masters[config.job_id]
 
+    def note_event(self, job_id: str, kind: str, **fields: Any) -> None:
+        """Record an event the driver saw (a node it added) in the job's log."""
+        master = self.masters.get(job_id)
+        if master is not None:
+            master.record_event(kind, **fields)
+
     def progress(self, job_id: str) -> dict[str, Any] | None:
         """The job's progress; None before it started here or after it ended."""
         master = self.masters.get(job_id)
@@ -255,7 +264,24 @@ class JobMaster:
         self._quiet_since: Any = None  # the loop counters seen at the last quiet poll
         self._totals = {"source_records": 0, "sink_records": 0}
         self.coordinator = self.protocol.coordinator(_CoordinatorContext(self))
-        self.planner: RecoveryPlanner = BlockingRecovery()
+        # How failures are recovered (`bastion.scheduler.recovery`). With a capacity
+        # model, tasks lost with their node wait for capacity; a task no available
+        # query needs is *pending* (not running, its inputs held upstream).
+        self.recovery = recovery_policy(config.recovery)
+        self.capacity_model = self.recovery.task_slots_per_cpu is not None
+        self.bursts = CorrelatedFailures(self.recovery.burst_losses,
+                                         self.recovery.burst_window_s)
+        self.assignment: list[int | None] = [t.worker for t in plan.tasks]  # home worker
+        self.pending: set[int] = set()
+        self.worker_nodes: list[str | None] = []  # the node of each of self.workers
+        self.lost_nodes: set[str] = set()          # nodes a fault took down
+        self.queries = _queries_of(plan)
+        self._sink_queries = {t.task_id: [q.name for q in self.queries
+                                          if set(q.outputs) & set(plan.chains[t.chain_id].ops)]
+                              for t in plan.tasks}
+        self.query_points: list[dict[str, Any]] = []  # per poll: per query output, latency
+        self._restore: Any = None   # the recovery line of the running attempt
+        self._planned_free = 0  # free task slots left after the last placement
         self._injector: asyncio.Task | None = None
         self.repaired_at_s: dict[int, float] = {}  # slot -> when its crash is repaired
         self._standby_lending: asyncio.Future | None = None  # see _start
@@ -273,8 +299,8 @@ class JobMaster:
 
     async def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
         by_worker: dict[int, list[int]] = {}
-        for task_id in self.source_tasks:
-            by_worker.setdefault(self.plan.tasks[task_id].worker, []).append(task_id)
+        for task_id in self.source_tasks - self.pending:
+            by_worker.setdefault(self.assignment[task_id], []).append(task_id)
         for w, task_ids in by_worker.items():
             self.workers[w].trigger_checkpoint.remote(self._epoch(attempt), task_ids,
                                                      checkpoint_id)
@@ -326,7 +352,7 @@ class JobMaster:
     def _sinks_of(self, slots: list[int]) -> list[str]:
         """The sink instances the workers of ``slots`` run, as ``'name' [index]``."""
         plan = self.plan
-        return [f"{op!r} [{t.index}]" for slot in slots for t in plan.tasks_of(slot)
+        return [f"{op!r} [{t.index}]" for slot in slots for t in self._tasks_on(slot)
                 for op in plan.chains[t.chain_id].ops
                 if plan.topology.nodes[op].kind == "sink"]
 
@@ -408,6 +434,7 @@ class JobMaster:
         self.phase = "spawn"
         t0 = time.time()
         self.workers = await self._new_workers(list(range(self.plan.workers)))
+        self.worker_nodes = await self._nodes_of(self.workers)
         # A standby worker, borrowed now, takes over the slot of the first worker
         # to die: a restart then costs a deploy, not a process start. Waiting for
         # it here keeps its start (about a core-second, when the pool has no idle
@@ -422,8 +449,10 @@ class JobMaster:
         peers = await asyncio.gather(*[w.frame_address.remote() for w in self.workers],
                                      return_exceptions=True)
         self._raise_call_failures(peers)
+        self._restore = restore
+        assignment = self._running_assignment()
         outcomes = await asyncio.gather(*[w.deploy.remote(self.plan, peers, self.link,
-                                                          self.attempt, restore, i)
+                                                          self.attempt, restore, i, assignment)
                                           for i, w in enumerate(self.workers)],
                                         return_exceptions=True)
         self._raise_call_failures(outcomes)
@@ -485,7 +514,10 @@ class JobMaster:
                                         f"{self.config.max_restarts} restarts)"})
         self.phase = "recover"
         try:
-            await self._replace_workers(failure)
+            if self.config.recovery is None:
+                await self._replace_workers(failure)
+            else:
+                await self._recover_with_policy(failure)
         except RecoveryPlanError as exc:
             raise _JobEnded({"failure": str(exc)}) from None
         restore = await self._recovery_line()
@@ -564,6 +596,9 @@ class JobMaster:
                 {t["task_id"]: (t["final_sent"], t["final_received"]) for t in tasks}),
             "attempts": self.attempt + 1,
             "failures": failures,
+            "queries": query_availability(
+                self.query_points, {q.name: q.priority for q in self.queries},
+                *_first_failure(self.log.events)),
             "redundancy_decisions": ([] if self.redundancy is None else
                                      [dataclasses.asdict(d) for d in self.redundancy.decisions]),
         }
@@ -609,19 +644,24 @@ class JobMaster:
     def _spare(self) -> list[Any]:
         return [self.standby] if self.standby is not None else []
 
-    async def _new_workers(self, slots: list[int]) -> list[Any]:
+    async def _new_workers(self, slots: list[int], nodes: list[str] | None = None
+                           ) -> list[Any]:
         """Borrow the workers of ``slots`` (`placement.STANDBY`: the standby), each on
-        the node placement puts it, and bind them to the job. Shielded: a job cancelled
-        meanwhile still learns what it borrowed, and gives it back."""
-        borrowing = asyncio.ensure_future(self._borrow(slots))
+        the node placement puts it (or on ``nodes``), and bind them to the job.
+        Shielded: a job cancelled meanwhile still learns what it borrowed, and gives
+        it back."""
+        if not slots:
+            return []
+        borrowing = asyncio.ensure_future(self._borrow(slots, nodes))
         self._borrowing.add(borrowing)
         borrowing.add_done_callback(self._borrowing.discard)
         return await asyncio.shield(borrowing)
 
-    async def _borrow(self, slots: list[int]) -> list[Any]:
-        nodes = placement.live_nodes()
-        workers = await self.pool.lend.remote(
-            [placement.node_for(slot, self.plan.workers, nodes) for slot in slots])
+    async def _borrow(self, slots: list[int], nodes: list[str] | None) -> list[Any]:
+        if nodes is None:
+            live = placement.live_nodes()
+            nodes = [placement.node_for(slot, self.plan.workers, live) for slot in slots]
+        workers = await self.pool.lend.remote(nodes)
         self.lent.extend(workers)
         # Awaited: an async actor may run one caller's calls out of order. A worker
         # that died meanwhile fails the next call made to it, a failure like any other.
@@ -629,9 +669,10 @@ class JobMaster:
                                for slot, w in zip(slots, workers)], return_exceptions=True)
         return workers
 
-    async def _replace_workers(self, failure: Failure) -> None:
-        """Carry out the recovery planner's plan for the slots whose worker is dead;
-        the survivors are reset by the next deploy. A new standby is only started
+    async def _replace_workers(self, failure: Failure, lost: list[int] | None = None) -> None:
+        """Without a capacity model: replace every dead worker at once — the standby
+        takes the first lost slot, fresh workers the others — and restart every slot
+        (the survivors are reset by the next deploy). A new standby is only started
         once the job runs again (`_ensure_standby`): starting a process costs a core
         for about a second, which the restart needs more."""
         await self._standby_lent()
@@ -643,21 +684,177 @@ class JobMaster:
         if spare and not standby_alive:
             ray.kill(self.standby, no_restart=True)  # lost with the others (a node)
             self.standby = None
-        lost = [i for i, ok in enumerate(alive[:len(self.workers)])
-                if not ok or i == failure.worker]
-        plan = self.planner.plan(lost, len(self.workers), Capacity(standby=standby_alive))
-        check_plan(plan, lost, len(self.workers))
-        self.record_event("recovery_planned", lost=lost, to_standby=list(plan.to_standby),
-                          to_fresh=list(plan.to_fresh), restart=list(plan.restart))
+        lost = sorted(set(lost or []) | {i for i, ok in enumerate(alive[:len(self.workers)])
+                                         if not ok or i == failure.worker})
+        to_standby = lost[:1] if standby_alive else []
+        to_fresh = lost[len(to_standby):]
+        self.record_event("recovery_planned", lost=lost, to_standby=to_standby,
+                          to_fresh=to_fresh, restart=list(range(len(self.workers))))
         for i in lost:
             ray.kill(self.workers[i], no_restart=True)
         await self._await_repairs(lost)
-        for i in plan.to_standby:
+        for i in to_standby:
             self.workers[i], self.standby = self.standby, None
-        for i, worker in zip(plan.to_fresh, await self._new_workers(list(plan.to_fresh))):
+        for i, worker in zip(to_fresh, await self._new_workers(to_fresh)):
             self.workers[i] = worker
+        self.worker_nodes = await self._nodes_of(self.workers)
         # a worker that dies meanwhile fails the deploy, which starts another recovery
         await asyncio.gather(*[w.ping.remote() for w in self.workers], return_exceptions=True)
+
+    # -- recovery under a policy (`bastion.scheduler.recovery`) ------------------------
+
+    def _tasks_on(self, worker: int) -> list[Any]:
+        """The tasks worker ``worker`` runs now (pending ones excluded)."""
+        return [self.plan.tasks[t] for t, w in enumerate(self.assignment)
+                if w == worker and t not in self.pending]
+
+    def _running_assignment(self) -> list[int | None]:
+        """The worker of every task that runs; None for a pending one."""
+        return [None if t in self.pending else w for t, w in enumerate(self.assignment)]
+
+    async def _nodes_of(self, workers: list[Any]) -> list[str | None]:
+        nodes = await asyncio.gather(*[w.node_id.remote() for w in workers],
+                                     return_exceptions=True)
+        return [None if isinstance(n, BaseException) else n for n in nodes]
+
+    def _node_lost(self, node_id: str) -> None:
+        """A fault took node ``node_id`` down: it offers no capacity any more."""
+        self.lost_nodes.add(node_id)
+
+    async def _lost_workers(self, failure: Failure) -> list[int]:
+        alive = await asyncio.gather(*[detector.answers(w, self.config.heartbeat_timeout_s)
+                                       for w in self.workers])
+        return [i for i, ok in enumerate(alive) if not ok or i == failure.worker]
+
+    async def _collect_losses(self, failure: Failure) -> list[int]:
+        """The workers one failure took down: while the burst window that its first
+        loss opened is open and the losses are fewer than a burst, look again — a
+        correlated failure is planned as one (`detector.CorrelatedFailures`)."""
+        self.bursts.clear()
+        while True:
+            lost = await self._lost_workers(failure)
+            live = set(placement.live_nodes()) - self.lost_nodes
+            self.bursts.add(time.time(), [
+                f"node {self.worker_nodes[i]}" if self.worker_nodes[i] not in live
+                else f"worker {i}" for i in lost])
+            if self.bursts.correlated() or not self.bursts.window_open(time.time()):
+                break
+            await asyncio.sleep(min(0.05, self.recovery.burst_window_s))
+        self.record_event("losses_grouped", losses=[n for _, n in self.bursts.losses],
+                          correlated=self.bursts.correlated())
+        return lost
+
+    async def _recover_with_policy(self, failure: Failure) -> None:
+        """Group the losses, drop the lost workers, and let the planner decide which
+        lost tasks run again now: the rest stay pending until capacity arrives
+        (`_bring_back`). Without a capacity model every lost slot is replaced."""
+        lost = await self._collect_losses(failure)
+        if not self.capacity_model:
+            await self._replace_workers(failure, lost)
+            return
+        await self._standby_lent()
+        if self.standby is not None:  # a warm process is not capacity: let it go
+            ray.kill(self.standby, no_restart=True)
+            self.standby = None
+        for i in lost:
+            ray.kill(self.workers[i], no_restart=True)
+        keep = [i for i in range(len(self.workers)) if i not in lost]
+        index = {old: new for new, old in enumerate(keep)}
+        self.workers = [self.workers[i] for i in keep]
+        self.worker_nodes = [self.worker_nodes[i] for i in keep]
+        lost_tasks = sorted(t for t, w in enumerate(self.assignment) if w is None or w in lost)
+        self.assignment = [None if w is None or w in lost else index[w]
+                           for w in self.assignment]
+        planner = (self.recovery.planner() if self.bursts.correlated()
+                   else BlockingRecovery())
+        plan = await self._place(lost_tasks, planner)
+        self.record_event("recovery_planned", lost=lost, lost_tasks=lost_tasks,
+                          recover=list(plan.recover), pending=sorted(self.pending),
+                          queries=list(plan.queries), planner=type(planner).__name__,
+                          free_task_slots=self._planned_free)
+
+    def _free_slots(self) -> dict[str, int]:
+        """Free task slots per live node that no fault took down."""
+        per_cpu = self.recovery.task_slots_per_cpu
+        used: dict[str | None, int] = {}
+        for w in self.assignment:
+            if w is not None:
+                node = self.worker_nodes[w]
+                used[node] = used.get(node, 0) + 1
+        return {n["NodeID"]: max(0, math.floor(n["Resources"].get("CPU", 0) * per_cpu)
+                                 - used.get(n["NodeID"], 0))
+                for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in self.lost_nodes}
+
+    async def _place(self, unplaced: list[int], planner: RecoveryPlanner) -> Any:
+        """Ask ``planner`` which of the ``unplaced`` tasks run again on the free
+        slots, start a worker on each node they go to, and work out which tasks are
+        pending: those no available query needs."""
+        free = self._free_slots()
+        capacity = Capacity(free_task_slots=sum(free.values()))
+        plan = planner.plan(unplaced, self.queries, capacity)
+        check_plan(plan, unplaced, capacity.free_task_slots)
+        placed: dict[str, list[int]] = {}
+        recovering = iter(plan.recover)
+        for node in sorted(free):
+            for _ in range(free[node]):
+                task = next(recovering, None)
+                if task is not None:
+                    placed.setdefault(node, []).append(task)
+        nodes = sorted(placed)
+        first = len(self.workers)
+        workers = await self._new_workers(list(range(first, first + len(nodes))), nodes)
+        for offset, (node, worker) in enumerate(zip(nodes, workers)):
+            self.workers.append(worker)
+            self.worker_nodes.append(node)
+            for task in placed[node]:
+                self.assignment[task] = first + offset
+        self._planned_free = capacity.free_task_slots - len(plan.recover)
+        running = set().union(*[q.tasks for q in self.queries
+                                if all(self.assignment[t] is not None for t in q.tasks)])
+        self.pending = set(range(len(self.plan.tasks))) - running
+        return plan
+
+    async def _capacity_arrived(self) -> None:
+        """Return once more task slots are free than at the last placement; raise a
+        fatal `Failure` when tasks waited ``capacity_timeout_s`` in vain."""
+        waited_since_s = time.time()
+        while True:
+            await asyncio.sleep(0.1)
+            if sum(self._free_slots().values()) > self._planned_free:
+                return
+            if time.time() - waited_since_s > self.recovery.capacity_timeout_s:
+                unplaced = sum(w is None for w in self.assignment)
+                raise Failure(
+                    f"{unplaced} task(s) lost with their node waited "
+                    f"{self.recovery.capacity_timeout_s:g} s for task slots that never came "
+                    f"({self._planned_free} free): add nodes to the cluster, or raise "
+                    "RecoveryPolicy.task_slots_per_cpu", fatal=True)
+
+    async def _bring_back(self) -> list[int]:
+        """Capacity arrived: plan again, and let the tasks that can run join the
+        running attempt — restored from its recovery line, fed what their upstream
+        held for them. The workers that got tasks."""
+        before = set(self.pending)
+        unplaced = sorted(t for t, w in enumerate(self.assignment) if w is None)
+        plan = await self._place(unplaced, self.recovery.planner())
+        joining = sorted(before - self.pending)
+        if not joining:
+            return []
+        epoch = self._epoch(self.attempt)
+        peers = await asyncio.gather(*[w.frame_address.remote() for w in self.workers])
+        assignment = self._running_assignment()
+        by_worker: dict[int, list[int]] = {}
+        for t in joining:
+            by_worker.setdefault(self.assignment[t], []).append(t)
+        self.record_event("recovery_progressed", recover=list(plan.recover),
+                          joining=joining, queries=list(plan.queries),
+                          pending=sorted(self.pending))
+        await asyncio.gather(*[self.workers[w].join.remote(
+            epoch, self.plan, peers, self.link, self._restore, assignment, tasks)
+            for w, tasks in by_worker.items()])
+        await asyncio.gather(*[w.attach.remote(epoch, self.plan, peers, assignment)
+                               for w in self.workers])
+        return sorted(by_worker)
 
     async def _watch(self) -> None:
         """Return when every task finished; raise `Failure` on the first failure."""
@@ -673,19 +870,37 @@ class JobMaster:
         ended = asyncio.ensure_future(asyncio.shield(self._job_error_set))
         helpers.append(ended)
         pending = set(waits) | set(helpers[:1]) | {ended}
+        # Tasks waiting for capacity join the attempt as it arrives (`_bring_back`).
+        capacity = None
+        if self.pending:
+            capacity = asyncio.ensure_future(self._capacity_arrived())
+            helpers.append(capacity)
+            pending.add(capacity)
         try:
-            while any(f in pending for f in waits):
+            while any(f in pending for f in waits) or self.pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for fut in done:
                     if fut is ended:
                         raise Failure(str(self.job_error), fatal=True)
+                    if fut is capacity:
+                        fut.result()  # raises when the wait for capacity timed out
+                        for w in await self._bring_back():
+                            joined = asyncio.ensure_future(self.workers[w].wait.remote(
+                                self._epoch(attempt)))
+                            waits[joined] = w
+                            pending.add(joined)
+                        if self.pending:
+                            capacity = asyncio.ensure_future(self._capacity_arrived())
+                            helpers.append(capacity)
+                            pending.add(capacity)
+                        continue
                     if fut not in waits:
                         fut.result()  # the heartbeat loop only returns by raising
                         continue
                     failure = detector.outcome_failure(waits[fut], fut)
                     if failure is not None:
                         raise failure
-                    self.finished_tasks |= {t.task_id for t in self.plan.tasks_of(waits[fut])}
+                    self.finished_tasks |= {t.task_id for t in self._tasks_on(waits[fut])}
         finally:
             for fut in list(waits) + helpers:
                 fut.cancel()
@@ -694,7 +909,7 @@ class JobMaster:
     async def _inject_faults(self) -> None:
         await injector.inject(self.kills, self.started_s, self._victims,
                               self.coordinator.checkpoint_in_progress, self.record_event,
-                              self._under_repair)
+                              self._under_repair, self._node_lost)
 
     def _under_repair(self, names: list[str], until_s: float) -> None:
         for name in names:
@@ -742,6 +957,7 @@ class JobMaster:
         gained = {"source_records": 0, "sink_records": 0}
         lag = 0
         latency = LatencyHistogram()
+        by_query = {q.name: [0, LatencyHistogram()] for q in self.queries}
         for reply in replies:
             if isinstance(reply, BaseException):
                 continue
@@ -751,11 +967,16 @@ class JobMaster:
                     src, snk = 0, 0
                 gained["source_records"] += p["source_records"] - src
                 gained["sink_records"] += p["sink_records"] - snk
+                for name in self._sink_queries.get(task_id, ()):
+                    by_query[name][0] += p["sink_records"] - snk
                 self._counts[task_id] = (reply["attempt"], p["source_records"],
                                          p["sink_records"])
                 seen_attempt, seen = self._latency_seen.get(task_id, (reply["attempt"], {}))
                 current = LatencyHistogram(p["latency"])
-                latency.merge(current.minus(seen if seen_attempt == reply["attempt"] else {}))
+                new = current.minus(seen if seen_attempt == reply["attempt"] else {})
+                latency.merge(new)
+                for name in self._sink_queries.get(task_id, ()):
+                    by_query[name][1].merge(new)
                 self._latency_seen[task_id] = (reply["attempt"], p["latency"])
                 lag += p["source_lag"]
         for k, v in gained.items():
@@ -765,6 +986,9 @@ class JobMaster:
         if self.redundancy is not None and self.started_s is not None:
             self._manage_redundancy(latency)
         if self.started_s is not None:
+            self.query_points.append({"t_s": time.time() - self.started_s, "queries": {
+                name: (records, None if h.percentile(50) is None else h.percentile(50) * 1000)
+                for name, (records, h) in by_query.items()}})
             p50, p99 = latency.percentile(50), latency.percentile(99)
             self.log.progress({"t_s": time.time() - self.started_s, **gained,
                                   "source_lag": lag, "workers_answering": sum(
@@ -828,7 +1052,7 @@ class JobMaster:
             self.record_event("loops_quiescent", tasks=heads)
             by_worker: dict[int, list[int]] = {}
             for t in heads:
-                by_worker.setdefault(self.plan.tasks[t].worker, []).append(t)
+                by_worker.setdefault(self.assignment[t], []).append(t)
             for w, task_ids in by_worker.items():
                 self.workers[w].finish_loops.remote(self._epoch(self.attempt), task_ids)
 
@@ -853,3 +1077,23 @@ def _line_summary(restore: Any) -> Any:
     """What a recovery line restores, for events and messages: a checkpoint id, or
     the checkpoint of every task (uncoordinated lines)."""
     return restore.get("summary") if isinstance(restore, dict) else restore
+
+
+def _queries_of(plan: PhysicalPlan) -> list[QueryNeeds]:
+    """The topology's queries (a sink in none is one of its own) and their tasks."""
+    topology = plan.topology
+    upstream = {name: [i.upstream for i in node.inputs] for name, node in topology.nodes.items()}
+    tasks_of_op = {op: [t.task_id for t in plan.tasks if t.chain_id == chain.chain_id]
+                   for chain in plan.chains for op in chain.ops}
+    sinks = [name for name, node in topology.nodes.items() if node.kind == "sink"]
+    return queries_needs({q.name: (q.priority, q.outputs) for q in topology.queries.values()},
+                         sinks, upstream, tasks_of_op)
+
+
+def _first_failure(events: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """When the first failure was detected, and when the job ran again after it."""
+    detected = next((e["t_s"] for e in events if e["kind"] == "failure_detected"), None)
+    restarted = None if detected is None else next(
+        (e["t_s"] for e in events if e["kind"] == "restarted" and e["t_s"] >= detected), None)
+    return detected, restarted
+

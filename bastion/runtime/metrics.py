@@ -128,6 +128,62 @@ def rate_recovered_at(timeline: list[dict[str, Any]], failed_at_s: float,
     return None
 
 
+AVAILABLE_RELATIVE_LATENCY = 1.2  # a query is available again under this (Su & Zhou)
+
+
+@dataclass
+class QueryAvailability:
+    """One query through a failure (Su & Zhou's metrics).
+
+    *Relative latency* is a progress point's median latency at the query's sinks over
+    its failure-free latency — the median of the points before the first failure.
+    A query is *available again* at the first point after the recovery started where
+    its output flows and its relative latency is under `AVAILABLE_RELATIVE_LATENCY`;
+    ``available_again_s`` counts from the failure's detection. ``timeline`` holds
+    (seconds since the job started, records, relative latency or None)."""
+
+    name: str
+    priority: float
+    baseline_latency_ms: float | None
+    available_again_s: float | None
+    max_relative_latency: float | None   # after the recovery started
+    longest_silence_s: float             # longest gap in its output after the failure
+    timeline: list[tuple[float, int, float | None]]
+
+
+def query_availability(points: list[dict[str, Any]], priorities: dict[str, float],
+                       failed_at_s: float | None, restarted_at_s: float | None
+                       ) -> dict[str, QueryAvailability]:
+    """Each query's availability from the job master's progress ``points`` (``t_s``
+    and, per query, (records, p50 latency in ms) since the point before)."""
+    result = {}
+    for name, priority in priorities.items():
+        series = [(p["t_s"], *p["queries"][name]) for p in points if name in p["queries"]]
+        before = sorted(ms for t, n, ms in series if n > 0 and ms is not None
+                        and (failed_at_s is None or t < failed_at_s))
+        baseline = before[len(before) // 2] if before else None
+        timeline = [(round(t, 3), n, None if ms is None or not baseline else ms / baseline)
+                    for t, n, ms in series]
+        available_s = None
+        worst = None
+        silence_s = 0.0
+        if failed_at_s is not None and restarted_at_s is not None:
+            after = [(t, n, rel) for t, n, rel in timeline if t >= restarted_at_s]
+            for t, n, rel in after:
+                if n > 0 and rel is not None:
+                    worst = rel if worst is None else max(worst, rel)
+                    if available_s is None and rel < AVAILABLE_RELATIVE_LATENCY:
+                        available_s = t - failed_at_s
+            last_output_s = failed_at_s
+            for t, n, _ in [p for p in timeline if p[0] >= failed_at_s]:
+                if n > 0:
+                    silence_s = max(silence_s, t - last_output_s)
+                    last_output_s = t
+        result[name] = QueryAvailability(name, priority, baseline, available_s, worst,
+                                         round(silence_s, 3), timeline)
+    return result
+
+
 @dataclass
 class FailureRecovery:
     """One failure and how the job came back from it. Times in seconds."""

@@ -18,6 +18,12 @@ back (`CorruptBlobError`, `KeyNotFoundError`, `IncompleteCheckpointError` — a 
 restoring a damaged checkpoint). Such a failure carries the blob's key (`Failure.blob`),
 so the job master can give up that checkpoint and restore an older one.
 
+**Correlated failures.** Machines often fail together (a rack, a power feed, a
+zone). `CorrelatedFailures` groups what is lost: ``burst_losses`` or more losses —
+a lost node counts once, a lost worker on a live node once — within
+``burst_window_s`` of the first are one *correlated failure*, handed to the recovery
+planner as one set (`bastion.scheduler.recovery`) instead of loss by loss.
+
 The rule for heartbeats is the one `answers` applies: a worker is alive when its ping
 returns within ``heartbeat_timeout_s``, however late inside that timeout, and dead
 when the ping times out or Ray reports the actor gone. How long a ping takes on a busy
@@ -27,7 +33,8 @@ machine is measured by `benchmarks/`, not asserted by tests.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, NoReturn
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, NoReturn
 
 import ray
 
@@ -148,3 +155,32 @@ def outcome_failure(worker: int, outcome: "asyncio.Future") -> Failure | None:
     if failure is not None:
         return Failure(f"worker {worker}: {failure}", worker, fatal=True)
     return None
+
+
+@dataclass
+class CorrelatedFailures:
+    """Groups losses into correlated failures: ``burst_losses`` or more within
+    ``burst_window_s`` of the first make one."""
+
+    burst_losses: int
+    burst_window_s: float
+    losses: list[tuple[float, str]] = field(default_factory=list)
+
+    def add(self, at_s: float, what: Iterable[str]) -> None:
+        """Losses noticed at ``at_s`` (wall clock): names of lost nodes or workers."""
+        known = {name for _, name in self.losses}
+        self.losses.extend((at_s, name) for name in what if name not in known)
+
+    def window_open(self, now_s: float) -> bool:
+        """Is the window that the first loss opened still open?"""
+        return bool(self.losses) and now_s - self.losses[0][0] < self.burst_window_s
+
+    def correlated(self) -> bool:
+        if not self.losses:
+            return False
+        first_s = self.losses[0][0]
+        within = [n for t, n in self.losses if t - first_s <= self.burst_window_s]
+        return len(within) >= self.burst_losses
+
+    def clear(self) -> None:
+        self.losses = []

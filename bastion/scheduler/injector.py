@@ -32,13 +32,14 @@ async def inject(kills: Sequence[ScheduledKill], started_s: float,
                  checkpoint_in_progress: Callable[[], bool],
                  record_event: Callable[..., None],
                  under_repair: Callable[[list[str], float], None] = lambda names, s: None,
-                 ) -> None:
+                 node_lost: Callable[[str], None] = lambda node_id: None) -> None:
     """Carry out ``kills`` (sorted by time), timed from ``started_s`` (wall clock, s).
     ``processes()`` names every worker actor of the job a kill may take down —
     ``"worker <slot>"`` for each slot and ``"standby"`` when there is one. A kill with
     a repair time (a `bastion.faults.Crash`) reports the processes it took down and
     the wall-clock time their repair ends to ``under_repair``: no replacement for
-    them may start before."""
+    them may start before. A node kill reports the node's id to ``node_lost``: the
+    node is gone, and offers no capacity to a recovery."""
     for kill in kills:
         delay_s = started_s + kill.at_s - time.time()
         if delay_s > 0:
@@ -50,6 +51,8 @@ async def inject(kills: Sequence[ScheduledKill], started_s: float,
                      checkpoint_in_progress=checkpoint_in_progress())
         if kill.repair_s > 0:
             under_repair(sorted(victims), time.time() + kill.repair_s)
+        if kill.node is not None:
+            node_lost(resolve_node(kill.node, placement.live_nodes()))
         for handle in victims.values():
             ray.kill(handle, no_restart=True)
 

@@ -1,88 +1,255 @@
-"""Recovery planning: after a failure, which slots get which worker, and what restarts
-from where.
+"""Recovery planning: after a failure, which lost tasks get capacity, and when.
 
-A `RecoveryPlanner` is asked once per failure, with the slots whose worker is lost and
-the capacity at hand (is the standby alive and idle?), and answers with a
-`RecoveryPlan`. The job master carries it out: it kills the lost workers, hands their
-slots to the standby or to fresh workers, and redeploys the slots the plan restarts
-from the recovery line the protocol's coordinator names.
+A failure takes task instances down with the workers (or whole nodes) they ran on.
+The job always rolls back to the protocol's recovery line (every running task is
+reset to it: see "which slots restart" below); what a planner decides is which lost
+tasks run again *now* and on which capacity.
 
-`BlockingRecovery` is today's plan, and the first implementation: the standby takes
-the first lost slot, fresh workers the others (all started at once), and *every* slot
-restarts from the recovery line — the whole job pauses until all of it runs again. A
-progressive planner (recover whole queries as capacity arrives) is the next one.
+**Capacity.** With no capacity model (the default, `RecoveryPolicy.task_slots_per_cpu`
+None), a replacement worker can start on any live node at once: the standby takes the
+first lost slot, fresh workers the others, all at once — `BlockingRecovery`, as every
+earlier version of Bastion recovered. With a capacity model, every live node offers
+``CPUs × task_slots_per_cpu`` task slots (Flink's task slots), each task occupies one,
+and a node that was lost offers none: the lost tasks of a node loss wait for capacity
+to *arrive* — nodes joining the cluster (the autoscaler, an operator adding machines;
+in drills `bastion.faults.AddNode`). The planner is asked again each time a node joins.
 
-**Which slots must restart.** Today every slot must, whatever the planner would like:
-the runtime numbers channel frames by attempt (a worker drops frames of another
-attempt) and every protocol's recovery line rewinds every task — a coordinated
-checkpoint is one global snapshot, and an uncoordinated line gives every task the
-sequence numbers to expect and to resend from. A survivor left running would keep
-the state and the channel positions of the failed attempt, and nothing it sent would
-be taken. So `check_plan` refuses a plan that keeps a slot running
-(`RecoveryPlanError`) rather than leaving that slot silently out of sync; keeping
-survivors running needs per-task attempts in the runtime and a protocol that can
-recover a part of the job, which progressive recovery will bring.
+**Queries.** A topology names queries (`Topology.query(name, outputs, priority)`; a
+sink not in any query is a query of its own, priority 1). A query *needs* every task of
+every operator upstream of its outputs; a query is *hit* by a failure when it needs a
+lost task, and *available* when every task it needs runs.
+
+Two planners (Su & Zhou, "progressive recovery of correlated failures"):
+
+- `BlockingRecovery` (operator-centric, the paper's OPC): wait until the capacity at
+  hand fits *every* lost task, then recover them all at once;
+- `ProgressiveRecovery` (the paper's PRG): recover whole queries as capacity arrives,
+  by *profit density* — a query's priority over the task slots it still needs, a task
+  needed by several hit queries counting for each as its share (``1 / f``):
+  ``PD = priority / Σ 1/f_k`` over its lost tasks. The densest query whose remaining
+  need fits the free slots is taken, its tasks count as recovered for the others, the
+  densities are computed again, until nothing more fits. Tasks needed by no available
+  query stay *pending*: not running, their inputs held upstream (adaptive buffering,
+  `bastion.runtime.channel.HeldOutputChannel`) until a later plan brings them back.
+
+**Which slots restart.** Every running task restarts from the recovery line at the
+failure: the runtime numbers channel frames by attempt, and every protocol's recovery
+line rewinds every task. A plan that brings pending tasks back later does *not*
+restart anything: the pending tasks join the attempt that is running, restored from
+the same line, and receive what their upstream held for them — frames delayed, not
+replayed — so the outputs stay exactly once whatever the protocol.
+
+**Correlated failures.** The failure detector groups losses
+(`bastion.scheduler.detector.CorrelatedFailures`): k or more within a window are one
+correlated failure, planned at once by the policy's planner; fewer are recovered
+blockingly (the paper switches to progressive recovery only for bursts).
 """
 
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
+
+RECOVERY_MODES = ("blocking", "progressive")
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    """How a job recovers from failures (``bn.run(..., recovery=...)``).
+
+    ``mode`` is the planner of correlated failures: ``"blocking"`` or
+    ``"progressive"``. ``burst_losses`` losses (a lost node counts once, a lost worker
+    on a live node once) within ``burst_window_s`` seconds of the first are one
+    correlated failure. ``task_slots_per_cpu`` turns the capacity model on (None: a
+    replacement starts at once on any live node). A task waiting for capacity has its
+    inputs held upstream: up to ``held_frames_in_memory`` frames per channel in
+    memory, the rest spilled to the job's store. A job whose tasks wait longer than
+    ``capacity_timeout_s`` for capacity fails, saying how many slots it lacks."""
+
+    mode: str = "blocking"
+    burst_losses: int = 2
+    burst_window_s: float = 1.0
+    task_slots_per_cpu: float | None = None
+    held_frames_in_memory: int = 64
+    capacity_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in RECOVERY_MODES:
+            raise ValueError(f"RecoveryPolicy.mode must be one of {RECOVERY_MODES}, "
+                             f"got {self.mode!r}")
+        if isinstance(self.burst_losses, bool) or not isinstance(self.burst_losses, int) \
+                or self.burst_losses < 1:
+            raise ValueError(f"RecoveryPolicy.burst_losses must be an int >= 1, "
+                             f"got {self.burst_losses!r}")
+        for name in ("burst_window_s", "capacity_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+                raise ValueError(f"RecoveryPolicy.{name} must be >= 0 seconds, got {value!r}")
+        slots = self.task_slots_per_cpu
+        if slots is not None and (not isinstance(slots, (int, float)) or not slots > 0):
+            raise ValueError(f"RecoveryPolicy.task_slots_per_cpu must be > 0 or None, "
+                             f"got {slots!r}")
+        if not isinstance(self.held_frames_in_memory, int) or self.held_frames_in_memory < 1:
+            raise ValueError(f"RecoveryPolicy.held_frames_in_memory must be an int >= 1, "
+                             f"got {self.held_frames_in_memory!r}")
+
+    def planner(self) -> "RecoveryPlanner":
+        return ProgressiveRecovery() if self.mode == "progressive" else BlockingRecovery()
+
+
+def recovery_policy(recovery: "str | RecoveryPolicy | None") -> RecoveryPolicy:
+    """``bn.run``'s ``recovery`` argument as a policy."""
+    if recovery is None:
+        return RecoveryPolicy()
+    if isinstance(recovery, RecoveryPolicy):
+        return recovery
+    if isinstance(recovery, str):
+        return RecoveryPolicy(mode=recovery)
+    raise ValueError(f"recovery must be 'blocking', 'progressive' or a RecoveryPolicy, "
+                     f"got {recovery!r}")
+
+
+@dataclass(frozen=True)
+class QueryNeeds:
+    """A query, its priority, its outputs (sinks), and the tasks it needs to produce
+    output."""
+
+    name: str
+    priority: float
+    tasks: frozenset[int]
+    outputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Capacity:
-    """What a recovery can use besides starting fresh workers."""
+    """How many task slots a recovery can use (None: no capacity model, as many as
+    it takes)."""
 
-    standby: bool   # a standby worker is alive and idle
+    free_task_slots: int | None = None
 
 
 @dataclass(frozen=True)
 class RecoveryPlan:
-    """Slots the standby takes over, slots that get a fresh worker, and the slots
-    that restart from the recovery line (the survivors among them are reset)."""
+    """What one planning step decided.
 
-    to_standby: tuple[int, ...]
-    to_fresh: tuple[int, ...]
-    restart: tuple[int, ...]
+    ``recover`` are the lost tasks that run again now (on free capacity);
+    ``pending`` those that stay down until capacity arrives; ``queries`` the hit
+    queries the plan makes available, in the order it picked them."""
+
+    recover: tuple[int, ...]
+    pending: tuple[int, ...]
+    queries: tuple[str, ...] = ()
 
 
 class RecoveryPlanError(Exception):
     """A planner's plan that the job master cannot carry out (a bug in the planner)."""
 
 
-def check_plan(plan: RecoveryPlan, lost: Sequence[int], slots: int) -> None:
-    """Raise `RecoveryPlanError` unless ``plan`` replaces exactly the ``lost`` slots,
-    each once, and restarts every one of the ``slots`` (see the module docstring for
-    why every slot must restart today)."""
-    replaced = list(plan.to_standby) + list(plan.to_fresh)
-    if len(plan.to_standby) > 1:
-        raise RecoveryPlanError(f"recovery plan {plan} gives {len(plan.to_standby)} slots "
-                                "to the one standby worker")
-    if sorted(replaced) != sorted(set(lost)):
-        raise RecoveryPlanError(f"recovery plan {plan} replaces slots {sorted(replaced)}, "
-                                f"but the lost slots are {sorted(set(lost))}: each lost "
-                                "slot needs exactly one new worker")
-    kept = sorted(set(range(slots)) - set(plan.restart))
-    if kept or not set(plan.restart) <= set(range(slots)):
-        raise RecoveryPlanError(
-            f"recovery plan {plan} restarts slots {sorted(plan.restart)} of {slots}: every "
-            "slot must restart from the recovery line (the runtime drops the frames of "
-            f"another attempt, so slots {kept} would run out of step with the others)")
+def check_plan(plan: RecoveryPlan, lost_tasks: Iterable[int],
+               free_task_slots: int | None) -> None:
+    """Raise `RecoveryPlanError` unless ``plan`` splits exactly the ``lost_tasks``
+    into recovered and pending ones, each once, within the free capacity."""
+    lost = sorted(set(lost_tasks))
+    decided = sorted(list(plan.recover) + list(plan.pending))
+    if decided != lost:
+        raise RecoveryPlanError(f"recovery plan {plan} decides on tasks {decided}, but the "
+                                f"lost tasks are {lost}: each lost task must be recovered "
+                                "or left pending, once")
+    if free_task_slots is not None and len(plan.recover) > free_task_slots:
+        raise RecoveryPlanError(f"recovery plan {plan} recovers {len(plan.recover)} tasks "
+                                f"on {free_task_slots} free task slots")
 
 
 class RecoveryPlanner(abc.ABC):
+    """Decides which lost tasks run again, given the queries and the capacity."""
+
     @abc.abstractmethod
-    def plan(self, lost: Sequence[int], slots: int, capacity: Capacity) -> RecoveryPlan:
-        """The plan after ``lost`` slots (in slot order) of ``slots`` lost their worker."""
+    def plan(self, lost_tasks: Sequence[int], queries: Sequence[QueryNeeds],
+             capacity: Capacity) -> RecoveryPlan:
+        """The plan for the lost (or still pending) ``lost_tasks``."""
 
 
 class BlockingRecovery(RecoveryPlanner):
-    """Replace every lost worker — the standby first — and restart every slot."""
+    """Recover every lost task at once, as soon as the capacity fits them all."""
 
-    def plan(self, lost: Sequence[int], slots: int, capacity: Capacity) -> RecoveryPlan:
-        lost = sorted(lost)
-        to_standby = tuple(lost[:1]) if capacity.standby else ()
-        return RecoveryPlan(to_standby=to_standby, to_fresh=tuple(lost[len(to_standby):]),
-                            restart=tuple(range(slots)))
+    def plan(self, lost_tasks: Sequence[int], queries: Sequence[QueryNeeds],
+             capacity: Capacity) -> RecoveryPlan:
+        lost = tuple(sorted(set(lost_tasks)))
+        free = capacity.free_task_slots
+        if free is not None and free < len(lost):
+            return RecoveryPlan(recover=(), pending=lost)
+        hit = tuple(q.name for q in queries if q.tasks & set(lost))
+        return RecoveryPlan(recover=lost, pending=(), queries=hit)
+
+
+class ProgressiveRecovery(RecoveryPlanner):
+    """Recover whole queries by profit density as the capacity allows."""
+
+    def plan(self, lost_tasks: Sequence[int], queries: Sequence[QueryNeeds],
+             capacity: Capacity) -> RecoveryPlan:
+        lost = set(lost_tasks)
+        free = math.inf if capacity.free_task_slots is None else capacity.free_task_slots
+        recovered: set[int] = set()
+        picked: list[str] = []
+        hit = [q for q in queries if q.tasks & lost]
+        while True:
+            waiting = [q for q in hit if q.name not in picked]
+            densities = profit_densities(waiting, lost - recovered)
+            fitting = [q for q in waiting
+                       if len((q.tasks & lost) - recovered) <= free - len(recovered)]
+            if not fitting:
+                break
+            best = max(fitting, key=lambda q: (densities[q.name], q.priority, _neg(q.name)))
+            picked.append(best.name)
+            recovered |= best.tasks & lost
+        return RecoveryPlan(recover=tuple(sorted(recovered)),
+                            pending=tuple(sorted(lost - recovered)), queries=tuple(picked))
+
+
+def _neg(name: str) -> tuple[int, ...]:
+    """A key that sorts names in reverse, so `max` breaks ties by the first name."""
+    return tuple(-ord(c) for c in name)
+
+
+def profit_densities(queries: Sequence[QueryNeeds], lost: set[int]) -> dict[str, float]:
+    """Each query's priority over the lost task slots it needs, a task needed by ``f``
+    of these queries costing each ``1/f`` (shared recovery work is shared). A query
+    that needs no lost task has infinite density: it costs nothing."""
+    sharing: dict[int, int] = {}
+    for q in queries:
+        for task in q.tasks & lost:
+            sharing[task] = sharing.get(task, 0) + 1
+    densities = {}
+    for q in queries:
+        cost = sum(1.0 / sharing[task] for task in q.tasks & lost)
+        densities[q.name] = math.inf if cost == 0 else q.priority / cost
+    return densities
+
+
+def queries_needs(queries: Mapping[str, tuple[float, Iterable[str]]],
+                  sinks: Sequence[str], upstream: Mapping[str, Sequence[str]],
+                  tasks_of_op: Mapping[str, Sequence[int]]) -> list[QueryNeeds]:
+    """The tasks each query needs: every task of every operator upstream of (or
+    equal to) its outputs. ``queries`` maps a name to (priority, outputs); a sink in
+    no query is a query of its own (priority 1); ``upstream[op]`` lists the operators
+    ``op`` reads from; ``tasks_of_op[op]`` the tasks that run ``op``."""
+    named = {name: (priority, tuple(outputs)) for name, (priority, outputs) in queries.items()}
+    covered = {out for _, outs in named.values() for out in outs}
+    for sink in sinks:
+        if sink not in covered:
+            named[sink] = (1.0, (sink,))
+    needs = []
+    for name, (priority, outputs) in named.items():
+        ops: set[str] = set()
+        stack = list(outputs)
+        while stack:
+            op = stack.pop()
+            if op in ops:
+                continue
+            ops.add(op)
+            stack.extend(upstream.get(op, ()))
+        tasks = frozenset(t for op in ops for t in tasks_of_op.get(op, ()))
+        needs.append(QueryNeeds(name, float(priority), tasks, outputs))
+    return needs
