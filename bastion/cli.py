@@ -388,6 +388,10 @@ def cmd_drill(args: argparse.Namespace) -> int:
     import bastion as bn
     from bastion.report import write_html
 
+    if args.scenario is not None:
+        return _drill_scenario(args)
+    if args.file is None:
+        raise UsageError("a drill needs a topology FILE, or --scenario correlated")
     faults = list(args.kill) + list(args.kill_node) + _fault_file(args)
     if args.random_kills:
         first, last = args.between
@@ -430,6 +434,53 @@ def cmd_drill(args: argparse.Namespace) -> int:
     page = write_html(report, args.html, title=f"Drill: {topology.name} ({args.protocol})")
     print(f"\nreport: {page}")
     return drill_exit_code(report)
+
+
+def _drill_scenario(args: argparse.Namespace) -> int:
+    """``bastion drill --scenario correlated``: every case of the scenario on its own
+    simulated cluster, against one failure-free reference; the report compares them."""
+    from bastion.bench import correlated
+    from bastion.report import write_html
+
+    if args.file or args.kill or args.kill_node or args.random_kills or args.faults:
+        raise UsageError("--scenario brings its own topology and faults: drop FILE, "
+                         "--kill, --kill-node, --random-kills and --faults")
+    if args.address is not None:
+        raise UsageError("--scenario starts its own simulated cluster on 127.0.0.1: "
+                         "drop --address")
+    if not args.storage.startswith("local://"):
+        raise UsageError("--scenario runs on a simulated cluster of this machine: use a "
+                         "local:// --storage")
+    storage_dir = args.storage[len("local://"):]
+    progress = ProgressLine()
+    try:
+        reference = correlated.references(storage_dir=storage_dir)
+        reports = {case.label: correlated.run_case(
+            case, protocol=args.protocol, storage_dir=storage_dir, reference=reference,
+            checkpoint_interval=args.checkpoint_interval, progress=progress)
+            for case in correlated.CASES}
+    finally:
+        progress.close()
+    for label, report in reports.items():
+        print(f"\n== {label} ==")
+        print_drill(report, args.show)
+        for name, q in sorted(report.metrics.extra["queries"].items(),
+                              key=lambda kv: -kv[1]["priority"]):
+            back = q["available_again_s"]
+            print(f"  query {name} (priority {q['priority']:g}): available again "
+                  + ("never" if back is None else f"{back:.2f} s") + " after the failure")
+    first = max(correlated.PRIORITIES, key=correlated.PRIORITIES.get)
+    times = {label: r.metrics.extra["queries"][first]["available_again_s"]
+             for label, r in reports.items()}
+    if times["progressive"] is not None and times["blocking"]:
+        print(f"\nfirst-query availability progressive/blocking = "
+              f"{times['progressive'] / times['blocking']:.2f}")
+    main_report = reports["progressive"]
+    page = write_html(main_report, args.html, title="Drill: correlated failure (progressive)",
+                      compared={k: v for k, v in reports.items() if k != "progressive"})
+    print(f"\nreport: {page}")
+    codes = [drill_exit_code(r) for r in reports.values()]
+    return 1 if 1 in codes else max(codes)  # a violation says more than a missed fault
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -614,10 +665,11 @@ def _version() -> str:
 
 
 def _common(parser: argparse.ArgumentParser, *, default_protocol: str,
-            protocols: list[str]) -> None:
+            protocols: list[str], file_optional: bool = False) -> None:
     """The flags ``run`` and ``drill`` share."""
-    parser.add_argument("file", help="Python file that builds a bastion.Topology at module "
-                                     "level (name it `topology` if there are several)")
+    parser.add_argument("file", nargs="?" if file_optional else None,
+                        help="Python file that builds a bastion.Topology at module "
+                             "level (name it `topology` if there are several)")
     parser.add_argument("--protocol", default=default_protocol, choices=protocols,
                         help="fault-tolerance protocol: " + ", ".join(protocols)
                         + f" (default {default_protocol})")
@@ -712,7 +764,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 exactly-once, 1 violated (lost/duplicated/corrupted "
                "records), 2 usage error, 3 inconclusive (a fault did not land), "
                "4 the drill could not run, 130 interrupted")
-    _common(drill, default_protocol="coordinated", protocols=protocols)
+    _common(drill, default_protocol="coordinated", protocols=protocols, file_optional=True)
+    drill.add_argument("--scenario", choices=["correlated"], default=None,
+                       help="instead of FILE and faults: a built-in scenario. correlated: "
+                            "three queries over one bid stream on a simulated 3-node "
+                            "cluster, two nodes lost at once, nodes arriving one by one; "
+                            "recovered progressively, blockingly and with all capacity at "
+                            "once (bastion.bench.correlated)")
     drill.add_argument("--checkpoint-interval", type=_number(float, minimum=0, strict=True),
                        default=1.0, metavar="S",
                        help="seconds between checkpoints of the faulty run (default 1.0)")

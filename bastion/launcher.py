@@ -338,18 +338,23 @@ def run(topology: Topology, *, protocol: str = "none",
         pending = host.run.remote(plan, config, master_limits, pool)
         waiting_s = _NODE_POLL_S if additions else _PROGRESS_INTERVAL_S
         last_progress_s = 0.0
-        while True:
+        job_started_s = None  # by this driver's clock: additions keep to it, not to
+        while True:           # how quickly a busy job master answers
             ready, _ = ray.wait([pending], timeout=waiting_s)
             if ready:
                 break
-            if progress is None and not additions:
+            if job_started_s is not None:
+                while additions and time.time() - job_started_s >= additions[0].at:
+                    _add_node(cluster, additions.pop(0), host, config.job_id)
+            due = progress is not None and time.time() - last_progress_s >= _PROGRESS_INTERVAL_S
+            if not due and (job_started_s is not None or not additions):
                 continue
             now = ray.get(host.progress.remote(config.job_id))
             if now is None:
                 continue
-            while additions and now["elapsed_s"] > 0 and now["elapsed_s"] >= additions[0].at:
-                _add_node(cluster, additions.pop(0), host, config.job_id)
-            if progress is not None and time.time() - last_progress_s >= _PROGRESS_INTERVAL_S:
+            if job_started_s is None and now["elapsed_s"] > 0:
+                job_started_s = time.time() - now["elapsed_s"]
+            if due:
                 last_progress_s = time.time()
                 progress(now)
         report = ray.get(pending)

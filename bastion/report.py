@@ -11,7 +11,10 @@ corrupted records with their lineage ids.
 
 Each plot marks the faults (red), their detection (orange) and the restart from the
 recovery line (green), so a reader sees how long the job was down and how long it
-took to catch up.
+took to catch up. A run with several queries (`Topology.query`) also gets Su & Zhou's
+two plots: each query's latency relative to its failure-free latency, and how many
+queries were available over time; a drill of several recoveries of one scenario
+(``bastion drill --scenario correlated``) adds a table comparing them.
 """
 
 from __future__ import annotations
@@ -70,6 +73,98 @@ def _plot_png(report: Any, field: str, ylabel: str) -> bytes:
     return buffer.getvalue()
 
 
+def _figure() -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt, plt.subplots(figsize=(8, 3))
+
+
+def _png(plt: Any, fig: Any) -> bytes:
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _queries_png(queries: dict[str, dict[str, Any]], events: list[dict[str, Any]]) -> bytes:
+    """Each query's relative latency over time (log scale), the 1.2 line marked."""
+    plt, (fig, ax) = _figure()
+    for name, q in queries.items():
+        points = [(t, rel) for t, n, rel in q["timeline"] if n > 0 and rel is not None]
+        ax.plot([t for t, _ in points], [rel for _, rel in points], linewidth=1.2,
+                label=f"{name} (priority {q['priority']:g})")
+    ax.axhline(1.2, color="grey", linestyle=":", linewidth=1, label="available (1.2)")
+    for event in events:
+        if event["kind"] in ("fault", "node_added"):
+            ax.axvline(event["t_s"], color="red" if event["kind"] == "fault" else "green",
+                       linestyle="--", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xlabel("seconds since start (red: faults, green: nodes added)")
+    ax.set_ylabel("relative latency")
+    ax.legend(loc="upper right", fontsize="small")
+    return _png(plt, fig)
+
+
+def available_over_time(queries: dict[str, dict[str, Any]], failed_at_s: float | None
+                        ) -> list[tuple[float, int]]:
+    """How many queries were available at each progress point: before the failure
+    every query, after it those already available again."""
+    times = sorted({t for q in queries.values() for t, _, _ in q["timeline"]})
+    counted = []
+    for t in times:
+        if failed_at_s is None or t < failed_at_s:
+            counted.append((t, len(queries)))
+            continue
+        counted.append((t, sum(q["available_again_s"] is not None
+                               and t >= failed_at_s + q["available_again_s"]
+                               for q in queries.values())))
+    return counted
+
+
+def _available_png(runs: dict[str, Any]) -> bytes:
+    """Available queries over time, one line per run (a recovery planner)."""
+    plt, (fig, ax) = _figure()
+    for label, report in runs.items():
+        failed = next((e["t_s"] for e in report.events if e["kind"] == "failure_detected"),
+                      None)
+        counts = available_over_time(report.metrics.extra["queries"], failed)
+        ax.step([t for t, _ in counts], [n for _, n in counts], where="post", label=label)
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("available queries")
+    ax.legend(loc="lower right", fontsize="small")
+    return _png(plt, fig)
+
+
+def _queries_section(report: Any, compared: dict[str, Any] | None) -> str:
+    queries = (getattr(report.metrics, "extra", None) or {}).get("queries") or {}
+    if len(queries) < 2 and not compared:
+        return ""
+    rows = [(name, f"{q['priority']:g}", _ms(None if q["baseline_latency_ms"] is None
+                                              else q["baseline_latency_ms"] / 1000),
+             _secs(q["available_again_s"]),
+             "-" if q["max_relative_latency"] is None else f"{q['max_relative_latency']:.2f}",
+             _secs(q["longest_silence_s"]))
+            for name, q in sorted(queries.items(), key=lambda kv: -kv[1]["priority"])]
+    section = ("<h2>Queries</h2>" + _table(rows, (
+        "query", "priority", "failure-free latency", "available again after",
+        "max relative latency", "longest silence"))
+        + _img(_queries_png(queries, report.events), "relative latency per query"))
+    runs = {"this run": report, **(compared or {})}
+    section += _img(_available_png(runs), "available queries over time")
+    if compared:
+        names = sorted(queries, key=lambda n: -queries[n]["priority"])
+        table = [(label, r.verdict, *[_secs(r.metrics.extra["queries"][n]["available_again_s"])
+                                      for n in names])
+                 for label, r in runs.items()]
+        section += "<h3>Recoveries compared</h3>" + _table(
+            table, ("run", "verdict", *[f"{n} available after" for n in names]))
+    return section
+
+
 def _img(png: bytes, alt: str) -> str:
     data = base64.b64encode(png).decode("ascii")
     return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt)}">'
@@ -92,8 +187,10 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f} ms"
 
 
-def render_html(report: Any, title: str = "Bastion recovery drill") -> str:
-    """The drill report as one HTML document (plots embedded)."""
+def render_html(report: Any, title: str = "Bastion recovery drill",
+                compared: dict[str, Any] | None = None) -> str:
+    """The drill report as one HTML document (plots embedded); ``compared``: other
+    drills of the same scenario, by label, for the query comparison."""
     c = report.comparison
     verdict = report.verdict
     runs = [("date (UTC)", report.date), ("seed", "-" if report.seed is None else report.seed),
@@ -162,13 +259,15 @@ tr+tr td{{border-top:1px solid #ddd}}
                           "throughput over time")}
 <h2>Latency</h2>{_img(_plot_png(report, "latency_p99_ms", "latency p99 (ms)"),
                        "latency p99 over time")}
+{_queries_section(report, compared)}
 </body></html>
 """
 
 
-def write_html(report: Any, path: str | Path, title: str = "Bastion recovery drill") -> Path:
+def write_html(report: Any, path: str | Path, title: str = "Bastion recovery drill",
+               compared: dict[str, Any] | None = None) -> Path:
     """Write the drill report to ``path``: one HTML file, nothing beside it."""
     page = Path(path)
     page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(render_html(report, title), encoding="utf-8")
+    page.write_text(render_html(report, title, compared), encoding="utf-8")
     return page

@@ -7,7 +7,6 @@ cluster) run in their own driver: `correlated_drill.py`, from the slow test belo
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import os
 import random
@@ -377,3 +376,24 @@ def test_correlated_drills_on_a_simulated_cluster(tmp_path):
                for t in available.values())
     assert good["frames_spilled"] > 0
     assert not broken["exactly_once"] and broken["lost"] > 0, broken
+    assert report["report_plots"] == ["relative latency per query",
+                                      "available queries over time", "Recoveries compared"]
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv,complaint", [
+    (["drill"], "a drill needs a topology FILE, or --scenario correlated"),
+    (["drill", "--scenario", "correlated", "job.py"], "--scenario brings its own topology"),
+    (["drill", "--scenario", "correlated", "--kill-node", "1@2"],
+     "--scenario brings its own topology"),
+    (["drill", "--scenario", "correlated", "--address", "auto"], "drop --address"),
+    (["drill", "--scenario", "correlated", "--storage", "s3://b/p?endpoint=127.0.0.1:9"],
+     "use a local:// --storage"),
+])
+def test_the_scenario_flag_refuses_what_it_would_ignore(argv, complaint, capsys):
+    from bastion.cli import EXIT_USAGE, main
+
+    assert main(argv) == EXIT_USAGE
+    assert complaint in capsys.readouterr().err

@@ -136,9 +136,10 @@ CASES = (Case("progressive", "staggered"), Case("blocking", "staggered"),
 
 
 @contextlib.contextmanager
-def simulated_cluster() -> Iterator[Any]:
-    """Three Ray nodes of `NODE_CPUS` CPUs on 127.0.0.1, with this driver connected;
-    torn down on exit. The driver must not be connected to another Ray."""
+def simulated_cluster(runtime_env: dict | None = None) -> Iterator[Any]:
+    """Three Ray nodes of `NODE_CPUS` CPUs on 127.0.0.1, with this driver connected
+    (with ``runtime_env``, Ray's per-job environment); torn down on exit. The driver
+    must not be connected to another Ray."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # every socket on loopback
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
@@ -155,7 +156,7 @@ def simulated_cluster() -> Iterator[Any]:
     try:
         for _ in range(2):
             cluster.add_node(num_cpus=NODE_CPUS, node_ip_address="127.0.0.1")
-        ray.init(address=cluster.address, logging_level="WARNING")
+        ray.init(address=cluster.address, logging_level="WARNING", runtime_env=runtime_env)
         yield cluster
     finally:
         ray.shutdown()
@@ -175,12 +176,12 @@ def references(shape: str = "all_hit", *, records: int = RECORDS, rate: float = 
 def run_case(case: Case, *, protocol: str = "coordinated", records: int = RECORDS,
              rate: float = RATE, storage_dir: str | None = None,
              checkpoint_interval: float = 0.5, reference: Any = None,
-             progress: Any = None) -> "bn.DrillReport":
+             progress: Any = None, runtime_env: dict | None = None) -> "bn.DrillReport":
     """Drill ``case`` on a fresh simulated cluster (`simulated_cluster`); the drill's
     report. ``reference``: `references` of the same shape and input, to compare with
     instead of running them again."""
     storage = storage_dir or tempfile.mkdtemp(prefix="bastion-correlated-")
-    with simulated_cluster() as cluster:
+    with simulated_cluster(runtime_env) as cluster:
         faults = [bn.faults.KillNode(node, at=FAILURE_AT_S + 0.2 * i)
                   for i, node in enumerate(case.lost_nodes)] + capacity(case.arrival)
         return bn.drill(topology(records, rate, case.shape), protocol=protocol,

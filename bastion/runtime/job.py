@@ -820,7 +820,8 @@ class JobMaster:
         waited_since_s = time.time()
         while True:
             await asyncio.sleep(0.1)
-            if sum(self._free_slots().values()) > self._planned_free:
+            # ray.nodes() asks the cluster's control store: off the event loop
+            if sum((await asyncio.to_thread(self._free_slots)).values()) > self._planned_free:
                 return
             if time.time() - waited_since_s > self.recovery.capacity_timeout_s:
                 unplaced = sum(w is None for w in self.assignment)
