@@ -9,6 +9,8 @@ prints last.
    they spilled to the store (installed in every worker by Ray's setup hook). The
    verdict must say records were lost.
 
+Both keep 4 held frames per channel in memory, so that held frames are spilled.
+
     python tests/correlated_drill.py STORAGE_DIR
 """
 
@@ -40,6 +42,7 @@ def summary(report) -> dict:
                        and e.get("queries")],
         "available_again_s": {name: q["available_again_s"]
                               for name, q in report.metrics.extra["queries"].items()},
+        "frames_held": report.metrics.extra["frames_held"],
         "frames_spilled": report.metrics.extra["frames_spilled"],
     }
 
@@ -50,8 +53,11 @@ def main(storage_dir: str) -> None:
 
     reference = correlated.references(storage_dir=storage_dir)
     case = correlated.Case("progressive", "staggered")
-    good = correlated.run_case(case, reference=reference, storage_dir=storage_dir)
+    # 4 frames a channel in memory: held frames are spilled to the store
+    good = correlated.run_case(case, reference=reference, storage_dir=storage_dir,
+                               held_frames_in_memory=4)
     broken = correlated.run_case(case, reference=reference, storage_dir=storage_dir,
+                                 held_frames_in_memory=4,
                                  runtime_env={"worker_process_setup_hook":
                                               forget_spilled_frames})
     page = write_html(good, f"{storage_dir}/report.html", compared={"broken": broken})

@@ -176,7 +176,8 @@ def references(shape: str = "all_hit", *, records: int = RECORDS, rate: float = 
 def run_case(case: Case, *, protocol: str = "coordinated", records: int = RECORDS,
              rate: float = RATE, storage_dir: str | None = None,
              checkpoint_interval: float = 0.5, reference: Any = None,
-             progress: Any = None, runtime_env: dict | None = None) -> "bn.DrillReport":
+             progress: Any = None, runtime_env: dict | None = None,
+             held_frames_in_memory: int = 64) -> "bn.DrillReport":
     """Drill ``case`` on a fresh simulated cluster (`simulated_cluster`); the drill's
     report. ``reference``: `references` of the same shape and input, to compare with
     instead of running them again."""
@@ -189,5 +190,6 @@ def run_case(case: Case, *, protocol: str = "coordinated", records: int = RECORD
                         cluster=cluster, storage=f"local://{storage}",
                         buffer_timeout_ms=50.0, workers=3, reference=reference,
                         progress=progress,
-                        recovery=bn.RecoveryPolicy(mode=case.recovery,
-                                                   task_slots_per_cpu=1.0))
+                        recovery=bn.RecoveryPolicy(
+                            mode=case.recovery, task_slots_per_cpu=1.0,
+                            held_frames_in_memory=held_frames_in_memory))

@@ -380,6 +380,10 @@ class JobMaster:
             await self.coordinator.stop()
             await cancel(self._injector)
             released_at_s = await self._release_workers()
+            if self.capacity_model:  # frames a failed attempt held and spilled
+                await asyncio.gather(*[self.store.adelete(key) for key in await
+                                       self.store.alist(f"jobs/{self.config.job_id}/held/")],
+                                     return_exceptions=True)
             await self.log.close()
         report["events_not_stored"] = self.log.summary()
         report["worker_ids"] = [w._actor_id.hex() for w in self.workers]
@@ -861,8 +865,10 @@ class JobMaster:
         """Return when every task finished; raise `Failure` on the first failure."""
         self.phase = "watch"
         attempt = self.attempt
-        waits = {asyncio.ensure_future(w.wait.remote(self._epoch(attempt))): i
-                 for i, w in enumerate(self.workers)}
+        # each wait covers the tasks its worker ran when it was asked: tasks that
+        # join later get a wait of their own
+        waits = {asyncio.ensure_future(w.wait.remote(self._epoch(attempt))):
+                 (i, self._tasks_on(i)) for i, w in enumerate(self.workers)}
         helpers = [asyncio.ensure_future(detector.watch_heartbeats(
                        lambda: self.workers, self.config.heartbeat_timeout_s)),
                    asyncio.ensure_future(self._poll_progress())]
@@ -888,7 +894,7 @@ class JobMaster:
                         for w in await self._bring_back():
                             joined = asyncio.ensure_future(self.workers[w].wait.remote(
                                 self._epoch(attempt)))
-                            waits[joined] = w
+                            waits[joined] = (w, self._tasks_on(w))
                             pending.add(joined)
                         if self.pending:
                             capacity = asyncio.ensure_future(self._capacity_arrived())
@@ -898,10 +904,10 @@ class JobMaster:
                     if fut not in waits:
                         fut.result()  # the heartbeat loop only returns by raising
                         continue
-                    failure = detector.outcome_failure(waits[fut], fut)
+                    failure = detector.outcome_failure(waits[fut][0], fut)
                     if failure is not None:
                         raise failure
-                    self.finished_tasks |= {t.task_id for t in self._tasks_on(waits[fut])}
+                    self.finished_tasks |= {t.task_id for t in waits[fut][1]}
         finally:
             for fut in list(waits) + helpers:
                 fut.cancel()
