@@ -32,15 +32,27 @@ _VERDICT_COLOURS = {"exactly-once": "#1b7f3b", "at-least-once": "#1b7f3b",
                     "inconclusive": "#9a6700"}
 
 
-def _plot_png(report: Any, field: str, ylabel: str) -> bytes:
-    """A time series of the faulty run's timeline as PNG bytes, events marked."""
+def _figure() -> tuple[Any, Any]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt, plt.subplots(figsize=(8, 3))
+
+
+def _png(plt: Any, fig: Any) -> bytes:
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _plot_png(report: Any, field: str, ylabel: str) -> bytes:
+    """A time series of the faulty run's timeline as PNG bytes, events marked."""
+    plt, (fig, ax) = _figure()
     points = report.timeline
-    fig, ax = plt.subplots(figsize=(8, 3))
     xs, ys = [], []
     for prev, cur in zip(points, points[1:]):
         value = cur.get(field)
@@ -66,28 +78,7 @@ def _plot_png(report: Any, field: str, ylabel: str) -> bytes:
     ax.set_ylabel(ylabel)
     if labelled:
         ax.legend(loc="upper right", fontsize="small")
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    return buffer.getvalue()
-
-
-def _figure() -> tuple[Any, Any]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt, plt.subplots(figsize=(8, 3))
-
-
-def _png(plt: Any, fig: Any) -> bytes:
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    return buffer.getvalue()
+    return _png(plt, fig)
 
 
 def _queries_png(queries: dict[str, dict[str, Any]], events: list[dict[str, Any]]) -> bytes:

@@ -10,7 +10,7 @@ import ray
 from bastion.errors import UDFError
 from bastion.scheduler.detector import outcome_failure
 from bastion.scheduler.placement import STANDBY, node_for
-from bastion.scheduler.recovery import BlockingRecovery, Capacity, RecoveryPlan
+from bastion.scheduler.recovery import replacement_slots
 
 
 def test_slots_go_round_robin_over_the_nodes_and_the_standby_after_the_last_slot():
@@ -21,12 +21,11 @@ def test_slots_go_round_robin_over_the_nodes_and_the_standby_after_the_last_slot
 
 
 @pytest.mark.parametrize("standby,expected", [
-    (True, RecoveryPlan(to_standby=(0,), to_fresh=(2,), restart=(0, 1, 2, 3))),
-    (False, RecoveryPlan(to_standby=(), to_fresh=(0, 2), restart=(0, 1, 2, 3))),
+    (True, ((0,), (2,))),
+    (False, ((), (0, 2))),
 ])
-def test_the_blocking_plan_gives_the_first_lost_slot_to_the_standby_and_restarts_all(
-        standby, expected):
-    assert BlockingRecovery().plan([2, 0], 4, Capacity(standby=standby)) == expected
+def test_without_a_capacity_model_the_standby_takes_the_first_lost_slot(standby, expected):
+    assert replacement_slots([2, 0, 2], standby) == expected
 
 
 def outcome(result=None, raises=None) -> asyncio.Future:

@@ -82,8 +82,8 @@ def highest_bid(acc: int, b: tuple[int, int, int, int]) -> int:
 SHAPES = ("all_hit", "low_priority_hit")
 
 
-def topology(records: int = RECORDS, rate: float = RATE, shape: str = "all_hit"
-             ) -> bn.Topology:
+def topology(records: int = RECORDS, rate: float = RATE, shape: str = "all_hit",
+             parse_fn: Any = parse) -> bn.Topology:
     """The three queries over one bid stream (module-level functions: a replayed
     task calls the same code). ``all_hit``: every operator has 3 instances, one per
     node, so losing nodes 1 and 2 hits every query; ``low_priority_hit``: only
@@ -94,7 +94,7 @@ def topology(records: int = RECORDS, rate: float = RATE, shape: str = "all_hit"
     width = 3 if shape == "all_hit" else 1
     topo = bn.Topology("correlated")
     bids = topo.source("bids", bn.sources.Generator(bid, count=records, rate=rate),
-                       parallelism=width).map("parse", parse, parallelism=width)
+                       parallelism=width).map("parse", parse_fn, parallelism=width)
     bids.map("alert", alert, parallelism=width).sink("alerts", bn.sinks.Collect())
     bids.key_by(auction_of).reduce("auctions", count_bids, initial=0, parallelism=width) \
         .sink("per_auction", bn.sinks.Collect())
@@ -136,10 +136,9 @@ CASES = (Case("progressive", "staggered"), Case("blocking", "staggered"),
 
 
 @contextlib.contextmanager
-def simulated_cluster(runtime_env: dict | None = None) -> Iterator[Any]:
-    """Three Ray nodes of `NODE_CPUS` CPUs on 127.0.0.1, with this driver connected
-    (with ``runtime_env``, Ray's per-job environment); torn down on exit. The driver
-    must not be connected to another Ray."""
+def simulated_cluster() -> Iterator[Any]:
+    """Three Ray nodes of `NODE_CPUS` CPUs on 127.0.0.1, with this driver connected;
+    torn down on exit. The driver must not be connected to another Ray."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # every socket on loopback
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
@@ -151,16 +150,24 @@ def simulated_cluster(runtime_env: dict | None = None) -> Iterator[Any]:
     if ray.is_initialized():
         raise RuntimeError("the correlated scenario starts its own simulated cluster: "
                            "run it in a driver that is not connected to Ray yet")
+    # A directory of its own: a Ray publishes its address under /tmp/ray, where any
+    # address-less ray.init() on the machine would join this cluster.
+    saved_tmpdir = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray-sim-")
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": NODE_CPUS, "node_ip_address": "127.0.0.1", "include_dashboard": False})
     try:
         for _ in range(2):
             cluster.add_node(num_cpus=NODE_CPUS, node_ip_address="127.0.0.1")
-        ray.init(address=cluster.address, logging_level="WARNING", runtime_env=runtime_env)
+        ray.init(address=cluster.address, logging_level="WARNING")
         yield cluster
     finally:
         ray.shutdown()
         cluster.shutdown()
+        if saved_tmpdir is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved_tmpdir
 
 
 def references(shape: str = "all_hit", *, records: int = RECORDS, rate: float = RATE,
@@ -176,16 +183,17 @@ def references(shape: str = "all_hit", *, records: int = RECORDS, rate: float = 
 def run_case(case: Case, *, protocol: str = "coordinated", records: int = RECORDS,
              rate: float = RATE, storage_dir: str | None = None,
              checkpoint_interval: float = 0.5, reference: Any = None,
-             progress: Any = None, runtime_env: dict | None = None,
-             held_frames_in_memory: int = 64) -> "bn.DrillReport":
+             progress: Any = None, held_frames_in_memory: int = 64,
+             parse_fn: Any = parse) -> "bn.DrillReport":
     """Drill ``case`` on a fresh simulated cluster (`simulated_cluster`); the drill's
     report. ``reference``: `references` of the same shape and input, to compare with
-    instead of running them again."""
+    instead of running them again. ``parse_fn`` replaces `parse` (tests pass one
+    that breaks the worker it runs in)."""
     storage = storage_dir or tempfile.mkdtemp(prefix="bastion-correlated-")
-    with simulated_cluster(runtime_env) as cluster:
+    with simulated_cluster() as cluster:
         faults = [bn.faults.KillNode(node, at=FAILURE_AT_S + 0.2 * i)
                   for i, node in enumerate(case.lost_nodes)] + capacity(case.arrival)
-        return bn.drill(topology(records, rate, case.shape), protocol=protocol,
+        return bn.drill(topology(records, rate, case.shape, parse_fn), protocol=protocol,
                         faults=faults, checkpoint_interval=checkpoint_interval,
                         cluster=cluster, storage=f"local://{storage}",
                         buffer_timeout_ms=50.0, workers=3, reference=reference,

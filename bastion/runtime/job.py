@@ -75,7 +75,7 @@ from bastion.scheduler import detector, injector, placement
 from bastion.scheduler.detector import CorrelatedFailures, Failure, within
 from bastion.scheduler.recovery import (BlockingRecovery, Capacity, QueryNeeds,
                                        RecoveryPlanError, RecoveryPlanner, check_plan,
-                                       queries_needs, recovery_policy)
+                                       queries_needs, recovery_policy, replacement_slots)
 from bastion.scheduler.resiliency import ResiliencyManager
 from bastion.storage import CheckpointStore, open_store
 
@@ -690,16 +690,15 @@ class JobMaster:
             self.standby = None
         lost = sorted(set(lost or []) | {i for i, ok in enumerate(alive[:len(self.workers)])
                                          if not ok or i == failure.worker})
-        to_standby = lost[:1] if standby_alive else []
-        to_fresh = lost[len(to_standby):]
-        self.record_event("recovery_planned", lost=lost, to_standby=to_standby,
-                          to_fresh=to_fresh, restart=list(range(len(self.workers))))
+        to_standby, to_fresh = replacement_slots(lost, standby_alive)
+        self.record_event("recovery_planned", lost=lost, to_standby=list(to_standby),
+                          to_fresh=list(to_fresh), restart=list(range(len(self.workers))))
         for i in lost:
             ray.kill(self.workers[i], no_restart=True)
         await self._await_repairs(lost)
         for i in to_standby:
             self.workers[i], self.standby = self.standby, None
-        for i, worker in zip(to_fresh, await self._new_workers(to_fresh)):
+        for i, worker in zip(to_fresh, await self._new_workers(list(to_fresh))):
             self.workers[i] = worker
         self.worker_nodes = await self._nodes_of(self.workers)
         # a worker that dies meanwhile fails the deploy, which starts another recovery

@@ -143,6 +143,16 @@ class RecoveryPlan:
     queries: tuple[str, ...] = ()
 
 
+def replacement_slots(lost_slots: Sequence[int], standby: bool
+                      ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Without a capacity model, who replaces each lost slot: the standby (when it is
+    alive and idle) takes the first — a restart then costs a deploy, not a process
+    start — and fresh workers the others. (slots to the standby, slots to fresh)."""
+    lost = sorted(set(lost_slots))
+    to_standby = tuple(lost[:1]) if standby else ()
+    return to_standby, tuple(lost[len(to_standby):])
+
+
 class RecoveryPlanError(Exception):
     """A planner's plan that the job master cannot carry out (a bug in the planner)."""
 
