@@ -55,6 +55,8 @@ class JobConfig:
     # `redundancy="auto"`: the `bastion.scheduler.resiliency.ResiliencyPolicy` the job
     # master's resiliency manager follows (None: the ratios above stay as they are)
     resiliency: Any = None
+    # Live metrics for Prometheus through Ray's metrics agent (`bastion.runtime.export`)
+    export_metrics: bool = True
 
     def __post_init__(self) -> None:
         for name in ("frame_records", "max_inflight_frames", "inbox_frames",
