@@ -139,7 +139,6 @@ class MetricsExporter:
             boundaries=DURATION_BOUNDARIES_S, tag_keys=job)
         self.attempt = metrics.Gauge("bastion_attempt", "the job's current attempt", job)
         self._job_tags = {"job": job_id}
-        self.attempt.set(0, self._job_tags)
 
     # -- what the job master calls ------------------------------------------------------
 
@@ -157,6 +156,7 @@ class MetricsExporter:
             if isinstance(reply, BaseException):
                 continue
             attempt = reply["attempt"]
+            self.attempt.set(attempt, self._job_tags)
             for task_id, p in reply["tasks"].items():
                 tags = self._task_tags.get(task_id)
                 if tags is None:
@@ -205,7 +205,6 @@ class MetricsExporter:
                 self._detected_s = event["t"]
         elif kind == "restarted":
             self.restarts.inc(1, self._job_tags)
-            self.attempt.set(event.get("attempt", 0), self._job_tags)
             if self._detected_s is not None:
                 self.restart_seconds.observe(event["t"] - self._detected_s, self._job_tags)
                 self._detected_s = None
