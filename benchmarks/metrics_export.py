@@ -1,0 +1,80 @@
+"""What exporting live metrics costs a steady-state job: W1 with export on vs off.
+
+`bastion.runtime.export` has the job master record the ``bastion_*`` series through
+`ray.util.metrics` once per progress poll (every 0.1 s) and once per event; the
+workers do nothing more. Its cost to a job is therefore the job master's extra CPU
+(a few dozen metric updates per poll, plus Ray's own push of them to the node's
+metrics agent every few seconds), which on a 2-core machine competes with the
+workers for the same cores. This measures it on W1 of benchmarks/throughput.py — a
+keyed running count (key = i % 100) into a counting sink — at parallelism 1 and 2:
+runs with ``export_metrics=True`` and ``False`` alternate (on, off, off, on, ...) so
+that a drift of the machine's speed during the run hits both the same, and each
+figure is the median of ``--repeats`` runs. Throughput is measured from the moment
+the job started (`RunMetrics.tuples_per_s`), and also the workers' CPU seconds per
+million records (`RunMetrics.cpu_s`), which the export must not change at all.
+
+    .venv/bin/python benchmarks/metrics_export.py [--records N] [--repeats K]
+
+Prints figures; asserts nothing. The last line is the headline: throughput with
+export on over off at parallelism 1 (the target is a cost of at most 3%, a ratio of
+at least 0.97).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bastion as bn  # noqa: E402
+from bastion.launcher import ensure_ray  # noqa: E402
+from throughput import w1  # noqa: E402
+
+
+def measure(n: int, parallelism: int, repeats: int) -> dict[bool, dict[str, list[float]]]:
+    figures = {on: {"tuples_per_s": [], "cpu_s_per_m": []} for on in (True, False)}
+    order = [True, False, False, True] * ((repeats + 1) // 2)
+    for on in order[: 2 * repeats]:
+        result = bn.run(w1(n, parallelism), export_metrics=on)
+        m = result.metrics
+        figures[on]["tuples_per_s"].append(m.tuples_per_s)
+        if m.cpu_s:
+            figures[on]["cpu_s_per_m"].append(m.cpu_s / n * 1e6)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    ensure_ray()
+    bn.run(w1(50_000, 2))  # warm the pool: the first job starts the processes
+    print(f"W1, {args.records:,} tuples, export on vs off alternating, median of "
+          f"{args.repeats} each")
+    print(f"{'':<8} {'on tuples/s':>13} {'off tuples/s':>13} {'on/off':>7} "
+          f"{'on cpu s/M':>11} {'off cpu s/M':>12} {'on/off':>7}")
+    headline = None
+    for p in (1, 2):
+        f = measure(args.records, p, args.repeats)
+        on, off = (statistics.median(f[x]["tuples_per_s"]) for x in (True, False))
+        ratio = on / off
+        cpu = [statistics.median(f[x]["cpu_s_per_m"]) if f[x]["cpu_s_per_m"] else
+               float("nan") for x in (True, False)]
+        print(f"{'W1 p=' + str(p):<8} {on:>13,.0f} {off:>13,.0f} {ratio:>6.3f}x "
+              f"{cpu[0]:>11.2f} {cpu[1]:>12.2f} {cpu[0] / cpu[1]:>6.3f}x")
+        spread = [min(f[x]["tuples_per_s"]) / max(f[x]["tuples_per_s"]) for x in (True, False)]
+        print(f"{'':<8} spread (min/max of the runs): on {spread[0]:.2f}, off {spread[1]:.2f}")
+        if p == 1:
+            headline = ratio
+    print(f"metrics export on W1 p=1: throughput on/off = {headline:.3f}x "
+          f"(cost {max(0.0, 1 - headline):.1%}; target <= 3%: "
+          f"{'met' if headline >= 0.97 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
