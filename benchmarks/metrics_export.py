@@ -23,9 +23,15 @@ at least 0.97).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
+
+# A Ray of its own: without an address, ray.init() joins the Ray whose address the
+# last `ray start` (or local ray.init) on this machine left in /tmp/ray — on a shared
+# machine, someone else's.
+os.environ.setdefault("RAY_ADDRESS", "local")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,8 +55,8 @@ def measure(n: int, parallelism: int, repeats: int) -> dict[bool, dict[str, list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--records", type=int, default=5_000_000)
+    parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     ensure_ray()
     bn.run(w1(50_000, 2))  # warm the pool: the first job starts the processes
