@@ -12,6 +12,9 @@ that a drift of the machine's speed during the run hits both the same, and each
 figure is the median of ``--repeats`` runs. Throughput is measured from the moment
 the job started (`RunMetrics.tuples_per_s`), and also the workers' CPU seconds per
 million records (`RunMetrics.cpu_s`), which the export must not change at all.
+Throughput on a shared 2-core machine varies by tens of percent from run to run, so
+first it measures the exporter itself: the CPU one poll costs the job master, fed
+polls shaped like W1's in a Ray actor — a figure no neighbour can blur.
 
     .venv/bin/python benchmarks/metrics_export.py [--records N] [--repeats K]
 
@@ -23,18 +26,26 @@ at least 0.97).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 # A Ray of its own: without an address, ray.init() joins the Ray whose address the
 # last `ray start` (or local ray.init) on this machine left in /tmp/ray — on a shared
-# machine, someone else's.
+# machine, someone else's — and a new one publishes its own address there. A private
+# RAY_TMPDIR keeps both apart.
 os.environ.setdefault("RAY_ADDRESS", "local")
+os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="bnme-", dir="/tmp"))
+os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray"), exist_ok=True)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import ray  # noqa: E402
 
 import bastion as bn  # noqa: E402
 from bastion.launcher import ensure_ray  # noqa: E402
@@ -53,12 +64,57 @@ def measure(n: int, parallelism: int, repeats: int) -> dict[bool, dict[str, list
     return figures
 
 
+@ray.remote(num_cpus=0)
+class ExporterProbe:
+    """A `MetricsExporter` in a Ray actor (where `ray.util.metrics` must live), fed
+    polls shaped like a W1 job's: what one poll costs the job master, in CPU."""
+
+    def poll_cost_ms(self, parallelism: int, samples: int, polls: int) -> float:
+        import random
+
+        from bastion.runtime.export import MetricsExporter
+        from bastion.runtime.plan import build_plan
+
+        plan = build_plan(w1(1000, parallelism))
+        exporter = MetricsExporter(plan, "probe", 4)
+        rng = random.Random(0)
+        counts = {t.task_id: [0, 0, {}] for t in plan.tasks}
+        channels = {c.channel_id: 0 for t in plan.tasks for c in t.inputs}
+        cpu_s = 0.0
+        for n in range(polls):
+            tasks, quiescence = {}, {}
+            for t in plan.tasks:
+                c = counts[t.task_id]
+                c[0] += 30_000
+                c[1] += 30_000
+                for _ in range(samples):  # a sink's sampled latencies, 1-20 ms
+                    b = int(math.log(rng.uniform(0.001, 0.02) / 1e-6) / math.log(1.02))
+                    c[2][b] = c[2].get(b, 0) + 1
+                tasks[t.task_id] = {"source_records": c[0], "sink_records": c[1],
+                                    "source_lag": 0, "latency": dict(c[2])}
+                quiescence[t.task_id] = {
+                    "sent": {cid: n * 8 for cid in channels},
+                    "processed": {c.channel_id: n * 8 - 2 for c in t.inputs}}
+            replies = [{"attempt": 0, "tasks": tasks, "quiescence": quiescence}]
+            t0 = time.process_time()
+            exporter.observe_poll(replies, time.time())
+            cpu_s += time.process_time() - t0
+        return cpu_s / polls * 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=5_000_000)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     ensure_ray()
+    probe = ExporterProbe.remote()
+    print("CPU of one poll of the exporter in the job master (W1 shaped, 300 latency "
+          "samples per sink per poll), every 0.1 s:")
+    for p in (1, 2, 4):
+        ms = ray.get(probe.poll_cost_ms.remote(p, 300, 500))
+        print(f"  W1 p={p}: {ms:.3f} ms per poll = {ms / 100:.2%} of one core")
+    ray.kill(probe)
     bn.run(w1(50_000, 2))  # warm the pool: the first job starts the processes
     print(f"W1, {args.records:,} tuples, export on vs off alternating, median of "
           f"{args.repeats} each")

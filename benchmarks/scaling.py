@@ -14,14 +14,15 @@ operator state is worth checkpointing) into a counting sink, under protocol
 ``coordinated`` with a checkpoint every ``--interval`` seconds (default 0.5). For
 each parallelism p (``--parallelism``, default 1 2 3 6):
 
-- a run of ``--records`` tuples as fast as it goes: tuples/s, checkpoints, the state
-  bytes of the last checkpoint (all instances), its mean duration, and S3 requests
-  per second of the run by method, and per checkpoint;
+- a run of ``--seconds`` (default 6) as fast as it goes: tuples/s, checkpoints, the
+  state bytes of the last checkpoint (all instances), the mean checkpoint duration,
+  and S3 requests per second of the run by method (POST: multi-object deletes), and
+  per checkpoint;
 - a run paced at ``--rate`` tuples/s in total where worker 0 is killed 3 s in:
   restart time (detection -> every task runs again) and recovery time (detection ->
   the sink rate back to 90% of before), as `FailureRecovery` measures them.
 
-    .venv/bin/python benchmarks/scaling.py [--records N] [--parallelism 1 2 3 6]
+    .venv/bin/python benchmarks/scaling.py [--seconds S] [--parallelism 1 2 3 6]
 
 Prints a table; asserts nothing. docs/scaling.md cites its output.
 """
@@ -30,8 +31,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import logging
 import os
+import shutil
+import socket
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -55,6 +60,7 @@ class CountingS3:
         from moto.server import DomainDispatcherApplication, create_backend_app
         from werkzeug.serving import make_server
 
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
         self.counts: collections.Counter = collections.Counter()
         self._lock = threading.Lock()
         app = DomainDispatcherApplication(create_backend_app)
@@ -80,7 +86,13 @@ class CountingS3:
         self._server.shutdown()
 
 
-def keyed_count(name: str, n: int, parallelism: int, keys: int,
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def keyed_count(name: str, n: int | None, parallelism: int, keys: int,
                 rate: float | None = None) -> bn.Topology:
     topo = bn.Topology(name)
     src = topo.source("src", bn.sources.Generator(lambda i: i, count=n, rate=rate),
@@ -93,7 +105,7 @@ def keyed_count(name: str, n: int, parallelism: int, keys: int,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=600_000)
+    parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--keys", type=int, default=50_000)
     parser.add_argument("--interval", type=float, default=0.5)
     parser.add_argument("--rate", type=float, default=30_000)
@@ -101,10 +113,18 @@ def main() -> None:
     args = parser.parse_args()
 
     s3 = CountingS3()
+    # A port and a temp dir of its own: Cluster's default port (6379) may be another
+    # Ray's on this machine, and a head node publishes its address in
+    # $RAY_TMPDIR/ray/ray_current_cluster (default /tmp/ray), where any ray.init()
+    # without an address on the machine would find it and join it.
+    temp_dir = tempfile.mkdtemp(prefix="bnsc-", dir="/tmp")
+    os.environ["RAY_TMPDIR"] = temp_dir
+    os.makedirs(os.path.join(temp_dir, "ray"))
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False})
+        "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False,
+        "gcs_server_port": free_port(), "temp_dir": temp_dir})
     for _ in range(2):
-        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", temp_dir=temp_dir)
     rows, recoveries = [], []
     try:
         ray.init(address=cluster.address, logging_level="WARNING")
@@ -113,9 +133,9 @@ def main() -> None:
         bn.run(keyed_count("warm", 20_000, max(args.parallelism), 100), storage=storage)
         for p in args.parallelism:
             before, t0 = s3.snapshot(), time.time()
-            result = bn.run(keyed_count(f"scale-p{p}", args.records, p, args.keys),
+            result = bn.run(keyed_count(f"scale-p{p}", None, p, args.keys),
                             protocol="coordinated", checkpoint_interval=args.interval,
-                            storage=storage)
+                            storage=storage, duration_s=args.seconds)
             wall_s = time.time() - t0
             requests = s3.snapshot() - before
             m, proto = result.metrics, result.metrics.protocol
@@ -134,17 +154,18 @@ def main() -> None:
         ray.shutdown()
         cluster.shutdown()
         s3.stop()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
-    print(f"keyed count over {args.keys:,} keys, {args.records:,} tuples, coordinated "
+    print(f"keyed count over {args.keys:,} keys, {args.seconds:g} s each, coordinated "
           f"every {args.interval} s, {nodes} simulated nodes, S3 (moto) on loopback, "
           f"{os.cpu_count()} cores")
     print(f"{'p':>3} {'tuples/s':>10} {'ckpts':>6} {'state KiB':>10} {'ckpt ms':>8} "
-          f"{'PUT/s':>7} {'GET/s':>7} {'LIST/s':>7} {'DEL/s':>7} {'req/ckpt':>9}")
+          f"{'PUT/s':>7} {'GET/s':>7} {'LIST/s':>7} {'DEL/s':>7} {'POST/s':>7} {'req/ckpt':>9}")
     for p, tps, ckpts, state, dur, per_s, per_ckpt in rows:
         print(f"{p:>3} {tps:>10,.0f} {ckpts:>6} {state / 1024:>10.1f} {dur * 1000:>8.1f} "
               f"{per_s.get('PUT', 0):>7.1f} {per_s.get('GET', 0):>7.1f} "
               f"{per_s.get('LIST', 0):>7.1f} {per_s.get('DELETE', 0):>7.1f} "
-              f"{per_ckpt:>9.1f}")
+              f"{per_s.get('POST', 0):>7.1f} {per_ckpt:>9.1f}")
     print(f"\nkill worker 0 at 3 s of a run paced at {args.rate:,.0f} tuples/s")
     print(f"{'p':>3} {'restart s':>10} {'recovery s':>11}")
     for p, restart, recovery in recoveries:
