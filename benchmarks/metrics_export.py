@@ -20,7 +20,9 @@ polls shaped like W1's in a Ray actor — a figure no neighbour can blur.
 
 Prints figures; asserts nothing. The last line is the headline: throughput with
 export on over off at parallelism 1 (the target is a cost of at most 3%, a ratio of
-at least 0.97).
+at least 0.97), and the exporter's own CPU share at parallelism 1. When neighbours
+load the machine, the spread of the runs (printed) says how far the ratio can be
+trusted; the exporter's CPU share does not depend on them.
 """
 
 from __future__ import annotations
@@ -111,9 +113,11 @@ def main() -> None:
     probe = ExporterProbe.remote()
     print("CPU of one poll of the exporter in the job master (W1 shaped, 300 latency "
           "samples per sink per poll), every 0.1 s:")
+    poll_share = {}
     for p in (1, 2, 4):
         ms = ray.get(probe.poll_cost_ms.remote(p, 300, 500))
-        print(f"  W1 p={p}: {ms:.3f} ms per poll = {ms / 100:.2%} of one core")
+        poll_share[p] = ms / 100  # 10 polls a second
+        print(f"  W1 p={p}: {ms:.3f} ms per poll = {poll_share[p]:.2%} of one core")
     ray.kill(probe)
     bn.run(w1(50_000, 2))  # warm the pool: the first job starts the processes
     print(f"W1, {args.records:,} tuples, export on vs off alternating, median of "
@@ -133,9 +137,9 @@ def main() -> None:
         print(f"{'':<8} spread (min/max of the runs): on {spread[0]:.2f}, off {spread[1]:.2f}")
         if p == 1:
             headline = ratio
-    print(f"metrics export on W1 p=1: throughput on/off = {headline:.3f}x "
-          f"(cost {max(0.0, 1 - headline):.1%}; target <= 3%: "
-          f"{'met' if headline >= 0.97 else 'NOT met'})")
+    print(f"metrics export on W1 p=1: throughput on/off = {headline:.3f}x (cost "
+          f"{max(0.0, 1 - headline):.1%}), exporter CPU {poll_share[1]:.2%} of a core; "
+          f"target <= 3%: {'met' if headline >= 0.97 else 'NOT met'}")
 
 
 if __name__ == "__main__":
