@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -143,4 +144,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        ray.shutdown()
+        if os.environ["RAY_TMPDIR"].startswith("/tmp/bnme-"):  # the one made above
+            shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)

@@ -58,9 +58,13 @@ actor); ``bn.run(..., export_metrics=False)`` turns it off.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import logging
+from typing import Any, Callable
 
 from bastion.runtime.metrics import LatencyHistogram
+
+logger = logging.getLogger(__name__)
 
 # Histogram buckets. Latency: sub-millisecond frames to multi-second stalls.
 # Checkpoints: a small state in ms to a large one on S3 in tens of seconds.
@@ -73,6 +77,23 @@ _ALL = "*"  # the operator tag of a figure of the whole job
 MAX_LATENCY_OBSERVATIONS = 32
 
 
+def _never_fails_the_job(method: Callable) -> Callable:
+    """Metrics are for watching a job, never a reason for it to fail: an error in
+    the exporter is logged once and the exporter goes quiet for the rest of the job."""
+
+    @functools.wraps(method)
+    def guarded(self: "MetricsExporter", *args: Any) -> None:
+        if self.broken:
+            return
+        try:
+            method(self, *args)
+        except Exception:  # noqa: BLE001 - anything, see above
+            self.broken = True
+            logger.exception("metrics export of job %s stopped", self.job_id)
+
+    return guarded
+
+
 class MetricsExporter:
     """One job's `ray.util.metrics` series, fed by its job master."""
 
@@ -80,6 +101,7 @@ class MetricsExporter:
         from ray.util import metrics  # only in the job master's (Ray actor) process
 
         self.job_id = job_id
+        self.broken = False
         self._credits = max(1, credits_per_channel)
         nodes = plan.topology.nodes
         # task -> (tags of its source op, tags of its sink op, tags of its first op)
@@ -145,6 +167,7 @@ class MetricsExporter:
 
     # -- what the job master calls ------------------------------------------------------
 
+    @_never_fails_the_job
     def observe_poll(self, replies: list, now_s: float) -> None:
         """One progress poll: the workers' replies (`Worker.progress`, exceptions for
         those that did not answer). Counters restart with each attempt: as in the
@@ -190,6 +213,7 @@ class MetricsExporter:
                 self.throughput.set(n / interval_s, {"job": self.job_id, "operator": name})
         self._observe_queues(sent, processed, reporting)
 
+    @_never_fails_the_job
     def observe_event(self, event: dict[str, Any]) -> None:
         """One event of the job master's log (`bastion.runtime.events`)."""
         kind = event["kind"]
