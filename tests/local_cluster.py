@@ -88,7 +88,11 @@ class LocalCluster:
                    # workers push their metrics to the node's agent every second
                    # (default 10 s), so a short job's series show up while it runs
                    RAY_metrics_report_interval_ms="1000",
-                   no_proxy="127.0.0.1,localhost", NO_PROXY="127.0.0.1,localhost")
+                   # as bastion.launcher.ensure_ray does for a local Ray: Ray's agents
+                   # probe cloud metadata services over HTTP at start-up; a proxy on a
+                   # closed loopback port keeps that on the machine
+                   http_proxy="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9",
+                   no_proxy="127.0.0.1,localhost,::1", NO_PROXY="127.0.0.1,localhost,::1")
         if joining:
             del env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
         return env
