@@ -77,6 +77,28 @@ def test_losing_a_whole_worker_node_of_three_is_exactly_once_on_s3(cluster):
     assert re.search(r"verdict\s+exactly-once", done.stdout), done.stdout
     # the kill landed on the processes of the job on node 1: a worker slot
     assert re.search(r"killed[^\n]*worker", done.stdout), done.stdout
+    # the faulty run's master exported the failure and the restart it recovered by
+    # (its pooled process lives on; its series reach the endpoint within a push)
+    faulty = re.search(r"faulty (\S+);", done.stdout).group(1)
+    wanted = ("ray_bastion_failures_total", "ray_bastion_restarts_total",
+              "ray_bastion_restart_seconds_count")
+    values: dict[str, float] = {}
+    for _ in range(40):
+        values = _values(cluster.metrics_text(), faulty)
+        if all(values.get(name, 0) >= 1 for name in wanted):
+            break
+        time.sleep(0.5)
+    assert all(values.get(name, 0) >= 1 for name in wanted), values
+
+
+def _values(text: str, job_id: str) -> dict[str, float]:
+    """Each series of job ``job_id`` in a metrics page, summed over its other tags."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("ray_bastion_") and f'job="{job_id}"' in line:
+            name = line.split("{")[0]
+            values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return values
 
 
 def _jobs_with(text: str, series: str) -> set[str]:
@@ -96,13 +118,15 @@ def test_metrics_endpoint_serves_bastion_series_while_a_job_runs(cluster):
                            stderr=subprocess.PIPE, text=True)
     seen_while_running = ""
     try:
-        # The job runs about 7 s; its master's series reach the node's agent every
-        # second (RAY_metrics_report_interval_ms). Read every node's endpoint until
-        # a new job's sink records and latency show up, or the job ended.
+        # The job runs about 7 s, checkpointing every second; its master's series
+        # reach the node's agent every second (RAY_metrics_report_interval_ms). Read
+        # every node's endpoint until a new job's sink records, latency and
+        # checkpoints show up, or the job ended.
         while job.poll() is None:
             text = cluster.metrics_text()
-            if (_jobs_with(text, "ray_bastion_sink_records") - before) and (
-                    _jobs_with(text, "ray_bastion_latency_seconds_bucket") - before):
+            if all(_jobs_with(text, series) - before for series in (
+                    "ray_bastion_sink_records", "ray_bastion_latency_seconds_bucket",
+                    "ray_bastion_checkpoints_total")):
                 seen_while_running = text
                 break
             time.sleep(0.5)
@@ -121,7 +145,9 @@ def test_metrics_endpoint_serves_bastion_series_while_a_job_runs(cluster):
     series = {line.split("{")[0] for line in mine}
     for name in ("ray_bastion_source_records", "ray_bastion_sink_records",
                  "ray_bastion_latency_seconds_bucket", "ray_bastion_source_lag_records",
-                 "ray_bastion_throughput_records_per_s", "ray_bastion_inflight_frames"):
+                 "ray_bastion_throughput_records_per_s", "ray_bastion_inflight_frames",
+                 "ray_bastion_checkpoints_total", "ray_bastion_checkpoint_bytes",
+                 "ray_bastion_checkpoint_duration_seconds_bucket"):
         assert any(s.startswith(name) for s in series), (name, sorted(series))
     sinks = [line for line in mine if line.startswith("ray_bastion_sink_records")
              and 'operator="out"' in line]
