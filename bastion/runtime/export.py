@@ -283,11 +283,12 @@ class MetricsExporter:
 
 
 def for_job(plan: Any, config: Any) -> MetricsExporter | None:
-    """The exporter of a job, or None when ``config.export_metrics`` is off (or this
-    Ray has no metrics support at all)."""
+    """The exporter of a job, or None when ``config.export_metrics`` is off (or it
+    could not be made: logged, and the job runs on without it)."""
     if not getattr(config, "export_metrics", False):
         return None
     try:
         return MetricsExporter(plan, config.job_id, config.max_inflight_frames)
-    except ImportError:  # pragma: no cover - a Ray build without ray.util.metrics
+    except Exception:  # noqa: BLE001 - no metrics is no reason to fail the job
+        logger.exception("job %s runs without metrics export", config.job_id)
         return None
