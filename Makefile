@@ -40,6 +40,8 @@ bench: $(VENV)/.bench-installed
 	$(PY) benchmarks/acks.py
 	$(PY) benchmarks/redundancy.py
 	$(PY) benchmarks/recovery.py
+	$(PY) benchmarks/metrics_export.py
+	$(PY) benchmarks/scaling.py
 
 clean:
 	rm -rf $(VENV) .bastion drill-report.html

@@ -163,7 +163,8 @@ def run(topology: Topology, *, protocol: str = "none",
         redundancy: float | Mapping[str, float] | str | None = None,
         dedup_window_s: float | None = None, latency_bound_ms: float | None = None,
         resiliency: ResiliencyPolicy | None = None,
-        recovery: str | RecoveryPolicy | None = None, cluster: Any = None) -> RunResult:
+        recovery: str | RecoveryPolicy | None = None, cluster: Any = None,
+        export_metrics: bool = True) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
 
     ``protocol`` picks the fault-tolerance protocol (``"none"``, ``"acks"``,
@@ -217,6 +218,10 @@ def run(topology: Topology, *, protocol: str = "none",
     ``pool_idle_timeout_s``, when given, sets how long the cluster's pool of warm
     processes (`bastion.scheduler.pool`) keeps an idle one before killing it (default
     60 s) — a setting of the cluster, shared by every later job on it.
+    ``export_metrics`` (default on) has the job master record live series
+    (``bastion_*``: throughput, latency, backpressure, checkpoints, failures, restarts)
+    through `ray.util.metrics`, for Prometheus to scrape from Ray's metrics export port
+    (`bastion.runtime.export`).
 
     A job that fails raises `JobFailedError` — `SinkCommitError` when a sink kept
     failing to apply a commit, `NoUsableCheckpointError` when no checkpoint could be
@@ -303,6 +308,7 @@ def run(topology: Topology, *, protocol: str = "none",
         dedup_window_s=dedup_window_s,
         resiliency=policy,
         recovery=None if recovery is None else recovery_policy(recovery),
+        export_metrics=export_metrics,
     )
     additions = fault_injection.node_additions(config.faults)
     if additions and cluster is None:

@@ -58,6 +58,8 @@ class JobConfig:
     # How failures are recovered: the `bastion.scheduler.recovery.RecoveryPolicy`
     # (None: blocking, no capacity model)
     recovery: Any = None
+    # Live metrics for Prometheus through Ray's metrics agent (`bastion.runtime.export`)
+    export_metrics: bool = True
 
     def __post_init__(self) -> None:
         for name in ("frame_records", "max_inflight_frames", "inbox_frames",

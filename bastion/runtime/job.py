@@ -66,6 +66,7 @@ from bastion.errors import JobFailedError, NoUsableCheckpointError, SinkCommitEr
 from bastion.protocols import get_protocol
 from bastion.protocols.base import MasterContext, cancel
 from bastion.runtime.config import JobConfig
+from bastion.runtime import export
 from bastion.runtime.events import EventLimits, EventLog
 from bastion.runtime.metrics import (FailureRecovery, LatencyHistogram, query_availability,
                                      rate_recovered_at)
@@ -248,6 +249,7 @@ class JobMaster:
         self.started_s: float | None = None
         self.entered_s = time.time()  # when the host began to run this job
         self.log = EventLog(self.store, config.job_id, self.limits.events)
+        self.exporter = export.for_job(plan, config)  # None: export_metrics is off
         # Set when the job must end whatever the phase (a sink kept failing a commit):
         # the error, and a future the watch phase wakes up on.
         self.job_error: JobFailedError | None = None
@@ -295,7 +297,9 @@ class JobMaster:
     # -- what the coordinator's context and the workers call --------------------------------
 
     def record_event(self, kind: str, **fields: Any) -> None:
-        self.log.record(kind, self.started_s, **fields)
+        event = self.log.record(kind, self.started_s, **fields)
+        if self.exporter is not None:
+            self.exporter.observe_event(event)
 
     async def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
         by_worker: dict[int, list[int]] = {}
@@ -987,6 +991,8 @@ class JobMaster:
                 lag += p["source_lag"]
         for k, v in gained.items():
             self._totals[k] += v
+        if self.exporter is not None:
+            self.exporter.observe_poll(replies, time.time())
         if self.plan.topology.has_feedback():
             await self._check_loops(replies)
         if self.redundancy is not None and self.started_s is not None:

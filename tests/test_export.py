@@ -1,0 +1,84 @@
+"""The metrics exporter (`bastion.runtime.export`) in the job master's process: what it
+records from a poll and from events, that a job runs the same with it off, and that
+an error inside it never fails a job. Reading the series back from Ray's Prometheus
+endpoint is tests/test_local_cluster.py's (the test session's Ray has no known port).
+"""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+import bastion as bn
+from bastion.runtime.plan import build_plan
+
+
+def keyed(n: int = 2000) -> bn.Topology:
+    topo = bn.Topology("export")
+    src = topo.source("src", bn.sources.Collection(list(range(n))), parallelism=2)
+    src.key_by(lambda x: x % 7).reduce("count", lambda acc, _: acc + 1, initial=0,
+                                       parallelism=2).sink("out", bn.sinks.Collect())
+    return topo
+
+
+@ray.remote(num_cpus=0)
+class Probe:
+    """A `MetricsExporter` where `ray.util.metrics` objects may live: a Ray actor."""
+
+    def __init__(self, plan) -> None:
+        from bastion.runtime.export import MetricsExporter
+
+        self.exporter = MetricsExporter(plan, "probe-job", 4)
+
+    def feed(self, replies: list, events: list) -> dict:
+        self.exporter.observe_poll(replies, 1.0)
+        self.exporter.observe_poll(replies, 1.1)
+        for event in events:
+            self.exporter.observe_event(event)
+        return {"broken": self.exporter.broken, "detected": self.exporter._detected_s,
+                "seen": sorted(self.exporter._seen)}
+
+
+@pytest.fixture
+def plan():
+    return build_plan(keyed())
+
+
+def reply(plan, attempt: int = 0) -> dict:
+    tasks = {t.task_id: {"source_records": 100, "sink_records": 50, "source_lag": 0,
+                         "latency": {300: 4, 310: 2}} for t in plan.tasks}
+    return {"attempt": attempt, "tasks": tasks,
+            "quiescence": {t.task_id: {"sent": {}, "processed": {}} for t in plan.tasks}}
+
+
+def test_a_poll_and_events_are_recorded_and_a_restart_closes_the_failure(ray_session,
+                                                                         plan):
+    probe = Probe.remote(plan)
+    outcome = ray.get(probe.feed.remote([reply(plan), RuntimeError("no answer")], [
+        {"kind": "checkpoint_completed", "t": 5.0, "checkpoint_id": 1,
+         "duration_s": 0.2, "state_bytes": 1024},
+        {"kind": "failure_detected", "t": 6.0, "reason": "worker 0 died"},
+        {"kind": "restarted", "t": 6.4, "attempt": 1},
+        {"kind": "recovery", "t": 9.0, "recovery_s": 1.5}]))
+    assert not outcome["broken"]
+    assert outcome["seen"] == sorted(t.task_id for t in plan.tasks)
+    assert outcome["detected"] is None  # the restart ended the failure it timed
+
+
+def test_a_malformed_reply_stops_the_exporter_and_not_the_caller(ray_session, plan):
+    probe = Probe.remote(plan)
+    outcome = ray.get(probe.feed.remote([{"attempt": 0, "tasks": {0: {}}}], [
+        {"kind": "failure_detected", "t": 1.0, "reason": "x"}]))
+    assert outcome["broken"]
+    assert outcome["detected"] is None  # quiet after the error: nothing more recorded
+
+
+@pytest.mark.parametrize("export_metrics", [True, False])
+def test_a_job_commits_the_same_with_export_on_or_off(ray_session, tmp_path,
+                                                      export_metrics):
+    result = bn.run(keyed(), protocol="coordinated", checkpoint_interval=0.2,
+                    storage=f"local://{tmp_path}", export_metrics=export_metrics)
+    final = {}
+    for key, count in result.outputs["out"]:
+        final[key] = max(final.get(key, 0), count)
+    assert final == {k: len(range(k, 2000, 7)) for k in range(7)}
