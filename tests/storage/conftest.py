@@ -3,10 +3,11 @@
 Every test that takes ``store`` runs twice: on a :class:`LocalStore` in a temporary
 directory and on a :class:`MinioStore` speaking the real S3 wire protocol to moto's
 standalone server on 127.0.0.1 (started once per session). To run the same suite
-against a real MinIO instead (see deploy/docker-compose.yml)::
+against a real MinIO instead (deploy/docker-compose.yml, with the credentials of
+your deploy/bastion.env)::
 
     BASTION_TEST_S3_ENDPOINT=127.0.0.1:9000 \\
-    BASTION_S3_ACCESS_KEY=bastion BASTION_S3_SECRET_KEY=bastion-secret \\
+    BASTION_S3_ACCESS_KEY=... BASTION_S3_SECRET_KEY=... \\
     .venv/bin/python -m pytest tests/storage
 
 Fault tests that stop the server always start their own moto server, so they never
