@@ -152,7 +152,10 @@ def test_kill_during_a_checkpoint_in_progress_never_completes_it(drill_storage):
     completed = [e["checkpoint_id"] for e in report.events
                  if e["kind"] == "checkpoint_completed"]
     # the restart resumed from the newest checkpoint before the interrupted one ...
-    assert restarted["checkpoint"] == max(c for c in completed if c < in_flight)
+    # (on a loaded machine the kill may come before any checkpoint completed: then
+    # from the beginning, None)
+    assert restarted["checkpoint"] == max((c for c in completed if c < in_flight),
+                                          default=None)
     # ... and the interrupted checkpoint has no manifest: it is never used
     assert in_flight not in completed
     assert not checkpoints.is_complete(in_flight)
