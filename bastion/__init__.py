@@ -35,6 +35,7 @@ _EXPORTS = {
     "runtime.records": ("stable_hash",),
     "scheduler.resiliency": ("ResiliencyPolicy",),
     "topology": ("KeyedStream", "Stream", "Topology"),
+    "tuning": ("TuningResult", "tune"),
 }
 
 if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__ loads
@@ -49,6 +50,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from bastion.runtime.records import stable_hash
     from bastion.scheduler.resiliency import ResiliencyPolicy
     from bastion.topology import KeyedStream, Stream, Topology
+    from bastion.tuning import TuningResult, tune
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
