@@ -477,7 +477,8 @@ class TuneProgress:
 
 def _tune(args: argparse.Namespace, topology: Topology, store: Any, *, trt_bound_s: float,
           min_interval_s: float, max_interval_s: float, points: int, case: str = "max",
-          parallel: int = 1, duration_s: float | None = None, seed: int = 0) -> Any:
+          parallel: int = 1, duration_s: float | None = None, seed: int = 0,
+          max_rate_run_s: float = 4.0) -> Any:
     """Run `bastion.tune` for a command, with its progress bar; a refused option is a
     usage error, a failed profiling job a `BastionError` for the caller."""
     import bastion as bn
@@ -487,7 +488,8 @@ def _tune(args: argparse.Namespace, topology: Topology, store: Any, *, trt_bound
         return bn.tune(topology, trt_bound_s=trt_bound_s, min_interval_s=min_interval_s,
                        max_interval_s=max_interval_s, points=points, case=case,
                        protocol=args.protocol, parallel=parallel, duration_s=duration_s,
-                       seed=seed, progress=progress, storage=store.url,
+                       seed=seed, max_rate_run_s=max_rate_run_s, progress=progress,
+                       storage=store.url,
                        address=args.address)
     except (TopologyError, StorageError, BastionError):
         raise
@@ -528,7 +530,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         result = _tune(args, topology, store, trt_bound_s=args.trt_bound,
                        min_interval_s=args.min, max_interval_s=args.max, points=args.points,
                        case=args.case, parallel=args.parallel, duration_s=args.duration,
-                       seed=args.seed)
+                       seed=args.seed, max_rate_run_s=args.max_rate_run)
     except BastionError as exc:  # a profiling job failed
         _say(str(exc))
         return EXIT_FAILED
@@ -913,6 +915,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--duration", type=_number(float, minimum=0, strict=True),
                       default=None, metavar="S",
                       help="seconds per profiling run for unbounded sources")
+    tune.add_argument("--max-rate-run", type=_number(float, minimum=0, strict=True),
+                      default=4.0, metavar="S",
+                      help="seconds of the run with the sources unthrottled that measures "
+                           "the maximum ingest rate (default 4)")
     tune.add_argument("--seed", type=int, default=0,
                       help="seed of the kills' random times (default 0)")
     tune.add_argument("--html", default="tuning-report.html", metavar="PATH",

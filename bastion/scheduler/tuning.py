@@ -462,18 +462,29 @@ def capacity_of(timeline: Sequence[Mapping[str, Any]], share: float = 0.9) -> Ca
     return Capacity(ingest_max_per_s=rate or steady, warmup_s=warmup_s)
 
 
-def latency_avg_ms(result: "RunResult", start_s: float, end_s: float) -> float | None:
+def latency_avg_ms(latency_windows: Mapping[int, Any], started_s: float, start_s: float,
+                   end_s: float) -> float | None:
     """Mean end-to-end latency of the records the sinks received in the whole
-    wall-clock seconds between ``start_s`` and ``end_s`` after the job started."""
+    wall-clock seconds between ``start_s`` and ``end_s`` after the job started
+    (``started_s``, epoch seconds); ``latency_windows`` is
+    `RunMetrics.latency_windows`."""
     from bastion.runtime.metrics import LatencyHistogram
 
-    started = result.details["started_s"]
     merged = LatencyHistogram()
-    for second, histogram in result.metrics.latency_windows.items():
-        if started + start_s <= second and second + 1 <= started + end_s:
+    for second, histogram in latency_windows.items():
+        if started_s + start_s <= second and second + 1 <= started_s + end_s:
             merged.merge(histogram)
     stats = merged.mean_std()
     return None if stats is None else stats[0] * 1000.0
+
+
+def started_at(events: Sequence[Mapping[str, Any]]) -> float | None:
+    """When a job started (epoch seconds), from its events: each has its epoch time
+    ``t`` and its time since the start ``t_s``."""
+    for e in events:
+        if "t" in e and "t_s" in e:
+            return e["t"] - e["t_s"]
+    return None
 
 
 @dataclass(frozen=True)
@@ -505,17 +516,20 @@ def kill_outcome(result: "RunResult", kills: Sequence[Any]) -> KillOutcome:
 
 
 def measure_run(result: "RunResult", kills: Sequence[Any], interval_s: float,
-                settle_s: float = 1.0) -> Measurement:
+                settle_s: float | None = None) -> Measurement:
     """A `Measurement` from a run with one injected kill: I_avg and L_avg from
-    ``settle_s`` after the start until the kill, T, R and the observed TRT of the
-    kill."""
+    ``settle_s`` after the start (default: 1 s, or 30% of the time to the kill if
+    that is shorter) until the kill, T, R and the observed TRT of the kill."""
     outcome = kill_outcome(result, kills)
+    if settle_s is None:
+        settle_s = min(1.0, 0.3 * outcome.at_s)
     timeline = result.details["timeline"]
     rate = ingest_rate(timeline, settle_s, outcome.at_s)
     if rate is None:
         raise RuntimeError(f"job {result.job_id}: too little ran before the kill at "
                            f"{outcome.at_s:.2f} s to measure the ingest rate; kill later")
-    latency = latency_avg_ms(result, settle_s, outcome.at_s)
+    latency = latency_avg_ms(result.metrics.latency_windows, result.details["started_s"],
+                             settle_s, outcome.at_s)
     if latency is None:
         stats = result.metrics.latency_histogram.mean_std()
         latency = stats[0] * 1000.0 if stats else math.nan
