@@ -112,9 +112,22 @@ def test_capacity_and_ingest_rate_from_a_timeline():
     timeline = [{"t_s": 0.1 * i, "source_records": n, "sink_records": n}
                 for i, n in enumerate(steps)]
     cap = tm.capacity_of(timeline)
-    assert cap.warmup_s == pytest.approx(0.3)
     assert cap.ingest_max_per_s == pytest.approx(3000.0)
+    # the ramp read 300 records in 0.2 s where full speed reads 600: 0.1 s lost
+    assert cap.warmup_s == pytest.approx(0.1)
     assert tm.ingest_rate(timeline, 1.0, 2.0) == pytest.approx(3000.0)
+
+
+def test_catching_up_counts_only_samples_every_worker_answered():
+    def point(t, lag, answering=2):
+        return {"t_s": t, "source_lag": lag, "sink_records": 10, "source_records": 10,
+                "workers_answering": answering}
+
+    timeline = [point(1.0, 5), point(1.5, 3), point(2.0, 400), point(2.5, 0, answering=1),
+                point(3.0, 200), point(3.5, 4)]
+    # killed at 1.6 s, restarted at 2.0 s: the lone-worker sample at 2.5 s shows no
+    # backlog only because the busy source did not answer; caught up at 3.5 s
+    assert tm.caught_up_at(timeline, 1.6, 2.0) == 3.5
 
 
 # -- (b) the optimiser ------------------------------------------------------------------------

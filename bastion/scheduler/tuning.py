@@ -445,21 +445,47 @@ def ingest_rate(timeline: Sequence[Mapping[str, Any]], start_s: float, end_s: fl
     return sum(p["source_records"] for p in points) / span if span > 0 else None
 
 
-def capacity_of(timeline: Sequence[Mapping[str, Any]], share: float = 0.9) -> Capacity:
-    """I_max and W from an unthrottled run's timeline: W is when the source rate
-    first reaches ``share`` of its steady level (the median of the second half of the
-    run); I_max is the mean rate from then on."""
-    rates = _rates(timeline)
-    rates = [(t, r) for t, r in rates if r > 0] or rates
-    if len(rates) < 4:
+def capacity_of(timeline: Sequence[Mapping[str, Any]]) -> Capacity:
+    """I_max and W from an unthrottled run's timeline, from cumulative counts (a
+    sample a busy worker did not answer moves its records to the next one, so
+    per-sample rates are noisy but sums are right): I_max is the rate over the
+    second half of the run; W is the warm-up as dead time — how much later the run
+    ended than it would have at I_max from the start (``t_end - records / I_max``)."""
+    points = [p for p in timeline if p["t_s"] > 0]
+    while points and points[-1]["source_records"] == 0:   # the end: nothing more read
+        points.pop()
+    if len(points) < 4:
         raise ValueError("the unthrottled run was too short to measure its rate: give it "
                          "more time (max_rate_run_s)")
-    steady = statistics.median(r for _, r in rates[len(rates) // 2:])
-    first = next(i for i, (_, r) in enumerate(rates) if r >= share * steady)
-    warmup_s = rates[first][0]
-    tail = rates[first:]
-    rate = ingest_rate(timeline, rates[first - 1][0] if first else 0.0, tail[-1][0])
-    return Capacity(ingest_max_per_s=rate or steady, warmup_s=warmup_s)
+    cumulative, total = [], 0
+    for p in points:
+        total += p["source_records"]
+        cumulative.append(total)
+    t_end = points[-1]["t_s"]
+    mid = min(range(len(points) - 1), key=lambda i: abs(points[i]["t_s"] - t_end / 2))
+    span = t_end - points[mid]["t_s"]
+    rate = (cumulative[-1] - cumulative[mid]) / span
+    if rate <= 0:
+        raise ValueError("the unthrottled run read nothing in its second half")
+    return Capacity(ingest_max_per_s=rate, warmup_s=max(0.0, t_end - cumulative[-1] / rate))
+
+
+def caught_up_at(timeline: Sequence[Mapping[str, Any]], fault_s: float, restarted_s: float
+                 ) -> float | None:
+    """When the sources caught up after a restart (seconds since the job started):
+    the first sample after the restart whose backlog of input due but not read is
+    back to its level in the 1.5 s before the fault, with output — the drills' rule
+    (`bastion.drills.fault_outcomes`), but counting only samples every worker
+    answered: a source too busy to answer reports no backlog, and would look caught
+    up in the middle of its catch-up."""
+    everyone = max((p.get("workers_answering", 0) for p in timeline), default=0)
+    full = [p for p in timeline if p.get("workers_answering", everyone) >= everyone]
+    steady = max((p["source_lag"] for p in full if fault_s - 1.5 <= p["t_s"] < fault_s),
+                 default=0)
+    for p in full:
+        if p["t_s"] >= restarted_s and p["source_lag"] <= steady and p["sink_records"] > 0:
+            return p["t_s"]
+    return None
 
 
 def latency_avg_ms(latency_windows: Mapping[int, Any], started_s: float, start_s: float,
@@ -502,17 +528,29 @@ def kill_outcome(result: "RunResult", kills: Sequence[Any]) -> KillOutcome:
     the job master's events."""
     from bastion.drills import fault_outcomes
 
-    outcomes = fault_outcomes(kills, result.details["events"], result.details["timeline"],
-                              result.metrics.duration_s)
+    events, timeline = result.details["events"], result.details["timeline"]
+    return kill_outcome_of(kills, events, timeline, result.metrics.duration_s, result.job_id)
+
+
+def kill_outcome_of(kills: Sequence[Any], events: Sequence[Mapping[str, Any]],
+                    timeline: Sequence[Mapping[str, Any]], ended_s: float | None = None,
+                    job_id: str = "") -> KillOutcome:
+    """`kill_outcome` from a run's (or a drill report's) events and timeline; the TRT
+    from `caught_up_at`."""
+    from bastion.drills import fault_outcomes
+
+    outcomes = fault_outcomes(kills, events, timeline, ended_s)
     landed = [o for o in outcomes if o.landed and o.restart_s is not None]
     if not landed:
         notes = "; ".join(o.describe() for o in outcomes) or "no kill was scheduled"
-        raise RuntimeError(f"job {result.job_id}: the injected kill did not land ({notes}); "
-                           "make the profiling runs longer or kill earlier (kill_at_s)")
+        raise RuntimeError(f"job {job_id}: the injected kill did not land ({notes}); "
+                           "make the runs longer or kill earlier (kill_between_s)")
     o = landed[0]
-    return KillOutcome(at_s=o.at_s if o.at_s is not None else o.scheduled_s,
-                       detection_s=o.detection_s or 0.0, restart_s=o.restart_s,
-                       trt_s=o.trt_s)
+    at_s = o.at_s if o.at_s is not None else o.scheduled_s
+    detection_s = o.detection_s or 0.0
+    caught_up = caught_up_at(timeline, at_s, at_s + detection_s + o.restart_s)
+    return KillOutcome(at_s=at_s, detection_s=detection_s, restart_s=o.restart_s,
+                       trt_s=None if caught_up is None else caught_up - at_s)
 
 
 def measure_run(result: "RunResult", kills: Sequence[Any], interval_s: float,
