@@ -503,8 +503,8 @@ def print_tuning(result: Any, stream: Any = None) -> None:
     """The measurements, the model's estimate per interval and the decision."""
     out = stream if stream is not None else sys.stdout
     cap = result.capacity
-    print(f"\ncapacity: I_max {cap.ingest_max_per_s:,.0f} records/s, warm-up "
-          f"{cap.warmup_s:.2f} s (unthrottled run {cap.job_id})", file=out)
+    print(f"\ncapacity: I_max {cap.ingest_max_per_s:,.0f} records/s (unthrottled run "
+          f"{cap.job_id}), warm-up W {result.model.warmup_s:.2f} s", file=out)
     print(table(result.rows(), header=result.HEADER), file=out)
     print(f"\n{result.reason}", file=out)
 

@@ -118,6 +118,31 @@ def test_capacity_and_ingest_rate_from_a_timeline():
     assert tm.ingest_rate(timeline, 1.0, 2.0) == pytest.approx(3000.0)
 
 
+def test_warm_up_after_a_restart_is_eq_5_solved_for_w():
+    # U = 0.5, T = 0.5, R = 0.5, E = 1: outage without W 2 s; observed TRT 4 s means a
+    # catch-up of 3 s = (2 + W) * U / (1 - U): W = 1 s
+    m = Measurement(2.0, 500.0, 1.0, 0.5, 0.5, measured_trt_s=4.0, reprocess_s=1.0)
+    assert tm.recovery_warmup_s(m, 0.5) == pytest.approx(1.0)
+    assert tm.recovery_warmup_s(Measurement(2.0, 500.0, 1.0, 0.5, 0.5), 0.5) is None
+    # the model uses the median of the runs' W, or the cold start's when larger
+    runs = [Measurement(ci, 500.0, 1.0, 0.5, 0.5, measured_trt_s=trt, reprocess_s=1.0)
+            for ci, trt in ((1.0, 4.0), (2.0, 3.0), (3.0, 9.0))]   # W = 1, 0, 6
+    assert build_model(runs, Capacity(1000.0, 0.2)).warmup_s == pytest.approx(1.0)
+    assert build_model(runs, Capacity(1000.0, 1.5)).warmup_s == pytest.approx(1.5)
+
+
+def test_reprocessed_time_is_the_age_of_the_restored_checkpoint():
+    events = [{"kind": "checkpoint_completed", "t_s": 1.1, "checkpoint_id": 1,
+               "duration_s": 0.1},
+              {"kind": "checkpoint_completed", "t_s": 2.2, "checkpoint_id": 2,
+               "duration_s": 0.2},
+              {"kind": "fault", "t_s": 2.7},
+              {"kind": "restarted", "t_s": 2.9, "checkpoint": 2}]
+    assert tm.reprocessed_s(events, 2.7) == pytest.approx(0.7)   # taken at 2.0 s
+    events[-1]["checkpoint"] = None                               # from the beginning
+    assert tm.reprocessed_s(events, 2.7) == pytest.approx(2.7)
+
+
 def test_catching_up_counts_only_samples_every_worker_answered():
     def point(t, lag, answering=2):
         return {"t_s": t, "source_lag": lag, "sink_records": 10, "source_records": 10,

@@ -43,8 +43,11 @@ the backlog ``(E+T+R+W)·I_avg`` drains at ``I_max - I_avg``.)
 **Profiling** (Chiron §IV-A) runs the user's topology once per interval of an evenly
 spaced grid between a minimum and a maximum, each on the same input, with one
 injected kill, and measures I_avg and the average latency L_avg before the kill, and
-T and R of the recovery; one more run with the source's pacing removed measures
-I_max and W. `Profiler` is the interface; `RayProfiler` runs real jobs with
+T and R of the recovery, and E of the kill (how old the restored checkpoint was);
+one more run with the source's pacing removed measures I_max and a cold-start W.
+The warm-up after a *restart* is what eq 2 needs, and each profiling run shows it:
+eq 5 solved for W with the run's observed TRT (`recovery_warmup_s`); the model uses
+the larger of the cold-start W and the median of those. `Profiler` is the interface; `RayProfiler` runs real jobs with
 `bastion.run`, side by side when asked and the cluster has room.
 
 **Modelling** (§IV-B) fits second-order polynomials to L_avg and to each of the TRT
@@ -89,6 +92,7 @@ class Measurement:
     detection_s: float            # T: kill -> failure detected
     restart_s: float              # R: detection -> every task runs from the recovery line
     measured_trt_s: float | None = None   # kill -> sources caught up, as observed
+    reprocess_s: float | None = None      # E of this run's kill: kill - restored checkpoint
     kill_at_s: float | None = None
     job_id: str = ""
 
@@ -267,6 +271,7 @@ class Model:
     latency_fit: Quadratic
     trt_fits: Mapping[str, Quadratic]
     stop_term_s: float = DEFAULT_STOP_TERM_S
+    warmup_s: float = 0.0         # W the estimates used (see `build_model`)
 
     def trt(self, interval_s: float) -> TrtEstimate:
         return TrtEstimate(*(self.trt_fits[c](interval_s) for c in CASES))
@@ -275,21 +280,43 @@ class Model:
         return self.latency_fit(interval_s)
 
 
+def recovery_warmup_s(m: Measurement, u: float) -> float | None:
+    """The warm-up a profiling run's recovery showed: eq 5 solved for W, given the
+    run's observed TRT, its kill's E, T and R and the utilisation — the catch-up
+    time the series does not explain by the backlog, i.e. the dead time of the
+    ramp back to full speed (on a small machine also what the restart's side work,
+    such as starting a new standby process, took from the catch-up). None without
+    an observed TRT and E, or when nothing had to be caught up (U = 0)."""
+    if m.measured_trt_s is None or m.reprocess_s is None or u <= 0:
+        return None
+    catch_up = m.measured_trt_s - m.detection_s - m.restart_s
+    return catch_up * (1 - u) / u - (m.reprocess_s + m.detection_s + m.restart_s)
+
+
 def build_model(measurements: Sequence[Measurement], capacity: Capacity,
                 stop_term_s: float = DEFAULT_STOP_TERM_S) -> Model:
-    """The TRT estimate of every measurement (eqs 1–5, with that run's I_avg, T and R
-    and the capacity's I_max and W) and the second-order fits."""
+    """The TRT estimate of every measurement (eqs 1–5, with that run's I_avg, T and R,
+    the capacity's I_max, and W) and the second-order fits.
+
+    W is the larger of the unthrottled run's warm-up and the median of the warm-ups
+    the profiling runs' recoveries showed (`recovery_warmup_s`): a ramp measured from
+    a cold start of the job and one measured after a restart are both warm-ups, and
+    the recovery's is the one eq 2 is about. The median keeps one disturbed run from
+    moving it."""
     if not measurements:
         raise ValueError("build_model needs at least one measurement")
+    ordered = sorted(measurements, key=lambda m: m.interval_s)
+    us = [utilisation(m.ingest_avg_per_s, capacity.ingest_max_per_s) for m in ordered]
+    seen = [w for m, u in zip(ordered, us) if (w := recovery_warmup_s(m, u)) is not None]
+    warmup_s = max([capacity.warmup_s] + ([statistics.median(seen)] if seen else []))
     points = []
-    for m in sorted(measurements, key=lambda m: m.interval_s):
-        u = utilisation(m.ingest_avg_per_s, capacity.ingest_max_per_s)
+    for m, u in zip(ordered, us):
         points.append(ModelPoint(m, u, trt_estimate(
             m.interval_s, detection_s=m.detection_s, restart_s=m.restart_s,
-            warmup_s=capacity.warmup_s, u=u, stop_term_s=stop_term_s)))
+            warmup_s=warmup_s, u=u, stop_term_s=stop_term_s)))
     xs = [p.measurement.interval_s for p in points]
     return Model(
-        points=tuple(points), capacity=capacity,
+        points=tuple(points), capacity=capacity, warmup_s=warmup_s,
         latency_fit=fit_quadratic(xs, [p.measurement.latency_avg_ms for p in points]),
         trt_fits={c: fit_quadratic(xs, [p.trt.of(c) for p in points]) for c in CASES},
         stop_term_s=stop_term_s)
@@ -521,6 +548,28 @@ class KillOutcome:
     detection_s: float
     restart_s: float
     trt_s: float | None
+    reprocess_s: float | None = None
+
+
+def reprocessed_s(events: Sequence[Mapping[str, Any]], fault_s: float) -> float | None:
+    """E of a kill at ``fault_s``: how long before it the checkpoint the restart
+    restored was taken (its trigger: completion minus duration); the whole run so
+    far when it restarted from the beginning; None when the protocol's recovery line
+    is not one checkpoint id (uncoordinated protocols)."""
+    restarted = next((e for e in events if e["kind"] == "restarted" and e["t_s"] >= fault_s),
+                     None)
+    if restarted is None:
+        return None
+    line = restarted.get("checkpoint")
+    if line is None:
+        return fault_s
+    if isinstance(line, bool) or not isinstance(line, int):
+        return None
+    done = next((e for e in events if e["kind"] == "checkpoint_completed"
+                 and e.get("checkpoint_id") == line), None)
+    if done is None:
+        return None
+    return max(0.0, fault_s - (done["t_s"] - done.get("duration_s", 0.0)))
 
 
 def kill_outcome(result: "RunResult", kills: Sequence[Any]) -> KillOutcome:
@@ -550,14 +599,33 @@ def kill_outcome_of(kills: Sequence[Any], events: Sequence[Mapping[str, Any]],
     detection_s = o.detection_s or 0.0
     caught_up = caught_up_at(timeline, at_s, at_s + detection_s + o.restart_s)
     return KillOutcome(at_s=at_s, detection_s=detection_s, restart_s=o.restart_s,
-                       trt_s=None if caught_up is None else caught_up - at_s)
+                       trt_s=None if caught_up is None else caught_up - at_s,
+                       reprocess_s=reprocessed_s(events, at_s))
+
+
+def steady_latency_ms(metrics: Any, started_s: float, outcome: KillOutcome,
+                      settle_s: float = 0.5) -> float:
+    """L_avg of a run with one kill, in failure-free operation: the mean latency of
+    the whole seconds from ``settle_s`` after the sources caught up until the run
+    ended. (A run's latency histograms come from its last attempt's tasks — what
+    the killed tasks measured before the kill died with them — so the seconds after
+    the recovery are the failure-free ones left to measure.) Without such seconds
+    (the run ended soon after catching up), the last attempt's whole histogram."""
+    if outcome.trt_s is not None:
+        latency = latency_avg_ms(metrics.latency_windows, started_s,
+                                 outcome.at_s + outcome.trt_s + settle_s, metrics.duration_s)
+        if latency is not None:
+            return latency
+    stats = metrics.latency_histogram.mean_std()
+    return stats[0] * 1000.0 if stats else math.nan
 
 
 def measure_run(result: "RunResult", kills: Sequence[Any], interval_s: float,
                 settle_s: float | None = None) -> Measurement:
-    """A `Measurement` from a run with one injected kill: I_avg and L_avg from
-    ``settle_s`` after the start (default: 1 s, or 30% of the time to the kill if
-    that is shorter) until the kill, T, R and the observed TRT of the kill."""
+    """A `Measurement` from a run with one injected kill: I_avg from ``settle_s``
+    after the start (default: 1 s, or 30% of the time to the kill if that is
+    shorter) until the kill; L_avg after the recovery (`steady_latency_ms`); T, R
+    and the observed TRT of the kill."""
     outcome = kill_outcome(result, kills)
     if settle_s is None:
         settle_s = min(1.0, 0.3 * outcome.at_s)
@@ -566,15 +634,11 @@ def measure_run(result: "RunResult", kills: Sequence[Any], interval_s: float,
     if rate is None:
         raise RuntimeError(f"job {result.job_id}: too little ran before the kill at "
                            f"{outcome.at_s:.2f} s to measure the ingest rate; kill later")
-    latency = latency_avg_ms(result.metrics.latency_windows, result.details["started_s"],
-                             settle_s, outcome.at_s)
-    if latency is None:
-        stats = result.metrics.latency_histogram.mean_std()
-        latency = stats[0] * 1000.0 if stats else math.nan
+    latency = steady_latency_ms(result.metrics, result.details["started_s"], outcome)
     return Measurement(interval_s=interval_s, ingest_avg_per_s=rate, latency_avg_ms=latency,
                        detection_s=outcome.detection_s, restart_s=outcome.restart_s,
                        measured_trt_s=outcome.trt_s, kill_at_s=outcome.at_s,
-                       job_id=result.job_id)
+                       reprocess_s=outcome.reprocess_s, job_id=result.job_id)
 
 
 def _paced_sources(topology: "Topology") -> dict[str, Any]:
