@@ -39,6 +39,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) benchmarks/protocols.py
 	$(PY) benchmarks/acks.py
 	$(PY) benchmarks/redundancy.py
+	$(PY) benchmarks/tuning.py
 
 clean:
 	rm -rf $(VENV) .bastion drill-report.html
