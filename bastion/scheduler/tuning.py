@@ -358,9 +358,10 @@ def optimise(model: Model, trt_bound_s: float, min_interval_s: float,
     cuts = sorted({min_interval_s, max_interval_s,
                    *(x for x in fit.solve(trt_bound_s) if min_interval_s < x < max_interval_s)})
     tolerance = 1e-9 * max(1.0, trt_bound_s)
+    if len(cuts) == 1:   # min == max: one interval to judge
+        cuts = cuts * 2
     pieces = [(lo, hi) for lo, hi in zip(cuts, cuts[1:])
-              if fit((lo + hi) / 2) <= trt_bound_s] or (
-        [(cuts[0], cuts[0])] if len(cuts) == 1 and fit(cuts[0]) <= trt_bound_s else [])
+              if fit((lo + hi) / 2) <= trt_bound_s]
     candidates: list[float] = []
     vertex = model.latency_fit.vertex()
     for lo, hi in pieces:
