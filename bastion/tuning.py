@@ -90,7 +90,8 @@ def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.
     ``"avg"`` or ``"min"``. ``parallel``: profiling runs side by side, as many as the
     cluster's CPUs hold (1: one after the other). ``duration_s``: seconds per run for
     an unbounded topology. ``kill_between_s``: when the injected kill may fall
-    (default: the middle fifth of a run). ``max_rate_run_s``: the unthrottled run's
+    (default: the middle fifth of a run, moved after the first checkpoint of the
+    longest interval as far as 80% of the run allows). ``max_rate_run_s``: the unthrottled run's
     length. ``progress`` gets ``{"done", "total", "what"}`` after every run. Other
     keyword arguments go to every `bastion.run` (``storage``, ``heartbeat_timeout_s``,
     ``address``, ...). ``profiler`` replaces the Ray profiler (what it measures is
@@ -112,6 +113,7 @@ def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.
         profiler = RayProfiler(topology, protocol=protocol, duration_s=duration_s,
                                kill_between_s=kill_between_s, max_rate_run_s=max_rate_run_s,
                                capacity_interval_s=intervals[len(intervals) // 2],
+                               first_kill_after_s=max_interval_s,
                                seed=seed, run_options=dict(run_options))
         if parallel > 1:
             parallel = room_for_copies(topology, run_options, parallel)

@@ -93,13 +93,15 @@ def main() -> None:
                         help="source rate as a share of the measured maximum (0.4)")
     parser.add_argument("--wait-ms", type=float, default=0.2,
                         help="milliseconds the map waits per record (0.2)")
-    parser.add_argument("--seconds", type=float, default=12.0,
-                        help="seconds of input per run (12)")
+    parser.add_argument("--seconds", type=float, default=14.0,
+                        help="seconds of input per run (14)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     points = args.points or (3 if args.quick else 6)
     drills = args.drills or (2 if args.quick else 4)
-    kill_between = (2.0, min(5.0, args.seconds / 2))
+    # after the first checkpoint of the longest interval: a kill before it restarts
+    # the job from the beginning, where the paced source starts its schedule over
+    kill_between = (args.max + 0.5, args.max + 3.5)
     started = time.time()
 
     with tempfile.TemporaryDirectory(prefix="bastion-tuning-") as tmp:

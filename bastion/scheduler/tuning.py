@@ -554,17 +554,17 @@ class KillOutcome:
 
 def reprocessed_s(events: Sequence[Mapping[str, Any]], fault_s: float) -> float | None:
     """E of a kill at ``fault_s``: how long before it the checkpoint the restart
-    restored was taken (its trigger: completion minus duration); the whole run so
-    far when it restarted from the beginning; None when the protocol's recovery line
-    is not one checkpoint id (uncoordinated protocols)."""
+    restored was taken (its trigger: completion minus duration). None when the job
+    restarted from the beginning — a paced source with no checkpoint starts its
+    schedule over, so there is no backlog, and the kill says nothing about E — or
+    when the protocol's recovery line is not one checkpoint id (uncoordinated
+    protocols)."""
     restarted = next((e for e in events if e["kind"] == "restarted" and e["t_s"] >= fault_s),
                      None)
     if restarted is None:
         return None
     line = restarted.get("checkpoint")
-    if line is None:
-        return fault_s
-    if isinstance(line, bool) or not isinstance(line, int):
+    if line is None or isinstance(line, bool) or not isinstance(line, int):
         return None
     done = next((e for e in events if e["kind"] == "checkpoint_completed"
                  and e.get("checkpoint_id") == line), None)
@@ -687,8 +687,12 @@ class RayProfiler:
     """Profiles ``topology`` with real `bastion.run` jobs under ``protocol``.
 
     Each profiling run reads the topology's own input (``duration_s`` for an
-    unbounded one) and is killed once, at a random point of ``kill_between_s``
-    (default: the middle fifth of the run), reproducibly from the seed; the
+    unbounded one) and is killed once, at a random point of ``kill_between_s``,
+    reproducibly from the seed. By default that is the middle fifth of the run, moved
+    to after ``first_kill_after_s`` (the longest interval profiled: a kill before
+    the first checkpoint restarts the job from the beginning, where a paced source
+    starts its schedule over and nothing has to be caught up) as far as 80% of the
+    run allows; the
     capacity run reads the unthrottled copy for ``max_rate_run_s``. ``run_options``
     go to every `bastion.run` (storage, heartbeat_timeout_s, address, ...)."""
 
@@ -698,6 +702,7 @@ class RayProfiler:
     kill_between_s: tuple[float, float] | None = None
     max_rate_run_s: float = 4.0
     capacity_interval_s: float | None = None
+    first_kill_after_s: float = 0.0
     seed: int = 0
     run_options: dict[str, Any] = field(default_factory=dict)
 
@@ -708,7 +713,9 @@ class RayProfiler:
             raise ValueError("the topology has an unbounded source: pass duration_s, the "
                              "seconds each profiling run lasts")
         if self.kill_between_s is None:
-            self.kill_between_s = (0.4 * length, 0.6 * length)
+            first = min(max(0.4 * length, 1.1 * self.first_kill_after_s + 0.25), 0.8 * length)
+            self.kill_between_s = (first, min(max(0.6 * length, first + 0.2 * length),
+                                              0.8 * length))
         lo, hi = self.kill_between_s
         if not 0 < lo <= hi:
             raise ValueError(f"kill_between_s must be (first, last) seconds with 0 < first "
