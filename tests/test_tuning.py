@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -251,6 +252,48 @@ def test_a_broken_optimiser_is_caught(mutant):
         assert optimiser_failures(module) != [], f"{mutant}: the checks did not notice"
     finally:
         del sys.modules[name]
+
+
+class RecordingProfiler:
+    """A `Profiler` that measures nothing: it returns fixed figures and records how
+    many profiling runs were under way at once (the interface `bn.tune` accepts in
+    place of the Ray profiler)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.both_started = threading.Barrier(2, timeout=10)
+
+    def capacity(self):
+        return Capacity(1000.0, 0.0)
+
+    def profile(self, interval_s, seed):
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            self.both_started.wait()   # only passes when two runs are under way at once
+        except threading.BrokenBarrierError:
+            pass
+        with self.lock:
+            self.running -= 1
+        return Measurement(interval_s, 500.0, 20.0 - interval_s, 1.0, 0.5)
+
+
+def test_profiling_runs_side_by_side_when_asked():
+    seen = []
+    side_by_side = RecordingProfiler()
+    result = bn.tune(None, trt_bound_s=10, min_interval_s=1, max_interval_s=4, points=4,
+                     parallel=2, profiler=side_by_side, progress=seen.append)
+    assert side_by_side.most == 2
+    assert [m.interval_s for m in result.measurements] == [1.0, 2.0, 3.0, 4.0]
+    assert [p["done"] for p in seen] == [0, 1, 2, 3, 4, 5]
+    one_by_one = RecordingProfiler()
+    one_by_one.both_started = threading.Barrier(2, timeout=0.05)
+    bn.tune(None, trt_bound_s=10, min_interval_s=1, max_interval_s=4, points=4,
+            profiler=one_by_one)
+    assert one_by_one.most == 1
 
 
 # -- (c) end to end on real Ray -----------------------------------------------------------

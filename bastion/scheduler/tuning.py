@@ -65,7 +65,7 @@ from __future__ import annotations
 import copy
 import math
 import statistics
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol, Sequence
 
@@ -438,27 +438,15 @@ def profile_all(profiler: Profiler, intervals: Sequence[float], *, parallel: int
             report(f"interval {interval:g} s")
         return capacity, measurements
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        futures = [pool.submit(profiler.profile, interval, i)
-                   for i, interval in enumerate(intervals)]
-        measurements = []
-        for future, interval in zip(futures, intervals):
-            measurements.append(future.result())
-            report(f"interval {interval:g} s")
-    return capacity, measurements
+        futures = {pool.submit(profiler.profile, interval, i): interval
+                   for i, interval in enumerate(intervals)}
+        for future in as_completed(futures):
+            future.result()   # a failed run fails the tuning now, not after the others
+            report(f"interval {futures[future]:g} s")
+        return capacity, [future.result() for future in futures]
 
 
 # -- measuring a run --------------------------------------------------------------------------
-
-
-def _rates(timeline: Sequence[Mapping[str, Any]], key: str = "source_records"
-           ) -> list[tuple[float, float]]:
-    """(t_s, records/s) per timeline point."""
-    out = []
-    for prev, point in zip(timeline, timeline[1:]):
-        dt = point["t_s"] - prev["t_s"]
-        if dt > 0:
-            out.append((point["t_s"], point[key] / dt))
-    return out
 
 
 def ingest_rate(timeline: Sequence[Mapping[str, Any]], start_s: float, end_s: float
