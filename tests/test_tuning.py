@@ -125,11 +125,19 @@ def test_warm_up_after_a_restart_is_eq_5_solved_for_w():
     m = Measurement(2.0, 500.0, 1.0, 0.5, 0.5, measured_trt_s=4.0, reprocess_s=1.0)
     assert tm.recovery_warmup_s(m, 0.5) == pytest.approx(1.0)
     assert tm.recovery_warmup_s(Measurement(2.0, 500.0, 1.0, 0.5, 0.5), 0.5) is None
-    # the model uses the median of the runs' W, or the cold start's when larger
+    # per case: the least W seen, the median (or the cold start's when larger), the most
     runs = [Measurement(ci, 500.0, 1.0, 0.5, 0.5, measured_trt_s=trt, reprocess_s=1.0)
             for ci, trt in ((1.0, 4.0), (2.0, 3.0), (3.0, 9.0))]   # W = 1, 0, 6
-    assert build_model(runs, Capacity(1000.0, 0.2)).warmup_s == pytest.approx(1.0)
-    assert build_model(runs, Capacity(1000.0, 1.5)).warmup_s == pytest.approx(1.5)
+    assert build_model(runs, Capacity(1000.0, 0.2)).warmup_s == pytest.approx((0, 1, 6))
+    assert build_model(runs, Capacity(1000.0, 1.5)).warmup_s == pytest.approx((0, 1.5, 6))
+    model = build_model(runs, Capacity(1000.0, 0.2))
+    for p in model.points:   # and the estimates use them, case by case
+        m = p.measurement
+        for case, w in zip(("min", "avg", "max"), (0.0, 1.0, 6.0)):
+            assert p.trt.of(case) == pytest.approx(brute_force_trt(
+                m.interval_s, case, m.detection_s, m.restart_s, w, 500.0, 1000.0, 0.001))
+    assert build_model([Measurement(1.0, 500.0, 1.0, 0.5, 0.5)],
+                       Capacity(1000.0, 0.3)).warmup_s == (0.3, 0.3, 0.3)
 
 
 def test_reprocessed_time_is_the_age_of_the_restored_checkpoint():

@@ -46,8 +46,12 @@ injected kill, and measures I_avg and the average latency L_avg before the kill,
 T and R of the recovery, and E of the kill (how old the restored checkpoint was);
 one more run with the source's pacing removed measures I_max and a cold-start W.
 The warm-up after a *restart* is what eq 2 needs, and each profiling run shows it:
-eq 5 solved for W with the run's observed TRT (`recovery_warmup_s`); the model uses
-the larger of the cold-start W and the median of those. `Profiler` is the interface; `RayProfiler` runs real jobs with
+eq 5 solved for W with the run's observed TRT (`recovery_warmup_s`). Bastion's one
+departure from the paper's single W: the warm-ups differ from recovery to recovery
+(on a shared machine, by what else runs; after every restart the job also starts a
+new standby process), and the cases take that spread too — the best case uses the
+least W seen (the cold start's, or a recovery's), the average case the median, the
+worst case the largest. `Profiler` is the interface; `RayProfiler` runs real jobs with
 `bastion.run`, side by side when asked and the cluster has room.
 
 **Modelling** (§IV-B) fits second-order polynomials to L_avg and to each of the TRT
@@ -174,11 +178,13 @@ def trt_s(interval_s: float, case: Case, *, detection_s: float, restart_s: float
 
 
 def trt_estimate(interval_s: float, *, detection_s: float, restart_s: float,
-                 warmup_s: float, u: float, stop_term_s: float = DEFAULT_STOP_TERM_S
-                 ) -> TrtEstimate:
-    """TRT minimum, average and maximum at ``interval_s``."""
+                 warmup_s: float | tuple[float, float, float], u: float,
+                 stop_term_s: float = DEFAULT_STOP_TERM_S) -> TrtEstimate:
+    """TRT minimum, average and maximum at ``interval_s``; ``warmup_s`` is one W for
+    every case, or (best, average, worst)."""
+    warmups = (warmup_s,) * 3 if isinstance(warmup_s, (int, float)) else tuple(warmup_s)
     values = [trt_s(interval_s, c, detection_s=detection_s, restart_s=restart_s,
-                    warmup_s=warmup_s, u=u, stop_term_s=stop_term_s) for c in CASES]
+                    warmup_s=w, u=u, stop_term_s=stop_term_s) for c, w in zip(CASES, warmups)]
     return TrtEstimate(*values)
 
 
@@ -271,7 +277,7 @@ class Model:
     latency_fit: Quadratic
     trt_fits: Mapping[str, Quadratic]
     stop_term_s: float = DEFAULT_STOP_TERM_S
-    warmup_s: float = 0.0         # W the estimates used (see `build_model`)
+    warmup_s: tuple[float, float, float] = (0.0, 0.0, 0.0)  # W per case (`build_model`)
 
     def trt(self, interval_s: float) -> TrtEstimate:
         return TrtEstimate(*(self.trt_fits[c](interval_s) for c in CASES))
@@ -298,17 +304,20 @@ def build_model(measurements: Sequence[Measurement], capacity: Capacity,
     """The TRT estimate of every measurement (eqs 1–5, with that run's I_avg, T and R,
     the capacity's I_max, and W) and the second-order fits.
 
-    W is the larger of the unthrottled run's warm-up and the median of the warm-ups
-    the profiling runs' recoveries showed (`recovery_warmup_s`): a ramp measured from
-    a cold start of the job and one measured after a restart are both warm-ups, and
-    the recovery's is the one eq 2 is about. The median keeps one disturbed run from
-    moving it."""
+    W per case, from the unthrottled run's warm-up (a cold start) and the warm-ups
+    the profiling runs' recoveries showed (`recovery_warmup_s`, at least 0): best
+    case the least of them, average case the larger of the cold start's and the
+    recoveries' median, worst case the largest. Without recoveries to read it from,
+    the cold start's W for every case, as in the paper."""
     if not measurements:
         raise ValueError("build_model needs at least one measurement")
     ordered = sorted(measurements, key=lambda m: m.interval_s)
     us = [utilisation(m.ingest_avg_per_s, capacity.ingest_max_per_s) for m in ordered]
-    seen = [w for m, u in zip(ordered, us) if (w := recovery_warmup_s(m, u)) is not None]
-    warmup_s = max([capacity.warmup_s] + ([statistics.median(seen)] if seen else []))
+    seen = [max(0.0, w) for m, u in zip(ordered, us)
+            if (w := recovery_warmup_s(m, u)) is not None]
+    cold = capacity.warmup_s
+    warmup_s = ((min(cold, *seen), max(cold, statistics.median(seen)), max(cold, *seen))
+                if seen else (cold, cold, cold))
     points = []
     for m, u in zip(ordered, us):
         points.append(ModelPoint(m, u, trt_estimate(
