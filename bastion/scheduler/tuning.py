@@ -42,12 +42,14 @@ the backlog ``(E+T+R+W)·I_avg`` drains at ``I_max - I_avg``.)
 
 **Profiling** (Chiron §IV-A) runs the user's topology once per interval of an evenly
 spaced grid between a minimum and a maximum, each on the same input, with one
-injected kill, and measures I_avg and the average latency L_avg before the kill, and
-T and R of the recovery, and E of the kill (how old the restored checkpoint was);
+injected kill, and measures I_avg before the kill, the average latency L_avg in
+the failure-free seconds after the recovery (a run's latency histograms come from
+its last attempt), T and R of the recovery, and E of the kill (how old the
+restored checkpoint was);
 one more run with the source's pacing removed measures I_max and a cold-start W.
 The warm-up after a *restart* is what eq 2 needs, and each profiling run shows it:
-eq 5 solved for W with the run's observed TRT (`recovery_warmup_s`). Bastion's one
-departure from the paper's single W: the warm-ups differ from recovery to recovery
+eq 5 solved for W with the run's observed TRT (`recovery_warmup_s`). A departure
+from the paper's single W: the warm-ups differ from recovery to recovery
 (on a shared machine, by what else runs; after every restart the job also starts a
 new standby process), and the cases take that spread too — the best case uses the
 least W seen (the cold start's, or a recovery's), the average case the median, the
