@@ -478,7 +478,7 @@ class TuneProgress:
 def _tune(args: argparse.Namespace, topology: Topology, store: Any, *, trt_bound_s: float,
           min_interval_s: float, max_interval_s: float, points: int, case: str = "max",
           parallel: int = 1, duration_s: float | None = None, seed: int = 0,
-          max_rate_run_s: float = 4.0) -> Any:
+          max_rate_run_s: float = 4.0, repeats: int = 1) -> Any:
     """Run `bastion.tune` for a command, with its progress bar; a refused option is a
     usage error, a failed profiling job a `BastionError` for the caller."""
     import bastion as bn
@@ -486,7 +486,8 @@ def _tune(args: argparse.Namespace, topology: Topology, store: Any, *, trt_bound
     progress = TuneProgress()
     try:
         return bn.tune(topology, trt_bound_s=trt_bound_s, min_interval_s=min_interval_s,
-                       max_interval_s=max_interval_s, points=points, case=case,
+                       max_interval_s=max_interval_s, points=points, repeats=repeats,
+                       case=case,
                        protocol=args.protocol, parallel=parallel, duration_s=duration_s,
                        seed=seed, max_rate_run_s=max_rate_run_s, progress=progress,
                        storage=store.url,
@@ -531,7 +532,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         result = _tune(args, topology, store, trt_bound_s=args.trt_bound,
                        min_interval_s=args.min, max_interval_s=args.max, points=args.points,
                        case=args.case, parallel=args.parallel, duration_s=args.duration,
-                       seed=args.seed, max_rate_run_s=args.max_rate_run)
+                       seed=args.seed, max_rate_run_s=args.max_rate_run,
+                       repeats=args.repeats)
     except BastionError as exc:  # a profiling job failed
         _say(str(exc))
         return EXIT_FAILED
@@ -907,6 +909,9 @@ def build_parser() -> argparse.ArgumentParser:
                       metavar="S", help="longest checkpoint interval to try (default 8)")
     tune.add_argument("--points", type=_number(int, minimum=2), default=6, metavar="N",
                       help="intervals to profile, evenly spaced (default 6)")
+    tune.add_argument("--repeats", type=_number(int, minimum=1), default=1, metavar="N",
+                      help="profiling runs per interval; their medians are modelled "
+                           "(default 1)")
     tune.add_argument("--case", choices=["max", "avg", "min"], default="max",
                       help="which TRT must stay under the bound: max (worst case, the "
                            "default), avg or min")

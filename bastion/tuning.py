@@ -77,7 +77,7 @@ class TuningResult:
 
 
 def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.5,
-         max_interval_s: float = 8.0, points: int = 6, case: Case = "max",
+         max_interval_s: float = 8.0, points: int = 6, repeats: int = 1, case: Case = "max",
          protocol: str = "coordinated", parallel: int = 1, duration_s: float | None = None,
          kill_between_s: tuple[float, float] | None = None, max_rate_run_s: float = 4.0,
          stop_term_s: float = DEFAULT_STOP_TERM_S, seed: int = 0,
@@ -86,7 +86,8 @@ def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.
     """Profile ``topology`` at ``points`` checkpoint intervals from ``min_interval_s``
     to ``max_interval_s``, model its TRT and latency, and choose the interval.
 
-    ``case`` is the TRT the bound applies to: ``"max"`` (worst case, the default),
+    ``repeats``: profiling runs per interval, whose medians are modelled (the paper
+    ran five). ``case`` is the TRT the bound applies to: ``"max"`` (worst case, the default),
     ``"avg"`` or ``"min"``. ``parallel``: profiling runs side by side, as many as the
     cluster's CPUs hold (1: one after the other). ``duration_s``: seconds per run for
     an unbounded topology. ``kill_between_s``: when the injected kill may fall
@@ -118,7 +119,7 @@ def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.
         if parallel > 1:
             parallel = room_for_copies(topology, run_options, parallel)
     capacity, measurements = profile_all(profiler, intervals, parallel=parallel,
-                                         progress=progress)
+                                         repeats=repeats, progress=progress)
     model = build_model(measurements, capacity, stop_term_s)
     choice: Choice = optimise(model, trt_bound_s, min_interval_s, max_interval_s, case)
     return TuningResult(

@@ -24,7 +24,7 @@ The headline is the LAST line. Nothing is asserted and nothing is hard-coded: on
 shared machine the figures move from run to run, and the output says so when a
 target is missed.
 
-    .venv/bin/python benchmarks/tuning.py [--quick] [--bound S] [--drills N]
+    .venv/bin/python benchmarks/tuning.py [--quick] [--bound S] [--drills N] [--repeats N]
 """
 
 from __future__ import annotations
@@ -82,13 +82,16 @@ def fmt(v: float | None, spec: str = ".2f") -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="3 profiling points and 2 drills per interval (else 6 and 4)")
+                        help="3 profiling points, 1 run each, 2 drills per interval (else "
+                             "6 points, 3 runs each, 4 drills)")
     parser.add_argument("--bound", type=float, default=4.0,
                         help="worst-case TRT bound in seconds (default 4)")
     parser.add_argument("--min", type=float, default=0.5, help="shortest interval (0.5)")
     parser.add_argument("--max", type=float, default=4.0, help="longest interval (4)")
     parser.add_argument("--points", type=int, default=None)
     parser.add_argument("--drills", type=int, default=None, help="drills per interval")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="profiling runs per interval (1 with --quick, else 3)")
     parser.add_argument("--load", type=float, default=0.4,
                         help="source rate as a share of the measured maximum (0.4)")
     parser.add_argument("--wait-ms", type=float, default=0.2,
@@ -99,6 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     points = args.points or (3 if args.quick else 6)
     drills = args.drills or (2 if args.quick else 4)
+    repeats = args.repeats or (1 if args.quick else 3)
     # after the first checkpoint of the longest interval: a kill before it restarts
     # the job from the beginning, where the paced source starts its schedule over
     kill_between = (args.max + 0.5, args.max + 3.5)
@@ -116,14 +120,16 @@ def main() -> None:
         print(f"workload: paced source {rate:,.0f} records/s ({args.load:.0%} of a probed "
               f"maximum {probed.ingest_max_per_s:,.0f}/s), {args.seconds:g} s of input, "
               f"map waiting {args.wait_ms:g} ms per record, keyed sum; protocol coordinated")
-        print(f"tuning: worst-case TRT <= {args.bound:g} s over {points} intervals in "
+        print(f"tuning: worst-case TRT <= {args.bound:g} s over {points} intervals x "
+              f"{repeats} runs in "
               f"[{args.min:g}, {args.max:g}] s, one kill per run in {kill_between} s\n")
 
         def progress(p: dict) -> None:
             print(f"  profiling {p['done']}/{p['total']} {p['what']}", flush=True)
 
         result = bn.tune(topo, trt_bound_s=args.bound, min_interval_s=args.min,
-                         max_interval_s=args.max, points=points, case="max",
+                         max_interval_s=args.max, points=points, repeats=repeats,
+                         case="max",
                          kill_between_s=kill_between, seed=args.seed, progress=progress,
                          **options)
         from bastion.cli import table

@@ -140,6 +140,20 @@ def test_warm_up_after_a_restart_is_eq_5_solved_for_w():
                        Capacity(1000.0, 0.3)).warmup_s == (0.3, 0.3, 0.3)
 
 
+def test_repeated_runs_of_an_interval_are_modelled_by_their_medians():
+    runs = [Measurement(1.0, 500.0, lat, t, r, measured_trt_s=trt, reprocess_s=0.5,
+                        job_id=f"j{i}")
+            for i, (lat, t, r, trt) in enumerate([(1.0, 0.1, 0.2, 1.0), (9.0, 0.1, 5.0, 9.0),
+                                                   (2.0, 0.3, 0.3, 1.2)])]
+    runs.append(Measurement(2.0, 500.0, 3.0, 0.1, 0.2))
+    model = build_model(runs, Capacity(1000.0, 0.0))
+    assert [p.measurement.interval_s for p in model.points] == [1.0, 2.0]
+    one = model.points[0].measurement
+    assert (one.latency_avg_ms, one.detection_s, one.restart_s, one.measured_trt_s) == (
+        2.0, 0.1, 0.3, 1.2)
+    assert one.job_id == "j0 j1 j2"
+
+
 def test_reprocessed_time_is_the_age_of_the_restored_checkpoint():
     events = [{"kind": "checkpoint_completed", "t_s": 1.1, "checkpoint_id": 1,
                "duration_s": 0.1},
@@ -297,6 +311,12 @@ def test_profiling_runs_side_by_side_when_asked():
     assert side_by_side.most == 2
     assert [m.interval_s for m in result.measurements] == [1.0, 2.0, 3.0, 4.0]
     assert [p["done"] for p in seen] == [0, 1, 2, 3, 4, 5]
+    quick = RecordingProfiler()
+    quick.both_started = threading.Barrier(2, timeout=0.05)
+    repeated = bn.tune(None, trt_bound_s=10, min_interval_s=1, max_interval_s=4, points=2,
+                       repeats=3, profiler=quick)
+    assert [m.interval_s for m in repeated.measurements] == [1.0] * 3 + [4.0] * 3
+    assert len(repeated.model.points) == 2
     one_by_one = RecordingProfiler()
     one_by_one.both_started = threading.Barrier(2, timeout=0.05)
     bn.tune(None, trt_bound_s=10, min_interval_s=1, max_interval_s=4, points=4,

@@ -301,10 +301,30 @@ def recovery_warmup_s(m: Measurement, u: float) -> float | None:
     return catch_up * (1 - u) / u - (m.reprocess_s + m.detection_s + m.restart_s)
 
 
+def median_measurement(runs: Sequence[Measurement]) -> Measurement:
+    """One measurement from several runs of the same interval: the median of each
+    figure (of those that have it); the job id names the runs."""
+    if len(runs) == 1:
+        return runs[0]
+
+    def median(name: str) -> Any:
+        values = [getattr(m, name) for m in runs if getattr(m, name) is not None]
+        return statistics.median(values) if values else None
+
+    return Measurement(interval_s=runs[0].interval_s,
+                       ingest_avg_per_s=median("ingest_avg_per_s"),
+                       latency_avg_ms=median("latency_avg_ms"),
+                       detection_s=median("detection_s"), restart_s=median("restart_s"),
+                       measured_trt_s=median("measured_trt_s"),
+                       reprocess_s=median("reprocess_s"),
+                       job_id=" ".join(m.job_id for m in runs))
+
+
 def build_model(measurements: Sequence[Measurement], capacity: Capacity,
                 stop_term_s: float = DEFAULT_STOP_TERM_S) -> Model:
-    """The TRT estimate of every measurement (eqs 1–5, with that run's I_avg, T and R,
-    the capacity's I_max, and W) and the second-order fits.
+    """The TRT estimate of every profiled interval (eqs 1–5, with its I_avg, T and R
+    — medians when it ran more than once —, the capacity's I_max, and W) and the
+    second-order fits.
 
     W per case, from the unthrottled run's warm-up (a cold start) and the warm-ups
     the profiling runs' recoveries showed (`recovery_warmup_s`, at least 0): best
@@ -313,10 +333,16 @@ def build_model(measurements: Sequence[Measurement], capacity: Capacity,
     the cold start's W for every case, as in the paper."""
     if not measurements:
         raise ValueError("build_model needs at least one measurement")
-    ordered = sorted(measurements, key=lambda m: m.interval_s)
+    runs = sorted(measurements, key=lambda m: m.interval_s)
+    seen = [max(0.0, w) for m in runs if (w := recovery_warmup_s(
+        m, utilisation(m.ingest_avg_per_s, capacity.ingest_max_per_s))) is not None]
+    # Several runs of one interval (``repeats``): their medians, as in the paper's
+    # evaluation (five runs, the median values modelled).
+    groups: dict[float, list[Measurement]] = {}
+    for m in runs:
+        groups.setdefault(m.interval_s, []).append(m)
+    ordered = [median_measurement(group) for group in groups.values()]
     us = [utilisation(m.ingest_avg_per_s, capacity.ingest_max_per_s) for m in ordered]
-    seen = [max(0.0, w) for m, u in zip(ordered, us)
-            if (w := recovery_warmup_s(m, u)) is not None]
     cold = capacity.warmup_s
     warmup_s = ((min(cold, *seen), max(cold, statistics.median(seen)), max(cold, *seen))
                 if seen else (cold, cold, cold))
@@ -423,12 +449,15 @@ class Profiler(Protocol):
 
 
 def profile_all(profiler: Profiler, intervals: Sequence[float], *, parallel: int = 1,
-                progress: Callable[[dict[str, Any]], None] | None = None
+                repeats: int = 1, progress: Callable[[dict[str, Any]], None] | None = None
                 ) -> tuple[Capacity, list[Measurement]]:
-    """The capacity run, then one profiling run per interval, ``parallel`` at a time.
-    ``progress`` gets ``{"done", "total", "what"}`` after every run."""
+    """The capacity run, then ``repeats`` profiling runs per interval, ``parallel``
+    at a time. ``progress`` gets ``{"done", "total", "what"}`` after every run."""
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    intervals = [interval for interval in intervals for _ in range(repeats)]
     total = len(intervals) + 1
     done = 0
 
