@@ -317,7 +317,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--trt-bound sets the tuning of --checkpoint-interval auto; "
                          "pass --checkpoint-interval auto too")
     if args.checkpoint_interval == "auto":
-        args.checkpoint_interval = _auto_interval(args)
+        try:
+            args.checkpoint_interval = _auto_interval(args)
+        except (TopologyError, StorageError):
+            raise  # user errors: main prints them as one line, exit 2
+        except BastionError as exc:  # a profiling run failed: the job did not run
+            _say(f"--checkpoint-interval auto: tuning failed: {exc}")
+            return EXIT_JOB_FAILED
     if args.checkpoint_interval is not None and args.protocol == "none":
         raise UsageError("--checkpoint-interval has no effect under --protocol none; "
                          "pick a checkpointing protocol, e.g. --protocol coordinated")
@@ -534,6 +540,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                        case=args.case, parallel=args.parallel, duration_s=args.duration,
                        seed=args.seed, max_rate_run_s=args.max_rate_run,
                        repeats=args.repeats)
+    except (TopologyError, StorageError):
+        raise  # user errors: main prints them as one line, exit 2
     except BastionError as exc:  # a profiling job failed
         _say(str(exc))
         return EXIT_FAILED

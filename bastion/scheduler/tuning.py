@@ -75,6 +75,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol, Sequence
 
+from bastion.errors import BastionError
+
 if TYPE_CHECKING:
     from bastion.launcher import RunResult
     from bastion.topology import Topology
@@ -83,6 +85,11 @@ Case = Literal["min", "avg", "max"]
 CASES: tuple[Case, ...] = ("min", "avg", "max")
 DEFAULT_STOP_TERM_S = 0.001   # the paper's "less than one", in its unit (ms)
 _MAX_TERMS = 1_000_000
+
+
+class ProfilingError(BastionError):
+    """A profiling run measured nothing usable: its kill did not land, or too little
+    ran before it. The message names the job and what to change."""
 
 
 # -- measurements -----------------------------------------------------------------------------
@@ -621,7 +628,7 @@ def kill_outcome_of(kills: Sequence[Any], events: Sequence[Mapping[str, Any]],
     landed = [o for o in outcomes if o.landed and o.restart_s is not None]
     if not landed:
         notes = "; ".join(o.describe() for o in outcomes) or "no kill was scheduled"
-        raise RuntimeError(f"job {job_id}: the injected kill did not land ({notes}); "
+        raise ProfilingError(f"job {job_id}: the injected kill did not land ({notes}); "
                            "make the runs longer or kill earlier (kill_between_s)")
     o = landed[0]
     at_s = o.at_s if o.at_s is not None else o.scheduled_s
@@ -661,7 +668,7 @@ def measure_run(result: "RunResult", kills: Sequence[Any], interval_s: float,
     timeline = result.details["timeline"]
     rate = ingest_rate(timeline, settle_s, outcome.at_s)
     if rate is None:
-        raise RuntimeError(f"job {result.job_id}: too little ran before the kill at "
+        raise ProfilingError(f"job {result.job_id}: too little ran before the kill at "
                            f"{outcome.at_s:.2f} s to measure the ingest rate; kill later")
     latency = steady_latency_ms(result.metrics, result.details["started_s"], outcome)
     return Measurement(interval_s=interval_s, ingest_avg_per_s=rate, latency_avg_ms=latency,
