@@ -134,7 +134,8 @@ def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.
 # -- the HTML page ----------------------------------------------------------------------------
 
 _W, _H, _PAD = 560, 320, 48
-_COLOURS = {"min": "#2a9d8f", "avg": "#e9c46a", "max": "#e76f51", "latency": "#264653"}
+_COLOURS = {"min": "#2a9d8f", "avg": "#e9c46a", "max": "#e76f51", "latency": "#264653",
+            "observed": "#000000"}
 
 
 def _chart(title: str, xs_range: tuple[float, float], curves: dict[str, Callable[[float], float]],
@@ -208,7 +209,9 @@ def render_html(result: TuningResult, title: str = "checkpoint-interval tuning")
     trt_chart = _chart(
         "total recovery time (predicted)", span,
         {c: model.trt_fits[c] for c in CASES},
-        {c: [(p.measurement.interval_s, p.trt.of(c)) for p in model.points] for c in CASES},
+        {**{c: [(p.measurement.interval_s, p.trt.of(c)) for p in model.points] for c in CASES},
+         "observed": [(m.interval_s, m.measured_trt_s) for m in result.measurements
+                      if m.measured_trt_s is not None]},
         "TRT (s)", hline=(result.trt_bound_s, f"bound {result.trt_bound_s:g} s"),
         vline=result.interval_s)
     latency_chart = _chart(
@@ -219,7 +222,8 @@ def render_html(result: TuningResult, title: str = "checkpoint-interval tuning")
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
                    for row in result.rows())
     legend = " ".join(f'<span style="color:{_COLOURS[c]}">&#9632; TRT {c}</span>'
-                      for c in CASES)
+                      for c in CASES) + (' <span>&#9679; TRT observed in a profiling run '
+                                         '(kill to caught up)</span>')
     cap = result.capacity
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
