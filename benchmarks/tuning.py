@@ -186,6 +186,8 @@ def main() -> None:
                       f"{fmt(latency, '.1f')} ms", flush=True)
             mean_trt = statistics.mean(measured_trt) if measured_trt else None
             mean_latency = statistics.mean(measured_latency) if measured_latency else None
+            median_latency = (statistics.median(measured_latency) if measured_latency
+                              else None)
             if mean_trt is not None:
                 avg_ratios.append(mean_trt / predicted.avg_s)
             if mean_latency:
@@ -194,13 +196,15 @@ def main() -> None:
                          f"{predicted.min_s:.2f}", f"{predicted.avg_s:.2f}",
                          f"{predicted.max_s:.2f}", fmt(mean_trt),
                          " ".join(f"{t:.2f}" for t in measured_trt) or "-",
-                         f"{model.latency_ms(interval):.1f}", fmt(mean_latency, ".1f")))
+                         f"{model.latency_ms(interval):.1f}", fmt(mean_latency, ".1f"),
+                         fmt(median_latency, ".1f")))
 
         print("\nvalidation (* = chosen): predicted TRT min/avg/max against measured, "
-              "predicted L_avg against measured")
+              "predicted L_avg against measured (the mean over the drills, which the "
+              "target uses; the median beside it)")
         print(table(rows, header=("interval s", "TRT min", "TRT avg", "TRT max",
                                   "measured avg", "measured each", "L_avg pred ms",
-                                  "L_avg meas ms")))
+                                  "L_avg meas ms", "(median)")))
         share = in_range / total if total else 0.0
         worst_avg = max((abs(r - 1) for r in avg_ratios), default=None)
         worst_latency = max((abs(r - 1) for r in latency_ratios), default=None)
