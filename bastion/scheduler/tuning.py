@@ -301,7 +301,9 @@ def recovery_warmup_s(m: Measurement, u: float) -> float | None:
     time the series does not explain by the backlog, i.e. the dead time of the
     ramp back to full speed (on a small machine also what the restart's side work,
     such as starting a new standby process, took from the catch-up). None without
-    an observed TRT and E, or when nothing had to be caught up (U = 0)."""
+    an observed TRT and E, or when nothing had to be caught up (U = 0). At a low U it
+    is coarse — the timeline's 0.1 s resolution times (1-U)/U: seconds at U = 0.02 —
+    and matters as little, since it enters the TRT times U/(1-U)."""
     if m.measured_trt_s is None or m.reprocess_s is None or u <= 0:
         return None
     catch_up = m.measured_trt_s - m.detection_s - m.restart_s
