@@ -288,7 +288,8 @@ class RecordingProfiler:
         self.both_started = threading.Barrier(2, timeout=10)
 
     def capacity(self):
-        return Capacity(1000.0, 0.0)
+        self.capacity_runs = getattr(self, "capacity_runs", 0) + 1
+        return Capacity(900.0 + 100.0 * self.capacity_runs, 0.0)
 
     def profile(self, interval_s, seed):
         with self.lock:
@@ -317,6 +318,8 @@ def test_profiling_runs_side_by_side_when_asked():
                        repeats=3, profiler=quick)
     assert [m.interval_s for m in repeated.measurements] == [1.0] * 3 + [4.0] * 3
     assert len(repeated.model.points) == 2
+    assert quick.capacity_runs == 3
+    assert repeated.capacity.ingest_max_per_s == 1100.0   # the median of 1000, 1100, 1200
     one_by_one = RecordingProfiler()
     one_by_one.both_started = threading.Barrier(2, timeout=0.05)
     bn.tune(None, trt_bound_s=10, min_interval_s=1, max_interval_s=4, points=4,

@@ -460,14 +460,16 @@ class Profiler(Protocol):
 def profile_all(profiler: Profiler, intervals: Sequence[float], *, parallel: int = 1,
                 repeats: int = 1, progress: Callable[[dict[str, Any]], None] | None = None
                 ) -> tuple[Capacity, list[Measurement]]:
-    """The capacity run, then ``repeats`` profiling runs per interval, ``parallel``
-    at a time. ``progress`` gets ``{"done", "total", "what"}`` after every run."""
+    """``repeats`` capacity runs (one after the other: side by side they would share
+    the capacity they measure; the medians of I_max and W count), then ``repeats``
+    profiling runs per interval, ``parallel`` at a time. ``progress`` gets
+    ``{"done", "total", "what"}`` after every run."""
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     intervals = [interval for interval in intervals for _ in range(repeats)]
-    total = len(intervals) + 1
+    total = len(intervals) + repeats
     done = 0
 
     def report(what: str) -> None:
@@ -478,8 +480,14 @@ def profile_all(profiler: Profiler, intervals: Sequence[float], *, parallel: int
 
     if progress is not None:
         progress({"done": 0, "total": total, "what": "starting"})
-    capacity = profiler.capacity()
-    report(f"capacity: I_max {capacity.ingest_max_per_s:,.0f}/s")
+    capacities = []
+    for _ in range(repeats):
+        capacities.append(profiler.capacity())
+        report(f"capacity: I_max {capacities[-1].ingest_max_per_s:,.0f}/s")
+    capacity = capacities[0] if repeats == 1 else Capacity(
+        ingest_max_per_s=statistics.median(c.ingest_max_per_s for c in capacities),
+        warmup_s=statistics.median(c.warmup_s for c in capacities),
+        job_id=" ".join(c.job_id for c in capacities))
     if parallel == 1:
         measurements = []
         for i, interval in enumerate(intervals):
