@@ -42,6 +42,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) benchmarks/recovery.py
 	$(PY) benchmarks/metrics_export.py
 	$(PY) benchmarks/scaling.py
+	$(PY) benchmarks/tuning.py
 
 clean:
 	rm -rf $(VENV) .bastion drill-report.html

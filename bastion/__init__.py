@@ -36,6 +36,7 @@ _EXPORTS = {
     "scheduler.recovery": ("RecoveryPolicy",),
     "scheduler.resiliency": ("ResiliencyPolicy",),
     "topology": ("KeyedStream", "Stream", "Topology"),
+    "tuning": ("TuningResult", "tune"),
 }
 
 if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__ loads
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from bastion.scheduler.recovery import RecoveryPolicy
     from bastion.scheduler.resiliency import ResiliencyPolicy
     from bastion.topology import KeyedStream, Stream, Topology
+    from bastion.tuning import TuningResult, tune
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)

@@ -22,6 +22,13 @@ its output logs, with a Spark job (`bastion.spark_jobs.reconstruct`), writes eac
 the store in the form a restart loads, and prints what it found: open parts, extent,
 where replay starts, damaged log stretches (reported, never loaded).
 
+``bastion tune FILE --trt-bound S --min S --max S --points N`` chooses the
+checkpoint interval (`bastion.tuning`, Chiron): a progress bar over the profiling
+runs, a table of what they measured with the predicted total recovery time per
+interval, the chosen interval — or that none in the range meets the bound (exit 1)
+— and an HTML page with the fitted curves. ``bastion run --checkpoint-interval auto
+--trt-bound S`` tunes over 0.5–8 s first, then runs with the chosen interval.
+
 ``bastion gc`` deletes old job folders from a store (`bastion.storage.retention`);
 ``run`` and ``drill`` do the same to a local store after every run, keeping the
 newest ``--keep-jobs``, so ``.bastion/`` does not grow by a folder per run for ever.
@@ -84,6 +91,8 @@ RETENTION_MIN_AGE_S = 3600.0
 #: Without a terminal (CI logs, a pipe), one progress line per this many seconds:
 #: the launcher reports twice a second, which floods a log file.
 PIPE_PROGRESS_EVERY_S = 5.0
+#: The range `run --checkpoint-interval auto` tunes over (`bastion tune` sets its own).
+TUNE_MIN_INTERVAL_S, TUNE_MAX_INTERVAL_S, TUNE_POINTS = 0.5, 8.0, 6
 
 
 class UsageError(Exception):
@@ -304,6 +313,17 @@ def _acks_and_redundancy_options(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_run(args: argparse.Namespace) -> int:
     import bastion as bn
 
+    if args.trt_bound is not None and args.checkpoint_interval != "auto":
+        raise UsageError("--trt-bound sets the tuning of --checkpoint-interval auto; "
+                         "pass --checkpoint-interval auto too")
+    if args.checkpoint_interval == "auto":
+        try:
+            args.checkpoint_interval = _auto_interval(args)
+        except (TopologyError, StorageError):
+            raise  # user errors: main prints them as one line, exit 2
+        except BastionError as exc:  # a profiling run failed: the job did not run
+            _say(f"--checkpoint-interval auto: tuning failed: {exc}")
+            return EXIT_JOB_FAILED
     if args.checkpoint_interval is not None and args.protocol == "none":
         raise UsageError("--checkpoint-interval has no effect under --protocol none; "
                          "pick a checkpointing protocol, e.g. --protocol coordinated")
@@ -483,6 +503,133 @@ def _drill_scenario(args: argparse.Namespace) -> int:
     return 1 if 1 in codes else max(codes)  # a violation says more than a missed fault
 
 
+class TuneProgress:
+    """A progress bar over the profiling runs of `bastion tune` on stderr: rewritten
+    in place on a terminal, one line per finished run otherwise."""
+
+    def __init__(self, stream: Any = None, *, tty: bool | None = None, width: int = 24):
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = self.stream.isatty() if tty is None else tty
+        self.width = width
+        self.printed = False
+
+    def __call__(self, progress: dict[str, Any]) -> None:
+        done, total = progress["done"], progress["total"]
+        filled = round(self.width * done / max(total, 1))
+        line = (f"profiling [{'#' * filled}{'.' * (self.width - filled)}] "
+                f"{done}/{total} runs  {progress['what']}")
+        if self.enabled:
+            self.stream.write("\r" + line.ljust(78))
+            self.printed = True
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.printed:
+            self.stream.write("\n")
+            self.stream.flush()
+        self.printed = False
+
+
+def _tune(args: argparse.Namespace, topology: Topology, store: Any, *, trt_bound_s: float,
+          min_interval_s: float, max_interval_s: float, points: int, case: str = "max",
+          parallel: int = 1, duration_s: float | None = None, seed: int = 0,
+          max_rate_run_s: float = 4.0, repeats: int = 1) -> Any:
+    """Run `bastion.tune` for a command, with its progress bar; a refused option is a
+    usage error, a failed profiling job a `BastionError` for the caller."""
+    import bastion as bn
+
+    progress = TuneProgress()
+    try:
+        return bn.tune(topology, trt_bound_s=trt_bound_s, min_interval_s=min_interval_s,
+                       max_interval_s=max_interval_s, points=points, repeats=repeats,
+                       case=case,
+                       protocol=args.protocol, parallel=parallel, duration_s=duration_s,
+                       seed=seed, max_rate_run_s=max_rate_run_s, progress=progress,
+                       storage=store.url,
+                       address=args.address)
+    except (TopologyError, StorageError, BastionError):
+        raise
+    except ValueError as exc:  # a bad option or a topology tuning cannot profile
+        raise UsageError(str(exc)) from exc
+    finally:
+        progress.close()
+
+
+def print_tuning(result: Any, stream: Any = None) -> None:
+    """The measurements, the model's estimate per interval and the decision."""
+    out = stream if stream is not None else sys.stdout
+    cap = result.capacity
+    print(f"\ncapacity: I_max {cap.ingest_max_per_s:,.0f} records/s (unthrottled run "
+          f"{cap.job_id}), warm-up W best/average/worst "
+          f"{'/'.join(f'{w:.2f}' for w in result.model.warmup_s)} s", file=out)
+    print(table(result.rows(), header=result.HEADER), file=out)
+    print(f"\n{result.reason}", file=out)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from bastion.tuning import write_html
+
+    if args.protocol in ("none", "acks"):
+        raise UsageError(f"--protocol {args.protocol} takes no checkpoints; tune a "
+                         "checkpointing protocol, e.g. --protocol coordinated")
+    if args.min > args.max:
+        raise UsageError(f"--min {args.min:g} is above --max {args.max:g}")
+    if args.faults is not None:
+        raise UsageError("--faults: tune injects one kill of its own into every profiling "
+                         "run; drop --faults")
+    if _acks_and_redundancy_options(args):
+        raise UsageError("--redundancy and --latency-bound are options of protocols none "
+                         "and acks, which take no checkpoints; tune does not use them")
+    topology = load_topology(args.file)
+    store = open_storage(args.storage)
+    _warn_local_storage_on_a_cluster(args)
+    try:
+        result = _tune(args, topology, store, trt_bound_s=args.trt_bound,
+                       min_interval_s=args.min, max_interval_s=args.max, points=args.points,
+                       case=args.case, parallel=args.parallel, duration_s=args.duration,
+                       seed=args.seed, max_rate_run_s=args.max_rate_run,
+                       repeats=args.repeats)
+    except (TopologyError, StorageError):
+        raise  # user errors: main prints them as one line, exit 2
+    except BastionError as exc:  # a profiling job failed
+        _say(str(exc))
+        return EXIT_FAILED
+    finally:
+        retain(store, args.keep_jobs)
+    print_tuning(result)
+    page = write_html(result, args.html, title=f"Tuning: {topology.name} ({args.protocol})")
+    print(f"report: {page}")
+    if result.interval_s is None:
+        return EXIT_VIOLATED
+    print(f"checkpoint_interval = {result.interval_s:.2f}")
+    return EXIT_OK
+
+
+def _auto_interval(args: argparse.Namespace) -> float:
+    """``run --checkpoint-interval auto``: tune over the default range first."""
+    if args.trt_bound is None:
+        raise UsageError("--checkpoint-interval auto needs --trt-bound S (the worst-case "
+                         "total recovery time to keep under)")
+    if args.protocol == "none":
+        args.protocol = "coordinated"
+        _say("--checkpoint-interval auto: running under --protocol coordinated")
+    if args.protocol == "acks":
+        raise UsageError("--protocol acks takes no checkpoints; --checkpoint-interval auto "
+                         "needs a checkpointing protocol")
+    topology = load_topology(args.file)
+    store = open_storage(args.storage)
+    result = _tune(args, topology, store, trt_bound_s=args.trt_bound,
+                   min_interval_s=TUNE_MIN_INTERVAL_S, max_interval_s=TUNE_MAX_INTERVAL_S,
+                   points=TUNE_POINTS, duration_s=args.duration)
+    print_tuning(result)
+    if result.interval_s is None:
+        raise UsageError(f"--checkpoint-interval auto: {result.reason}")
+    print()
+    return result.interval_s
+
+
 def cmd_gc(args: argparse.Namespace) -> int:
     from bastion.storage import prune_jobs
 
@@ -595,6 +742,13 @@ def _number(kind: type, *, minimum: float, strict: bool = False) -> Callable[[st
 
     parse.__name__ = kind.__name__  # argparse names the type in some messages
     return parse
+
+
+def _interval_or_auto(text: str) -> float | str:
+    """An argparse type: 'auto' or seconds > 0."""
+    if text == "auto":
+        return text
+    return _number(float, minimum=0, strict=True)(text)
 
 
 def _redundancy(text: str) -> float | str:
@@ -726,7 +880,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=_Parser,
-                                help="run, drill, gc, analyze or reconstruct; `bastion COMMAND "
+                                help="run, drill, tune, gc, analyze or reconstruct; `bastion COMMAND "
                                      "--help` lists its flags")
 
     run = sub.add_parser("run", help="run a topology file and print a summary",
@@ -734,10 +888,15 @@ def build_parser() -> argparse.ArgumentParser:
                                      "then print throughput, latency, per-operator counts "
                                      "and the first committed records of every sink.")
     _common(run, default_protocol="none", protocols=protocols)
-    run.add_argument("--checkpoint-interval", type=_number(float, minimum=0, strict=True),
+    run.add_argument("--checkpoint-interval", type=_interval_or_auto,
                      default=None, metavar="S",
                      help="seconds between checkpoints (default 1.0 under a "
-                          "checkpointing protocol)")
+                          "checkpointing protocol); 'auto': tune it first for "
+                          "--trt-bound, as `bastion tune` does, then run with it")
+    run.add_argument("--trt-bound", type=_number(float, minimum=0, strict=True),
+                     default=None, metavar="S",
+                     help="--checkpoint-interval auto: the worst-case total recovery "
+                          "time (s) the chosen interval must keep under")
     run.add_argument("--duration", type=_number(float, minimum=0, strict=True),
                      default=None, metavar="S",
                      help="seconds to run unbounded sources for (required if any)")
@@ -795,6 +954,49 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--show", type=_number(int, minimum=0), default=5, metavar="N",
                        help="violations to print per kind (default 5)")
     drill.set_defaults(handler=cmd_drill)
+
+    tune = sub.add_parser(
+        "tune", help="choose the checkpoint interval for a bound on recovery time",
+        description="Profile FILE at --points checkpoint intervals from --min to --max "
+                    "(one injected kill per run, plus one run with the sources "
+                    "unthrottled), model the total recovery time (TRT) and latency of "
+                    "each interval (Chiron), and print the interval with the least "
+                    "latency whose TRT stays under --trt-bound; write the fitted curves "
+                    "to an HTML page.",
+        epilog="exit codes: 0 an interval meets the bound, 1 none in the range does, "
+               "2 usage error, 4 a profiling run failed, 130 interrupted")
+    _common(tune, default_protocol="coordinated", protocols=protocols)
+    tune.add_argument("--trt-bound", type=_number(float, minimum=0, strict=True),
+                      required=True, metavar="S",
+                      help="the total recovery time (s) to keep under")
+    tune.add_argument("--min", type=_number(float, minimum=0, strict=True), default=0.5,
+                      metavar="S", help="shortest checkpoint interval to try (default 0.5)")
+    tune.add_argument("--max", type=_number(float, minimum=0, strict=True), default=8.0,
+                      metavar="S", help="longest checkpoint interval to try (default 8)")
+    tune.add_argument("--points", type=_number(int, minimum=2), default=6, metavar="N",
+                      help="intervals to profile, evenly spaced (default 6)")
+    tune.add_argument("--repeats", type=_number(int, minimum=1), default=1, metavar="N",
+                      help="profiling runs per interval; their medians are modelled "
+                           "(default 1)")
+    tune.add_argument("--case", choices=["max", "avg", "min"], default="max",
+                      help="which TRT must stay under the bound: max (worst case, the "
+                           "default), avg or min")
+    tune.add_argument("--parallel", type=_number(int, minimum=1), default=1, metavar="N",
+                      help="profiling runs side by side, as many as the cluster's CPUs "
+                           "hold (default 1: one after the other)")
+    tune.add_argument("--duration", type=_number(float, minimum=0, strict=True),
+                      default=None, metavar="S",
+                      help="seconds per profiling run for unbounded sources")
+    tune.add_argument("--max-rate-run", type=_number(float, minimum=0, strict=True),
+                      default=4.0, metavar="S",
+                      help="seconds of the run with the sources unthrottled that measures "
+                           "the maximum ingest rate (default 4)")
+    tune.add_argument("--seed", type=int, default=0,
+                      help="seed of the kills' random times (default 0)")
+    tune.add_argument("--html", default="tuning-report.html", metavar="PATH",
+                      help="where to write the page with the fitted curves (default "
+                           "tuning-report.html)")
+    tune.set_defaults(handler=cmd_tune)
 
     gc = sub.add_parser(
         "gc", help="delete old job folders from a store",

@@ -225,7 +225,7 @@ def test_verbose_shows_the_traceback_of_a_user_error(tmp_path, capsys, nothing_r
 def test_every_flag_has_help_and_protocol_lists_its_choices():
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices  # noqa: SLF001 - argparse
-    assert set(commands) == {"run", "drill", "gc", "analyze", "reconstruct"}
+    assert set(commands) == {"run", "drill", "tune", "gc", "analyze", "reconstruct"}
     for name, command in [("bastion", parser), *commands.items()]:
         for action in command._actions:  # noqa: SLF001 - argparse keeps them here
             assert action.help, f"{name} {action.option_strings or action.dest}: no help"

@@ -1,0 +1,816 @@
+"""Checkpoint-interval tuning for a bound on total recovery time (Chiron).
+
+A checkpointing protocol trades two costs through one knob, the checkpoint interval
+CI. Short intervals cost latency while the job runs (barriers, snapshots, uploads);
+long intervals cost time after a failure, because everything read since the last
+checkpoint is read again. Chiron (Geldenhuys et al.) picks CI from measurements: the
+interval with the least latency cost whose *total recovery time* (TRT — from the
+failure until the job has caught up with its input again) stays under a user's bound.
+
+**Phases of a recovery** (Chiron §II), in seconds:
+
+- ``E`` — reprocess: input read since the last checkpoint, read again. A failure
+  lands anywhere between two checkpoints, so E is 0 (best case), CI/2 (average) or
+  CI (worst);
+- ``T`` — timeout: the failure is noticed (heartbeat timeout, or a process death);
+- ``R`` — restart/restore: every task runs again from the recovery line;
+- ``W`` — warm-up: the sources ramp up from nothing to their full rate;
+- ``C`` — catch-up: the backlog that piled up meanwhile is read at the job's
+  maximum rate while new input keeps arriving at its average rate.
+
+**The heuristic** (Chiron §III). With ``I_avg`` the average ingest rate and ``I_max``
+the most the job can take, the utilisation is (eq 1)::
+
+    U = I_avg / I_max
+
+Reading the outage's backlog takes ``(E+T+R+W)·U``; input arriving meanwhile takes
+U times that, and so on: a decreasing geometric series (eq 2)::
+
+    C(1) = (E+T+R+W)·U,    C(n) = C(n-1)·U
+
+cut at the first term below a stopping value ``stop_term_s`` (the paper: "the first
+n resulting in a value less than one" — one millisecond, its unit; here 1 ms too).
+Its sum is (eqs 3–4) ``S(n) = C(1)·(1 - U^n) / (1 - U)`` and (eq 5)::
+
+    TRT = T + R + S(n)
+
+one value each for E = 0, CI/2 and CI: the minimum, average and maximum TRT.
+(Eqs 3–4 as printed start the series at ``E+T+R+W`` without the factor U, which
+would count the outage twice once eq 5 adds T and R; we sum the terms of eq 2, which
+is what a source catching up at ``I_max`` while input arrives at ``I_avg`` does:
+the backlog ``(E+T+R+W)·I_avg`` drains at ``I_max - I_avg``.)
+
+**Profiling** (Chiron §IV-A) runs the user's topology once per interval of an evenly
+spaced grid between a minimum and a maximum, each on the same input, with one
+injected kill, and measures I_avg before the kill, the average latency L_avg in
+the failure-free seconds after the recovery (a run's latency histograms come from
+its last attempt), T and R of the recovery, and E of the kill (how old the
+restored checkpoint was);
+one more run with the source's pacing removed measures I_max and a cold-start W.
+The warm-up after a *restart* is what eq 2 needs, and each profiling run shows it:
+eq 5 solved for W with the run's observed TRT (`recovery_warmup_s`). A departure
+from the paper's single W: the warm-ups differ from recovery to recovery
+(on a shared machine, by what else runs; after every restart the job also starts a
+new standby process), and the cases take that spread too — the best case uses the
+least W seen (the cold start's, or a recovery's), the average case the median, the
+worst case the largest. `Profiler` is the interface; `RayProfiler` runs real jobs with
+`bastion.run`, side by side when asked and the cluster has room.
+
+**Modelling** (§IV-B) fits second-order polynomials to L_avg and to each of the TRT
+minimum, average and maximum against CI. **Optimisation** (§IV-C) inverts the chosen
+TRT fit at the bound — the intervals where ``TRT(CI) <= bound`` — and picks among them
+the one whose fitted latency is least (ties: the longest interval, the fewest
+checkpoints). When no interval of the range meets the bound, it says so.
+
+The model (`trt_estimate`, `fit_quadratic`, `build_model`, `optimise`) is plain
+arithmetic, importable and testable without Ray; only `RayProfiler` runs jobs.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol, Sequence
+
+from bastion.errors import BastionError
+
+if TYPE_CHECKING:
+    from bastion.launcher import RunResult
+    from bastion.topology import Topology
+
+Case = Literal["min", "avg", "max"]
+CASES: tuple[Case, ...] = ("min", "avg", "max")
+DEFAULT_STOP_TERM_S = 0.001   # the paper's "less than one", in its unit (ms)
+_MAX_TERMS = 1_000_000
+
+
+class ProfilingError(BastionError):
+    """A profiling run measured nothing usable: its kill did not land, or too little
+    ran before it. The message names the job and what to change."""
+
+
+# -- measurements -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One profiling run at one checkpoint interval. Rates in records per second."""
+
+    interval_s: float
+    ingest_avg_per_s: float       # I_avg: source records read per second before the kill
+    latency_avg_ms: float         # L_avg: mean end-to-end latency before the kill
+    detection_s: float            # T: kill -> failure detected
+    restart_s: float              # R: detection -> every task runs from the recovery line
+    measured_trt_s: float | None = None   # kill -> sources caught up, as observed
+    reprocess_s: float | None = None      # E of this run's kill: kill - restored checkpoint
+    kill_at_s: float | None = None
+    job_id: str = ""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The unthrottled run: the most the job takes (I_max) and how long it takes to
+    get there (W)."""
+
+    ingest_max_per_s: float
+    warmup_s: float
+    job_id: str = ""
+
+
+# -- the heuristic (eqs 1-5) ------------------------------------------------------------------
+
+
+def utilisation(ingest_avg_per_s: float, ingest_max_per_s: float) -> float:
+    """U = I_avg / I_max (eq 1). A job at or over capacity never catches up: an error."""
+    if ingest_max_per_s <= 0:
+        raise ValueError(f"ingest_max_per_s must be > 0 records/s, got {ingest_max_per_s}")
+    if ingest_avg_per_s < 0:
+        raise ValueError(f"ingest_avg_per_s must be >= 0 records/s, got {ingest_avg_per_s}")
+    u = ingest_avg_per_s / ingest_max_per_s
+    if u >= 1:
+        raise ValueError(f"utilisation U = I_avg / I_max = {ingest_avg_per_s:,.0f} / "
+                         f"{ingest_max_per_s:,.0f} = {u:.2f} >= 1: the job runs at or over "
+                         "its capacity and never catches up after a failure; lower the "
+                         "source's rate")
+    return u
+
+
+def reprocess_s(interval_s: float, case: Case) -> float:
+    """E: 0, CI/2 or CI for the best, average and worst case."""
+    if case not in CASES:
+        raise ValueError(f"case must be one of {CASES}, got {case!r}")
+    return {"min": 0.0, "avg": interval_s / 2.0, "max": interval_s}[case]
+
+
+def catch_up_terms(first_term_s: float, u: float,
+                   stop_term_s: float = DEFAULT_STOP_TERM_S) -> list[float]:
+    """The terms C(1), C(2), ... of eq 2, up to and including the first one below
+    ``stop_term_s``: ``C(1) = first_term_s``, ``C(n) = C(n-1)·U``."""
+    if not 0 <= u < 1:
+        raise ValueError(f"utilisation must be in [0, 1), got {u}")
+    if stop_term_s <= 0:
+        raise ValueError(f"stop_term_s must be > 0 seconds, got {stop_term_s}")
+    terms = [first_term_s]
+    while terms[-1] >= stop_term_s and len(terms) < _MAX_TERMS:
+        terms.append(terms[-1] * u)
+    return terms
+
+
+def catch_up_s(outage_s: float, u: float, stop_term_s: float = DEFAULT_STOP_TERM_S
+               ) -> tuple[float, int]:
+    """S(n) (eq 4) for an outage ``E+T+R+W`` and the number of terms n: the closed
+    form ``C(1)·(1 - U^n)/(1 - U)`` with ``C(1) = outage·U``, n from eq 3's loop."""
+    n = len(catch_up_terms(outage_s * u, u, stop_term_s))
+    return outage_s * u * (1 - u ** n) / (1 - u), n
+
+
+@dataclass(frozen=True)
+class TrtEstimate:
+    """Total recovery time in seconds for the best, average and worst case."""
+
+    min_s: float
+    avg_s: float
+    max_s: float
+
+    def of(self, case: Case) -> float:
+        return {"min": self.min_s, "avg": self.avg_s, "max": self.max_s}[case]
+
+
+def trt_s(interval_s: float, case: Case, *, detection_s: float, restart_s: float,
+          warmup_s: float, u: float, stop_term_s: float = DEFAULT_STOP_TERM_S) -> float:
+    """TRT = T + R + S(n) (eq 5) for one case of E."""
+    outage = reprocess_s(interval_s, case) + detection_s + restart_s + warmup_s
+    return detection_s + restart_s + catch_up_s(outage, u, stop_term_s)[0]
+
+
+def trt_estimate(interval_s: float, *, detection_s: float, restart_s: float,
+                 warmup_s: float | tuple[float, float, float], u: float,
+                 stop_term_s: float = DEFAULT_STOP_TERM_S) -> TrtEstimate:
+    """TRT minimum, average and maximum at ``interval_s``; ``warmup_s`` is one W for
+    every case, or (best, average, worst)."""
+    warmups = (warmup_s,) * 3 if isinstance(warmup_s, (int, float)) else tuple(warmup_s)
+    values = [trt_s(interval_s, c, detection_s=detection_s, restart_s=restart_s,
+                    warmup_s=w, u=u, stop_term_s=stop_term_s) for c, w in zip(CASES, warmups)]
+    return TrtEstimate(*values)
+
+
+# -- second-order fits ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Quadratic:
+    """``y = a·x² + b·x + c`` (a least-squares fit)."""
+
+    a: float
+    b: float
+    c: float
+
+    def __call__(self, x: float) -> float:
+        return (self.a * x + self.b) * x + self.c
+
+    def solve(self, y: float) -> list[float]:
+        """Every real x where the curve equals ``y``, ascending."""
+        a, b, c = self.a, self.b, self.c - y
+        if abs(a) < 1e-12:
+            return [] if abs(b) < 1e-12 else [-c / b]
+        disc = b * b - 4 * a * c
+        if disc < 0:
+            return []
+        root = math.sqrt(disc)
+        return sorted({(-b - root) / (2 * a), (-b + root) / (2 * a)})
+
+    def vertex(self) -> float | None:
+        return None if abs(self.a) < 1e-12 else -self.b / (2 * self.a)
+
+
+def fit_quadratic(xs: Sequence[float], ys: Sequence[float]) -> Quadratic:
+    """Least squares of degree 2 (degree 1 from two points, a constant from one),
+    solved from the normal equations: no numpy needed."""
+    if len(xs) != len(ys) or not xs:
+        raise ValueError(f"fit_quadratic needs as many x as y values, and some: got "
+                         f"{len(xs)} and {len(ys)}")
+    distinct = len(set(xs))
+    degree = min(2, distinct - 1)
+    if degree == 0:
+        return Quadratic(0.0, 0.0, sum(ys) / len(ys))
+    # Centre and scale x for a well-conditioned system, then expand back.
+    mean = sum(xs) / len(xs)
+    scale = max(abs(x - mean) for x in xs) or 1.0
+    us = [(x - mean) / scale for x in xs]
+    k = degree + 1
+    matrix = [[sum(u ** (i + j) for u in us) for j in range(k)] for i in range(k)]
+    rhs = [sum(y * u ** i for u, y in zip(us, ys)) for i in range(k)]
+    coef = _solve_linear(matrix, rhs) + [0.0] * (3 - k)   # in u: c0 + c1·u + c2·u²
+    c0, c1, c2 = coef
+    # u = (x - m)/s: c2/s²·x² + (c1/s - 2·c2·m/s²)·x + (c0 - c1·m/s + c2·m²/s²)
+    return Quadratic(c2 / scale ** 2, c1 / scale - 2 * c2 * mean / scale ** 2,
+                     c0 - c1 * mean / scale + c2 * mean ** 2 / scale ** 2)
+
+
+def _solve_linear(matrix: list[list[float]], rhs: list[float]) -> list[float]:
+    n = len(rhs)
+    m = [row[:] + [r] for row, r in zip(matrix, rhs)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-15:
+            raise ValueError("fit_quadratic: the points do not determine a curve")
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [a - f * b for a, b in zip(m[r], m[col])]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+# -- the model --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelPoint:
+    """One profiled interval with its TRT estimate."""
+
+    measurement: Measurement
+    utilisation: float
+    trt: TrtEstimate
+
+
+@dataclass(frozen=True)
+class Model:
+    """Fits of latency and TRT (min, avg, max) against the interval."""
+
+    points: tuple[ModelPoint, ...]
+    capacity: Capacity
+    latency_fit: Quadratic
+    trt_fits: Mapping[str, Quadratic]
+    stop_term_s: float = DEFAULT_STOP_TERM_S
+    warmup_s: tuple[float, float, float] = (0.0, 0.0, 0.0)  # W per case (`build_model`)
+
+    def trt(self, interval_s: float) -> TrtEstimate:
+        return TrtEstimate(*(self.trt_fits[c](interval_s) for c in CASES))
+
+    def latency_ms(self, interval_s: float) -> float:
+        return self.latency_fit(interval_s)
+
+
+def recovery_warmup_s(m: Measurement, u: float) -> float | None:
+    """The warm-up a profiling run's recovery showed: eq 5 solved for W, given the
+    run's observed TRT, its kill's E, T and R and the utilisation — the catch-up
+    time the series does not explain by the backlog, i.e. the dead time of the
+    ramp back to full speed (on a small machine also what the restart's side work,
+    such as starting a new standby process, took from the catch-up). None without
+    an observed TRT and E, or when nothing had to be caught up (U = 0). At a low U it
+    is coarse — the timeline's 0.1 s resolution times (1-U)/U: seconds at U = 0.02 —
+    and matters as little, since it enters the TRT times U/(1-U)."""
+    if m.measured_trt_s is None or m.reprocess_s is None or u <= 0:
+        return None
+    catch_up = m.measured_trt_s - m.detection_s - m.restart_s
+    return catch_up * (1 - u) / u - (m.reprocess_s + m.detection_s + m.restart_s)
+
+
+def median_measurement(runs: Sequence[Measurement]) -> Measurement:
+    """One measurement from several runs of the same interval: the median of each
+    figure (of those that have it); the job id names the runs."""
+    if len(runs) == 1:
+        return runs[0]
+
+    def median(name: str) -> Any:
+        values = [getattr(m, name) for m in runs if getattr(m, name) is not None]
+        return statistics.median(values) if values else None
+
+    return Measurement(interval_s=runs[0].interval_s,
+                       ingest_avg_per_s=median("ingest_avg_per_s"),
+                       latency_avg_ms=median("latency_avg_ms"),
+                       detection_s=median("detection_s"), restart_s=median("restart_s"),
+                       measured_trt_s=median("measured_trt_s"),
+                       reprocess_s=median("reprocess_s"),
+                       job_id=" ".join(m.job_id for m in runs))
+
+
+def build_model(measurements: Sequence[Measurement], capacity: Capacity,
+                stop_term_s: float = DEFAULT_STOP_TERM_S) -> Model:
+    """The TRT estimate of every profiled interval (eqs 1–5, with its I_avg, T and R
+    — medians when it ran more than once —, the capacity's I_max, and W) and the
+    second-order fits.
+
+    W per case, from the unthrottled run's warm-up (a cold start) and the warm-ups
+    the profiling runs' recoveries showed (`recovery_warmup_s`, at least 0): best
+    case the least of them, average case the larger of the cold start's and the
+    recoveries' median, worst case the largest. Without recoveries to read it from,
+    the cold start's W for every case, as in the paper."""
+    if not measurements:
+        raise ValueError("build_model needs at least one measurement")
+    runs = sorted(measurements, key=lambda m: m.interval_s)
+    seen = [max(0.0, w) for m in runs if (w := recovery_warmup_s(
+        m, utilisation(m.ingest_avg_per_s, capacity.ingest_max_per_s))) is not None]
+    # Several runs of one interval (``repeats``): their medians, as in the paper's
+    # evaluation (five runs, the median values modelled).
+    groups: dict[float, list[Measurement]] = {}
+    for m in runs:
+        groups.setdefault(m.interval_s, []).append(m)
+    ordered = [median_measurement(group) for group in groups.values()]
+    us = [utilisation(m.ingest_avg_per_s, capacity.ingest_max_per_s) for m in ordered]
+    cold = capacity.warmup_s
+    warmup_s = ((min(cold, *seen), max(cold, statistics.median(seen)), max(cold, *seen))
+                if seen else (cold, cold, cold))
+    points = []
+    for m, u in zip(ordered, us):
+        points.append(ModelPoint(m, u, trt_estimate(
+            m.interval_s, detection_s=m.detection_s, restart_s=m.restart_s,
+            warmup_s=warmup_s, u=u, stop_term_s=stop_term_s)))
+    xs = [p.measurement.interval_s for p in points]
+    return Model(
+        points=tuple(points), capacity=capacity, warmup_s=warmup_s,
+        latency_fit=fit_quadratic(xs, [p.measurement.latency_avg_ms for p in points]),
+        trt_fits={c: fit_quadratic(xs, [p.trt.of(c) for p in points]) for c in CASES},
+        stop_term_s=stop_term_s)
+
+
+# -- optimisation -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The optimiser's answer. ``interval_s`` is None when no interval in the range
+    meets the bound; ``reason`` says why, in words, either way."""
+
+    interval_s: float | None
+    trt: TrtEstimate | None
+    latency_ms: float | None
+    case: Case
+    trt_bound_s: float
+    reason: str
+
+
+def optimise(model: Model, trt_bound_s: float, min_interval_s: float,
+             max_interval_s: float, case: Case = "max") -> Choice:
+    """The interval in ``[min_interval_s, max_interval_s]`` with the least fitted
+    latency whose fitted ``case`` TRT is at most ``trt_bound_s`` (ties: the longest).
+
+    The feasible set is where the TRT fit lies under the bound: the fit is inverted
+    at the bound (its real roots), which cuts the range into pieces, each wholly
+    feasible or not. The least latency over the feasible pieces is at an end of a
+    piece or at the latency fit's vertex."""
+    if trt_bound_s <= 0:
+        raise ValueError(f"trt_bound_s must be > 0 seconds, got {trt_bound_s}")
+    if not 0 < min_interval_s <= max_interval_s:
+        raise ValueError(f"need 0 < min_interval_s <= max_interval_s, got "
+                         f"{min_interval_s} and {max_interval_s}")
+    if case not in CASES:
+        raise ValueError(f"case must be one of {CASES}, got {case!r}")
+    fit = model.trt_fits[case]
+    cuts = sorted({min_interval_s, max_interval_s,
+                   *(x for x in fit.solve(trt_bound_s) if min_interval_s < x < max_interval_s)})
+    tolerance = 1e-9 * max(1.0, trt_bound_s)
+    if len(cuts) == 1:   # min == max: one interval to judge
+        cuts = cuts * 2
+    pieces = [(lo, hi) for lo, hi in zip(cuts, cuts[1:])
+              if fit((lo + hi) / 2) <= trt_bound_s]
+    candidates: list[float] = []
+    vertex = model.latency_fit.vertex()
+    for lo, hi in pieces:
+        candidates += [lo, hi]
+        if vertex is not None and lo < vertex < hi:
+            candidates.append(vertex)
+    candidates = [x for x in candidates if fit(x) <= trt_bound_s + tolerance]
+    what = {"min": "best-case", "avg": "average", "max": "worst-case"}[case]
+    if not candidates:
+        least = min(cuts + ([v] if (v := fit.vertex()) is not None
+                            and min_interval_s < v < max_interval_s else []), key=fit)
+        return Choice(None, None, None, case, trt_bound_s,
+                      f"no checkpoint interval in [{min_interval_s:g}, {max_interval_s:g}] s "
+                      f"meets the bound: the {what} TRT is predicted above "
+                      f"{trt_bound_s:g} s everywhere (least {fit(least):.2f} s at "
+                      f"{least:.2f} s); raise the bound, lower the minimum interval, or "
+                      "make recovery faster")
+    best = min(candidates, key=lambda x: (round(model.latency_ms(x), 9), -x))
+    trt = model.trt(best)
+    return Choice(best, trt, model.latency_ms(best), case, trt_bound_s,
+                  f"checkpoint every {best:.2f} s: predicted {what} TRT "
+                  f"{trt.of(case):.2f} s <= {trt_bound_s:g} s, latency "
+                  f"{model.latency_ms(best):.1f} ms")
+
+
+def grid(min_interval_s: float, max_interval_s: float, points: int) -> list[float]:
+    """``points`` evenly spaced intervals from the minimum to the maximum."""
+    if not 0 < min_interval_s <= max_interval_s:
+        raise ValueError(f"need 0 < min_interval_s <= max_interval_s, got "
+                         f"{min_interval_s} and {max_interval_s}")
+    if points < 1 or (points == 1 and min_interval_s != max_interval_s):
+        raise ValueError(f"points must be >= 2 for a range (>= 1 when min == max), got {points}")
+    if points == 1:
+        return [min_interval_s]
+    step = (max_interval_s - min_interval_s) / (points - 1)
+    return [round(min_interval_s + i * step, 9) for i in range(points)]
+
+
+# -- profiling --------------------------------------------------------------------------------
+
+
+class Profiler(Protocol):
+    """What the tuner needs measured; `RayProfiler` measures it with real jobs."""
+
+    def capacity(self) -> Capacity: ...
+
+    def profile(self, interval_s: float, seed: int) -> Measurement: ...
+
+
+def profile_all(profiler: Profiler, intervals: Sequence[float], *, parallel: int = 1,
+                repeats: int = 1, progress: Callable[[dict[str, Any]], None] | None = None
+                ) -> tuple[Capacity, list[Measurement]]:
+    """``repeats`` capacity runs (one after the other: side by side they would share
+    the capacity they measure; the medians of I_max and W count), then ``repeats``
+    profiling runs per interval, ``parallel`` at a time. ``progress`` gets
+    ``{"done", "total", "what"}`` after every run."""
+    if parallel < 1:
+        raise ValueError(f"parallel must be >= 1, got {parallel}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    intervals = [interval for interval in intervals for _ in range(repeats)]
+    total = len(intervals) + repeats
+    done = 0
+
+    def report(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress({"done": done, "total": total, "what": what})
+
+    if progress is not None:
+        progress({"done": 0, "total": total, "what": "starting"})
+    capacities = []
+    for _ in range(repeats):
+        capacities.append(profiler.capacity())
+        report(f"capacity: I_max {capacities[-1].ingest_max_per_s:,.0f}/s")
+    capacity = capacities[0] if repeats == 1 else Capacity(
+        ingest_max_per_s=statistics.median(c.ingest_max_per_s for c in capacities),
+        warmup_s=statistics.median(c.warmup_s for c in capacities),
+        job_id=" ".join(c.job_id for c in capacities))
+    if parallel == 1:
+        measurements = []
+        for i, interval in enumerate(intervals):
+            measurements.append(profiler.profile(interval, i))
+            report(f"interval {interval:g} s")
+        return capacity, measurements
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        futures = {pool.submit(profiler.profile, interval, i): interval
+                   for i, interval in enumerate(intervals)}
+        for future in as_completed(futures):
+            future.result()   # a failed run fails the tuning now, not after the others
+            report(f"interval {futures[future]:g} s")
+        return capacity, [future.result() for future in futures]
+
+
+# -- measuring a run --------------------------------------------------------------------------
+
+
+def ingest_rate(timeline: Sequence[Mapping[str, Any]], start_s: float, end_s: float
+                ) -> float | None:
+    """Source records per second between ``start_s`` and ``end_s`` (since job start)."""
+    points = [p for p in timeline if start_s < p["t_s"] <= end_s]
+    if len(points) < 2:
+        return None
+    earlier = [p for p in timeline if p["t_s"] <= start_s]
+    began = earlier[-1]["t_s"] if earlier else points[0]["t_s"]
+    span = points[-1]["t_s"] - began
+    return sum(p["source_records"] for p in points) / span if span > 0 else None
+
+
+def capacity_of(timeline: Sequence[Mapping[str, Any]]) -> Capacity:
+    """I_max and W from an unthrottled run's timeline, from cumulative counts (a
+    sample a busy worker did not answer moves its records to the next one, so
+    per-sample rates are noisy but sums are right): I_max is the rate over the
+    second half of the run; W is the warm-up as dead time — how much later the run
+    ended than it would have at I_max from the start (``t_end - records / I_max``)."""
+    points = [p for p in timeline if p["t_s"] > 0]
+    while points and points[-1]["source_records"] == 0:   # the end: nothing more read
+        points.pop()
+    if len(points) < 4:
+        raise ValueError("the unthrottled run was too short to measure its rate: give it "
+                         "more time (max_rate_run_s)")
+    cumulative, total = [], 0
+    for p in points:
+        total += p["source_records"]
+        cumulative.append(total)
+    t_end = points[-1]["t_s"]
+    mid = min(range(len(points) - 1), key=lambda i: abs(points[i]["t_s"] - t_end / 2))
+    span = t_end - points[mid]["t_s"]
+    rate = (cumulative[-1] - cumulative[mid]) / span
+    if rate <= 0:
+        raise ValueError("the unthrottled run read nothing in its second half")
+    return Capacity(ingest_max_per_s=rate, warmup_s=max(0.0, t_end - cumulative[-1] / rate))
+
+
+def caught_up_at(timeline: Sequence[Mapping[str, Any]], fault_s: float, restarted_s: float
+                 ) -> float | None:
+    """When the sources caught up after a restart (seconds since the job started):
+    the first sample after the restart whose backlog of input due but not read is
+    back to its level in the 1.5 s before the fault, with output — the drills' rule
+    (`bastion.drills.fault_outcomes`), but counting only samples every worker
+    answered: a source too busy to answer reports no backlog, and would look caught
+    up in the middle of its catch-up."""
+    everyone = max((p.get("workers_answering", 0) for p in timeline), default=0)
+    full = [p for p in timeline if p.get("workers_answering", everyone) >= everyone]
+    steady = max((p["source_lag"] for p in full if fault_s - 1.5 <= p["t_s"] < fault_s),
+                 default=0)
+    for p in full:
+        if p["t_s"] >= restarted_s and p["source_lag"] <= steady and p["sink_records"] > 0:
+            return p["t_s"]
+    return None
+
+
+def latency_avg_ms(latency_windows: Mapping[int, Any], started_s: float, start_s: float,
+                   end_s: float) -> float | None:
+    """Mean end-to-end latency of the records the sinks received in the whole
+    wall-clock seconds between ``start_s`` and ``end_s`` after the job started
+    (``started_s``, epoch seconds); ``latency_windows`` is
+    `RunMetrics.latency_windows`."""
+    from bastion.runtime.metrics import LatencyHistogram
+
+    merged = LatencyHistogram()
+    for second, histogram in latency_windows.items():
+        if started_s + start_s <= second and second + 1 <= started_s + end_s:
+            merged.merge(histogram)
+    stats = merged.mean_std()
+    return None if stats is None else stats[0] * 1000.0
+
+
+def started_at(events: Sequence[Mapping[str, Any]]) -> float | None:
+    """When a job started (epoch seconds), from its events: each has its epoch time
+    ``t`` and its time since the start ``t_s``."""
+    for e in events:
+        if "t" in e and "t_s" in e:
+            return e["t"] - e["t_s"]
+    return None
+
+
+@dataclass(frozen=True)
+class KillOutcome:
+    """What one injected kill measured (seconds)."""
+
+    at_s: float
+    detection_s: float
+    restart_s: float
+    trt_s: float | None
+    reprocess_s: float | None = None
+
+
+def reprocessed_s(events: Sequence[Mapping[str, Any]], fault_s: float) -> float | None:
+    """E of a kill at ``fault_s``: how long before it the checkpoint the restart
+    restored was taken (its trigger: completion minus duration). None when the job
+    restarted from the beginning — a paced source with no checkpoint starts its
+    schedule over, so there is no backlog, and the kill says nothing about E — or
+    when the protocol's recovery line is not one checkpoint id (uncoordinated
+    protocols)."""
+    restarted = next((e for e in events if e["kind"] == "restarted" and e["t_s"] >= fault_s),
+                     None)
+    if restarted is None:
+        return None
+    line = restarted.get("checkpoint")
+    if line is None or isinstance(line, bool) or not isinstance(line, int):
+        return None
+    done = next((e for e in events if e["kind"] == "checkpoint_completed"
+                 and e.get("checkpoint_id") == line), None)
+    if done is None:
+        return None
+    return max(0.0, fault_s - (done["t_s"] - done.get("duration_s", 0.0)))
+
+
+def kill_outcome(result: "RunResult", kills: Sequence[Any]) -> KillOutcome:
+    """The first landed kill of a run, through the drills' matching of kills with
+    the job master's events."""
+    from bastion.drills import fault_outcomes
+
+    events, timeline = result.details["events"], result.details["timeline"]
+    return kill_outcome_of(kills, events, timeline, result.metrics.duration_s, result.job_id)
+
+
+def kill_outcome_of(kills: Sequence[Any], events: Sequence[Mapping[str, Any]],
+                    timeline: Sequence[Mapping[str, Any]], ended_s: float | None = None,
+                    job_id: str = "") -> KillOutcome:
+    """`kill_outcome` from a run's (or a drill report's) events and timeline; the TRT
+    from `caught_up_at`."""
+    from bastion.drills import fault_outcomes
+
+    outcomes = fault_outcomes(kills, events, timeline, ended_s)
+    landed = [o for o in outcomes if o.landed and o.restart_s is not None]
+    if not landed:
+        notes = "; ".join(o.describe() for o in outcomes) or "no kill was scheduled"
+        raise ProfilingError(f"job {job_id}: the injected kill did not land ({notes}); "
+                           "make the runs longer or kill earlier (kill_between_s)")
+    o = landed[0]
+    at_s = o.at_s if o.at_s is not None else o.scheduled_s
+    detection_s = o.detection_s or 0.0
+    caught_up = caught_up_at(timeline, at_s, at_s + detection_s + o.restart_s)
+    return KillOutcome(at_s=at_s, detection_s=detection_s, restart_s=o.restart_s,
+                       trt_s=None if caught_up is None else caught_up - at_s,
+                       reprocess_s=reprocessed_s(events, at_s))
+
+
+def steady_latency_ms(metrics: Any, started_s: float, outcome: KillOutcome,
+                      settle_s: float = 0.5) -> float:
+    """L_avg of a run with one kill, in failure-free operation: the mean latency of
+    the whole seconds from ``settle_s`` after the sources caught up until the run
+    ended. (A run's latency histograms come from its last attempt's tasks — what
+    the killed tasks measured before the kill died with them — so the seconds after
+    the recovery are the failure-free ones left to measure.) Without such seconds
+    (the run ended soon after catching up), the last attempt's whole histogram."""
+    if outcome.trt_s is not None:
+        latency = latency_avg_ms(metrics.latency_windows, started_s,
+                                 outcome.at_s + outcome.trt_s + settle_s, metrics.duration_s)
+        if latency is not None:
+            return latency
+    stats = metrics.latency_histogram.mean_std()
+    return stats[0] * 1000.0 if stats else math.nan
+
+
+def measure_run(result: "RunResult", kills: Sequence[Any], interval_s: float,
+                settle_s: float | None = None) -> Measurement:
+    """A `Measurement` from a run with one injected kill: I_avg from ``settle_s``
+    after the start (default: 1 s, or 30% of the time to the kill if that is
+    shorter) until the kill; L_avg after the recovery (`steady_latency_ms`); T, R
+    and the observed TRT of the kill."""
+    outcome = kill_outcome(result, kills)
+    if settle_s is None:
+        settle_s = min(1.0, 0.3 * outcome.at_s)
+    timeline = result.details["timeline"]
+    rate = ingest_rate(timeline, settle_s, outcome.at_s)
+    if rate is None:
+        raise ProfilingError(f"job {result.job_id}: too little ran before the kill at "
+                           f"{outcome.at_s:.2f} s to measure the ingest rate; kill later")
+    latency = steady_latency_ms(result.metrics, result.details["started_s"], outcome)
+    return Measurement(interval_s=interval_s, ingest_avg_per_s=rate, latency_avg_ms=latency,
+                       detection_s=outcome.detection_s, restart_s=outcome.restart_s,
+                       measured_trt_s=outcome.trt_s, kill_at_s=outcome.at_s,
+                       reprocess_s=outcome.reprocess_s, job_id=result.job_id)
+
+
+def _paced_sources(topology: "Topology") -> dict[str, Any]:
+    from bastion.sources import Generator
+
+    sources = {n.name: n.params["source"] for n in topology.nodes.values()
+               if n.kind == "source"}
+    for name, source in sources.items():
+        if not isinstance(source, Generator) or source.rate is None:
+            raise ValueError(f"source {name!r} is {source!r}: tuning needs every source to "
+                             "be a paced bn.sources.Generator(fn, count, rate=...) — the "
+                             "rate is the job's average ingest, and the profiler removes it "
+                             "to measure the maximum")
+    return sources
+
+
+def expected_run_s(topology: "Topology") -> float | None:
+    """How long a bounded, paced topology reads input: count / rate of its slowest
+    source (None when a source is unbounded)."""
+    sources = _paced_sources(topology)
+    if any(s.count is None for s in sources.values()):
+        return None
+    return max(s.count / s.rate for s in sources.values())
+
+
+def unthrottled(topology: "Topology") -> "Topology":
+    """A copy of ``topology`` whose generators read as fast as they can, for ever
+    (``fn`` is called past ``count``); the original is left alone."""
+    from bastion.sources import Generator
+
+    _paced_sources(topology)
+    clone = copy.copy(topology)
+    clone.nodes = {}
+    for name, node in topology.nodes.items():
+        node = copy.copy(node)
+        node.params = dict(node.params)
+        if node.kind == "source":
+            node.params["source"] = Generator(node.params["source"].fn, count=None, rate=None)
+        clone.nodes[name] = node
+    return clone
+
+
+@dataclass
+class RayProfiler:
+    """Profiles ``topology`` with real `bastion.run` jobs under ``protocol``.
+
+    Each profiling run reads the topology's own input (``duration_s`` for an
+    unbounded one) and is killed once, at a random point of ``kill_between_s``,
+    reproducibly from the seed. By default that is the middle fifth of the run, moved
+    to after ``first_kill_after_s`` (the longest interval profiled: a kill before
+    the first checkpoint restarts the job from the beginning, where a paced source
+    starts its schedule over and nothing has to be caught up) as far as 80% of the
+    run allows; the
+    capacity run reads the unthrottled copy for ``max_rate_run_s``. ``run_options``
+    go to every `bastion.run` (storage, heartbeat_timeout_s, address, ...)."""
+
+    topology: "Topology"
+    protocol: str = "coordinated"
+    duration_s: float | None = None
+    kill_between_s: tuple[float, float] | None = None
+    max_rate_run_s: float = 4.0
+    capacity_interval_s: float | None = None
+    first_kill_after_s: float = 0.0
+    seed: int = 0
+    run_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _paced_sources(self.topology)
+        length = self.duration_s or expected_run_s(self.topology)
+        if length is None:
+            raise ValueError("the topology has an unbounded source: pass duration_s, the "
+                             "seconds each profiling run lasts")
+        if self.kill_between_s is None:
+            first = min(max(0.4 * length, 1.1 * self.first_kill_after_s + 0.25), 0.8 * length)
+            self.kill_between_s = (first, min(max(0.6 * length, first + 0.2 * length),
+                                              0.8 * length))
+        lo, hi = self.kill_between_s
+        if not 0 < lo <= hi:
+            raise ValueError(f"kill_between_s must be (first, last) seconds with 0 < first "
+                             f"<= last, got {self.kill_between_s}")
+        if self.max_rate_run_s <= 0:
+            raise ValueError(f"max_rate_run_s must be > 0 seconds, got {self.max_rate_run_s}")
+
+    def _run(self, topology: "Topology", **options: Any) -> "RunResult":
+        from bastion.launcher import run
+
+        return run(topology, protocol=self.protocol, **{**self.run_options, **options})
+
+    def capacity(self) -> Capacity:
+        options: dict[str, Any] = {"duration_s": self.max_rate_run_s}
+        if self.capacity_interval_s is not None:
+            options["checkpoint_interval"] = self.capacity_interval_s
+        result = self._run(unthrottled(self.topology), **options)
+        found = capacity_of(result.details["timeline"])
+        return Capacity(found.ingest_max_per_s, found.warmup_s, result.job_id)
+
+    def profile(self, interval_s: float, seed: int) -> Measurement:
+        from bastion.faults import RandomKills
+
+        assert self.kill_between_s is not None
+        kill = RandomKills(1, between=self.kill_between_s, seed=self.seed * 1000 + seed)
+        options: dict[str, Any] = {"checkpoint_interval": interval_s, "faults": [kill]}
+        if self.duration_s is not None:
+            options["duration_s"] = self.duration_s
+        result = self._run(self.topology, **options)
+        return measure_run(result, kill.schedule(_plan_of(self.topology, self.run_options)),
+                           interval_s)
+
+
+def _plan_of(topology: "Topology", run_options: Mapping[str, Any]) -> Any:
+    """The physical plan a run of ``topology`` gets (to turn faults into kills)."""
+    from bastion.runtime.plan import build_plan
+
+    return build_plan(topology, chaining=run_options.get("chaining", True),
+                      workers=run_options.get("workers"))
+
+
+def room_for_copies(topology: "Topology", run_options: Mapping[str, Any], wanted: int
+                    ) -> int:
+    """How many profiling runs the cluster can hold side by side: its CPUs over the
+    worker processes one run uses (at least 1, at most ``wanted``)."""
+    import ray
+
+    from bastion.launcher import ensure_ray
+
+    ensure_ray(run_options.get("address"))
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    workers = max(1, _plan_of(topology, run_options).workers)
+    return max(1, min(wanted, cpus // workers))

@@ -1,0 +1,443 @@
+"""Checkpoint-interval tuning (Chiron): the model, the optimiser, and `bn.tune` end to end.
+
+(a) The TRT heuristic (eqs 1–5) is checked against an independent brute-force loop
+over the catch-up series, and against numbers worked out by hand. (b) The optimiser
+must pick the interval with the least latency whose TRT stays under the bound, and
+say so plainly when none does; the checks that say so are also run against
+deliberately broken copies of the module (the bound check inverted, the latency
+objective reversed, a fit fed reversed data), and each copy must fail them — a test
+suite that a broken optimiser passes would prove nothing. (c) `bn.tune` and
+`bastion tune` profile a tiny topology on the session's real Ray, with two short
+runs and one unthrottled run each; they assert what the tuner guarantees (a
+measurement per interval, a decision consistent with its own model, the page
+written), never how fast anything ran.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import types
+from pathlib import Path
+
+import pytest
+
+import bastion as bn
+from bastion import cli
+from bastion.scheduler import tuning as tm
+from bastion.scheduler.tuning import (Capacity, Measurement, build_model, catch_up_s,
+                                      catch_up_terms, fit_quadratic, grid, optimise,
+                                      trt_estimate, utilisation)
+
+# -- (a) the model against a brute force ------------------------------------------------------
+
+
+def brute_force_trt(interval_s, case, T, R, W, i_avg, i_max, stop):
+    """Eqs 1–5 written out the slow way: add the catch-up terms one by one."""
+    U = i_avg / i_max                                    # eq 1
+    E = {"min": 0.0, "avg": interval_s / 2, "max": interval_s}[case]
+    term = (E + T + R + W) * U                           # eq 2, n = 1
+    total = 0.0
+    while True:
+        total += term                                    # eqs 3-4, summed term by term
+        if term < stop:                                  # the first term below the stop
+            break
+        term = term * U                                  # eq 2, n > 1
+    return T + R + total                                 # eq 5
+
+
+HAND_MADE = [  # interval, T, R, W, I_avg, I_max, stop
+    (1.0, 1.0, 0.5, 0.2, 500.0, 1000.0, 0.001),
+    (8.0, 0.02, 0.07, 0.8, 499.0, 77_552.0, 0.001),
+    (4.0, 2.0, 3.0, 0.0, 900.0, 1000.0, 0.001),
+    (0.5, 0.1, 0.1, 0.1, 1.0, 3.0, 0.05),
+    (3.0, 1.0, 1.0, 0.5, 0.0, 100.0, 0.001),             # idle: nothing to catch up
+]
+
+
+@pytest.mark.parametrize("interval_s, T, R, W, i_avg, i_max, stop", HAND_MADE)
+def test_trt_matches_a_brute_force_sum_of_the_catch_up_series(interval_s, T, R, W, i_avg,
+                                                              i_max, stop):
+    u = utilisation(i_avg, i_max)
+    estimate = trt_estimate(interval_s, detection_s=T, restart_s=R, warmup_s=W, u=u,
+                            stop_term_s=stop)
+    for case in ("min", "avg", "max"):
+        expected = brute_force_trt(interval_s, case, T, R, W, i_avg, i_max, stop)
+        assert estimate.of(case) == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    assert estimate.min_s <= estimate.avg_s <= estimate.max_s
+
+
+def test_trt_by_hand():
+    # T = R = 1, W = 0, U = 0.5, stop 0.3; best case E = 0: outage 2 s, C(1) = 1.0,
+    # C(2) = 0.5, C(3) = 0.25 < 0.3 (the last term): S = 1.75, TRT = 1 + 1 + 1.75.
+    assert catch_up_terms(1.0, 0.5, 0.3) == [1.0, 0.5, 0.25]
+    assert catch_up_s(2.0, 0.5, 0.3) == (pytest.approx(1.75), 3)
+    estimate = trt_estimate(2.0, detection_s=1, restart_s=1, warmup_s=0, u=0.5,
+                            stop_term_s=0.3)
+    assert estimate.min_s == pytest.approx(3.75)
+    # worst case E = 2: outage 4 s, C = 2, 1, 0.5, 0.25: S = 3.75, TRT = 5.75
+    assert estimate.max_s == pytest.approx(5.75)
+
+
+def test_a_job_at_capacity_never_catches_up_and_says_so():
+    with pytest.raises(ValueError, match=r"U = I_avg / I_max .* >= 1"):
+        utilisation(1000.0, 1000.0)
+    with pytest.raises(ValueError, match="ingest_max_per_s"):
+        utilisation(10.0, 0.0)
+
+
+def test_quadratic_fit_recovers_a_parabola_and_inverts_it():
+    xs = [0.5, 2.0, 3.5, 5.0, 6.5, 8.0]
+    fit = fit_quadratic(xs, [0.25 * x * x - 3 * x + 20 for x in xs])
+    assert (fit.a, fit.b, fit.c) == pytest.approx((0.25, -3.0, 20.0))
+    assert fit.solve(20.0) == pytest.approx([0.0, 12.0])
+    assert fit.vertex() == pytest.approx(6.0)
+    line = fit_quadratic([1.0, 2.0], [3.0, 5.0])   # two points: a line
+    assert (line.a, line.b, line.c) == pytest.approx((0.0, 2.0, 1.0))
+    with pytest.raises(ValueError, match="as many x as y"):
+        fit_quadratic([1.0], [1.0, 2.0])
+
+
+def test_grid_is_evenly_spaced_between_the_ends():
+    assert grid(0.5, 8, 6) == pytest.approx([0.5, 2.0, 3.5, 5.0, 6.5, 8.0])
+    with pytest.raises(ValueError, match="points"):
+        grid(0.5, 8, 1)
+    with pytest.raises(ValueError, match="min_interval_s"):
+        grid(8, 0.5, 3)
+
+
+def test_capacity_and_ingest_rate_from_a_timeline():
+    # 0.1 s samples: ramps 0 -> 1000 -> 2000 records/s, then 3000/s steady
+    steps = [0, 100, 200] + [300] * 20
+    timeline = [{"t_s": 0.1 * i, "source_records": n, "sink_records": n}
+                for i, n in enumerate(steps)]
+    cap = tm.capacity_of(timeline)
+    assert cap.ingest_max_per_s == pytest.approx(3000.0)
+    # the ramp read 300 records in 0.2 s where full speed reads 600: 0.1 s lost
+    assert cap.warmup_s == pytest.approx(0.1)
+    assert tm.ingest_rate(timeline, 1.0, 2.0) == pytest.approx(3000.0)
+
+
+def test_warm_up_after_a_restart_is_eq_5_solved_for_w():
+    # U = 0.5, T = 0.5, R = 0.5, E = 1: outage without W 2 s; observed TRT 4 s means a
+    # catch-up of 3 s = (2 + W) * U / (1 - U): W = 1 s
+    m = Measurement(2.0, 500.0, 1.0, 0.5, 0.5, measured_trt_s=4.0, reprocess_s=1.0)
+    assert tm.recovery_warmup_s(m, 0.5) == pytest.approx(1.0)
+    assert tm.recovery_warmup_s(Measurement(2.0, 500.0, 1.0, 0.5, 0.5), 0.5) is None
+    # per case: the least W seen, the median (or the cold start's when larger), the most
+    runs = [Measurement(ci, 500.0, 1.0, 0.5, 0.5, measured_trt_s=trt, reprocess_s=1.0)
+            for ci, trt in ((1.0, 4.0), (2.0, 3.0), (3.0, 9.0))]   # W = 1, 0, 6
+    assert build_model(runs, Capacity(1000.0, 0.2)).warmup_s == pytest.approx((0, 1, 6))
+    assert build_model(runs, Capacity(1000.0, 1.5)).warmup_s == pytest.approx((0, 1.5, 6))
+    model = build_model(runs, Capacity(1000.0, 0.2))
+    for p in model.points:   # and the estimates use them, case by case
+        m = p.measurement
+        for case, w in zip(("min", "avg", "max"), (0.0, 1.0, 6.0)):
+            assert p.trt.of(case) == pytest.approx(brute_force_trt(
+                m.interval_s, case, m.detection_s, m.restart_s, w, 500.0, 1000.0, 0.001))
+    assert build_model([Measurement(1.0, 500.0, 1.0, 0.5, 0.5)],
+                       Capacity(1000.0, 0.3)).warmup_s == (0.3, 0.3, 0.3)
+
+
+def test_repeated_runs_of_an_interval_are_modelled_by_their_medians():
+    runs = [Measurement(1.0, 500.0, lat, t, r, measured_trt_s=trt, reprocess_s=0.5,
+                        job_id=f"j{i}")
+            for i, (lat, t, r, trt) in enumerate([(1.0, 0.1, 0.2, 1.0), (9.0, 0.1, 5.0, 9.0),
+                                                   (2.0, 0.3, 0.3, 1.2)])]
+    runs.append(Measurement(2.0, 500.0, 3.0, 0.1, 0.2))
+    model = build_model(runs, Capacity(1000.0, 0.0))
+    assert [p.measurement.interval_s for p in model.points] == [1.0, 2.0]
+    one = model.points[0].measurement
+    assert (one.latency_avg_ms, one.detection_s, one.restart_s, one.measured_trt_s) == (
+        2.0, 0.1, 0.3, 1.2)
+    assert one.job_id == "j0 j1 j2"
+
+
+def test_reprocessed_time_is_the_age_of_the_restored_checkpoint():
+    events = [{"kind": "checkpoint_completed", "t_s": 1.1, "checkpoint_id": 1,
+               "duration_s": 0.1},
+              {"kind": "checkpoint_completed", "t_s": 2.2, "checkpoint_id": 2,
+               "duration_s": 0.2},
+              {"kind": "fault", "t_s": 2.7},
+              {"kind": "restarted", "t_s": 2.9, "checkpoint": 2}]
+    assert tm.reprocessed_s(events, 2.7) == pytest.approx(0.7)   # taken at 2.0 s
+    events[-1]["checkpoint"] = None     # from the beginning: the schedule starts over
+    assert tm.reprocessed_s(events, 2.7) is None
+
+
+def test_catching_up_counts_only_samples_every_worker_answered():
+    def point(t, lag, answering=2):
+        return {"t_s": t, "source_lag": lag, "sink_records": 10, "source_records": 10,
+                "workers_answering": answering}
+
+    timeline = [point(1.0, 5), point(1.5, 3), point(2.0, 400), point(2.5, 0, answering=1),
+                point(3.0, 200), point(3.5, 4)]
+    # killed at 1.6 s, restarted at 2.0 s: the lone-worker sample at 2.5 s shows no
+    # backlog only because the busy source did not answer; caught up at 3.5 s
+    assert tm.caught_up_at(timeline, 1.6, 2.0) == 3.5
+
+
+# -- (b) the optimiser ------------------------------------------------------------------------
+
+INTERVALS = [0.5, 2.0, 3.5, 5.0, 6.5, 8.0]
+
+
+def synthetic_model(module=tm):
+    """TRT rises with the interval (T = 1, R = 0.5, W = 0, U = 0.5); latency falls
+    along an exact parabola (its least value at 8 s)."""
+    measurements = [module.Measurement(interval_s=ci, ingest_avg_per_s=500.0,
+                                       latency_avg_ms=0.25 * ci * ci - 4.5 * ci + 40.0,
+                                       detection_s=1.0, restart_s=0.5)
+                    for ci in INTERVALS]
+    return module.build_model(measurements, module.Capacity(1000.0, 0.0))
+
+
+def optimiser_failures(module) -> list[str]:
+    """Every expectation of the optimiser that ``module`` breaks (empty: none)."""
+    failures = []
+    model = synthetic_model(module)
+    # Worst case with U = 0.5: TRT ≈ 1.5 + (CI + 1.5) = 3 + CI.
+    choice = module.optimise(model, 7.0, 0.5, 8.0, "max")
+    if choice.interval_s is None:
+        return ["bound 7 s: no interval chosen, but intervals up to ~4 s meet it"]
+    if not choice.interval_s == pytest.approx(4.0, abs=0.01):
+        failures.append(f"bound 7 s: chose {choice.interval_s}, expected ~4.0 s (the "
+                        "longest interval under the bound has the least latency)")
+    if choice.trt is None or choice.trt.max_s > 7.0 + 1e-6:
+        failures.append(f"bound 7 s: chosen interval's TRT {choice.trt} is over the bound")
+    if choice.latency_ms is None or not choice.latency_ms == pytest.approx(
+            0.25 * 16 - 4.5 * 4 + 40, abs=0.1):
+        failures.append(f"bound 7 s: latency {choice.latency_ms}, expected ~26 ms")
+    # The average case is looser: TRT ≈ 3 + CI/2 <= 7 up to CI = 8.
+    avg = module.optimise(model, 7.0, 0.5, 8.0, "avg")
+    if avg.interval_s is None or not avg.interval_s == pytest.approx(8.0, abs=0.01):
+        failures.append(f"average case: chose {avg.interval_s}, expected 8.0 s")
+    # Generous bound: every interval qualifies, the least latency is at the maximum.
+    wide = module.optimise(model, 100.0, 0.5, 8.0, "max")
+    if wide.interval_s is None or not wide.interval_s == pytest.approx(8.0):
+        failures.append(f"bound 100 s: chose {wide.interval_s}, expected 8.0 s")
+    # Nothing meets a bound below T + R.
+    none = module.optimise(model, 1.0, 0.5, 8.0, "max")
+    if none.interval_s is not None or "no checkpoint interval" not in none.reason:
+        failures.append(f"bound 1 s: chose {none.interval_s} ({none.reason!r}), expected "
+                        "'no checkpoint interval ... meets the bound'")
+    return failures
+
+
+def test_the_optimiser_picks_the_least_latency_interval_under_the_bound():
+    assert optimiser_failures(tm) == []
+
+
+def test_no_interval_meeting_the_bound_is_said_plainly():
+    choice = optimise(synthetic_model(), 1.0, 0.5, 8.0)
+    assert choice.interval_s is None and choice.trt is None and choice.latency_ms is None
+    assert choice.reason.startswith("no checkpoint interval in [0.5, 8] s meets the bound")
+
+
+def test_the_optimiser_refuses_bad_options_by_name():
+    model = synthetic_model()
+    with pytest.raises(ValueError, match="trt_bound_s"):
+        optimise(model, 0.0, 0.5, 8.0)
+    with pytest.raises(ValueError, match="min_interval_s <= max_interval_s"):
+        optimise(model, 5.0, 8.0, 0.5)
+    with pytest.raises(ValueError, match="case"):
+        optimise(model, 5.0, 0.5, 8.0, "worst")  # type: ignore[arg-type]
+
+
+MUTANTS = {
+    "bound check inverted": ("if fit((lo + hi) / 2) <= trt_bound_s]",
+                             "if fit((lo + hi) / 2) >= trt_bound_s]"),
+    "latency objective reversed": ("best = min(candidates,", "best = max(candidates,"),
+    "TRT fit fed reversed data": ("trt_fits={c: fit_quadratic(xs, [p.trt.of(c) for p in points])",
+                                  "trt_fits={c: fit_quadratic(xs, [p.trt.of(c) for p in "
+                                  "points][::-1])"),
+    "latency fit fed reversed data": (
+        "latency_fit=fit_quadratic(xs, [p.measurement.latency_avg_ms for p in points])",
+        "latency_fit=fit_quadratic(xs, [p.measurement.latency_avg_ms for p in points][::-1])"),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_a_broken_optimiser_is_caught(mutant):
+    """The module's own source, with one deliberate bug, loaded as a fresh module:
+    the optimiser's checks must fail on it."""
+    source = Path(tm.__file__).read_text()
+    old, new = MUTANTS[mutant]
+    assert source.count(old) == 1, f"mutation point of {mutant!r} not found once"
+    name = f"_tuning_mutant_{abs(hash(mutant))}"
+    module = types.ModuleType(name)
+    module.__file__ = f"<{mutant}>"
+    sys.modules[name] = module  # dataclasses look their module up while building
+    try:
+        exec(compile(source.replace(old, new), module.__file__, "exec"), module.__dict__)
+        assert optimiser_failures(module) != [], f"{mutant}: the checks did not notice"
+    finally:
+        del sys.modules[name]
+
+
+class RecordingProfiler:
+    """A `Profiler` that measures nothing: it returns fixed figures and records how
+    many profiling runs were under way at once (the interface `bn.tune` accepts in
+    place of the Ray profiler)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.both_started = threading.Barrier(2, timeout=10)
+
+    def capacity(self):
+        self.capacity_runs = getattr(self, "capacity_runs", 0) + 1
+        return Capacity(900.0 + 100.0 * self.capacity_runs, 0.0)
+
+    def profile(self, interval_s, seed):
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            self.both_started.wait()   # only passes when two runs are under way at once
+        except threading.BrokenBarrierError:
+            pass
+        with self.lock:
+            self.running -= 1
+        return Measurement(interval_s, 500.0, 20.0 - interval_s, 1.0, 0.5)
+
+
+def test_profiling_runs_side_by_side_when_asked():
+    seen = []
+    side_by_side = RecordingProfiler()
+    result = bn.tune(None, trt_bound_s=10, min_interval_s=1, max_interval_s=4, points=4,
+                     parallel=2, profiler=side_by_side, progress=seen.append)
+    assert side_by_side.most == 2
+    assert [m.interval_s for m in result.measurements] == [1.0, 2.0, 3.0, 4.0]
+    assert [p["done"] for p in seen] == [0, 1, 2, 3, 4, 5]
+    quick = RecordingProfiler()
+    quick.both_started = threading.Barrier(2, timeout=0.05)
+    repeated = bn.tune(None, trt_bound_s=10, min_interval_s=1, max_interval_s=4, points=2,
+                       repeats=3, profiler=quick)
+    assert [m.interval_s for m in repeated.measurements] == [1.0] * 3 + [4.0] * 3
+    assert len(repeated.model.points) == 2
+    assert quick.capacity_runs == 3
+    assert repeated.capacity.ingest_max_per_s == 1100.0   # the median of 1000, 1100, 1200
+    one_by_one = RecordingProfiler()
+    one_by_one.both_started = threading.Barrier(2, timeout=0.05)
+    bn.tune(None, trt_bound_s=10, min_interval_s=1, max_interval_s=4, points=4,
+            profiler=one_by_one)
+    assert one_by_one.most == 1
+
+
+# -- (c) end to end on real Ray -----------------------------------------------------------
+
+TINY_JOB = '''
+import bastion as bn
+
+
+def value_at(i):
+    return i % 101
+
+
+topology = bn.Topology("tune-tiny")
+nums = topology.source("nums", bn.sources.Generator(value_at, count=1000, rate=400))
+nums.map("square", lambda v: v * v).key_by(lambda v: v % 3).reduce(
+    "sum", lambda acc, v: acc + v, initial=0).sink("out", bn.sinks.Collect())
+'''
+
+
+def tiny_topology():
+    namespace: dict = {}
+    exec(compile(TINY_JOB, "<tiny>", "exec"), namespace)
+    return namespace["topology"]
+
+
+def check_consistent(result, intervals, bound_s):
+    assert [m.interval_s for m in result.measurements] == pytest.approx(intervals)
+    for m in result.measurements:
+        assert m.ingest_avg_per_s > 0 and m.restart_s >= 0 and m.detection_s >= 0
+        assert math.isfinite(m.latency_avg_ms) and m.job_id
+    assert result.capacity.ingest_max_per_s > max(m.ingest_avg_per_s
+                                                  for m in result.measurements)
+    for p in result.model.points:
+        assert 0 <= p.utilisation < 1
+        assert p.trt.min_s <= p.trt.avg_s <= p.trt.max_s
+    if result.interval_s is not None:
+        assert intervals[0] <= result.interval_s <= intervals[-1]
+        assert result.model.trt(result.interval_s).max_s <= bound_s + 1e-6
+        assert result.trt_s == pytest.approx(tuple(
+            result.model.trt(result.interval_s).of(c) for c in ("min", "avg", "max")))
+    else:
+        assert "no checkpoint interval" in result.reason
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_tune_profiles_a_real_topology(tmp_path):
+    seen = []
+    result = bn.tune(tiny_topology(), trt_bound_s=30, min_interval_s=0.5, max_interval_s=1.5,
+                     points=2, max_rate_run_s=2.0, storage=f"local://{tmp_path}/store",
+                     progress=seen.append)
+    assert isinstance(result, bn.TuningResult)
+    check_consistent(result, [0.5, 1.5], 30)
+    assert [p["done"] for p in seen] == [0, 1, 2, 3] and seen[-1]["total"] == 3
+    # TRT under 30 s is far above what a tiny job needs to recover: an interval is
+    # chosen, and the reason says which.
+    assert result.interval_s is not None and "checkpoint every" in result.reason
+    from bastion.tuning import write_html
+
+    page = write_html(result, tmp_path / "t.html")
+    text = page.read_text()
+    assert "<svg" in text and "bound 30 s" in text and "http" not in text.replace(
+        'xmlns="http://www.w3.org/2000/svg"', "")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_bastion_tune_prints_the_table_and_the_choice(tmp_path, capsys):
+    job = tmp_path / "tiny_job.py"
+    job.write_text(TINY_JOB)
+    html = tmp_path / "tune.html"
+    code = cli.main(["tune", str(job), "--trt-bound", "30", "--min", "0.5", "--max", "1.5",
+                     "--points", "2", "--max-rate-run", "2", "--storage",
+                     f"local://{tmp_path}/store", "--html", str(html)])
+    out, err = capsys.readouterr()
+    assert code == cli.EXIT_OK, err
+    assert "profiling [" in err and "3/3 runs" in err
+    assert "TRT max" in out and "checkpoint every" in out and "checkpoint_interval = " in out
+    assert "<svg" in html.read_text()
+
+
+def test_cli_tune_and_auto_refuse_bad_options_before_anything_runs(tmp_path, capsys):
+    job = tmp_path / "tiny_job.py"
+    job.write_text(TINY_JOB)
+    assert cli.main(["run", str(job), "--checkpoint-interval", "auto"]) == cli.EXIT_USAGE
+    assert "--checkpoint-interval auto needs --trt-bound" in capsys.readouterr().err
+    assert cli.main(["run", str(job), "--trt-bound", "5"]) == cli.EXIT_USAGE
+    assert "pass --checkpoint-interval auto" in capsys.readouterr().err
+    assert cli.main(["tune", str(job), "--trt-bound", "5", "--protocol", "none"]) \
+        == cli.EXIT_USAGE
+    assert "takes no checkpoints" in capsys.readouterr().err
+    assert cli.main(["tune", str(job), "--trt-bound", "5", "--min", "4", "--max", "2"]) \
+        == cli.EXIT_USAGE
+    assert "--min 4 is above --max 2" in capsys.readouterr().err
+
+
+def test_tune_refuses_a_topology_it_cannot_profile():
+    topo = bn.Topology("unpaced")
+    topo.source("s", bn.sources.Collection([1, 2, 3])).sink("out", bn.sinks.Collect())
+    with pytest.raises(ValueError, match="source 's' is Collection.*paced"):
+        bn.tune(topo, trt_bound_s=5)
+    with pytest.raises(ValueError, match="trt_bound_s"):
+        bn.tune(tiny_topology(), trt_bound_s=0)
+    with pytest.raises(ValueError, match="checkpoint_interval is chosen by tune"):
+        bn.tune(tiny_topology(), trt_bound_s=5, checkpoint_interval=1.0)
+
+
+def test_a_tuning_result_is_frozen():
+    capacity = Capacity(1000.0, 0.0)
+    measurements = [Measurement(ci, 500.0, 10.0, 1.0, 0.5) for ci in (0.5, 1.0, 1.5)]
+    model = build_model(measurements, capacity)
+    result = bn.TuningResult(None, None, None, 1.0, "max", "none", tuple(measurements),
+                             capacity, model)
+    with pytest.raises(AttributeError):
+        result.interval_s = 1.0  # type: ignore[misc]
+    assert not result.meets_bound and len(result.rows()) == 3
