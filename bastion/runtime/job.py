@@ -284,6 +284,7 @@ class JobMaster:
         self.query_points: list[dict[str, Any]] = []  # per poll: per query output, latency
         self._restore: Any = None   # the recovery line of the running attempt
         self._planned_free = 0  # free task slots left after the last placement
+        self.planner: RecoveryPlanner = BlockingRecovery()  # of the last failure
         self._injector: asyncio.Task | None = None
         self.repaired_at_s: dict[int, float] = {}  # slot -> when its crash is repaired
         self._standby_lending: asyncio.Future | None = None  # see _start
@@ -772,12 +773,13 @@ class JobMaster:
         lost_tasks = sorted(t for t, w in enumerate(self.assignment) if w is None or w in lost)
         self.assignment = [None if w is None or w in lost else index[w]
                            for w in self.assignment]
-        planner = (self.recovery.planner() if self.bursts.correlated()
-                   else BlockingRecovery())
-        plan = await self._place(lost_tasks, planner)
+        # the planner of this failure plans it to its end (`_bring_back` too)
+        self.planner = (self.recovery.planner() if self.bursts.correlated()
+                        else BlockingRecovery())
+        plan = await self._place(lost_tasks, self.planner)
         self.record_event("recovery_planned", lost=lost, lost_tasks=lost_tasks,
                           recover=list(plan.recover), pending=sorted(self.pending),
-                          queries=list(plan.queries), planner=type(planner).__name__,
+                          queries=list(plan.queries), planner=type(self.planner).__name__,
                           free_task_slots=self._planned_free)
 
     def _free_slots(self) -> dict[str, int]:
@@ -844,7 +846,7 @@ class JobMaster:
         held for them. The workers that got tasks."""
         before = set(self.pending)
         unplaced = sorted(t for t, w in enumerate(self.assignment) if w is None)
-        plan = await self._place(unplaced, self.recovery.planner())
+        plan = await self._place(unplaced, self.planner)
         joining = sorted(before - self.pending)
         if not joining:
             return []
