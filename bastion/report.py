@@ -85,9 +85,16 @@ def _queries_png(queries: dict[str, dict[str, Any]], events: list[dict[str, Any]
     """Each query's relative latency over time (log scale), the 1.2 line marked."""
     plt, (fig, ax) = _figure()
     for name, q in queries.items():
-        points = [(t, rel) for t, n, rel in q["timeline"] if n > 0 and rel is not None]
-        ax.plot([t for t, _ in points], [rel for _, rel in points], linewidth=1.2,
-                label=f"{name} (priority {q['priority']:g})")
+        xs: list[float] = []
+        ys: list[float] = []
+        for t, n, rel in q["timeline"]:
+            if n > 0 and rel is not None:
+                if xs and t - xs[-1] > 0.5:  # no output meanwhile: a gap, not a line
+                    xs.append(float("nan"))
+                    ys.append(float("nan"))
+                xs.append(t)
+                ys.append(rel)
+        ax.plot(xs, ys, linewidth=1.2, label=f"{name} (priority {q['priority']:g})")
     ax.axhline(1.2, color="grey", linestyle=":", linewidth=1, label="available (1.2)")
     for event in events:
         if event["kind"] in ("fault", "node_added"):
