@@ -28,7 +28,7 @@ import os
 import pickle
 import time
 import traceback
-from typing import Any, Callable, Coroutine
+from typing import Any, Callable, Coroutine, Sequence
 
 import msgpack
 import ray
@@ -39,6 +39,7 @@ from bastion.protocols import get_protocol
 from bastion.protocols.base import TaskContext
 from bastion.runtime.channel import (HeldOutputChannel, InputGate, LocalOutputChannel,
                                      OutputChannel, RemoteOutputChannel)
+from bastion.runtime.columns import partitions
 from bastion.runtime.config import JobConfig
 from bastion.runtime.durable import DurableCodec, open_bytes, seal
 from bastion.runtime.faults import TaskFaults
@@ -50,8 +51,8 @@ from bastion.runtime.plan import (BROADCAST, FORWARD, HASH, InputChannel, Output
 from bastion.runtime.outputs import (FINAL_COMMIT, committed_blobs, encode_part,
                                      encode_staged, part_key, part_ref, read_staged,
                                      staged_key)
-from bastion.runtime.records import (Batch, ControlRecord, EndOfStream, FrameCodec,
-                                     UnstableKeyError, Watermark, stable_hash)
+from bastion.runtime.records import (MAX_CODED_DESTINATIONS, Batch, ControlRecord, EndOfStream,
+                                     FrameCodec, UnstableKeyError, Watermark, stable_hash)
 from bastion.runtime.redundancy import FirstCopies, copy_shares
 from bastion.runtime.transport import FrameServer, PeerLinks, node_address, pusher
 from bastion.sinks import SinkWriter
@@ -67,6 +68,10 @@ _IDLE_SOURCE_SLEEP_S = 0.001
 _GIL_RELEASE_INTERVAL_S = 0.005
 ACKS_CHANNEL = -1  # the channel id of `Task.send_acks` messages on the data plane
 _RESET_RECANCEL_S = 0.5  # how long a reset waits for cancelled tasks before cancelling again
+
+
+def _part_list(memo: dict, keys: Sequence) -> list[int]:
+    return list(map(memo.__getitem__, keys))
 
 
 def apply_key(batch: Batch, key_fn: Any, ctx: OperatorContext) -> Batch:
@@ -149,17 +154,20 @@ class Router:
                                                  batch.split(parts, len(self.channels)))
                 if part is not None and self._add(channel, part, copy)]
 
-    def _key_parts(self, batch: Batch) -> list[int]:
+    def _key_parts(self, batch: Batch) -> bytes | list[int]:
+        """Each record's channel: one byte a record (`columns.partitions`), or a list
+        of ints beyond 256 channels."""
         memo, keys, n = self.memo, batch.keys, len(self.channels)
+        parts = partitions if n <= MAX_CODED_DESTINATIONS else _part_list
         try:
-            return list(map(memo.__getitem__, keys))
+            return parts(memo, keys)
         except KeyError:
             if len(memo) > _ROUTE_MEMO_KEYS:
                 memo.clear()
             for i, k in enumerate(keys):
                 if k not in memo:
                     memo[k] = self._key_hash(k, batch, i) % n
-            return list(map(memo.__getitem__, keys))
+            return parts(memo, keys)
 
     def _key_hash(self, key: Any, batch: Batch, i: int) -> int:
         try:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from itertools import compress
 from operator import itemgetter
 from typing import Any, ClassVar, Sequence
 
@@ -32,6 +31,8 @@ import msgpack
 
 from bastion.codecs import Codec
 from bastion.lineage import IdRun, from_wire, take_ids, to_wire
+from bastion.runtime.columns import (pack_float64, pack_ints, split_column, unpack_float64,
+                                     unpack_ints)
 from bastion.runtime.durable import unserialisable
 
 DATA = 0
@@ -70,11 +71,12 @@ class Batch:
         return Batch(None if self.keys is None else get(self.keys), get(self.values),
                      _take_column(self.ts, get, n), _take_column(self.born, get, n), ids)
 
-    def split(self, parts: list[int], n: int) -> list["Batch | None"]:
+    def split(self, parts: bytes | list[int], n: int) -> list["Batch | None"]:
         """The batch cut by destination: item ``p`` holds, in order, the records whose
         ``parts`` entry is ``p`` (None when there are none). A destination that gets
-        every record gets the batch itself (batches are never mutated)."""
-        if n > SPLIT_BY_MASK_MAX:
+        every record gets the batch itself (batches are never mutated). ``parts`` is
+        bytes (one code per record, for up to 256 destinations) or a list of ints."""
+        if n > MAX_CODED_DESTINATIONS:
             buckets: list[list[int]] = [[] for _ in range(n)]
             appends = [b.append for b in buckets]
             for i, p in enumerate(parts):
@@ -82,27 +84,25 @@ class Batch:
             size = len(parts)
             return [None if not positions else self if len(positions) == size
                     else self.take(positions) for positions in buckets]
-        codes = bytes(parts)
+        codes = parts if type(parts) is bytes else bytes(parts)
         size = len(codes)
-        out: list[Batch | None] = []
-        for p in range(n):
-            count = codes.count(p)
-            if count == 0:
-                out.append(None)
-            elif count == size:
-                out.append(self)
-            else:
-                out.append(self._select(codes.translate(_SELECTS[p]), count))
-        return out
-
-    def _select(self, mask: bytes, count: int) -> "Batch":
-        """The ``count`` records whose ``mask`` byte is 1: one C-level pass a column."""
-        ids = self.ids
-        if ids is not None:
-            ids = take_ids(ids, list(compress(range(len(mask)), mask)))
-        return Batch(None if self.keys is None else list(compress(self.keys, mask)),
-                     list(compress(self.values, mask)), _select_column(self.ts, mask, count),
-                     _select_column(self.born, mask, count), ids)
+        if not size:
+            return [None] * n
+        counts = [codes.count(p) for p in range(n)]
+        if size in counts:
+            return [self if count == size else None for count in counts]
+        # one pass per column for every destination at once (`columns.split_column`)
+        keys = None if self.keys is None else split_column(codes, n, self.keys)
+        values = split_column(codes, n, self.values)
+        ts = _split_stamps(self.ts, codes, n, counts)
+        born = _split_stamps(self.born, codes, n, counts)
+        ids = None
+        if self.ids is not None:
+            ids = [take_ids(self.ids, positions)
+                   for positions in split_column(codes, n, range(size))]
+        return [None if not counts[p] else
+                Batch(None if keys is None else keys[p], values[p], ts[p], born[p],
+                      None if ids is None else ids[p]) for p in range(n)]
 
     def slice(self, start: int, stop: int) -> "Batch":
         """The records from ``start`` up to ``stop``."""
@@ -128,19 +128,17 @@ def _take_column(column: Sequence, get: itemgetter, n: int) -> Sequence:
     return get(column)
 
 
-def _select_column(column: Sequence, mask: bytes, count: int) -> Sequence:
+def _split_stamps(column: Sequence, codes: bytes, n: int, counts: list[int]) -> list:
+    # Timestamps are often one value for a whole source batch: repeat it instead.
     first = column[0]
     if column[-1] == first and column.count(first) == len(column):
-        return [first] * count
-    return list(compress(column, mask))
+        return [[first] * count for count in counts]
+    return split_column(codes, n, column)
 
 
-# Batch.split cuts a batch for up to this many destinations with one C-level pass per
-# destination and column (`itertools.compress` under a byte mask); for more, one
-# interpreted pass that deals positions into buckets is cheaper than that many passes.
-SPLIT_BY_MASK_MAX = 2
-# _SELECTS[p] translates a destination code to 1 where it is p, else 0: a mask.
-_SELECTS = [bytes(int(code == p) for code in range(256)) for p in range(SPLIT_BY_MASK_MAX)]
+# Batch.split cuts a batch for up to this many destinations by one code (a byte) per
+# record; for more, by an interpreted pass that deals positions into buckets.
+MAX_CODED_DESTINATIONS = 256
 
 
 def _constant(column: Sequence) -> Any:
@@ -152,6 +150,34 @@ def _constant(column: Sequence) -> Any:
 
 def _expand(column: Any, n: int) -> Sequence:
     return [column] * n if isinstance(column, float) else column
+
+
+# How a field of a batch travels (`FrameCodec`): as itself, or packed.
+_AS_IS, _INTS, _FLOAT64 = 0, 1, 2
+
+
+def _packed(column: Any) -> tuple[Any, int]:
+    """``column`` packed as ints or float64s when every item is exactly that type (and
+    an int fits in 64 bits), with its kind; else itself."""
+    if type(column) is list or type(column) is tuple:
+        kind = type(column[0]) if column else None
+        if kind is int:
+            data = pack_ints(column)
+            if data is not None:
+                return data, _INTS
+        elif kind is float:
+            data = pack_float64(column)
+            if data is not None:
+                return data, _FLOAT64
+    return column, _AS_IS
+
+
+def _unpacked(field: Any, kind: int) -> Any:
+    if kind == _INTS:
+        return unpack_ints(field)
+    if kind == _FLOAT64:
+        return unpack_float64(field)
+    return field
 
 
 @dataclass
@@ -241,8 +267,14 @@ class FrameCodec:
         wire = []
         for e in elements:
             if isinstance(e, Batch):
-                wire.append((DATA, e.keys, e.values, _constant(e.ts), _constant(e.born),
-                             to_wire(e.ids)))
+                # int and float columns travel as packed machine words when they can
+                # (`bastion.runtime.columns`); ``packing`` says which, 2 bits a field
+                keys, keys_kind = _packed(e.keys)
+                values, values_kind = _packed(e.values)
+                ts, ts_kind = _packed(_constant(e.ts))
+                born, born_kind = _packed(_constant(e.born))
+                packing = keys_kind | values_kind << 2 | ts_kind << 4 | born_kind << 6
+                wire.append((DATA, keys, values, ts, born, to_wire(e.ids), packing))
             else:
                 wire.append((CONTROL, e.code, e.payload()))
         return self._packer.pack(wire)
@@ -253,8 +285,14 @@ class FrameCodec:
         out: list = []
         for e in wire:
             if e[0] == DATA:
-                n = len(e[2])
-                out.append(Batch(e[1], e[2], _expand(e[3], n), _expand(e[4], n),
+                keys, values, ts, born, packing = e[1], e[2], e[3], e[4], e[6]
+                if packing:
+                    keys = _unpacked(keys, packing & 3)
+                    values = _unpacked(values, packing >> 2 & 3)
+                    ts = _unpacked(ts, packing >> 4 & 3)
+                    born = _unpacked(born, packing >> 6 & 3)
+                n = len(values)
+                out.append(Batch(keys, values, _expand(ts, n), _expand(born, n),
                                  from_wire(e[5])))
             else:
                 out.append(_CONTROL_TYPES[e[1]].from_payload(e[2]))

@@ -1,0 +1,334 @@
+/* Column kernels of the keyed exchange: the per-record loops of routing and of the
+ * frame codec, in C. `bastion.runtime.columns` documents what each one computes and
+ * holds the pure-Python equivalents, used where this module was not built and by
+ * the tests that check the two agree. Everything here works on one column of a
+ * batch at a time and never calls user code, except the key comparisons of the
+ * partition lookup (a user key's __hash__ / __eq__). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_DESTINATIONS 256
+
+/* partitions(memo, keys) -> bytes: memo[key] (an int 0..255) for every key. A key
+ * missing from memo raises KeyError (the caller hashes it and tries again). */
+static PyObject *
+partitions(PyObject *module, PyObject *args)
+{
+    PyObject *memo, *keys;
+    if (!PyArg_ParseTuple(args, "O!O:partitions", &PyDict_Type, &memo, &keys))
+        return NULL;
+    PyObject *seq = PySequence_Fast(keys, "keys must be a list or a tuple");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    unsigned char *codes = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* a key's __eq__ is user code: hold the key, and re-read the size, so that
+         * nothing it does can leave us reading freed memory */
+        if (i >= PySequence_Fast_GET_SIZE(seq)) {
+            PyErr_SetString(PyExc_RuntimeError, "keys changed size during routing");
+            goto fail;
+        }
+        PyObject *key = PySequence_Fast_GET_ITEM(seq, i);
+        Py_INCREF(key);
+        PyObject *part = PyDict_GetItemWithError(memo, key); /* borrowed */
+        if (part == NULL) {
+            if (!PyErr_Occurred()) {
+                PyObject *wrapped = PyTuple_Pack(1, key);
+                if (wrapped != NULL) {
+                    PyErr_SetObject(PyExc_KeyError, wrapped);
+                    Py_DECREF(wrapped);
+                }
+            }
+            Py_DECREF(key);
+            goto fail;
+        }
+        Py_DECREF(key);
+        long p = PyLong_AsLong(part);
+        if (p < 0 || p >= MAX_DESTINATIONS) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "partition %ld is outside 0..255", p);
+            goto fail;
+        }
+        codes[i] = (unsigned char)p;
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_DECREF(seq);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* split_column(codes, n, column) -> list of n lists: list p holds, in order, the
+ * items of column whose code is p. */
+static PyObject *
+split_column(PyObject *module, PyObject *args)
+{
+    Py_buffer codes;
+    Py_ssize_t n;
+    PyObject *column;
+    if (!PyArg_ParseTuple(args, "y*nO:split_column", &codes, &n, &column))
+        return NULL;
+    PyObject *seq = NULL, *out = NULL;
+    PyObject *dest[MAX_DESTINATIONS];
+    Py_ssize_t counts[MAX_DESTINATIONS] = {0}, filled[MAX_DESTINATIONS] = {0};
+    const unsigned char *code = (const unsigned char *)codes.buf;
+    if (n < 1 || n > MAX_DESTINATIONS) {
+        PyErr_Format(PyExc_ValueError, "destinations must be 1..256, got %zd", n);
+        goto done;
+    }
+    seq = PySequence_Fast(column, "column must be a list or a tuple");
+    if (seq == NULL)
+        goto done;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
+    if (size != codes.len) {
+        PyErr_Format(PyExc_ValueError, "%zd codes for a column of %zd", codes.len, size);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < size; i++) {
+        if (code[i] >= n) {
+            PyErr_Format(PyExc_ValueError, "code %d at %zd is not below %zd",
+                         (int)code[i], i, n);
+            goto done;
+        }
+        counts[code[i]]++;
+    }
+    out = PyList_New(n);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t p = 0; p < n; p++) {
+        dest[p] = PyList_New(counts[p]);
+        if (dest[p] == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, p, dest[p]);
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < size; i++) {
+        PyObject *item = items[i];
+        Py_INCREF(item);
+        PyList_SET_ITEM(dest[code[i]], filled[code[i]]++, item);
+    }
+done:
+    Py_XDECREF(seq);
+    PyBuffer_Release(&codes);
+    return out;
+}
+
+static inline void
+store64(char *to, const void *from)
+{
+    memcpy(to, from, 8);
+#if PY_BIG_ENDIAN
+    uint64_t v;
+    memcpy(&v, to, 8);
+    v = __builtin_bswap64(v);
+    memcpy(to, &v, 8);
+#endif
+}
+
+static inline void
+load64(void *to, const char *from)
+{
+    memcpy(to, from, 8);
+#if PY_BIG_ENDIAN
+    uint64_t v;
+    memcpy(&v, to, 8);
+    v = __builtin_bswap64(v);
+    memcpy(to, &v, 8);
+#endif
+}
+
+/* pack_ints(column) -> bytes | None: when every item is exactly an int (not a bool,
+ * not a subclass) that fits in 64 bits, one byte giving the item width w (1, 2, 4 or 8:
+ * the narrowest that holds every item) and then the items as little-endian signed
+ * w-byte integers; else None. */
+static PyObject *
+pack_ints(PyObject *module, PyObject *column)
+{
+    PyObject *seq = PySequence_Fast(column, "column must be a list or a tuple");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    long long low = 0, high = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        int overflow = 0;
+        if (!PyLong_CheckExact(items[i])) {
+            Py_DECREF(seq);
+            Py_RETURN_NONE;
+        }
+        long long v = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+        if (overflow) {
+            Py_DECREF(seq);
+            Py_RETURN_NONE;
+        }
+        if (v < low)
+            low = v;
+        if (v > high)
+            high = v;
+    }
+    int width = 8;
+    if (low >= INT8_MIN && high <= INT8_MAX)
+        width = 1;
+    else if (low >= INT16_MIN && high <= INT16_MAX)
+        width = 2;
+    else if (low >= INT32_MIN && high <= INT32_MAX)
+        width = 4;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 1 + size * width);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    unsigned char *buf = (unsigned char *)PyBytes_AS_STRING(out);
+    buf[0] = (unsigned char)width;
+    buf++;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        /* items are exact ints that fit: no error here */
+        unsigned long long v = (unsigned long long)PyLong_AsLongLong(items[i]);
+        for (int b = 0; b < width; b++)
+            buf[i * width + b] = (unsigned char)(v >> (8 * b));
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
+/* pack_float64(column) -> bytes | None: exact floats as little-endian float64s
+ * (IEEE 754 bits as they are: NaN payloads and -0.0 survive); else None. */
+static PyObject *
+pack_float64(PyObject *module, PyObject *column)
+{
+    PyObject *seq = PySequence_Fast(column, "column must be a list or a tuple");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size * 8);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    char *buf = PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < size; i++) {
+        if (!PyFloat_CheckExact(items[i])) {
+            Py_DECREF(seq);
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        double v = PyFloat_AS_DOUBLE(items[i]);
+        store64(buf + i * 8, &v);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
+static int
+eight_byte_items(Py_buffer *data)
+{
+    if (data->len % 8) {
+        PyErr_Format(PyExc_ValueError, "a packed column of %zd bytes is not whole 8-byte "
+                     "items", data->len);
+        return 0;
+    }
+    return 1;
+}
+
+/* unpack_ints(data) -> tuple of ints: what pack_ints packed */
+static PyObject *
+unpack_ints(PyObject *module, PyObject *args)
+{
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*:unpack_ints", &data))
+        return NULL;
+    PyObject *out = NULL;
+    const unsigned char *buf = (const unsigned char *)data.buf;
+    int width = data.len ? buf[0] : 0;
+    if (!(width == 1 || width == 2 || width == 4 || width == 8)
+            || (data.len - 1) % width) {
+        PyErr_Format(PyExc_ValueError, "%zd bytes are not a packed int column", data.len);
+        goto done;
+    }
+    Py_ssize_t size = (data.len - 1) / width;
+    out = PyTuple_New(size);
+    if (out == NULL)
+        goto done;
+    buf++;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        unsigned long long u = 0;
+        for (int b = 0; b < width; b++)
+            u |= (unsigned long long)buf[i * width + b] << (8 * b);
+        long long v;
+        if (width < 8 && (u >> (8 * width - 1)) & 1)  /* sign-extend */
+            u |= ~0ULL << (8 * width);
+        memcpy(&v, &u, 8);
+        PyObject *item = PyLong_FromLongLong(v);
+        if (item == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyTuple_SET_ITEM(out, i, item);
+    }
+done:
+    PyBuffer_Release(&data);
+    return out;
+}
+
+/* unpack_float64(data) -> tuple of floats */
+static PyObject *
+unpack_float64(PyObject *module, PyObject *args)
+{
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*:unpack_float64", &data))
+        return NULL;
+    PyObject *out = NULL;
+    if (!eight_byte_items(&data))
+        goto done;
+    Py_ssize_t size = data.len / 8;
+    out = PyTuple_New(size);
+    if (out == NULL)
+        goto done;
+    const char *buf = (const char *)data.buf;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        double v;
+        load64(&v, buf + i * 8);
+        PyObject *item = PyFloat_FromDouble(v);
+        if (item == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyTuple_SET_ITEM(out, i, item);
+    }
+done:
+    PyBuffer_Release(&data);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"partitions", partitions, METH_VARARGS, "memo[key] for every key, as bytes"},
+    {"split_column", split_column, METH_VARARGS, "a column cut by destination code"},
+    {"pack_ints", pack_ints, METH_O, "a column of exact ints as narrow words, or None"},
+    {"pack_float64", pack_float64, METH_O, "a column of exact floats as float64s, or None"},
+    {"unpack_ints", unpack_ints, METH_VARARGS, "packed ints back to a tuple"},
+    {"unpack_float64", unpack_float64, METH_VARARGS, "float64s back to a tuple of floats"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "bastion.runtime._columns",
+    "Column kernels of the keyed exchange (see bastion.runtime.columns).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__columns(void)
+{
+    return PyModule_Create(&module);
+}
