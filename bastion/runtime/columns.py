@@ -22,6 +22,7 @@ would. Anything else travels as msgpack did before.
 
 from __future__ import annotations
 
+import functools
 import sys
 from array import array
 from itertools import compress
@@ -75,7 +76,9 @@ def py_unpack_float64(data: bytes) -> tuple:
     return tuple(_from_little_endian("d", data))
 
 
+@functools.cache
 def _select(p: int) -> bytes:
+    """The translation table that turns code ``p`` into 1 and every other into 0."""
     return bytes(int(code == p) for code in range(256))
 
 

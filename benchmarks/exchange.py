@@ -1,0 +1,152 @@
+"""Machine instructions per record of the keyed exchange's stages, counted by callgrind.
+
+CPU seconds on a shared 2-core VM move by 2x with what the neighbours do; instruction
+counts do not (valgrind's callgrind counts the same total for the same program and
+input, whatever else runs). This benchmark runs W1's exchange in one process — a
+keyed edge from a source into 2 destinations through Bastion's real `Router`,
+`Batch.split` and `FrameCodec` — and counts, per record:
+
+- ``chain``: what parallelism 1 does per record anyway, as W1 does it: the source's
+  generator function, the key function and a keyed running count by a user function
+  (`KeyedFoldOp`'s loop); less than the whole job's per-record work (no sink, no
+  task loop), so the ratios below are upper bounds;
+- ``partition``: the key's destination (`columns.partitions` through the router memo);
+- ``split``: cutting the batch for each destination (`Batch.split`);
+- ``codec``: encoding each destination's frames and decoding them again.
+
+each with the C kernels of `bastion.runtime.columns` and with its pure-Python ones
+(the exchange as it was before them), and prints the exchange's cost as a share of
+the chain's: the floor of W1's p=2 / p=1 CPU ratio, from the exchange alone.
+
+    .venv/bin/python benchmarks/exchange.py [--records N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+STAGES = ("base", "chain", "partition", "split", "codec")
+BATCH_RECORDS = 1024
+FRAME_RECORDS = 4096
+KEYS = 100
+
+
+def workload(stage: str, kernels: str, records: int) -> None:
+    """Run the stages up to ``stage`` over ``records`` records (in this process)."""
+    from bastion.runtime import columns, instance, records as recs
+    from bastion.runtime.channel import OutputChannel
+    from bastion.runtime.instance import Router
+    from bastion.runtime.operators import OperatorContext
+    from bastion.runtime.plan import HASH, EdgePlan, OutputRoute
+    from bastion.runtime.records import Batch, FrameCodec
+
+    if kernels == "python":  # the exchange as it was: Python-level passes
+        instance.partitions = columns.py_partitions
+        recs.split_column = columns.py_split_column
+        recs.pack_ints = recs.pack_float64 = lambda column: None
+
+    class Buffer(OutputChannel):
+        def __init__(self, channel_id: int):
+            super().__init__(channel_id, FRAME_RECORDS, 1.0)
+
+    def identity(i: int) -> int:
+        return i
+
+    def key(value: int) -> int:
+        return value % KEYS
+
+    def count(acc: int, _value: int) -> int:
+        return acc + 1
+
+    edge = EdgePlan(0, "src", "count", 0, 1, 0, HASH, None, False)
+    channels = [Buffer(0), Buffer(1)]
+    router = Router(OutputRoute(edge, [0, 1], [0, 1]),
+                    channels, OperatorContext("count", 0, 2, False, 1, False), False,
+                    lambda batch, channel_id, copy: None)
+    codec = FrameCodec()
+    state: dict = {}
+    order = STAGES.index(stage)
+    for start in range(10**6, 10**6 + records, BATCH_RECORDS):
+        values = list(range(start, start + BATCH_RECORDS))
+        stamps = [start * 1e-3] * BATCH_RECORDS
+        batch = Batch(None, values, stamps, stamps)
+        if order < 1:
+            continue
+        values = list(map(identity, values))
+        keys = list(map(key, values))
+        get, out = state.get, []
+        append = out.append
+        for k, v in zip(keys, values):  # KeyedFoldOp._fold's loop for a reduce
+            acc = count(get(k, 0), v)
+            state[k] = acc
+            append((k, acc))
+        if order < 2:
+            continue
+        keyed = Batch(keys, values, stamps, stamps)
+        codes = router._key_parts(keyed)
+        if order < 3:
+            continue
+        parts = keyed.split(codes, 2)
+        if order < 4:
+            continue
+        for channel, part in zip(channels, parts):
+            if part is not None and channel.add_batch(part):
+                codec.decode(codec.encode(channel.take_frame()))
+
+
+def instructions(stage: str, kernels: str, records: int) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        run = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
+             sys.executable, __file__, "--run", stage, "--kernels", kernels,
+             "--records", str(records)], capture_output=True, text=True, check=True,
+            # the same dict layouts every run: otherwise importing Ray alone moves the
+            # count by more than a stage costs
+            env={**os.environ, "PYTHONHASHSEED": "0"})
+    return int(re.search(r"Collected : (\d+)", run.stderr).group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=262144)
+    parser.add_argument("--run", choices=STAGES, help=argparse.SUPPRESS)
+    parser.add_argument("--kernels", choices=("c", "python"), default="c",
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        workload(args.run, args.kernels, args.records)
+        return
+    from bastion.runtime import columns
+    if not columns.NATIVE:
+        sys.exit("the C kernels are not built (pip install -e . with a C compiler)")
+    n = args.records
+    print(f"Instructions per record (callgrind), {n:,} records, W1's keyed exchange "
+          f"into 2 destinations")
+    print(f"{'stage':10s} {'C kernels':>10s} {'Python':>10s}")
+    per_record: dict[str, dict[str, float]] = {}
+    for kernels in ("c", "python"):
+        totals = [instructions(stage, kernels, n) for stage in STAGES]
+        per_record[kernels] = {stage: (totals[i] - totals[i - 1]) / n
+                               for i, stage in enumerate(STAGES) if i}
+    for stage in STAGES[1:]:
+        print(f"{stage:10s} {per_record['c'][stage]:10.0f} {per_record['python'][stage]:10.0f}")
+    floors = {}
+    for kernels in ("c", "python"):
+        cost = per_record[kernels]
+        floors[kernels] = 1 + (cost["partition"] + cost["split"] + cost["codec"]) / cost["chain"]
+    print(f"exchange / chain, C kernels: {floors['c'] - 1:.2f}; Python kernels: "
+          f"{floors['python'] - 1:.2f}")
+    print(f"floor of W1's p=2/p=1 CPU ratio from the exchange alone: {floors['c']:.2f}x "
+          f"with the C kernels, {floors['python']:.2f}x with the Python ones")
+
+
+if __name__ == "__main__":
+    main()
