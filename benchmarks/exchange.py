@@ -12,11 +12,15 @@ keyed edge from a source into 2 destinations through Bastion's real `Router`,
   task loop), so the ratios below are upper bounds;
 - ``partition``: the key's destination (`columns.partitions` through the router memo);
 - ``split``: cutting the batch for each destination (`Batch.split`);
-- ``codec``: encoding each destination's frames and decoding them again.
+- ``codec``: each destination's frames on their way: destination 1 is in another
+  worker (encoded and decoded), destination 0 in the same one (a frame of numbers
+  only passes unencoded, `records.passes_unencoded`), as each worker of W1 at
+  parallelism 2 has them;
 
-each with the C kernels of `bastion.runtime.columns` and with its pure-Python ones
-(the exchange as it was before them), and prints the exchange's cost as a share of
-the chain's: the floor of W1's p=2 / p=1 CPU ratio, from the exchange alone.
+each as the exchange is now (the C kernels of `bastion.runtime.columns`, packed
+columns, local frames unencoded) and as it was before them (pure-Python kernels,
+msgpack for every column, every frame encoded), and prints the exchange's cost as a
+share of the chain's: the floor of W1's p=2 / p=1 CPU ratio, from the exchange alone.
 
     .venv/bin/python benchmarks/exchange.py [--records N]
 """
@@ -39,16 +43,17 @@ FRAME_RECORDS = 4096
 KEYS = 100
 
 
-def workload(stage: str, kernels: str, records: int) -> None:
+def workload(stage: str, exchange: str, records: int) -> None:
     """Run the stages up to ``stage`` over ``records`` records (in this process)."""
     from bastion.runtime import columns, instance, records as recs
     from bastion.runtime.channel import OutputChannel
     from bastion.runtime.instance import Router
     from bastion.runtime.operators import OperatorContext
     from bastion.runtime.plan import HASH, EdgePlan, OutputRoute
-    from bastion.runtime.records import Batch, FrameCodec
+    from bastion.runtime.records import Batch, FrameCodec, passes_unencoded
 
-    if kernels == "python":  # the exchange as it was: Python-level passes
+    before = exchange == "before"
+    if before:  # Python-level passes, msgpack for every column
         instance.partitions = columns.py_partitions
         recs.split_column = columns.py_split_column
         recs.pack_ints = recs.pack_float64 = lambda column: None
@@ -97,16 +102,18 @@ def workload(stage: str, kernels: str, records: int) -> None:
         parts = keyed.split(codes, 2)
         if order < 4:
             continue
-        for channel, part in zip(channels, parts):
+        for destination, (channel, part) in enumerate(zip(channels, parts)):
             if part is not None and channel.add_batch(part):
-                codec.decode(codec.encode(channel.take_frame()))
+                frame = channel.take_frame()
+                if before or destination == 1 or not passes_unencoded(frame):
+                    codec.decode(codec.encode(frame))
 
 
-def instructions(stage: str, kernels: str, records: int) -> int:
+def instructions(stage: str, exchange: str, records: int) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         run = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
-             sys.executable, __file__, "--run", stage, "--kernels", kernels,
+             sys.executable, __file__, "--run", stage, "--exchange", exchange,
              "--records", str(records)], capture_output=True, text=True, check=True,
             # the same dict layouts every run: otherwise importing Ray alone moves the
             # count by more than a stage costs
@@ -118,11 +125,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=262144)
     parser.add_argument("--run", choices=STAGES, help=argparse.SUPPRESS)
-    parser.add_argument("--kernels", choices=("c", "python"), default="c",
+    parser.add_argument("--exchange", choices=("now", "before"), default="now",
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
-        workload(args.run, args.kernels, args.records)
+        workload(args.run, args.exchange, args.records)
         return
     from bastion.runtime import columns
     if not columns.NATIVE:
@@ -130,22 +137,19 @@ def main() -> None:
     n = args.records
     print(f"Instructions per record (callgrind), {n:,} records, W1's keyed exchange "
           f"into 2 destinations")
-    print(f"{'stage':10s} {'C kernels':>10s} {'Python':>10s}")
+    print(f"{'stage':10s} {'now':>8s} {'before':>8s}")
     per_record: dict[str, dict[str, float]] = {}
-    for kernels in ("c", "python"):
-        totals = [instructions(stage, kernels, n) for stage in STAGES]
-        per_record[kernels] = {stage: (totals[i] - totals[i - 1]) / n
-                               for i, stage in enumerate(STAGES) if i}
+    for exchange in ("now", "before"):
+        totals = [instructions(stage, exchange, n) for stage in STAGES]
+        per_record[exchange] = {stage: (totals[i] - totals[i - 1]) / n
+                                for i, stage in enumerate(STAGES) if i}
     for stage in STAGES[1:]:
-        print(f"{stage:10s} {per_record['c'][stage]:10.0f} {per_record['python'][stage]:10.0f}")
+        print(f"{stage:10s} {per_record['now'][stage]:8.0f} {per_record['before'][stage]:8.0f}")
     floors = {}
-    for kernels in ("c", "python"):
-        cost = per_record[kernels]
-        floors[kernels] = 1 + (cost["partition"] + cost["split"] + cost["codec"]) / cost["chain"]
-    print(f"exchange / chain, C kernels: {floors['c'] - 1:.2f}; Python kernels: "
-          f"{floors['python'] - 1:.2f}")
-    print(f"floor of W1's p=2/p=1 CPU ratio from the exchange alone: {floors['c']:.2f}x "
-          f"with the C kernels, {floors['python']:.2f}x with the Python ones")
+    for exchange, cost in per_record.items():
+        floors[exchange] = 1 + (cost["partition"] + cost["split"] + cost["codec"]) / cost["chain"]
+    print(f"floor of W1's p=2/p=1 CPU ratio from the exchange alone: {floors['now']:.2f}x "
+          f"now, {floors['before']:.2f}x before the C kernels")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bastion.protocols.coordinated import Barrier
 from bastion.runtime import columns
-from bastion.runtime.records import Batch, FrameCodec
+from bastion.runtime.channel import LocalOutputChannel
+from bastion.runtime.records import Batch, EndOfStream, FrameCodec, Watermark, passes_unencoded
 
 KERNELS = [pytest.param(columns, id="native"), pytest.param(None, id="python")]
 
@@ -170,3 +172,69 @@ def test_packed_columns_are_what_makes_the_frame_smaller():
     plain = msgpack.packb([(0, batch.keys, values, 0.5, 0.25, None, 0)], use_bin_type=True)
     assert len(packed) < len(plain)
     assert math.isclose(len(packed), 5 * 512, rel_tol=0.05)
+
+
+@pytest.mark.parametrize("module", KERNELS)
+@given(column=st.lists(st.one_of(st.integers(-(2**64), 2**64), st.floats(allow_nan=True),
+                                 st.booleans(), st.none(), st.text(max_size=1)),
+                       max_size=8))
+def test_exact_numbers_are_exact_ints_of_64_bits_and_exact_floats(module, column):
+    expected = all(type(v) is float or (type(v) is int and -(2**63) <= v < 2**63)
+                   for v in column)
+    assert kernel(module, "exact_numbers")(column) is expected
+
+
+def numbers_batch(values, **columns_):
+    size = len(values)
+    return Batch(columns_.get("keys", list(range(size))), values,
+                 columns_.get("ts", [0.5] * size), [0.25] * size, columns_.get("ids"))
+
+
+@pytest.mark.parametrize("elements, passes", [
+    ([numbers_batch([1, 2, 3])], True),
+    ([numbers_batch([1.5, 2, -3]), Watermark(1.0), EndOfStream()], True),
+    ([numbers_batch([1, 2], keys=None)], True),
+    ([numbers_batch([1, True])], False),                  # a bool would stay a bool...
+    ([numbers_batch([1, [2]])], False),                   # a list arrives as a tuple
+    ([numbers_batch([1, 2**64 - 1])], False),             # beyond the packed ints
+    ([numbers_batch([1, 2], keys=["a", "b"])], False),    # str: immutable, but encoded
+    ([numbers_batch([1, 2], ids=[(1, 0), (1, 1)])], False),
+    ([numbers_batch([1, 2]), Barrier(3)], False),         # a protocol's control record
+])
+def test_only_frames_that_decode_to_themselves_skip_the_codec(elements, passes):
+    assert passes_unencoded(elements) is passes
+    if passes:  # and the claim holds: decoding gives the same values and types
+        codec = FrameCodec()
+        for sent, got in zip(elements, codec.decode(codec.encode(elements))):
+            if isinstance(sent, Batch):
+                for a, b in ((sent.keys, got.keys), (sent.values, got.values),
+                             (sent.ts, got.ts), (sent.born, got.born)):
+                    assert (a is None and b is None) or (
+                        list(a) == list(b) and list(map(type, a)) == list(map(type, b)))
+            else:
+                assert got == sent
+
+
+class Inbox:
+    def __init__(self):
+        self.frames = []
+
+    async def deliver(self, channel_id, seq, frame):
+        self.frames.append((channel_id, seq, frame))
+
+
+async def test_a_local_channel_passes_numbers_as_they_are_and_encodes_the_rest():
+    inbox, codec = Inbox(), FrameCodec()
+    channel = LocalOutputChannel(4, 1024, 0.005, inbox.deliver, codec)
+    numbers = [numbers_batch([1, 2, 3])]
+    words = [numbers_batch([1, 2], keys=["a", "b"])]
+    await channel.send(numbers)
+    await channel.send(words)
+    channel.on_sent = lambda channel_id, seq, payload: None  # a protocol logs frames
+    await channel.send(list(numbers))
+    (_, seq0, first), (_, seq1, second), (_, seq2, third) = inbox.frames
+    assert (seq0, seq1, seq2) == (0, 1, 2)
+    assert first is numbers                                # the very elements
+    assert type(second) is bytes and list(codec.decode(second)[0].keys) == ["a", "b"]
+    assert type(third) is bytes                            # the log needs the bytes
+    assert channel.frames_sent == 3

@@ -312,12 +312,41 @@ done:
     return out;
 }
 
+/* exact_numbers(column) -> bool: every item is exactly an int that fits in 64 bits or
+ * exactly a float: values that a msgpack round trip gives back equal and of the same
+ * type, and that nobody can mutate. */
+static PyObject *
+exact_numbers(PyObject *module, PyObject *column)
+{
+    PyObject *seq = PySequence_Fast(column, "column must be a list or a tuple");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    int exact = 1;
+    for (Py_ssize_t i = 0; i < size && exact; i++) {
+        PyObject *item = items[i];
+        if (PyFloat_CheckExact(item))
+            continue;
+        if (PyLong_CheckExact(item)) {
+            int overflow = 0;
+            (void)PyLong_AsLongLongAndOverflow(item, &overflow);
+            exact = !overflow;
+            continue;
+        }
+        exact = 0;
+    }
+    Py_DECREF(seq);
+    return PyBool_FromLong(exact);
+}
+
 static PyMethodDef methods[] = {
     {"partitions", partitions, METH_VARARGS, "memo[key] for every key, as bytes"},
     {"split_column", split_column, METH_VARARGS, "a column cut by destination code"},
     {"pack_ints", pack_ints, METH_O, "a column of exact ints as narrow words, or None"},
     {"pack_float64", pack_float64, METH_O, "a column of exact floats as float64s, or None"},
     {"unpack_ints", unpack_ints, METH_VARARGS, "packed ints back to a tuple"},
+    {"exact_numbers", exact_numbers, METH_O, "are all items exact ints (64-bit) or floats?"},
     {"unpack_float64", unpack_float64, METH_VARARGS, "float64s back to a tuple of floats"},
     {NULL, NULL, 0, NULL},
 };

@@ -31,7 +31,8 @@ from typing import Any, Awaitable, Callable
 import msgpack
 
 from bastion.runtime.durable import open_bytes, seal
-from bastion.runtime.records import Batch, ControlRecord, FrameCodec, Watermark
+from bastion.runtime.records import (Batch, ControlRecord, FrameCodec, Watermark,
+                                     passes_unencoded)
 
 
 class OutputChannel:
@@ -175,7 +176,10 @@ class RemoteOutputChannel(OutputChannel):
 class LocalOutputChannel(OutputChannel):
     """To a task in the same worker: through the bounded inbox, without a Ray call.
     The frame is still encoded, so a value behaves the same wherever its consumer
-    runs (it must be serialisable, and a list arrives as a tuple)."""
+    runs (it must be serialisable, and a list arrives as a tuple) — unless decoding
+    would give back the very same values (`passes_unencoded`: numbers only) and
+    nothing needs the encoded bytes (no protocol logs or decorates the frame, no
+    injected fault): then the frame's elements go into the inbox as they are."""
 
     def __init__(self, channel_id: int, frame_records: int, buffer_timeout_s: float,
                  deliver: Callable[[int, int, Any], Awaitable[None]], codec: FrameCodec,
@@ -184,6 +188,16 @@ class LocalOutputChannel(OutputChannel):
         self._deliver = deliver
         self._codec = codec
         self._inbox_full = inbox_full
+
+    async def send(self, frame: list) -> None:
+        if (self.decorate is None and self.on_sent is None and self.faults is None
+                and passes_unencoded(frame)):
+            seq = self.seq
+            self.seq += 1
+            self.frames_sent += 1
+            await self._deliver(self.channel_id, seq, frame)
+            return
+        await super().send(frame)
 
     async def transmit(self, seq: int, payload: bytes) -> None:
         await self._deliver(self.channel_id, seq, payload)

@@ -14,6 +14,11 @@ instructions per item instead of msgpack's generic path. Where the extension was
 built (no compiler), the pure-Python versions below do the same; `NATIVE` says which
 is in use, and the tests check they agree.
 
+A frame between two tasks of one worker is not encoded at all when every column of
+every batch in it holds only such numbers (`exact_numbers`): decoding would give back
+equal values of the same types, and numbers cannot be mutated, so passing the batches
+themselves means the same and skips two passes a column.
+
 Packed columns keep the frame's meaning exactly: a column is packed only when every
 item is exactly an ``int`` that fits in 64 bits (not a ``bool``, not a subclass) or
 exactly a ``float``; it decodes to a tuple of the same values, as a msgpack array
@@ -76,6 +81,13 @@ def py_unpack_float64(data: bytes) -> tuple:
     return tuple(_from_little_endian("d", data))
 
 
+def py_exact_numbers(column: Sequence) -> bool:
+    """Every item is exactly an int that fits in 64 bits or exactly a float: values a
+    msgpack round trip gives back equal and of the same type, and immutable."""
+    return all(type(v) is float or (type(v) is int and -(2**63) <= v < 2**63)
+               for v in column)
+
+
 @functools.cache
 def _select(p: int) -> bytes:
     """The translation table that turns code ``p`` into 1 and every other into 0."""
@@ -96,11 +108,13 @@ def _from_little_endian(typecode: str, data: bytes) -> array:
 
 
 try:
-    from bastion.runtime._columns import (pack_float64, pack_ints, partitions,
-                                          split_column, unpack_float64, unpack_ints)
+    from bastion.runtime._columns import (exact_numbers, pack_float64, pack_ints,
+                                          partitions, split_column, unpack_float64,
+                                          unpack_ints)
     NATIVE = True
 except ImportError:  # built without a C compiler: the same, slower
     partitions, split_column = py_partitions, py_split_column
     pack_ints, pack_float64 = py_pack_ints, py_pack_float64
     unpack_ints, unpack_float64 = py_unpack_ints, py_unpack_float64
+    exact_numbers = py_exact_numbers
     NATIVE = False

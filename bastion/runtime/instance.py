@@ -426,7 +426,8 @@ class Task(TaskContext):
             if channel_id is None:  # the job master found the loop quiescent
                 self.loop_done = True
                 continue
-            frame = decode(frame)
+            if type(frame) is bytes:  # else it came unencoded from this worker
+                frame = decode(frame)
             await self.protocol.on_frame(channel_id, seq, frame)
             await self._process_frame(inputs[channel_id], frame)      # process
             self.received_seq[channel_id] = seq
@@ -449,7 +450,8 @@ class Task(TaskContext):
                     await self.protocol.between_frames()
                     continue
                 channel_id, seq, frame = received
-                await self._admit(inputs[channel_id], seq, decode(frame))
+                await self._admit(inputs[channel_id], seq,
+                                  decode(frame) if type(frame) is bytes else frame)
                 continue
             channel_id, element = step
             channel = inputs[channel_id]

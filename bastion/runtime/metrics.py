@@ -202,6 +202,8 @@ class ProtocolMetrics(ProtocolStats):
 
     protocol: str = "none"
     protocol_bytes: int = 0
+    # bytes of the encoded data frames; a frame of numbers that a worker passes to its
+    # own task unencoded (`records.passes_unencoded`) counts none
     data_bytes: int = 0
     failures: list[FailureRecovery] = field(default_factory=list)
 

@@ -31,8 +31,8 @@ import msgpack
 
 from bastion.codecs import Codec
 from bastion.lineage import IdRun, from_wire, take_ids, to_wire
-from bastion.runtime.columns import (pack_float64, pack_ints, split_column, unpack_float64,
-                                     unpack_ints)
+from bastion.runtime.columns import (exact_numbers, pack_float64, pack_ints, split_column,
+                                     unpack_float64, unpack_ints)
 from bastion.runtime.durable import unserialisable
 
 DATA = 0
@@ -239,6 +239,23 @@ class EndOfStream(ControlRecord):
 
 
 # -- wire format -------------------------------------------------------------------------
+
+
+def passes_unencoded(elements: list) -> bool:
+    """Would ``elements`` decode to equal elements of the same types, none of which
+    anybody can change? Then a frame to a task in the same process may skip the codec:
+    batches without lineage ids whose columns hold only exact ints (64-bit) and floats
+    (`columns.exact_numbers`), watermarks and ends of stream (frozen)."""
+    for e in elements:
+        kind = type(e)
+        if kind is Batch:
+            if e.ids is not None or not (
+                    (e.keys is None or exact_numbers(e.keys)) and exact_numbers(e.values)
+                    and exact_numbers(e.ts) and exact_numbers(e.born)):
+                return False
+        elif kind is not Watermark and kind is not EndOfStream:
+            return False
+    return True
 
 
 class FrameCodec:
