@@ -17,7 +17,10 @@ which `bastion.protocols` defines and registers with `control_record`) travel
 in-band, in order with the data on the same channel, so "everything before the
 barrier" has a precise meaning. A *frame* is a list of elements — batches and control
 records — and is what one channel message carries, msgpack-encoded. Arrays decode as
-tuples, so a list value arrives as a tuple after crossing a process boundary.
+tuples, so a list value arrives as a tuple after crossing a process boundary. Columns
+of exact ints or floats travel packed as machine words and decode to the same tuple
+(`bastion.runtime.columns`); a frame of nothing but such numbers between two tasks of
+one worker is not encoded at all (`passes_unencoded`).
 """
 
 from __future__ import annotations
