@@ -27,8 +27,10 @@ from __future__ import annotations
 import copy
 import heapq
 import math
+import sys
 import time
 import traceback
+from array import array
 from itertools import compress, islice, repeat
 from operator import itemgetter
 from typing import Any, Callable, Iterable
@@ -140,9 +142,6 @@ class Operator:
 
     def part_ids(self) -> list:
         """The parts open now."""
-        raise NotImplementedError
-
-    def has_part(self, part: Any) -> bool:
         raise NotImplementedError
 
     def part_state(self, part: Any) -> Any:
@@ -355,9 +354,6 @@ class KeyedFoldOp(Operator):
     def part_ids(self) -> list:
         return list(self.state)
 
-    def has_part(self, part: Any) -> bool:
-        return part in self.state
-
     def part_state(self, part: Any) -> Any:
         return self.state[part]
 
@@ -408,9 +404,6 @@ class _WindowParts(Operator):
 
     def part_ids(self) -> list:
         return list(self.open)
-
-    def has_part(self, part: Any) -> bool:
-        return part in self.open
 
     def part_retired(self, part: Any, watermark: float) -> bool:
         return self.windows.end(part) <= watermark
@@ -489,28 +482,49 @@ class TimeWindowOp(_WindowParts):
 
     # The results of one window share its bounds, their event time and the shape of
     # their ids, all made from the window's start by `on_watermark`: the log form keeps
-    # per result only the key, the aggregate, born and the window's start — four
-    # columns msgpack packs natively — and `results_batch` computes the rest the way
-    # `on_watermark` did. The generic form packed two tuples per result through the
-    # state codec's per-tuple callback: most of what protocol "cec" cost a job of fast
-    # windows (benchmarks/cec.py (d)).
+    # per result only the key, the aggregate, born and the window's start, and
+    # `results_batch` computes the rest the way `on_watermark` did. Born and the start
+    # are floats always (wall-clock stamps; `TimeWindows.start` is k * a float), so
+    # they go as raw little-endian doubles, copied in C, where msgpack packed each as a
+    # value of its own: the results are every record protocol "cec" logs, and packing
+    # them was most of what it cost a job of fast windows (benchmarks/cec.py (d)).
 
     def results_form(self, out: Batch) -> list:
         values = out.values
         code = None if out.ids is None else self.ctx.code
-        return [_WINDOW_RESULTS, code, out.keys, list(map(_AGGREGATE, values)), out.born,
-                list(map(_START, values))]
+        return [_WINDOW_RESULTS, code, out.keys, list(map(_AGGREGATE, values)),
+                _doubles(out.born), _doubles(map(_START, values))]
 
     def results_batch(self, form: list) -> Batch:
         if len(form) != 6 or form[0] != _WINDOW_RESULTS:
             raise ValueError(f"operator {self.ctx.name!r}: logged results are not a "
                              "time window's")
         _, code, keys, aggregates, born, starts = form
+        born, starts = _from_doubles(born), _from_doubles(starts)
+        if not len(keys) == len(aggregates) == len(born) == len(starts):
+            raise ValueError(f"operator {self.ctx.name!r}: logged results have columns "
+                             "of different lengths")
         size = self.windows.size
         ends = [start + size for start in starts]  # TimeWindows.end: start(k) + size
         ts = [math.nextafter(end, -math.inf) for end in ends]
         ids = None if code is None else list(zip(repeat(code), keys, starts, ends))
         return Batch(keys, list(zip(keys, starts, ends, aggregates)), ts, born, ids)
+
+
+def _doubles(values: Iterable[float]) -> bytes:
+    """Floats as little-endian IEEE doubles (exact: a Python float is one)."""
+    column = array("d", values)
+    if sys.byteorder != "little":
+        column.byteswap()
+    return column.tobytes()
+
+
+def _from_doubles(data: bytes) -> list[float]:
+    column = array("d")
+    column.frombytes(data)  # ValueError unless a whole number of doubles
+    if sys.byteorder != "little":
+        column.byteswap()
+    return column.tolist()
 
 
 _WINDOW_RESULTS = "window results"
