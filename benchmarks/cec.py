@@ -34,7 +34,9 @@ Six figures, each against its target:
     holds one record per id) and *slow windows* (1,000 per id), under ``none``,
     ``none`` with lineage ids (which ``cec`` needs), ``cec`` with G_open only, ``cec``
     with the default policy and ``coordinated`` (1 s); best of ``--repeats``, the
-    configurations alternating. Target: G_open only costs ≤ 10% against ``none``.
+    configurations alternating, with the median beside it and the workers' CPU time per
+    record (less sensitive than the wall clock to other work on a shared machine).
+    Target: G_open only costs ≤ 10% against ``none``.
 (e) **Policy sweeps**: a keyed sum over ``--sweep-keys`` keys (parts that never close),
     paced at ``--sweep-rate`` (runs of seconds: a burst refreshes only so many parts)
     under growing Q (extent target, as multiples of the N open parts), U (replay

@@ -70,7 +70,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass
-from itertools import compress, filterfalse, repeat
+from itertools import compress, repeat
 from operator import is_
 from typing import Any
 
@@ -146,7 +146,7 @@ class CecOperator:
     def __init__(self, inner: PartedOperator, task: TaskContext, policy: CecPolicy,
                  log: LogWriter):
         self.inner = inner
-        inner.opened = []  # the parts each batch opens
+        inner.opened, inner.closed = [], []  # the parts each call opens or closes
         self.ctx = inner.ctx
         self.node = inner.node
         self.task = task
@@ -173,7 +173,6 @@ class CecOperator:
 
     # the operator interface the task calls
     parted = False
-    closes_parts = False
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         ids = batch.ids
@@ -227,17 +226,17 @@ class CecOperator:
 
     def _closing(self, fire: Any) -> Batch | None:
         inner = self.inner
-        before = inner.part_ids() if inner.closes_parts else ()
         out = fire()
         records = self._results(out)
         closing = []
-        if before:
-            # The parts that closed, and of them those with a footprint (not pending):
-            # fast windows close by the hundred per batch, so the sorting is done by
-            # C-level map/compress, not a Python step per part.
-            gone = list(filterfalse(set(inner.part_ids()).__contains__, before))
+        gone = inner.closed
+        if gone:
+            # Of the parts that closed, those with a footprint (not pending): fast
+            # windows close by the hundred per batch, so the sorting is done by C-level
+            # map/compress, not a Python step per part.
             waited = map(self.pending.pop, gone, repeat(None))
             closing = list(compress(gone, map(is_, waited, repeat(None))))
+            gone.clear()
             for part in closing:
                 self.footprints.pop(part, None)
         if closing:
