@@ -380,6 +380,7 @@ def test_window_results_come_back_exactly_from_their_log_form(spec, lineage):
             continue
         back = op.results_batch(codec.unpack(codec.pack(op.results_form(out)), "k"))
         fired += len(out)
+        last = out
         assert typed(back.keys) == typed(list(out.keys))
         assert typed(back.values) == typed(list(out.values))
         assert typed(back.ts) == typed(list(out.ts))
@@ -388,3 +389,11 @@ def test_window_results_come_back_exactly_from_their_log_form(spec, lineage):
     assert fired > 50 and ctx.dead_letter_count > 0
     with pytest.raises(ValueError, match="not a time window's"):
         op.results_batch([[1], [(1,)], [0.5], [0.5], None])
+    # born and the starts travel as raw doubles: a column cut short, or one result
+    # short of the others, is refused, never read as other numbers
+    form = op.results_form(last)
+    for column, cut in [(4, form[4][:-1]), (5, form[5][:-8])]:
+        broken = list(form)
+        broken[column] = cut
+        with pytest.raises(ValueError):
+            op.results_batch(broken)

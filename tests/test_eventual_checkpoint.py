@@ -63,24 +63,29 @@ class WindowModel:
             self.control(G_OPEN, part)
         self.seen += 1
         if self.seen % self.check_every == 0 and self.parts:
-            for part in self.rng.sample(sorted(self.parts), k=min(2, len(self.parts))):
-                self.control(G_CHECK, part)
+            # a burst of one or of several parts, as the runtime writes them
+            self.control(G_CHECK, *self.rng.sample(sorted(self.parts),
+                                                   k=min(self.rng.choice([1, 3]),
+                                                         len(self.parts))))
         if self.window_s is not None:
             self.advance(self.t_now - self.lag_s)
 
     def advance(self, watermark: float) -> None:
         self.watermark = max(self.watermark, watermark)
+        fired = []
         for part in sorted(self.parts):
             if (part[0] + 1) * self.window_s <= self.watermark:
                 total = self.parts.pop(part)
                 self.records.append((self.t_now, eventual.result([list(part), total])))
-                self.records.append((self.t_now, eventual.closed(
-                    enc(list(part)), len(self.parts), dict(self.position), self.watermark)))
+                fired.append(enc(list(part)))
+        if fired:
+            self.records.append((self.t_now, eventual.closed(
+                fired, len(self.parts), dict(self.position), self.watermark)))
 
-    def control(self, kind: int, part) -> None:
-        self.records.append((self.t_now, eventual.footprint(
-            kind, enc(list(part)), enc(self.parts[part]), len(self.parts),
-            dict(self.position), self.watermark)))
+    def control(self, kind: int, *parts) -> None:
+        self.records.append((self.t_now, eventual.footprints(
+            kind, [enc(list(p)) for p in parts], [enc(self.parts[p]) for p in parts],
+            len(self.parts), dict(self.position), self.watermark)))
 
 
 def make_inputs(rng, n: int, sources: int, keys: int, disorder_s: float):
@@ -220,7 +225,8 @@ def test_a_damaged_control_tuple_is_skipped_and_the_older_footprint_used(tmp_pat
     # break the checksum of the newest footprint of some part (the log's CRC is fine)
     newest = max(i for i, (_, v) in enumerate(records) if v[0] == G_CHECK)
     ts, value = records[newest]
-    records[newest] = (ts, value[:2] + [enc(10**6)] + value[3:])  # state altered
+    altered = enc([enc(10**6)] * len(eventual.parts_of(value)))  # its states altered
+    records[newest] = (ts, value[:2] + [altered] + value[3:])
     store = write_log(tmp_path, records, 2_000)
     ec, damage = read_eventual_checkpoint(store, "op/0")
     assert newest in ec.skipped and damage == []
@@ -268,24 +274,43 @@ def test_the_checks_can_fail_a_wrong_ec_is_caught_by_the_model():
     model, inputs, crash_at, args = run_model(13, 400, 2, 4, False, crash_at=390)
     ec = reconstruct(reversed([(i, ts, v) for i, (ts, v) in enumerate(model.records)]))
     assert recover(ec, inputs, crash_at, args) == model.parts
-    footprint = max(ec.parts.values(), key=lambda f: f.seq)
-    footprint.position = {s: -1 for s in footprint.position}
+    part = max(ec.parts, key=lambda p: ec.parts[p].seq)
+    kind, seq, state, position, watermark = ec.parts[part]
+    ec.parts[part] = eventual.Footprint((kind, seq, state, {s: -1 for s in position},
+                                         watermark))
     assert recover(ec, inputs, crash_at, args) != model.parts
 
 
 def test_the_checksum_covers_every_field():
-    fields = dict(kind=G_CHECK, part=b"p", state=b"state", n_open=3,
+    fields = dict(kind=G_CHECK, parts=[b"p", b"r"], states=[b"state", b"s"], n_open=3,
                   position={"src/0": 4}, watermark=1.5)
-    base = eventual.footprint(**fields)
-    assert eventual.valid(base)
-    for name, other in [("kind", eventual.G_OPEN), ("part", b"q"), ("state", b"other"),
-                        ("n_open", 4), ("position", {"src/0": 5}), ("watermark", 2.5)]:
-        changed = eventual.footprint(**{**fields, name: other})
+    base = eventual.footprints(**fields)
+    assert eventual.valid(base) and eventual.parts_of(base) == (b"p", b"r")
+    for name, other in [("kind", eventual.G_OPEN), ("parts", [b"p", b"q"]),
+                        ("parts", [b"r", b"p"]), ("states", [b"state", b"t"]),
+                        ("states", [b"stat", b"es"]), ("n_open", 4),
+                        ("position", {"src/0": 5}), ("watermark", 2.5)]:
+        changed = eventual.footprints(**{**fields, name: other})
         changed[-1] = base[-1]  # the checksum of the original fields
         assert not eventual.valid(changed), f"{name} is not covered by the checksum"
-    closing = eventual.closed(b"p", 3, {"src/0": 4}, 1.5)
+    closing = eventual.closed([b"p"], 3, {"src/0": 4}, 1.5)
     assert eventual.valid(closing)
     assert not eventual.valid(closing[:-1] + [base[-1]])
+
+
+def test_a_burst_whose_arrays_do_not_match_is_refused_though_its_checksum_holds():
+    """The checksum covers the bytes as written; bytes of another shape (a state
+    missing, a part that is not bytes) are refused all the same, never loaded."""
+    good = eventual.footprints(G_OPEN, [b"p", b"q"], [b"1", b"2"], 2, {"src/0": 1}, 0.0)
+    assert eventual.valid(good)
+    for parts, states in [([b"p", b"q"], [b"1"]), (["p", "q"], [b"1", b"2"]),
+                          ([], []), ([b"p"], b"1")]:
+        packed_parts, packed_states = enc(parts), enc(states)
+        bad = [G_OPEN, packed_parts, packed_states, 2, good[4],
+               eventual._crc(G_OPEN, packed_parts, packed_states, 2, good[4])]
+        assert not eventual.valid(bad), (parts, states)
+        ec = reconstruct([(1, 0.0, bad), (0, 0.0, good)])
+        assert ec.skipped == [1] and set(ec.parts) == {b"p", b"q"}
 
 
 @pytest.mark.parametrize("windowed", [True, False])
@@ -297,7 +322,8 @@ def test_no_footprint_lost_means_complete_and_a_lost_open_means_incomplete(windo
     # drop every footprint of the part whose footprint is oldest: its G_open is gone
     part = min(ec.parts, key=lambda p: ec.parts[p].seq)
     stripped = [(i, ts, v) for i, ts, v in records
-                if not (eventual.is_control(v) and v[1] == part and v[0] != eventual.CLOSED)]
+                if not (eventual.is_control(v) and part in eventual.parts_of(v)
+                        and v[0] != eventual.CLOSED)]
     broken = reconstruct(reversed(stripped))
     assert not broken.complete and broken.replay_from is None and broken.watermark is None
     assert broken.extent_records == broken.seq + 1  # read to the beginning

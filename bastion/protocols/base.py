@@ -80,8 +80,8 @@ class PartedOperator(Structural):
     it; `TaskContext.replace_operator` takes a wrapper with the same calls."""
 
     ctx: Any                      # name, index, code: for messages and dead letters
-    closes_parts: bool            # do parts close (windows fire)?
     opened: list | None           # a list: `process` appends each part it opens
+    closed: list | None           # a list: `on_watermark` appends each part it closes
 
     def process(self, batch: Batch, input_index: int) -> Batch | None: ...
 
@@ -90,10 +90,6 @@ class PartedOperator(Structural):
     def on_end(self) -> Batch | None: ...
 
     def parts_of(self, batch: Batch) -> list: ...
-
-    def part_ids(self) -> list: ...
-
-    def has_part(self, part: Any) -> bool: ...
 
     def part_state(self, part: Any) -> Any: ...
 

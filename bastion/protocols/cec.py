@@ -17,6 +17,10 @@ tuples* into its own persisted output log, ``jobs/<job>/logs/<operator>/<instanc
   input: were it the newest control tuple at a failure, the replay starts there, and
   the waiting parts are rebuilt from their inputs.
 
+Each burst — the G_opens of one period, the G_checks of one, the parts one watermark
+closed — is one control tuple holding all its parts: a recovery checks and decodes it
+in a few C calls, not a Python pass per part.
+
 Every control tuple carries the operator's *position*: per upstream source instance
 (``"<op code>/<index>"``), the offset of the last record processed, taken from the
 records' lineage ids; and, for the deterministic merge, the records merged per input
@@ -66,6 +70,8 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import is_
 from typing import Any
 
 import bastion.windows as window_specs
@@ -140,7 +146,7 @@ class CecOperator:
     def __init__(self, inner: PartedOperator, task: TaskContext, policy: CecPolicy,
                  log: LogWriter):
         self.inner = inner
-        inner.opened = []  # the parts each batch opens
+        inner.opened, inner.closed = [], []  # the parts each call opens or closes
         self.ctx = inner.ctx
         self.node = inner.node
         self.task = task
@@ -167,7 +173,6 @@ class CecOperator:
 
     # the operator interface the task calls
     parted = False
-    closes_parts = False
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         ids = batch.ids
@@ -191,8 +196,8 @@ class CecOperator:
         inner = self.inner
         out = inner.process(batch, input_index)
         if inner.opened:
-            for part in inner.opened:
-                self.pending[part] = before
+            # a fast window opens every few records: one C call for the batch's
+            self.pending.update(dict.fromkeys(inner.opened, before))
             inner.opened.clear()
         self._append(self._results(out))
         return out
@@ -211,7 +216,7 @@ class CecOperator:
         """Parts opened since the last period get their first footprint (G_open)."""
         if self.pending:
             opened, self.pending = list(self.pending), {}
-            self._append([self._footprint(eventual.G_OPEN, part) for part in opened])
+            self._append([self._footprints(eventual.G_OPEN, opened)])
 
     def snapshot(self) -> Any:
         return self.inner.snapshot()
@@ -221,16 +226,23 @@ class CecOperator:
 
     def _closing(self, fire: Any) -> Batch | None:
         inner = self.inner
-        before = inner.part_ids() if inner.closes_parts else ()
         out = fire()
         records = self._results(out)
-        for part in before:
-            if inner.has_part(part):
-                continue
-            if self.pending.pop(part, None) is None:
+        closing = []
+        gone = inner.closed
+        if gone:
+            # Of the parts that closed, those with a footprint (not pending): fast
+            # windows close by the hundred per batch, so the sorting is done by C-level
+            # map/compress, not a Python step per part.
+            waited = map(self.pending.pop, gone, repeat(None))
+            closing = list(compress(gone, map(is_, waited, repeat(None))))
+            gone.clear()
+            for part in closing:
                 self.footprints.pop(part, None)
-                records.append(eventual.closed(self._part_bytes(part), len(self.footprints),
-                                               self._bound(), self.task_watermark()))
+        if closing:
+            # one control tuple for all of them (N once they are all gone)
+            records.append(eventual.closed(self._pack_many(closing), len(self.footprints),
+                                           self._bound(), self.task_watermark()))
         self._append(records)
         return out
 
@@ -246,8 +258,9 @@ class CecOperator:
         return float(self.task.watermark)
 
     # A part's key and state are packed, not sealed: the control tuple's CRC covers them.
-    def _part_bytes(self, part: Any) -> bytes:
-        return self.codec.pack(part)
+    def _pack_many(self, values: list) -> list[bytes]:
+        pack = self.codec.pack
+        return [pack(value) for value in values]
 
     def _append(self, records: list) -> None:
         """Append log record values in order, one call for all of them."""
@@ -263,18 +276,24 @@ class CecOperator:
             return []
         return [eventual.result(self.codec.pack(self.inner.results_form(out)))]
 
-    def _footprint(self, kind: int, part: Any) -> list:
-        """The value of a footprint of ``part`` as it is now (the caller appends it).
-        Its seq is noted as the log's next one: a few records early at most, which
-        only the policy's estimate of the extent sees."""
-        self.footprints.pop(part, None)
-        n_open = len(self.footprints) + 1
-        self.footprints[part] = (self.log.next_seq, self.records_in)
+    def _footprints(self, kind: int, parts: list, keys: list[bytes] | None = None,
+                    states: list[bytes] | None = None) -> list:
+        """The value of a burst of footprints of ``parts`` (distinct) as they are now
+        (the caller appends it); ``keys`` and ``states``: the parts' keys and states
+        packed already. Their seq is noted as the log's next one: a few records early
+        at most, which only the policy's estimate of the extent sees."""
+        if keys is None or states is None:
+            part_state = self.inner.part_state
+            keys, states = self._pack_many(parts), self._pack_many([part_state(p)
+                                                                   for p in parts])
+        seq, records_in, footprinted = self.log.next_seq, self.records_in, self.footprints
+        for part in parts:
+            footprinted.pop(part, None)
+            footprinted[part] = (seq, records_in)
         if kind == eventual.G_CHECK:
-            self.checks_written += 1
-        return eventual.footprint(
-            kind, self._part_bytes(part), self.codec.pack(self.inner.part_state(part)),
-            n_open, self.position, self.task_watermark())
+            self.checks_written += len(parts)
+        return eventual.footprints(kind, keys, states, len(footprinted), self.position,
+                                   self.task_watermark())
 
     def check(self) -> None:
         """Between batches: in a period's burst, refresh the oldest footprints while
@@ -286,15 +305,23 @@ class CecOperator:
         self.next_period_s = now_s + policy.period_s
         deadline_s = now_s + policy.check_interval_s
         self._flush_pending()
-        while self.footprints:
-            part, (seq, records_in) = next(iter(self.footprints.items()))
-            extent = self.log.next_seq - seq
-            replay = self.records_in - records_in
-            if extent <= policy.extent_target and replay <= policy.replay_target:
+        # The burst's parts, oldest footprint first, packed as they are chosen so that
+        # the deadline bounds the work; their footprints are refreshed (moved to the
+        # end of `footprints`) by the one control tuple that holds them all.
+        stale, keys, states = [], [], []
+        pack, part_state = self.codec.pack, self.inner.part_state
+        next_seq, records_now = self.log.next_seq, self.records_in
+        for part, (seq, records_in) in self.footprints.items():
+            if (next_seq - seq <= policy.extent_target
+                    and records_now - records_in <= policy.replay_target):
                 break
-            self._append([self._footprint(eventual.G_CHECK, part)])
+            stale.append(part)
+            keys.append(pack(part))
+            states.append(pack(part_state(part)))
             if time.monotonic() >= deadline_s:
                 break
+        if stale:
+            self._append([self._footprints(eventual.G_CHECK, stale, keys, states)])
         # What the log holds becomes durable once a period: a recovery finds the
         # footprints written up to here (and replays what came after).
         if self.log.durable_seq < self.log.next_seq - 1:
@@ -324,12 +351,22 @@ class CecOperator:
             self.log.append_many([(now_s, value) for value in logged])
         if ec is not None and ec.complete and ec.parts:
             n_open = len(ec.parts)
-            for part, fp in sorted(ec.parts.items(), key=lambda item: item[1].seq):
-                seq = self.log.append(now_s, eventual.footprint(
-                    eventual.G_CHECK, part, fp.state, n_open, fp.position, fp.watermark))
-                self.footprints[self.codec.unpack(part, "part")] = (seq, 0)
-            for part in sorted(ec.closed):
-                self.log.append(now_s, eventual.closed(part, n_open, ec.newest_position,
+            # a burst per record they came from: its parts share a position and a
+            # watermark
+            bursts: dict[int, list] = {}
+            for part, fp in reversed(ec.parts.items()):  # oldest first (see decode_parts)
+                bursts.setdefault(fp.seq, []).append((part, fp))
+            for burst in bursts.values():
+                first = burst[0][1]
+                seq = self.log.append(now_s, eventual.footprints(
+                    eventual.G_CHECK, [part for part, _ in burst],
+                    [fp.state for _, fp in burst], n_open, first.position,
+                    first.watermark))
+                for part, _ in burst:
+                    self.footprints[self.codec.unpack(part, "part")] = (seq, 0)
+            if ec.closed:
+                self.log.append(now_s, eventual.closed(sorted(ec.closed), n_open,
+                                                       ec.newest_position,
                                                        ec.newest_watermark))
         self.log.flush()
 
@@ -498,7 +535,12 @@ class CecTask(TaskProtocol):
     def on_stop(self) -> None:
         if self.operator is not None:
             try:
-                self.operator.log.close()
+                # Durable, not sealed: a flush stores only what came since the last
+                # period (and waits for a seal under way), where a close rewrote the
+                # whole open segment (up to 8 MiB) in the task's last moment — a
+                # fixed cost of tens of ms on every run (benchmarks/cec.py (d)).
+                # Readers and the next writer take the parts as they are.
+                self.operator.log.flush()
             except StorageError:
                 # The tail stays not durable: a recovery replays from an older
                 # footprint. The task is ending already; its own error (if any) is

@@ -14,10 +14,13 @@ persisted output log, in order with its results:
   recognises a closed window by its result tuple; a result of ours may not name its
   part — a keyed reduce's does not — so closing is a control tuple of its own.)
 
-Each control tuple carries N, the number of parts open once it is applied, the
-operator's *position* — for every upstream source instance, the offset of the last
-record that reached the operator — and its watermark, and a CRC32 over all of it.
-A footprint's state reflects exactly the inputs up to its position.
+What an operator writes at one moment is one control tuple, a *burst*: the parts it
+footprints (or that closed) then, each with its state. It carries N, the number of
+parts open once it is applied, the operator's *position* — for every upstream source
+instance, the offset of the last record that reached the operator — and its
+watermark, and a CRC32 over all of it. A footprint's state reflects exactly the
+inputs up to its position. The extent counts log records; in *tuples* (the paper's
+measure) a burst counts once per part it holds.
 
 **The eventual checkpoint** (EC) at the end of a log (or at a log time ``at``) is found
 by reading the log backwards: the newest control tuple gives N; every part's newest
@@ -35,7 +38,7 @@ found. The records read on the way are the *extent*. The EC is then:
   are late, as they were when they first arrived after it fired.
 
 A control tuple whose CRC does not match is skipped and reported, never loaded: the
-part's older footprint is used instead. If the log's beginning is reached before N
+older footprints of its parts are used instead. If the log's beginning is reached before N
 footprints are found (a G_open lost), the EC is *incomplete*: the operator must
 start from nothing and replay everything.
 
@@ -51,6 +54,8 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, Iterable
 
 import msgpack
@@ -68,41 +73,60 @@ CONTROL_KINDS = (G_OPEN, G_CHECK, CLOSED)
 Position = dict[str, int]  # "<source>/<instance>" -> offset of the last record reflected
 
 
-# A control tuple is the list ``[kind, part, state, n_open, meta, crc]``: ``part`` and
-# ``state`` as the task's codec packed them (``state`` is None in a ``closed``), ``meta``
-# the msgpack bytes of ``[position, watermark]`` and ``crc`` a CRC32 over the part,
-# state and meta bytes, started from a value that encodes the kind and N. Checking one
-# is a few CRC32 calls over bytes the log already holds — no re-encoding — and the
-# footprints of one burst share their meta bytes (one position, one watermark), which a
-# backward pass decodes once: most of what it spent per footprint (measured by
-# `benchmarks/cec.py` (f)).
+# A control tuple is the list ``[kind, parts, states, n_open, meta, crc]`` and stands
+# for a whole *burst*: the footprints (or closings) an operator writes at one moment,
+# which share one position and one watermark. ``parts`` is the msgpack array of the
+# parts' keys and ``states`` that of their states (None in a ``closed``), each element
+# the bytes the task's codec packed; ``meta`` the msgpack bytes of ``[position,
+# watermark]``; ``crc`` a CRC32 over the parts, states and meta bytes exactly as
+# stored, started from a value that encodes the kind and N. Checking one is three
+# CRC32 calls over bytes the log already holds — no re-encoding — whatever the size of
+# the burst, and its arrays are decoded in C, one call each: a footprint per log
+# record cost a Python pass per footprint, ~3 us, most of an EC-load of 230,000
+# footprints (measured by `benchmarks/cec.py` (f): 0.80 s before bursts).
 
 
-def _crc(kind: int, part: bytes, state: bytes | None, n_open: int, meta: bytes) -> int:
+def _crc(kind: int, parts: bytes, states: bytes | None, n_open: int, meta: bytes) -> int:
     # For bytes of a fixed length, CRC32 maps distinct start values to distinct
     # results: a changed kind or N (below 2**30) always shows.
-    crc = zlib.crc32(part, ((n_open << 2) | kind) & 0xFFFFFFFF)
-    if state is not None:
-        crc = zlib.crc32(state, crc)
+    crc = zlib.crc32(parts, ((n_open << 2) | kind) & 0xFFFFFFFF)
+    if states is not None:
+        crc = zlib.crc32(states, crc)
     return zlib.crc32(meta, crc)
 
 
-def _control(kind: int, part: bytes, state: bytes | None, n_open: int, position: Position,
-             watermark: float) -> list:
+def _control(kind: int, parts: list[bytes], states: list[bytes] | None, n_open: int,
+             position: Position, watermark: float) -> list:
+    packed_parts = msgpack.packb(parts, use_bin_type=True)
+    packed_states = None if states is None else msgpack.packb(states, use_bin_type=True)
     meta = msgpack.packb([position, watermark])
-    return [kind, part, state, n_open, meta, _crc(kind, part, state, n_open, meta)]
+    return [kind, packed_parts, packed_states, n_open, meta,
+            _crc(kind, packed_parts, packed_states, n_open, meta)]
+
+
+def footprints(kind: int, parts: list[bytes], states: list[bytes], n_open: int,
+               position: Position, watermark: float) -> list:
+    """The value of a ``G_open`` or ``G_check`` log record: a burst of footprints, the
+    ``i``-th part's key ``parts[i]`` and state ``states[i]``, each encoded by the task's
+    durable codec; ``n_open`` counts the parts open once all are applied. A part may
+    appear once in a burst."""
+    if len(parts) != len(states) or not parts:
+        raise ValueError(f"a burst needs one state per part and at least one part, got "
+                         f"{len(parts)} parts and {len(states)} states")
+    return _control(kind, parts, states, n_open, position, watermark)
 
 
 def footprint(kind: int, part: bytes, state: bytes, n_open: int, position: Position,
               watermark: float) -> list:
-    """The value of a ``G_open`` or ``G_check`` log record. ``part`` and ``state`` are
-    the part's key and state, encoded by the task's durable codec."""
-    return _control(kind, part, state, n_open, position, watermark)
+    """A burst of one footprint (see `footprints`)."""
+    return _control(kind, [part], [state], n_open, position, watermark)
 
 
-def closed(part: bytes, n_open: int, position: Position, watermark: float) -> list:
-    """The value of the log record saying ``part`` closed (N counts it no more)."""
-    return _control(CLOSED, part, None, n_open, position, watermark)
+def closed(parts: list[bytes], n_open: int, position: Position, watermark: float) -> list:
+    """The value of the log record saying ``parts`` closed (N counts them no more)."""
+    if not parts:
+        raise ValueError("a closing names at least one part")
+    return _control(CLOSED, parts, None, n_open, position, watermark)
 
 
 def result(payload: Any) -> list:
@@ -126,19 +150,45 @@ def _kind(value: Any) -> int | None:
 
 def valid(value: Any) -> bool:
     """Is ``value`` a well-formed control tuple whose checksum matches?"""
-    return _checked(value) and _decode_meta(value[4]) is not None
+    return (_checked(value) and _decode_meta(value[4]) is not None
+            and _decode_burst(value) is not None)
+
+
+def parts_of(value: Any) -> tuple[bytes, ...] | None:
+    """The part keys (as packed) a valid control tuple names, in the order written;
+    None if ``value`` is not one."""
+    burst = _decode_burst(value) if _checked(value) else None
+    return None if burst is None else burst[0]
 
 
 def _checked(value: Any) -> bool:
     """Has ``value`` a control tuple's shape, and does its checksum match?"""
     try:
-        kind, part, state, n_open, meta, crc = value
+        kind, parts, states, n_open, meta, crc = value
     except (TypeError, ValueError):
         return False
-    return (kind in CONTROL_KINDS and type(part) is bytes and type(meta) is bytes
+    return (kind in CONTROL_KINDS and type(parts) is bytes and type(meta) is bytes
             and type(n_open) is int and n_open >= 0
-            and (type(state) is bytes if kind != CLOSED else state is None)
-            and crc == _crc(kind, part, state, n_open, meta))
+            and (type(states) is bytes if kind != CLOSED else states is None)
+            and crc == _crc(kind, parts, states, n_open, meta))
+
+
+def _decode_burst(value: Any) -> tuple[tuple, tuple | None] | None:
+    """A checked control tuple's parts and states (None in a ``closed``) as tuples of
+    bytes; None if its bytes, though they are what was written, are not in a shape
+    this version reads."""
+    try:
+        parts = msgpack.unpackb(value[1], use_list=False)
+        states = None if value[2] is None else msgpack.unpackb(value[2], use_list=False)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+    # set(map(type, ...)): the element test in C, a burst holds thousands
+    if type(parts) is not tuple or not parts or set(map(type, parts)) != {bytes}:
+        return None
+    if states is not None and (type(states) is not tuple or len(states) != len(parts)
+                               or set(map(type, states)) != {bytes}):
+        return None
+    return parts, states
 
 
 def _decode_meta(meta: bytes) -> tuple[Position, float] | None:
@@ -153,13 +203,20 @@ def _decode_meta(meta: bytes) -> tuple[Position, float] | None:
     return position, float(watermark)
 
 
-@dataclass(slots=True)
-class Footprint:
-    kind: int               # G_OPEN or G_CHECK
-    seq: int                # the log record holding it
-    state: bytes
-    position: Position
-    watermark: float
+class Footprint(tuple):
+    """A part's newest footprint: ``(kind, seq, state, position, watermark)`` — kind
+    G_OPEN or G_CHECK, the log record holding it, the part's state as packed, and
+    the position and watermark it reflects. A tuple, built by ``Footprint((kind, seq,
+    state, position, watermark))``: an EC-load makes one per part by the hundred
+    thousand, and a tuple's constructor runs in C where a dataclass's runs Python
+    (~1 us each, half the backward pass of a 230,000-footprint extent)."""
+
+    __slots__ = ()
+    kind = property(itemgetter(0))
+    seq = property(itemgetter(1))
+    state = property(itemgetter(2))
+    position = property(itemgetter(3))
+    watermark = property(itemgetter(4))
 
 
 @dataclass
@@ -199,8 +256,7 @@ class EventualCheckpoint:
 
     def to_wire(self) -> dict:
         """Plain msgpack-able form (what is stored, and what Spark returns)."""
-        return {"parts": {p: [f.kind, f.seq, f.state, f.position, f.watermark]
-                          for p, f in self.parts.items()},
+        return {"parts": {p: list(f) for p, f in self.parts.items()},
                 "closed": sorted(self.closed), "n_open": self.n_open, "seq": self.seq,
                 "newest_position": self.newest_position,
                 "newest_watermark": self.newest_watermark,
@@ -209,7 +265,7 @@ class EventualCheckpoint:
 
     @classmethod
     def from_wire(cls, wire: dict) -> "EventualCheckpoint":
-        return cls(parts={p: Footprint(k, s, st, dict(pos), wm)
+        return cls(parts={p: Footprint((k, s, st, dict(pos), wm))
                           for p, (k, s, st, pos, wm) in wire["parts"].items()},
                    closed=set(wire["closed"]), n_open=wire["n_open"], seq=wire["seq"],
                    newest_position=dict(wire["newest_position"]),
@@ -259,10 +315,7 @@ class Reconstruction:
             return True
         at = self.at
         ec = self.ec
-        parts, closed = ec.parts, ec.closed
-        take, crc32 = self._take, zlib.crc32
-        meta_now, target = self._meta, self._n_target
-        position, watermark = self._decoded or (None, None)
+        take = self._take
         for record in records:
             seq, ts, value = record
             if at is not None and ts > at:
@@ -273,50 +326,51 @@ class Reconstruction:
             if not (isinstance(value, (list, tuple)) and value and isinstance(value[0], int)
                     and value[0] in CONTROL_KINDS):
                 continue
-            # A footprint of the burst whose meta was decoded last — most of an extent
-            # that loads parts by the hundred thousand — is checked and taken here, as
-            # `_take` would, without its calls (measured by benchmarks/cec.py (f));
-            # anything else goes through `_take`.
-            kind = value[0]
-            if (kind != CLOSED and len(value) == 6 and position is not None
-                    and target is not None and value[4] == meta_now):
-                _, part, state, n_open, meta, crc = value
-                if (type(part) is bytes and type(state) is bytes and type(meta) is bytes
-                        and type(n_open) is int and n_open >= 0
-                        and crc == crc32(meta, crc32(state, crc32(
-                            part, ((n_open << 2) | kind) & 0xFFFFFFFF)))):
-                    if part not in parts and part not in closed:
-                        parts[part] = Footprint(kind, seq, state, position, watermark)
-                        if len(parts) == target:
-                            self.done = True
-                            return True
-                    continue
             if take(seq, value):
                 return True
-            meta_now, target = self._meta, self._n_target
-            position, watermark = self._decoded or (None, None)
         return False
 
     def _take(self, seq: int, value: Any) -> bool:
         ec = self.ec
-        meta = value[4] if _checked(value) else None
-        if meta is not None and meta != self._meta:
-            self._meta, self._decoded = meta, _decode_meta(meta)
-        if meta is None or self._decoded is None:
+        burst = meta = None
+        if _checked(value):
+            meta = value[4]
+            if meta != self._meta:
+                self._meta, self._decoded = meta, _decode_meta(meta)
+            if self._decoded is not None:
+                burst = _decode_burst(value)
+        if burst is None:
             ec.skipped.append(seq)
             return False
         # Footprints of one burst share their (position, watermark): read-only here.
         position, watermark = self._decoded
-        kind, part = value[0], value[1]
+        kind = value[0]
         if self._n_target is None:
             self._n_target = ec.n_open = value[3]
             ec.newest_position, ec.newest_watermark = dict(position), watermark
+        found, closed = ec.parts, ec.closed
+        part_keys, states = burst
+        target = self._n_target
         if kind == CLOSED:
-            if part not in ec.parts:
-                ec.closed.add(part)
-        elif part not in ec.parts and part not in ec.closed:
-            ec.parts[part] = Footprint(kind, seq, value[2], position, watermark)
-        self.done = len(ec.parts) == self._n_target
+            closed.update(p for p in part_keys if p not in found)
+        elif found.keys().isdisjoint(part_keys) and closed.isdisjoint(part_keys):
+            # Every part of the burst is new (a G_open burst always is): the newest
+            # ones, as many as are missing, taken in C — no Python step per part.
+            take = min(len(part_keys), target - len(found))
+            if take > 0:
+                found.update(zip(part_keys[:-take - 1:-1], map(Footprint, zip(
+                    repeat(kind), repeat(seq), states[:-take - 1:-1], repeat(position),
+                    repeat(watermark)))))
+        else:
+            # Newest first inside the burst too; a part of it already found or closed
+            # later keeps what the newer record said.
+            for i in range(len(part_keys) - 1, -1, -1):
+                part = part_keys[i]
+                if part not in found and part not in closed:
+                    found[part] = Footprint((kind, seq, states[i], position, watermark))
+                    if len(found) == target:
+                        break
+        self.done = len(found) == target
         return self.done
 
     def finish(self) -> EventualCheckpoint:
@@ -345,7 +399,9 @@ def decode_parts(codec: Any, ec: EventualCheckpoint) -> tuple[list, list, list[F
     """What a restart loads of ``ec``: its parts, their states and their footprints,
     oldest footprint first, keys and states decoded by ``codec`` (the task's state
     codec) in one unpacking pass each."""
-    found = sorted(ec.parts.items(), key=lambda item: item[1].seq)
+    # The pass found them newest first, a burst's parts too (and the stored form keeps
+    # that order): reversed, they come in the order they were written.
+    found = list(reversed(ec.parts.items()))
     footprints = [fp for _, fp in found]
     return (codec.unpack_many([part for part, _ in found], "eventual checkpoint part"),
             codec.unpack_many([fp.state for fp in footprints], "eventual checkpoint state"),

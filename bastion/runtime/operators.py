@@ -27,11 +27,12 @@ from __future__ import annotations
 import copy
 import heapq
 import math
+import struct
 import time
 import traceback
 from itertools import compress, islice, repeat
 from operator import itemgetter
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from bastion import windows as window_specs
 from bastion.errors import UDFError
@@ -128,21 +129,15 @@ class Operator:
     # into the operator's output log on its own and loads parts back one by one.
 
     parted = False
-    closes_parts = False  # do parts close (windows fire), or live as long as the job?
-    # When a list, `process` appends every part it opens (a protocol that logs parts
-    # as they open sets it; the test costs nothing on the hot path: it is made only
-    # when a part opens).
+    # When a list, `process` appends every part it opens, and `on_watermark` every part
+    # it closes (a window fired; a keyed fold's parts never close): a protocol that
+    # logs parts as they open and close sets them. The test costs nothing on the hot
+    # path: it is made only when a part opens or closes.
     opened: list | None = None
+    closed: list | None = None
 
     def parts_of(self, batch: Batch) -> list:
         """The part each record of ``batch`` goes into."""
-        raise NotImplementedError
-
-    def part_ids(self) -> list:
-        """The parts open now."""
-        raise NotImplementedError
-
-    def has_part(self, part: Any) -> bool:
         raise NotImplementedError
 
     def part_state(self, part: Any) -> Any:
@@ -352,12 +347,6 @@ class KeyedFoldOp(Operator):
     def parts_of(self, batch: Batch) -> list:
         return batch.keys
 
-    def part_ids(self) -> list:
-        return list(self.state)
-
-    def has_part(self, part: Any) -> bool:
-        return part in self.state
-
     def part_state(self, part: Any) -> Any:
         return self.state[part]
 
@@ -398,19 +387,12 @@ class _WindowParts(Operator):
     several parts, which a replay would have to filter window by window)."""
 
     parted = True
-    closes_parts = True
     windows: TimeWindows
     open: dict
 
     def parts_of(self, batch: Batch) -> list:
         assign = self.windows.assign
         return [assign(ts)[0] for ts in batch.ts]
-
-    def part_ids(self) -> list:
-        return list(self.open)
-
-    def has_part(self, part: Any) -> bool:
-        return part in self.open
 
     def part_retired(self, part: Any, watermark: float) -> bool:
         return self.windows.end(part) <= watermark
@@ -458,6 +440,8 @@ class TimeWindowOp(_WindowParts):
         windows, pending = self.windows, self.pending
         while pending and windows.end(pending[0]) <= watermark:
             k = heapq.heappop(pending)
+            if self.closed is not None:
+                self.closed.append(k)
             start, end = windows.start(k), windows.end(k)
             ts = math.nextafter(end, -math.inf)
             born = self.latest_born.pop(k)
@@ -489,28 +473,44 @@ class TimeWindowOp(_WindowParts):
 
     # The results of one window share its bounds, their event time and the shape of
     # their ids, all made from the window's start by `on_watermark`: the log form keeps
-    # per result only the key, the aggregate, born and the window's start — four
-    # columns msgpack packs natively — and `results_batch` computes the rest the way
-    # `on_watermark` did. The generic form packed two tuples per result through the
-    # state codec's per-tuple callback: most of what protocol "cec" cost a job of fast
-    # windows (benchmarks/cec.py (d)).
+    # per result only the key, the aggregate, born and the window's start, and
+    # `results_batch` computes the rest the way `on_watermark` did. Born and the start
+    # are floats always (wall-clock stamps; `TimeWindows.start` is k * a float), so
+    # they go as raw little-endian doubles, one struct.pack per column, where msgpack
+    # packed each as a value of its own: the results are every record protocol "cec" logs, and packing
+    # them was most of what it cost a job of fast windows (benchmarks/cec.py (d)).
 
     def results_form(self, out: Batch) -> list:
         values = out.values
         code = None if out.ids is None else self.ctx.code
-        return [_WINDOW_RESULTS, code, out.keys, list(map(_AGGREGATE, values)), out.born,
-                list(map(_START, values))]
+        return [_WINDOW_RESULTS, code, out.keys, list(map(_AGGREGATE, values)),
+                _doubles(out.born), _doubles(list(map(_START, values)))]
 
     def results_batch(self, form: list) -> Batch:
         if len(form) != 6 or form[0] != _WINDOW_RESULTS:
             raise ValueError(f"operator {self.ctx.name!r}: logged results are not a "
                              "time window's")
         _, code, keys, aggregates, born, starts = form
+        born, starts = _from_doubles(born), _from_doubles(starts)
+        if not len(keys) == len(aggregates) == len(born) == len(starts):
+            raise ValueError(f"operator {self.ctx.name!r}: logged results have columns "
+                             "of different lengths")
         size = self.windows.size
         ends = [start + size for start in starts]  # TimeWindows.end: start(k) + size
         ts = [math.nextafter(end, -math.inf) for end in ends]
         ids = None if code is None else list(zip(repeat(code), keys, starts, ends))
         return Batch(keys, list(zip(keys, starts, ends, aggregates)), ts, born, ids)
+
+
+def _doubles(values: Sequence[float]) -> bytes:
+    """Floats as little-endian IEEE doubles (exact: a Python float is one)."""
+    return struct.pack(f"<{len(values)}d", *values)
+
+
+def _from_doubles(data: bytes) -> list[float]:
+    if len(data) % 8:
+        raise ValueError(f"a column of doubles of {len(data)} bytes (not a multiple of 8)")
+    return list(struct.unpack(f"<{len(data) // 8}d", data))
 
 
 _WINDOW_RESULTS = "window results"
@@ -602,7 +602,10 @@ class JoinOp(_WindowParts):
     def on_watermark(self, watermark: float) -> Batch | None:
         windows, pending = self.windows, self.pending
         while pending and windows.end(pending[0]) <= watermark:
-            del self.open[heapq.heappop(pending)]
+            k = heapq.heappop(pending)
+            del self.open[k]
+            if self.closed is not None:
+                self.closed.append(k)
         return None
 
     def snapshot(self) -> Any:

@@ -63,8 +63,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from bastion.protocols.eventual import (EventualCheckpoint, Reconstruction, eventual_prefix,
-                                        is_control, log_prefix, store_eventual_checkpoint,
-                                        valid)
+                                        is_control, log_prefix, parts_of,
+                                        store_eventual_checkpoint, valid)
 from bastion.storage import KeyNotFoundError, ObjectStore, StorageError, open_store
 from bastion.storage.errors import BastionError
 from bastion.storage.log import (Damage, LogRecord, gc_paused, log_object_keys,
@@ -152,12 +152,13 @@ def _newest_per_part(records: list[LogRecord], at: float | None) -> list[LogReco
         value = record[2]
         if not is_control(value) or (at is not None and record[1] > at):
             continue
-        if not valid(value):
+        parts = parts_of(value) if valid(value) else None
+        if parts is None:
             kept.append(record)
             continue
-        part = value[1]
-        if part not in decided:
-            decided.add(part)
+        # A burst names many parts: it is of use while one of them is undecided.
+        if not decided.issuperset(parts):
+            decided.update(parts)
             kept.append(record)
     kept.reverse()
     return kept
