@@ -32,7 +32,7 @@ import abc
 import asyncio
 import math
 from dataclasses import dataclass
-from typing import (TYPE_CHECKING, Any, Callable, Coroutine, Iterable,
+from typing import (TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Sequence,
                     Protocol as Structural)
 
 from bastion.runtime.records import Batch, ControlRecord, FrameCodec
@@ -313,9 +313,9 @@ class TaskContext(abc.ABC):
         chain again; they are not counted as read again."""
 
     @abc.abstractmethod
-    def observe_latencies(self, name: str, latencies_s: list[float]) -> None:
-        """Add latencies (seconds) the protocol measured to the task's histogram
-        ``name``; merged over tasks into ``RunResult.metrics.extra[
+    def observe_latencies(self, name: str, latencies_s: Sequence[float]) -> None:
+        """Add latencies (seconds; a list or an array) the protocol measured to the
+        task's histogram ``name``; merged over tasks into ``RunResult.metrics.extra[
         "protocol_latency_ms"][name]`` (mean, p50, p90, p99)."""
 
 
