@@ -302,6 +302,10 @@ class TaskContext(abc.ABC):
         """The task that runs instance ``instance`` of source ``source_code``."""
 
     @abc.abstractmethod
+    def sink_tasks(self) -> list[int]:
+        """The tasks whose chain holds a sink."""
+
+    @abc.abstractmethod
     def send_acks(self, task_id: int, entries: list) -> None:
         """Deliver ``entries`` (msgpack-able) to task ``task_id``'s
         `TaskProtocol.on_acks` — this task's own at once, another's over the data

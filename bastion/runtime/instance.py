@@ -770,6 +770,11 @@ class Task(TaskContext):
     def source_task(self, source_code: int, instance: int) -> int:
         return self.source_tasks[(source_code, instance)]
 
+    def sink_tasks(self) -> list[int]:
+        physical, nodes = self.physical, self.physical.topology.nodes
+        return [t.task_id for t in physical.tasks
+                if any(nodes[op].kind == "sink" for op in physical.chains[t.chain_id].ops)]
+
     def observe_latencies(self, name: str, latencies_s: Sequence[float]) -> None:
         histogram = self.protocol_latency.get(name)
         if histogram is None:
