@@ -71,7 +71,10 @@ from bastion.runtime.records import Batch
 
 MODES = ("fine", "xor")
 _STATEFUL = ("reduce", "stateful_map", "window", "join")
-_REPORT_INTERVAL_S = 0.1   # how often a source reports its frontier to the coordinator
+# How often a source reports its frontier to the coordinator: a Ray call each, which
+# cost a source some 2% of its time at 0.1 s; a frontier older by this much only
+# makes a restart read this much more again (duplicates, which at-least-once allows).
+_REPORT_INTERVAL_S = 0.5
 _END_POLL_S = 0.005        # how often an exhausted source looks at its pending roots
 _END_NUDGE_S = 0.02        # how often it asks the sinks to commit meanwhile
 _COMMIT_NOW = 0            # the sign of the one entry of such a request

@@ -264,7 +264,7 @@ class PendingRoots:
         """The pending blocks ``pos`` falls in: (block, indices in it, which entries of
         ``pos`` — a slice or an index array). Positions of no block (complete, or read
         by an earlier attempt) are skipped."""
-        lo, hi = int(pos.min()), int(pos.max())
+        lo, hi = int(np.minimum.reduce(pos)), int(np.maximum.reduce(pos))
         at = bisect_right(self.starts, lo) - 1
         if at >= 0:
             block = self.blocks[at]
