@@ -171,6 +171,29 @@ class Broken(AcksProtocol):
         return self.task_half(task, self.mode, self.ack_timeout_s, self.max_pending)
 
 
+class NeverAsksSinksToCommit(AcksTask):
+    """An exhausted source that waits for the sinks' periodic commit."""
+
+    def _ask_sinks_to_commit(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("task_half, waits", [(AcksTask, False),
+                                              (NeverAsksSinksToCommit, True)])
+def test_an_exhausted_source_asks_the_sinks_to_commit_instead_of_waiting(task_half, waits,
+                                                                         tmp_path):
+    """Sinks acknowledge when they commit, every checkpoint interval: a source at its
+    end would wait up to an interval for its last roots. It asks for the commit, so a
+    job much shorter than the interval ends long before it (the broken source shows
+    the wait is real)."""
+    interval_s = 6.0
+    result = bn.run(pipeline(count=500), protocol=Broken(task_half, ack_timeout_s=60.0),
+                    checkpoint_interval=interval_s, storage=f"local://{tmp_path}")
+    assert {sink: Counter(values) for sink, values in result.outputs.items()} == \
+        expected(500)
+    assert (result.metrics.duration_s >= interval_s) == waits, result.metrics.duration_s
+
+
 def test_the_drill_says_violated_when_a_restart_skips_pending_roots(tmp_path):
     report = acks_drill(tmp_path, [bn.faults.KillInstance("tag", 0, at=1.0)],
                         protocol=Broken(SkipsPendingRoots))

@@ -24,16 +24,22 @@ The source keeps, per pending root, what is still outstanding:
   only once *every* copy is acknowledged, as in the thesis's coarse mode.
 
 A root is complete when nothing is outstanding (fine: no count above 0; xor: the
-value 0). Sinks acknowledge only once what they staged is committed: a task with sinks holds
-its messages back and sends them after its sinks' next commit, which it makes every
-``checkpoint_interval_s`` (the job master writes the commit marker before it
-returns). A root not complete ``ack_timeout_s`` after it was emitted is replayed: the
+value 0). Sinks acknowledge only once what they staged is committed: a task with
+sinks holds its messages back and sends them after its sinks' next commit, which it
+makes every ``checkpoint_interval_s`` (the job master writes the commit marker before
+it returns). A root not complete ``ack_timeout_s`` after it was emitted is replayed: the
 source keeps each pending root's value and sends it again under the same lineage id;
 its outstanding set starts over (copies still in flight may complete it first: one
 complete copy of every tuple is all at-least-once needs). ``max_pending`` bounds the
 pending roots of a source instance: at the bound the source stops reading (Storm's
 ``max.spout.pending``), which is also its backpressure. A source whose input is
-exhausted waits for its pending roots before it ends.
+exhausted waits for its pending roots before it ends, and meanwhile asks the tasks
+with sinks to commit now (its last roots' acknowledgments wait in them, up to a
+checkpoint interval: in a short job, as long as the job itself).
+
+A source keeps its pending roots in columns, a block per source batch
+(`bastion.protocols.pending`): some ten acknowledgments per root, applied one entry
+(one id column) at a time with array operations, not one root at a time.
 
 **Failures.** A killed instance restarts the job's tasks, as under every protocol
 here; what they held is gone. Every source instance reports now and then its
@@ -54,27 +60,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
-from itertools import repeat
 from typing import Any
 
 from bastion.errors import TopologyError
 from bastion.lineage import IdRun, fold, path_token, source_root, token
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol,
                                     TaskContext, TaskProtocol)
+from bastion.protocols.pending import PendingRoots, pack_positions, pack_tokens
 from bastion.runtime.records import Batch
 
 MODES = ("fine", "xor")
 _STATEFUL = ("reduce", "stateful_map", "window", "join")
-_REPORT_INTERVAL_S = 0.1   # how often a source reports its frontier to the coordinator
+# How often a source reports its frontier to the coordinator: a Ray call each, which
+# cost a source some 2% of its time at 0.1 s; a frontier older by this much only
+# makes a restart read this much more again (duplicates, which at-least-once allows).
+_REPORT_INTERVAL_S = 0.5
 _END_POLL_S = 0.005        # how often an exhausted source looks at its pending roots
-
-
-# A pending root at its source is a list (a few hundred nanoseconds cheaper per root
-# than an object): what is outstanding — fine: {token: emissions - acknowledgments}
-# and how many tokens are above 0; xor: the XOR of the tokens (the count unused) —
-# when it went out, and its record, to replay it.
-_OUTSTANDING, _COUNT, _SENT_S, _VALUE, _TS, _BORN = range(6)
+_END_NUDGE_S = 0.02        # how often it asks the sinks to commit meanwhile
+_COMMIT_NOW = 0            # the sign of the one entry of such a request
 
 
 def _channel_salt(channel_id: int | None) -> int:
@@ -99,10 +102,9 @@ class AcksTask(TaskProtocol):
         self.held: dict[int, list] = {}  # source task -> entries waiting for a commit
         self.commits = 0
         self.committer: asyncio.Task | None = None
-        # a source task's pending roots, by position, and when each went out, oldest
-        # first (a root sent again is queued again; its older entry is then stale)
-        self.pending: dict[int, list] = {}
-        self.sent_order: deque[tuple[float, int]] = deque()
+        self.commit_requested = asyncio.Event()  # a source at its end waits for us
+        # a source task's pending roots, in columns (`bastion.protocols.pending`)
+        self.pending = PendingRoots(mode == "fine", self.root_token)
         self.read_up_to = -1             # the newest position read
         self.last_report_s = 0.0
         self.replayed = 0
@@ -131,7 +133,6 @@ class AcksTask(TaskProtocol):
         ids = batch.ids
         self._register(ids.positions, batch.values, batch.ts, batch.born)
         self.read_up_to = max(self.read_up_to, ids.positions[-1])
-        self.max_pending_seen = max(self.max_pending_seen, len(self.pending))
         self.inputs.append((ids, None))
 
     def on_batch(self, channel_id: int, batch: Batch) -> Batch | None:
@@ -160,18 +161,31 @@ class AcksTask(TaskProtocol):
     async def before_source_end(self) -> None:
         # The last records' frames are not full: send them, or nothing acknowledges them.
         await self.task.flush_outputs()
+        nudged_s = 0.0
         while self.pending:
             await self._replay_overdue()
             self._report_frontier()
+            now_s = time.monotonic()
+            if now_s - nudged_s >= _END_NUDGE_S:
+                self._ask_sinks_to_commit()
+                nudged_s = now_s
             await asyncio.sleep(_END_POLL_S)
         self._report_frontier()
+
+    def _ask_sinks_to_commit(self) -> None:
+        """What keeps an exhausted source waiting are mostly acknowledgments the sinks
+        hold until their next commit: ask for it now rather than up to a checkpoint
+        interval later (the job ends that much sooner)."""
+        for task_id in self.task.sink_tasks():
+            self.task.send_acks(task_id, [[_COMMIT_NOW]])
 
     # -- messages ---------------------------------------------------------------------------
 
     def _report_frame(self) -> None:
         """What the frame did, as one message per source task: entries ``[+1 or -1,
         root positions, tokens]`` — emitted (+1) or taken in (-1); ``tokens`` one int
-        for a whole unbuilt column, else one per tuple."""
+        for a whole unbuilt column, else one per tuple. Positions and per-tuple tokens
+        are packed (`bastion.protocols.pending.pack_positions`): one blob each."""
         if not self.inputs and not self.outputs:
             return
         by_task: dict[int, list] = {}
@@ -181,7 +195,7 @@ class AcksTask(TaskProtocol):
                 salt = self._salt(channel_id) if salted else 0
                 if type(column) is IdRun:  # one source instance's: positions are roots
                     by_task.setdefault(self.task.source_task(column.source, column.instance),
-                                       []).append([sign, list(column.positions),
+                                       []).append([sign, pack_positions(column.positions),
                                                    self._path_token(column.path) ^ salt])
                     continue
                 kinds, per_source = self.kinds, {}
@@ -192,9 +206,9 @@ class AcksTask(TaskProtocol):
                         per_source[source, instance] = entry = [sign, [], []]
                     entry[1].append(position)
                     entry[2].append(token(rid) ^ salt)
-                for (source, instance), entry in per_source.items():
-                    by_task.setdefault(self.task.source_task(source, instance),
-                                       []).append(entry)
+                for (source, instance), (_, positions, tokens) in per_source.items():
+                    by_task.setdefault(self.task.source_task(source, instance), []).append(
+                        [sign, pack_positions(positions), pack_tokens(tokens)])
         self.inputs, self.outputs = [], []
         if self.task.has_sinks():
             for task_id, listed in by_task.items():
@@ -222,77 +236,39 @@ class AcksTask(TaskProtocol):
     def on_acks(self, entries: list) -> None:
         """A message from a task (this one included) about this source's roots. Its
         entries apply together, before any root is checked: a tuple taken in and its
-        children emitted arrive in one message, so a root never looks complete halfway."""
-        pending, fine = self.pending, self.mode == "fine"
-        for sign, positions, tokens in entries:
-            pairs = (zip(positions, repeat(tokens)) if type(tokens) is int
-                     else zip(positions, tokens))
-            for position, t in pairs:
-                root = pending.get(position)
-                if root is None:
-                    continue  # complete already (a late copy), or read by an earlier attempt
-                if not fine:
-                    root[_OUTSTANDING] ^= t
-                    continue
-                counts = root[_OUTSTANDING]
-                before = counts.get(t, 0)
-                after = before + sign
-                if after:
-                    counts[t] = after
-                else:
-                    del counts[t]
-                if after > 0 >= before:
-                    root[_COUNT] += 1
-                elif before > 0 >= after:
-                    root[_COUNT] -= 1
-        # Storm's "complete latency" of each root completed: from its birth at its
-        # source until now — what the fine and XOR modes differ in under redundancy
-        born = []
-        for _, positions, _ in entries:
-            for position in positions:
-                root = pending.get(position)
-                if root is not None and not (root[_COUNT] if fine else root[_OUTSTANDING]):
-                    del pending[position]
-                    born.append(root[_BORN])
-        if born:
-            self.completed += len(born)
-            now_s = time.time()
-            self.task.observe_latencies("complete_latency", [now_s - b for b in born])
+        children emitted arrive in one message, so a root never looks complete halfway
+        (`PendingRoots.apply`). ``[[_COMMIT_NOW]]`` asks a task with sinks to commit
+        now, if it holds acknowledgments (`before_source_end`)."""
+        if entries and entries[0][0] == _COMMIT_NOW:
+            if self.held:
+                self.commit_requested.set()
+            return
+        born_s = self.pending.apply(entries)
+        if len(born_s):
+            # Storm's "complete latency" of each root completed: from its birth at its
+            # source until now — what the fine and XOR modes differ in under redundancy
+            self.completed += len(born_s)
+            self.task.observe_latencies("complete_latency", time.time() - born_s)
 
     # -- a source's roots -----------------------------------------------------------------
 
     def _register(self, positions: Any, values: Any, ts: Any, born: Any) -> None:
         """Roots that go out now: each outstanding until it is itself taken in."""
-        now_s, root = time.monotonic(), self.root_token
-        if self.mode == "fine":
-            roots = [[{root: 1}, 1, now_s, v, s, b] for v, s, b in zip(values, ts, born)]
-        else:
-            roots = [[root, 0, now_s, v, s, b] for v, s, b in zip(values, ts, born)]
-        self.pending.update(zip(positions, roots))
-        self.sent_order.extend(zip([now_s] * len(roots), positions))
+        self.pending.register(positions, values, ts, born, time.monotonic())
+        self.max_pending_seen = max(self.max_pending_seen, len(self.pending))
 
     async def _replay_overdue(self) -> None:
         """Send the roots not complete ``ack_timeout_s`` after they went out again,
         under the same ids; their outstanding sets start over."""
-        sent_order, pending = self.sent_order, self.pending
         now_s = time.monotonic()
-        deadline_s = now_s - self.ack_timeout_s
-        overdue = []
-        while sent_order and sent_order[0][0] <= deadline_s:
-            emitted_s, position = sent_order.popleft()
-            root = pending.get(position)
-            if root is not None and root[_SENT_S] == emitted_s:  # else: stale entry
-                overdue.append(position)
-        if not overdue:
+        overdue = self.pending.overdue(now_s - self.ack_timeout_s, now_s)
+        if overdue is None:
             return
+        positions, values, ts, born = overdue
         source, instance = self.task.source_identity()
-        ids = IdRun(source, instance, tuple(overdue))
-        roots = [pending[p] for p in overdue]
-        values, ts, born = ([r[_VALUE] for r in roots], [r[_TS] for r in roots],
-                            [r[_BORN] for r in roots])
-        self._register(overdue, values, ts, born)
+        ids = IdRun(source, instance, tuple(positions))
         self.inputs.append((ids, None))
-        self.replayed += len(overdue)
+        self.replayed += len(positions)
         await self.task.replay_source_records(Batch(None, values, ts, born, ids))
         self._report_frame()
         await self.task.flush_outputs()  # a source waiting at its end flushes nothing else
@@ -302,7 +278,7 @@ class AcksTask(TaskProtocol):
         if now_s - self.last_report_s < _REPORT_INTERVAL_S and self.pending:
             return
         self.last_report_s = now_s
-        frontier = (min(self.pending) - 1) if self.pending else self.read_up_to
+        frontier = self.pending.frontier(self.read_up_to)
         source, instance = self.task.source_identity()
         self.task.acknowledge(0, None, {"frontier": {f"{source}/{instance}": frontier}})
 
@@ -311,7 +287,11 @@ class AcksTask(TaskProtocol):
     async def _commit_periodically(self) -> None:
         interval_s = self.task.checkpoint_interval_s
         while True:
-            await asyncio.sleep(interval_s)
+            try:   # every interval, or sooner when a source at its end asks
+                await asyncio.wait_for(self.commit_requested.wait(), interval_s)
+            except asyncio.TimeoutError:
+                pass
+            self.commit_requested.clear()
             await self.commit_and_acknowledge()
 
     async def commit_and_acknowledge(self) -> None:

@@ -32,7 +32,7 @@ import abc
 import asyncio
 import math
 from dataclasses import dataclass
-from typing import (TYPE_CHECKING, Any, Callable, Coroutine, Iterable,
+from typing import (TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Sequence,
                     Protocol as Structural)
 
 from bastion.runtime.records import Batch, ControlRecord, FrameCodec
@@ -298,6 +298,10 @@ class TaskContext(abc.ABC):
         """The task that runs instance ``instance`` of source ``source_code``."""
 
     @abc.abstractmethod
+    def sink_tasks(self) -> list[int]:
+        """The tasks whose chain holds a sink."""
+
+    @abc.abstractmethod
     def send_acks(self, task_id: int, entries: list) -> None:
         """Deliver ``entries`` (msgpack-able) to task ``task_id``'s
         `TaskProtocol.on_acks` — this task's own at once, another's over the data
@@ -309,9 +313,9 @@ class TaskContext(abc.ABC):
         chain again; they are not counted as read again."""
 
     @abc.abstractmethod
-    def observe_latencies(self, name: str, latencies_s: list[float]) -> None:
-        """Add latencies (seconds) the protocol measured to the task's histogram
-        ``name``; merged over tasks into ``RunResult.metrics.extra[
+    def observe_latencies(self, name: str, latencies_s: Sequence[float]) -> None:
+        """Add latencies (seconds; a list or an array) the protocol measured to the
+        task's histogram ``name``; merged over tasks into ``RunResult.metrics.extra[
         "protocol_latency_ms"][name]`` (mean, p50, p90, p99)."""
 
 

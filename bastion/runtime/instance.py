@@ -780,12 +780,16 @@ class Task(TaskContext):
     def source_task(self, source_code: int, instance: int) -> int:
         return self.source_tasks[(source_code, instance)]
 
-    def observe_latencies(self, name: str, latencies_s: list[float]) -> None:
+    def sink_tasks(self) -> list[int]:
+        physical, nodes = self.physical, self.physical.topology.nodes
+        return [t.task_id for t in physical.tasks
+                if any(nodes[op].kind == "sink" for op in physical.chains[t.chain_id].ops)]
+
+    def observe_latencies(self, name: str, latencies_s: Sequence[float]) -> None:
         histogram = self.protocol_latency.get(name)
         if histogram is None:
             histogram = self.protocol_latency[name] = LatencyHistogram()
-        for latency_s in latencies_s:
-            histogram.add(latency_s)
+        histogram.add_many(latencies_s)
 
     def send_acks(self, task_id: int, entries: list) -> None:
         delay_s = 0.0 if self.faults is None else self.faults.ack_delay_s(len(entries))
