@@ -48,12 +48,19 @@ its last attempt), T and R of the recovery, and E of the kill (how old the
 restored checkpoint was);
 one more run with the source's pacing removed measures I_max and a cold-start W.
 The warm-up after a *restart* is what eq 2 needs, and each profiling run shows it:
-eq 5 solved for W with the run's observed TRT (`recovery_warmup_s`). A departure
-from the paper's single W: the warm-ups differ from recovery to recovery
-(on a shared machine, by what else runs; after every restart the job also starts a
+eq 5 solved for W with the run's observed TRT (`recovery_warmup_s`). The observed
+TRT ends at the first progress sample (every 0.1 s) whose backlog is within one
+sample's input (`caught_up_at`) — the timeline's resolution, as the series' stopping
+term is the model's — not back to the handful of records a paced source shows
+before the fault: under that stricter rule a hiccup of the restarted job just after
+its catch-up (a new standby process starts beside it) counted into the TRT, and
+the same recovery measured 0.5 s or 3 s. Another departure from the paper's
+single W: the warm-ups differ from recovery to recovery (on a shared machine, by
+what else runs; after every restart the job also starts a
 new standby process), and the cases take that spread too — the best case uses the
-least W seen (the cold start's, or a recovery's), the average case the median, the
-worst case the largest. `Profiler` is the interface; `RayProfiler` runs real jobs with
+least W seen (the cold start's, or an interval's: the median of its runs'), the
+average case the mean (TRT is linear in W, so the expected TRT is the TRT at the
+mean W; the median under-predicted it), the worst case the largest. `Profiler` is the interface; `RayProfiler` runs real jobs with
 `bastion.run`, side by side when asked and the cluster has room.
 
 **Modelling** (§IV-B) fits second-order polynomials to L_avg and to each of the TRT
@@ -336,15 +343,18 @@ def build_model(measurements: Sequence[Measurement], capacity: Capacity,
     second-order fits.
 
     W per case, from the unthrottled run's warm-up (a cold start) and the warm-ups
-    the profiling runs' recoveries showed (`recovery_warmup_s`, at least 0): best
-    case the least of them, average case the larger of the cold start's and the
-    recoveries' median, worst case the largest. Without recoveries to read it from,
-    the cold start's W for every case, as in the paper."""
+    the profiling runs' recoveries showed (`recovery_warmup_s`), one per interval —
+    the median of its runs', as T and R are, so that one run a burst of someone
+    else's load stretched (W of 47 s beside 0–1 s) does not become the worst case
+    of every interval: best case the least of them (at least 0), average case their
+    mean (at least the cold start's: the average TRT is an expectation, and the
+    series sums to ``(E+T+R+W)·U/(1-U)``, linear in W, so the expected TRT is the
+    TRT at the mean W — the median of a skewed spread of warm-ups under-predicts
+    it), worst case the largest. Without recoveries to read it from, the cold
+    start's W for every case, as in the paper."""
     if not measurements:
         raise ValueError("build_model needs at least one measurement")
     runs = sorted(measurements, key=lambda m: m.interval_s)
-    seen = [max(0.0, w) for m in runs if (w := recovery_warmup_s(
-        m, utilisation(m.ingest_avg_per_s, capacity.ingest_max_per_s))) is not None]
     # Several runs of one interval (``repeats``): their medians, as in the paper's
     # evaluation (five runs, the median values modelled).
     groups: dict[float, list[Measurement]] = {}
@@ -352,9 +362,17 @@ def build_model(measurements: Sequence[Measurement], capacity: Capacity,
         groups.setdefault(m.interval_s, []).append(m)
     ordered = [median_measurement(group) for group in groups.values()]
     us = [utilisation(m.ingest_avg_per_s, capacity.ingest_max_per_s) for m in ordered]
+    seen = []
+    for group in groups.values():
+        warmups = [w for m in group if (w := recovery_warmup_s(
+            m, utilisation(m.ingest_avg_per_s, capacity.ingest_max_per_s))) is not None]
+        if warmups:
+            # unclipped: a W read below 0 is the timeline's resolution, and clipping
+            # it before the mean would bias the mean upwards
+            seen.append(statistics.median(warmups))
     cold = capacity.warmup_s
-    warmup_s = ((min(cold, *seen), max(cold, statistics.median(seen)), max(cold, *seen))
-                if seen else (cold, cold, cold))
+    warmup_s = ((max(0.0, min(cold, *seen)), max(cold, statistics.mean(seen)),
+                 max(cold, *seen)) if seen else (cold, cold, cold))
     points = []
     for m, u in zip(ordered, us):
         points.append(ModelPoint(m, u, trt_estimate(
@@ -462,13 +480,16 @@ def profile_all(profiler: Profiler, intervals: Sequence[float], *, parallel: int
                 ) -> tuple[Capacity, list[Measurement]]:
     """``repeats`` capacity runs (one after the other: side by side they would share
     the capacity they measure; the medians of I_max and W count), then ``repeats``
-    profiling runs per interval, ``parallel`` at a time. ``progress`` gets
-    ``{"done", "total", "what"}`` after every run."""
+    profiling runs per interval, ``parallel`` at a time, in rounds over the grid
+    (every interval once, then every interval again): on a shared machine a burst of
+    someone else's load then falls on one run of several intervals, which their
+    medians drop, instead of on every run of one interval, which bends the fits
+    there. ``progress`` gets ``{"done", "total", "what"}`` after every run."""
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    intervals = [interval for interval in intervals for _ in range(repeats)]
+    intervals = [interval for _ in range(repeats) for interval in intervals]
     total = len(intervals) + repeats
     done = 0
 
@@ -634,8 +655,6 @@ def reprocessed_s(events: Sequence[Mapping[str, Any]], fault_s: float) -> float 
 def kill_outcome(result: "RunResult", kills: Sequence[Any]) -> KillOutcome:
     """The first landed kill of a run, through the drills' matching of kills with
     the job master's events."""
-    from bastion.drills import fault_outcomes
-
     events, timeline = result.details["events"], result.details["timeline"]
     return kill_outcome_of(kills, events, timeline, result.metrics.duration_s, result.job_id)
 
