@@ -178,7 +178,8 @@ def main() -> None:
         from bastion.cli import table
 
         cap = result.capacity
-        print(f"\nI_max {cap.ingest_max_per_s:,.0f} records/s, W best/avg/worst "
+        print(f"\nI_max {cap.ingest_max_per_s:,.0f} records/s unthrottled, recoveries read "
+              f"at {result.model.catch_up_per_s:,.0f} records/s, W best/avg/worst "
               f"{'/'.join(f'{w:.2f}' for w in result.model.warmup_s)} s "
               f"(cold start {cap.warmup_s:.2f} s)")
         print(table(result.rows(), header=result.HEADER))

@@ -165,6 +165,50 @@ def test_warm_up_cases_are_the_mean_and_a_quantile_of_the_recoveries():
     assert tm.quantile([3.0, 1.0, 2.0], 1.0) == 3.0 and tm.quantile([3.0, 1.0], 0.5) == 2.0
 
 
+def test_the_catch_up_rate_is_fitted_to_the_recoveries():
+    # recoveries that read their backlog at 800 records/s where the unthrottled run
+    # read 1000/s, with I_avg 400/s and W 0.3 s: C = (E+T+R+W)·U/(1-U), U = 0.5
+    def recovery(ci, e, w=0.3, rate=800.0):
+        u = 400.0 / rate
+        return Measurement(ci, 400.0, 1.0, 0.1, 0.2, reprocess_s=e,
+                           measured_trt_s=0.3 + (e + 0.3 + w) * u / (1 - u))
+
+    runs = [recovery(ci, e) for ci, e in ((1.0, 0.4), (2.0, 1.1), (3.0, 1.6), (4.0, 2.9))]
+    assert tm.catch_up_rate(runs, 1000.0) == pytest.approx(800.0)
+    model = build_model(runs, Capacity(1000.0, 0.3))   # a cold start of 0.3 s too
+    assert model.catch_up_per_s == pytest.approx(800.0)
+    assert model.warmup_s == pytest.approx((0.3, 0.3, 0.3))
+    for p in model.points:   # eqs 1-5 with the recoveries' rate as I_max
+        assert p.utilisation == pytest.approx(0.5)
+        for case in ("min", "avg", "max"):
+            assert p.trt.of(case) == pytest.approx(brute_force_trt(
+                p.measurement.interval_s, case, 0.1, 0.2, 0.3, 400.0, 800.0, 0.001))
+    # one recovery of five a burst of load stretched by 5 s does not move the rate
+    stretched = recovery(2.0, 1.4)
+    stretched = Measurement(2.0, 400.0, 1.0, 0.1, 0.2, reprocess_s=1.4,
+                            measured_trt_s=stretched.measured_trt_s + 5.0)
+    assert tm.catch_up_rate(runs + [stretched], 1000.0) == pytest.approx(800.0, rel=0.05)
+    # without recoveries that differ in their outage, the unthrottled rate (the paper)
+    same = [recovery(ci, 1.0) for ci in (1.0, 2.0, 3.0)]
+    assert tm.catch_up_rate(same, 1000.0) == 1000.0
+    assert tm.catch_up_rate(runs[:2], 1000.0) == 1000.0
+
+
+def test_best_and_worst_case_take_the_fastest_and_slowest_restart_of_an_interval():
+    # three runs at 1 s (T + R = 0.3, 0.6, 1.5 s), one at 2 s; W = 0 everywhere
+    runs = [Measurement(1.0, 500.0, 1.0, t, r) for t, r in ((0.1, 0.2), (0.1, 0.5),
+                                                           (0.5, 1.0))]
+    runs.append(Measurement(2.0, 500.0, 1.0, 0.2, 0.3))
+    model = build_model(runs, Capacity(1000.0, 0.0))
+    one, two = model.points
+    for case, (t, r) in zip(("min", "avg", "max"), ((0.1, 0.2), (0.1, 0.5), (0.5, 1.0))):
+        assert one.trt.of(case) == pytest.approx(brute_force_trt(
+            1.0, case, t, r, 0.0, 500.0, 1000.0, 0.001))
+    for case in ("min", "avg", "max"):   # one run: the same restart for every case
+        assert two.trt.of(case) == pytest.approx(brute_force_trt(
+            2.0, case, 0.2, 0.3, 0.0, 500.0, 1000.0, 0.001))
+
+
 def test_repeated_runs_of_an_interval_are_modelled_by_their_medians():
     runs = [Measurement(1.0, 500.0, lat, t, r, measured_trt_s=trt, reprocess_s=0.5,
                         job_id=f"j{i}")
