@@ -562,7 +562,8 @@ def print_tuning(result: Any, stream: Any = None) -> None:
     out = stream if stream is not None else sys.stdout
     cap = result.capacity
     print(f"\ncapacity: I_max {cap.ingest_max_per_s:,.0f} records/s (unthrottled run "
-          f"{cap.job_id}), warm-up W best/average/worst "
+          f"{cap.job_id}), recoveries read their backlog at "
+          f"{result.model.catch_up_per_s:,.0f} records/s, warm-up W best/average/worst "
           f"{'/'.join(f'{w:.2f}' for w in result.model.warmup_s)} s", file=out)
     print(table(result.rows(), header=result.HEADER), file=out)
     print(f"\n{result.reason}", file=out)

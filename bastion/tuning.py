@@ -234,7 +234,8 @@ table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:3px 8px;te
 <h1>{html.escape(title)}</h1>
 <p class="verdict">{html.escape(result.reason)}</p>
 <p>Bound: {result.case} TRT &le; {result.trt_bound_s:g} s. I_max {cap.ingest_max_per_s:,.0f}
-records/s, warm-up W best/average/worst {"/".join(f"{w:.2f}" for w in model.warmup_s)} s
+records/s unthrottled, {model.catch_up_per_s:,.0f} records/s as the recoveries read their
+backlog (the rate the model uses), warm-up W best/average/worst {"/".join(f"{w:.2f}" for w in model.warmup_s)} s
 (cold start {cap.warmup_s:.2f} s). {legend}</p>
 {trt_chart}
 {latency_chart}

@@ -16,6 +16,7 @@ written), never how fast anything ran.
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import threading
 import types
@@ -125,19 +126,87 @@ def test_warm_up_after_a_restart_is_eq_5_solved_for_w():
     m = Measurement(2.0, 500.0, 1.0, 0.5, 0.5, measured_trt_s=4.0, reprocess_s=1.0)
     assert tm.recovery_warmup_s(m, 0.5) == pytest.approx(1.0)
     assert tm.recovery_warmup_s(Measurement(2.0, 500.0, 1.0, 0.5, 0.5), 0.5) is None
-    # per case: the least W seen, the median (or the cold start's when larger), the most
+    # per case: the least W seen, the mean (or the cold start's when larger), the 90%
+    # quantile (between 1 and 6: 1 + 0.8 * 5)
     runs = [Measurement(ci, 500.0, 1.0, 0.5, 0.5, measured_trt_s=trt, reprocess_s=1.0)
             for ci, trt in ((1.0, 4.0), (2.0, 3.0), (3.0, 9.0))]   # W = 1, 0, 6
-    assert build_model(runs, Capacity(1000.0, 0.2)).warmup_s == pytest.approx((0, 1, 6))
-    assert build_model(runs, Capacity(1000.0, 1.5)).warmup_s == pytest.approx((0, 1.5, 6))
+    assert build_model(runs, Capacity(1000.0, 0.2)).warmup_s == pytest.approx((0, 7 / 3, 5))
+    assert build_model(runs, Capacity(1000.0, 2.5)).warmup_s == pytest.approx((0, 2.5, 5))
     model = build_model(runs, Capacity(1000.0, 0.2))
     for p in model.points:   # and the estimates use them, case by case
         m = p.measurement
-        for case, w in zip(("min", "avg", "max"), (0.0, 1.0, 6.0)):
+        for case, w in zip(("min", "avg", "max"), (0.0, 7 / 3, 5.0)):
             assert p.trt.of(case) == pytest.approx(brute_force_trt(
                 m.interval_s, case, m.detection_s, m.restart_s, w, 500.0, 1000.0, 0.001))
     assert build_model([Measurement(1.0, 500.0, 1.0, 0.5, 0.5)],
                        Capacity(1000.0, 0.3)).warmup_s == (0.3, 0.3, 0.3)
+
+
+def test_warm_up_cases_are_the_mean_and_a_quantile_of_the_recoveries():
+    # U = 0.5, T = R = 0.5, E = 1: W = TRT - 3 (eq 5 solved for W)
+    def run(ci, w):
+        return Measurement(ci, 500.0, 1.0, 0.5, 0.5, measured_trt_s=3.0 + w,
+                           reprocess_s=1.0)
+
+    # a skewed spread: the expected TRT is the TRT at the mean W, not the median's
+    skewed = build_model([run(1.0, 0.0), run(2.0, 0.0), run(3.0, 3.0)],
+                         Capacity(1000.0, 0.0))
+    assert skewed.warmup_s[1] == pytest.approx(1.0)
+    mean_trt = statistics.mean(brute_force_trt(2.0, "avg", 0.5, 0.5, w, 500.0, 1000.0,
+                                               0.001) for w in (0.0, 0.0, 3.0))
+    assert skewed.points[1].trt.avg_s == pytest.approx(mean_trt, abs=0.01)
+    # twenty recoveries, W 0.1 ... 1.9 s and one a burst of load stretched to 40 s: the
+    # worst case covers 90% of them (between the 18th and 19th: 1.8 + 0.1 * 0.1), not
+    # the one burst; the mean still counts it
+    ws = [0.1 * i for i in range(1, 20)] + [40.0]
+    disturbed = build_model([run(1.0 + i % 2, w) for i, w in enumerate(ws)],
+                            Capacity(1000.0, 0.05))
+    assert disturbed.warmup_s == pytest.approx((0.05, statistics.mean(ws), 1.81))
+    assert tm.quantile([3.0, 1.0, 2.0], 1.0) == 3.0 and tm.quantile([3.0, 1.0], 0.5) == 2.0
+
+
+def test_the_catch_up_rate_is_fitted_to_the_recoveries():
+    # recoveries that read their backlog at 800 records/s where the unthrottled run
+    # read 1000/s, with I_avg 400/s and W 0.3 s: C = (E+T+R+W)·U/(1-U), U = 0.5
+    def recovery(ci, e, w=0.3, rate=800.0):
+        u = 400.0 / rate
+        return Measurement(ci, 400.0, 1.0, 0.1, 0.2, reprocess_s=e,
+                           measured_trt_s=0.3 + (e + 0.3 + w) * u / (1 - u))
+
+    runs = [recovery(ci, e) for ci, e in ((1.0, 0.4), (2.0, 1.1), (3.0, 1.6), (4.0, 2.9))]
+    assert tm.catch_up_rate(runs, 1000.0) == pytest.approx(800.0)
+    model = build_model(runs, Capacity(1000.0, 0.3))   # a cold start of 0.3 s too
+    assert model.catch_up_per_s == pytest.approx(800.0)
+    assert model.warmup_s == pytest.approx((0.3, 0.3, 0.3))
+    for p in model.points:   # eqs 1-5 with the recoveries' rate as I_max
+        assert p.utilisation == pytest.approx(0.5)
+        for case in ("min", "avg", "max"):
+            assert p.trt.of(case) == pytest.approx(brute_force_trt(
+                p.measurement.interval_s, case, 0.1, 0.2, 0.3, 400.0, 800.0, 0.001))
+    # one recovery of five a burst of load stretched by 5 s does not move the rate
+    stretched = recovery(2.0, 1.4)
+    stretched = Measurement(2.0, 400.0, 1.0, 0.1, 0.2, reprocess_s=1.4,
+                            measured_trt_s=stretched.measured_trt_s + 5.0)
+    assert tm.catch_up_rate(runs + [stretched], 1000.0) == pytest.approx(800.0, rel=0.05)
+    # without recoveries that differ in their outage, the unthrottled rate (the paper)
+    same = [recovery(ci, 1.0) for ci in (1.0, 2.0, 3.0)]
+    assert tm.catch_up_rate(same, 1000.0) == 1000.0
+    assert tm.catch_up_rate(runs[:2], 1000.0) == 1000.0
+
+
+def test_best_and_worst_case_take_the_fastest_and_slowest_restart_of_an_interval():
+    # three runs at 1 s (T + R = 0.3, 0.6, 1.5 s), one at 2 s; W = 0 everywhere
+    runs = [Measurement(1.0, 500.0, 1.0, t, r) for t, r in ((0.1, 0.2), (0.1, 0.5),
+                                                           (0.5, 1.0))]
+    runs.append(Measurement(2.0, 500.0, 1.0, 0.2, 0.3))
+    model = build_model(runs, Capacity(1000.0, 0.0))
+    one, two = model.points
+    for case, (t, r) in zip(("min", "avg", "max"), ((0.1, 0.2), (0.1, 0.5), (0.5, 1.0))):
+        assert one.trt.of(case) == pytest.approx(brute_force_trt(
+            1.0, case, t, r, 0.0, 500.0, 1000.0, 0.001))
+    for case in ("min", "avg", "max"):   # one run: the same restart for every case
+        assert two.trt.of(case) == pytest.approx(brute_force_trt(
+            2.0, case, 0.2, 0.3, 0.0, 500.0, 1000.0, 0.001))
 
 
 def test_repeated_runs_of_an_interval_are_modelled_by_their_medians():
@@ -176,6 +245,24 @@ def test_catching_up_counts_only_samples_every_worker_answered():
     # killed at 1.6 s, restarted at 2.0 s: the lone-worker sample at 2.5 s shows no
     # backlog only because the busy source did not answer; caught up at 3.5 s
     assert tm.caught_up_at(timeline, 1.6, 2.0) == 3.5
+
+
+def test_caught_up_once_the_backlog_is_within_one_samples_input():
+    def point(t, lag, read=140):
+        return {"t_s": t, "source_lag": lag, "sink_records": read, "source_records": read,
+                "workers_answering": 1}
+
+    # 140 records per 0.1 s sample before the kill at 1.05 s, a backlog of a few
+    # records at most; restarted at 1.3 s
+    before = [point(0.1 * i, i % 5) for i in range(1, 11)]
+    after = [point(1.4, 270, 768), point(1.5, 9, 470), point(1.6, 140), point(1.7, 181),
+             point(1.8, 0)]
+    # 9 records behind at 1.5 s (7 ms of input) is caught up: the hiccup at 1.7 s
+    # came after the catch-up and does not lengthen it
+    assert tm.caught_up_at(before + after, 1.05, 1.3) == 1.5
+    # a backlog of more than one sample's input is still being caught up
+    after[1] = point(1.5, 200, 470)
+    assert tm.caught_up_at(before + after, 1.05, 1.3) == 1.6
 
 
 # -- (b) the optimiser ------------------------------------------------------------------------
@@ -316,7 +403,8 @@ def test_profiling_runs_side_by_side_when_asked():
     quick.both_started = threading.Barrier(2, timeout=0.05)
     repeated = bn.tune(None, trt_bound_s=10, min_interval_s=1, max_interval_s=4, points=2,
                        repeats=3, profiler=quick)
-    assert [m.interval_s for m in repeated.measurements] == [1.0] * 3 + [4.0] * 3
+    # in rounds over the grid: a burst of load hits one run of each interval
+    assert [m.interval_s for m in repeated.measurements] == [1.0, 4.0] * 3
     assert len(repeated.model.points) == 2
     assert quick.capacity_runs == 3
     assert repeated.capacity.ingest_max_per_s == 1100.0   # the median of 1000, 1100, 1200
