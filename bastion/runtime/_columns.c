@@ -124,28 +124,22 @@ done:
     return out;
 }
 
+/* Words are little-endian on every host: written and read a byte at a time, which the
+ * compiler turns into one move on little-endian machines. */
 static inline void
-store64(char *to, const void *from)
+put_word(unsigned char *to, uint64_t word, int width)
 {
-    memcpy(to, from, 8);
-#if PY_BIG_ENDIAN
-    uint64_t v;
-    memcpy(&v, to, 8);
-    v = __builtin_bswap64(v);
-    memcpy(to, &v, 8);
-#endif
+    for (int b = 0; b < width; b++)
+        to[b] = (unsigned char)(word >> (8 * b));
 }
 
-static inline void
-load64(void *to, const char *from)
+static inline uint64_t
+get_word(const unsigned char *from, int width)
 {
-    memcpy(to, from, 8);
-#if PY_BIG_ENDIAN
-    uint64_t v;
-    memcpy(&v, to, 8);
-    v = __builtin_bswap64(v);
-    memcpy(to, &v, 8);
-#endif
+    uint64_t word = 0;
+    for (int b = 0; b < width; b++)
+        word |= (uint64_t)from[b] << (8 * b);
+    return word;
 }
 
 /* pack_ints(column) -> bytes | None: when every item is exactly an int (not a bool,
@@ -194,9 +188,7 @@ pack_ints(PyObject *module, PyObject *column)
     buf++;
     for (Py_ssize_t i = 0; i < size; i++) {
         /* items are exact ints that fit: no error here */
-        unsigned long long v = (unsigned long long)PyLong_AsLongLong(items[i]);
-        for (int b = 0; b < width; b++)
-            buf[i * width + b] = (unsigned char)(v >> (8 * b));
+        put_word(buf + i * width, (uint64_t)PyLong_AsLongLong(items[i]), width);
     }
     Py_DECREF(seq);
     return out;
@@ -225,7 +217,9 @@ pack_float64(PyObject *module, PyObject *column)
             Py_RETURN_NONE;
         }
         double v = PyFloat_AS_DOUBLE(items[i]);
-        store64(buf + i * 8, &v);
+        uint64_t word;
+        memcpy(&word, &v, 8);
+        put_word((unsigned char *)buf + i * 8, word, 8);
     }
     Py_DECREF(seq);
     return out;
@@ -263,12 +257,10 @@ unpack_ints(PyObject *module, PyObject *args)
         goto done;
     buf++;
     for (Py_ssize_t i = 0; i < size; i++) {
-        unsigned long long u = 0;
-        for (int b = 0; b < width; b++)
-            u |= (unsigned long long)buf[i * width + b] << (8 * b);
+        uint64_t u = get_word(buf + i * width, width);
         long long v;
         if (width < 8 && (u >> (8 * width - 1)) & 1)  /* sign-extend */
-            u |= ~0ULL << (8 * width);
+            u |= ~(uint64_t)0 << (8 * width);
         memcpy(&v, &u, 8);
         PyObject *item = PyLong_FromLongLong(v);
         if (item == NULL) {
@@ -296,10 +288,11 @@ unpack_float64(PyObject *module, PyObject *args)
     out = PyTuple_New(size);
     if (out == NULL)
         goto done;
-    const char *buf = (const char *)data.buf;
+    const unsigned char *buf = (const unsigned char *)data.buf;
     for (Py_ssize_t i = 0; i < size; i++) {
+        uint64_t word = get_word(buf + i * 8, 8);
         double v;
-        load64(&v, buf + i * 8);
+        memcpy(&v, &word, 8);
         PyObject *item = PyFloat_FromDouble(v);
         if (item == NULL) {
             Py_CLEAR(out);
