@@ -38,8 +38,8 @@ import msgpack
 
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
                                     TaskContext, TaskProtocol, cancel)
-from bastion.protocols.recovery_line import (NOTHING, CheckpointGraph, CheckpointRecord,
-                                             invalid_checkpoints)
+from bastion.protocols.recovery_line import (INITIAL, NOTHING, CheckpointGraph,
+                                             CheckpointRecord, invalid_checkpoints)
 
 __all__ = ["UncoordinatedProtocol", "IndependentCheckpoints", "RecoveryLineCoordinator",
            "FrameLog"]
@@ -290,9 +290,13 @@ class RecoveryLineCoordinator(Coordinator):
         tasks: dict[int, TaskRestore] = {}
         abandoned = []
         for task_id, cps in self.history.items():
+            # A task without channels whose every checkpoint was reclaimed is not in
+            # the graph at all: like a task with channels in that state, it restarts
+            # from its initial checkpoint.
+            task_line = line.get(task_id, INITIAL)
             # checkpoints above the line belong to an abandoned history: forget them
-            self.history[task_id] = [cp for cp in cps if cp.record.number <= line[task_id]]
-            abandoned += [cp.record.number for cp in cps if cp.record.number > line[task_id]]
+            self.history[task_id] = [cp for cp in cps if cp.record.number <= task_line]
+            abandoned += [cp.record.number for cp in cps if cp.record.number > task_line]
             kept = self.history[task_id]
             tasks[task_id] = TaskRestore(kept[-1].record.number if kept else None,
                                          protocol_state=kept[-1].protocol_state if kept else None)
