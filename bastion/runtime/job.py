@@ -1025,8 +1025,12 @@ class JobMaster:
         if now_s - self._redundancy_window_s < policy.period_s:
             return
         seen = self._redundancy_window.percentile(policy.percentile)
+        # the guard percentile tells a calm window from faults the copies hide
+        guard = (None if policy.guard_percentile is None
+                 else self._redundancy_window.percentile(policy.guard_percentile))
         decision = self.redundancy.decide(now_s - self.started_s,
-                                          None if seen is None else seen * 1000.0)
+                                          None if seen is None else seen * 1000.0,
+                                          None if guard is None else guard * 1000.0)
         self._redundancy_window = LatencyHistogram()
         self._redundancy_window_s = now_s
         if decision.ratio != decision.ratio_before:
