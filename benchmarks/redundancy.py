@@ -385,8 +385,8 @@ def managed_section(args: argparse.Namespace, storage: str) -> dict[str, Any]:
     print(f"  gains δi = δd = 1.6 / mean(Δl / B) of r=0's violated windows = "
           f"1.6 / {statistics.mean(excess) if excess else float('nan'):.2f} = {gain:.3f}; "
           f"δmin {policy.step_min:g}, margin {policy.perf_margin:.0%}, ceiling "
-          f"{policy.max_ratio:g}, noise {policy.noise_share:.0%} of B, guard "
-          f"p{policy.guard_percentile:g}, probes every {policy.probe_periods}-"
+          f"{policy.max_ratio:g}, noise {policy.noise_share:.0%} of B, late copies' "
+          f"p{policy.hidden_percentile:g}, probes every {policy.probe_periods}-"
           f"{policy.max_probe_periods} periods")
     topo, _, _ = grep(args.rate, seconds, parallelism)
     runs["managed"] = run(topo, storage=storage, faults=faults, redundancy="auto",

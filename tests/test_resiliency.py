@@ -330,8 +330,8 @@ def test_static_redundancy_always_holds():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("noise_share", -0.1), ("noise_share", 1.0), ("guard_percentile", 0.0),
-    ("guard_percentile", 100.5), ("probe_periods", 0), ("probe_periods", 2.5),
+    ("noise_share", -0.1), ("noise_share", 1.0), ("hidden_percentile", 0.0),
+    ("hidden_percentile", 100.5), ("probe_periods", 0), ("probe_periods", 2.5),
     ("max_probe_periods", True),
 ])
 def test_new_policy_fields_are_validated(field, value):
@@ -342,10 +342,10 @@ def test_new_policy_fields_are_validated(field, value):
 
 
 def test_hidden_faults_make_it_probe_by_the_minimum_step_and_calm_lets_it_step_fully():
-    """Under the bound with the guard percentile over it, copies are hiding faults: a
-    step down every period (Algorithm 2) would expose them again and again, so the
-    manager holds and probes by δmin every ``probe_periods`` periods. With the guard
-    under the bound too (calm) it takes the full proportional step."""
+    """Under the bound while the late copies' latency is over it, copies are hiding
+    faults: a step down every period (Algorithm 2) would expose them again and again,
+    so the manager holds and probes by δmin every ``probe_periods`` periods. With the
+    late copies under the bound too (calm) it takes the full proportional step."""
     policy = ResiliencyPolicy(latency_bound_ms=100.0, initial_ratio=1.5, gain_decrease=1.0,
                               probe_periods=3)
     hidden = ResiliencyManager(policy)
@@ -355,7 +355,7 @@ def test_hidden_faults_make_it_probe_by_the_minimum_step_and_calm_lets_it_step_f
     assert [d.movement for d in hidden.decisions] == ["hold", "hold", "decrease"] * 2
     calm = ResiliencyManager(policy)
     assert calm.decide(0.0, 40.0, 60.0).ratio == pytest.approx(0.9)   # 0.6 of the bound
-    # without a guard reading it decreases as Algorithm 2 does
+    # without late copies it decreases as Algorithm 2 does
     assert ResiliencyManager(policy).decide(0.0, 40.0).ratio == pytest.approx(0.9)
 
 
@@ -410,8 +410,8 @@ def episodes_plant(seed: int, needed: float = 1.0, periods: int = 400):
     """A closed loop shaped like section (3) of benchmarks/redundancy.py: fault
     episodes alternate with calm ones; during an episode the p90 of a window is far
     over the bound below ``needed`` redundancy and near the base above it, while the
-    p99 stays over the bound (the copies hide the stalls, not all of them); calm
-    windows have both under the bound. Noise on every reading."""
+    late copies' p90 is over the bound (the stalls the copies hide); calm windows have
+    both under the bound. Noise on every reading."""
     import random
     rng = random.Random(seed)
 
@@ -444,16 +444,17 @@ def closed_loop(manager: ResiliencyManager, seed: int) -> tuple[int, int, float]
     return violated, faulty_windows, sum(ratios) / len(ratios)
 
 
-def test_in_noisy_fault_episodes_the_guard_cuts_violations_and_keeps_calm_cheap():
+def test_in_noisy_fault_episodes_the_hidden_latency_cuts_violations_and_keeps_calm_cheap():
     policy = dict(latency_bound_ms=100.0, gain_increase=0.3, gain_decrease=0.3,
                   max_ratio=1.6, noise_share=0.1)
-    guarded = [closed_loop(ResiliencyManager(ResiliencyPolicy(**policy)), s) for s in range(5)]
-    thesis = [closed_loop(ResiliencyManager(ResiliencyPolicy(**policy, guard_percentile=None)),
+    hidden = [closed_loop(ResiliencyManager(ResiliencyPolicy(**policy)), s) for s in range(5)]
+    thesis = [closed_loop(ResiliencyManager(ResiliencyPolicy(**policy, hidden_percentile=None)),
                           s) for s in range(5)]
-    for (v_g, n, mean_g), (v_t, _, _) in zip(guarded, thesis):
+    for (v_h, n, mean_h), (v_t, _, _) in zip(hidden, thesis):
         # Algorithm 2 alone steps down every calm-looking period and crosses the
-        # bound again and again; the guard probes rarely
-        assert v_g * 3 <= v_t, (v_g, v_t)
-        assert v_g <= 0.1 * n, (v_g, n)
+        # bound again and again; knowing the faults are hidden, the manager probes
+        # rarely
+        assert v_h * 3 <= v_t, (v_h, v_t)
+        assert v_h <= 0.1 * n, (v_h, n)
         # and the copies cost about what half the time at the needed level costs
-        assert mean_g < 0.8, mean_g
+        assert mean_h < 0.8, mean_h

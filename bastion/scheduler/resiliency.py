@@ -55,22 +55,25 @@ window; (b) reverses on any reading a little worse than the last, noise included
 (c) at the ceiling, reverses as soon as one window after a jump is still over the
 bound, although it is falling (tuples a stall held back drain into it). So:
 
-- a **guard percentile** (``guard_percentile``, p99 by default) of the same window
-  tells calm from hidden faults: under the bound with the guard under it too,
-  nothing is hidden and the manager takes Algorithm 2's full step down; with the
-  guard over the bound, copies are hiding faults, and the manager only *probes*: a
-  step of δmin every ``probe_periods`` periods. A probe that brings the p90 over the
-  bound doubles the wait for the next one (up to ``max_probe_periods``); a calm
-  window resets it. The thesis allows any runtime metric as the feedback (§4.2);
-  this one uses two of the same window;
+- the latency the copies **hide** tells calm from hidden faults: the receivers that
+  drop late copies measure those copies' latency (what their tuples would have
+  taken without the first copy), and the manager reads its ``hidden_percentile``
+  (p90, the percentile it controls) per window. Under the bound with the hidden
+  latency under it too, taking the copies away would not break the bound, and the
+  manager takes Algorithm 2's full step down; with the hidden latency over the
+  bound, the copies are what keeps it, and the manager only *probes*: a step of
+  δmin every ``probe_periods`` periods. A probe that brings the p90 over the bound
+  doubles the wait for the next one (up to ``max_probe_periods``); a calm window
+  resets it. The thesis allows any runtime metric as the feedback (§4.2); this is
+  one more of the same window;
 - readings within ``noise_share`` of the bound count as unchanged (lines 6, 9, 12
   compare exactly; the default 0 keeps that);
 - at the ceiling (which the thesis does not have) a latency that is falling by more
   than the noise holds the ratio instead of reversing.
 
 The controllers here are pure: no clock, no I/O, no Ray. The caller measures the
-percentiles over its window (``policy.percentile``, ``policy.guard_percentile``) and
-calls ``decide`` once every
+percentiles over its window (``policy.percentile`` of the delivered tuples,
+``policy.hidden_percentile`` of the late copies) and calls ``decide`` once every
 ``policy.period_s`` with its own clock; the decision carries the new ratio and a
 sentence for the job's events.
 """
@@ -131,12 +134,13 @@ class ResiliencyPolicy:
 
     Three settings are not the thesis's (see "Departures" in the module docstring):
     ``noise_share``, the share of the bound by which two readings must differ to count
-    as a change (lines 6, 9 and 12 compare exactly); ``guard_percentile``, a higher
-    percentile of the same window that tells a calm period (it is under the bound
-    too) from faults the copies hide (it is over; None: no guard); and
+    as a change (lines 6, 9 and 12 compare exactly); ``hidden_percentile``, the
+    percentile of the latency of the copies dropped as late in the same window — the
+    latency the copies hid — that tells a calm period (under the bound) from faults
+    the copies hide (over it; None: not used); and
     ``probe_periods``/``max_probe_periods``, how many periods apart the manager
-    probes for less redundancy while the guard says faults are hidden, doubling after
-    a probe that crossed the bound.
+    probes for less redundancy while faults are hidden, doubling after a probe that
+    crossed the bound.
     """
 
     latency_bound_ms: float
@@ -149,7 +153,7 @@ class ResiliencyPolicy:
     max_ratio: float = 2.0
     initial_ratio: float = 0.0
     noise_share: float = 0.0
-    guard_percentile: float | None = 99.0
+    hidden_percentile: float | None = 90.0
     probe_periods: int = 4
     max_probe_periods: int = 32
 
@@ -168,8 +172,8 @@ class ResiliencyPolicy:
         _check("initial_ratio", self.initial_ratio, low=0.0, high=self.max_ratio)
         # A tolerance of the whole bound would call every reading "unchanged".
         _check("noise_share", self.noise_share, low=0.0, high=1.0, high_open=True)
-        if self.guard_percentile is not None:
-            _check("guard_percentile", self.guard_percentile, low=0.0, high=100.0,
+        if self.hidden_percentile is not None:
+            _check("hidden_percentile", self.hidden_percentile, low=0.0, high=100.0,
                    low_open=True)
         for name in ("probe_periods", "max_probe_periods"):
             value = getattr(self, name)
@@ -186,7 +190,8 @@ class RedundancyDecision:
 
     ``movement`` is what happened to the ratio: ``"increase"``, ``"decrease"``, or
     ``"hold"`` when it did not change (including a step stopped by the floor or
-    ceiling). ``reason`` is one sentence for a human reading the job's events."""
+    ceiling). ``reason`` is one sentence for a human reading the job's events.
+    ``hidden_ms``: the late copies' latency percentile the controller was given."""
 
     at_s: float
     latency_ms: float | None
@@ -194,6 +199,7 @@ class RedundancyDecision:
     ratio: float
     movement: str
     reason: str
+    hidden_ms: float | None = None
 
 
 class RedundancyController(ABC):
@@ -209,10 +215,10 @@ class RedundancyController(ABC):
 
     @abstractmethod
     def decide(self, at_s: float, latency_ms: float | None,
-               guard_ms: float | None = None) -> RedundancyDecision:
+               hidden_ms: float | None = None) -> RedundancyDecision:
         """The decision for the period ending at ``at_s`` (the caller's clock), given
         that period's windowed latency percentile, or None when there was none, and
-        optionally the same window's higher guard percentile."""
+        optionally the same window's percentile of the late copies' latency."""
 
 
 class StaticRedundancy(RedundancyController):
@@ -229,7 +235,7 @@ class StaticRedundancy(RedundancyController):
         return self._ratio
 
     def decide(self, at_s: float, latency_ms: float | None,
-               guard_ms: float | None = None) -> RedundancyDecision:
+               hidden_ms: float | None = None) -> RedundancyDecision:
         decision = RedundancyDecision(at_s, latency_ms, self._ratio, self._ratio, HOLD,
                                       f"static redundancy: hold at {_r(self._ratio)}")
         self.decisions.append(decision)
@@ -256,6 +262,7 @@ class ResiliencyManager(RedundancyController):
         self._probe_interval = policy.probe_periods
         self._probe_in = policy.probe_periods
         self._probed = False
+        self._hidden_ms: float | None = None   # this period's, for its decision record
         self.decisions: list[RedundancyDecision] = []
 
     @property
@@ -263,27 +270,29 @@ class ResiliencyManager(RedundancyController):
         return self._ratio
 
     def decide(self, at_s: float, latency_ms: float | None,
-               guard_ms: float | None = None) -> RedundancyDecision:
+               hidden_ms: float | None = None) -> RedundancyDecision:
         """Take one period's step (see the module docstring) and record it in
         ``decisions``. ``latency_ms`` None (or NaN, what an empty window's percentile
         often comes out as) means no tuple came out in the window: the controller
         holds and forgets nothing — an empty window says nothing about whether the
-        last step helped, and stepping blind could undo a good ratio. ``guard_ms``:
-        the same window's ``policy.guard_percentile`` (None: not measured; the
-        manager then decreases as Algorithm 2 does)."""
+        last step helped, and stepping blind could undo a good ratio. ``hidden_ms``:
+        the same window's ``policy.hidden_percentile`` of the latency of the copies
+        dropped as late (None: no late copies, or not measured; the manager then
+        decreases as Algorithm 2 does)."""
         missing = _missing(latency_ms)
         if not missing:
             _check("latency_ms", latency_ms, low=0.0)
-        if _missing(guard_ms) or self.policy.guard_percentile is None:
-            guard_ms = None   # no guard: Algorithm 2's decreases
+        if _missing(hidden_ms) or self.policy.hidden_percentile is None:
+            hidden_ms = None   # nothing known hidden: Algorithm 2's decreases
         else:
-            _check("guard_ms", guard_ms, low=0.0)
+            _check("hidden_ms", hidden_ms, low=0.0)
+        self._hidden_ms = hidden_ms
         before = self._ratio
         if missing:
             return self._record(at_s, None, before, HOLD,
                                 f"no p{self.policy.percentile:g} latency this period "
                                 f"(no output in the window): hold at {_r(before)}")
-        direction, why, probe = self._choose(latency_ms, guard_ms)
+        direction, why, probe = self._choose(latency_ms, hidden_ms)
         # Line 18: Δl_old is updated every measured period, whichever branch ran.
         self._delta_old = latency_ms - self.policy.latency_bound_ms
         self._probed = probe
@@ -300,7 +309,7 @@ class ResiliencyManager(RedundancyController):
 
     # ------------------------------------------------------------------ the rule
 
-    def _choose(self, latency_ms: float, guard_ms: float | None) -> tuple[str, str, bool]:
+    def _choose(self, latency_ms: float, hidden_ms: float | None) -> tuple[str, str, bool]:
         """Algorithm 2, lines 4-17: the direction of this period's step (or HOLD), the
         reason, up to the step's numbers, and whether the step is a probe (δmin)."""
         p = self.policy
@@ -320,13 +329,14 @@ class ResiliencyManager(RedundancyController):
                 # pseudo-code would instead step on in the last direction, which could
                 # add redundancy while meeting the bound.
                 return HOLD, f"{seen} under {bound}, within the {p.perf_margin:.0%} margin", False
-            if guard_ms is not None and guard_ms > p.latency_bound_ms:
-                return self._probe(seen, bound, guard_ms)
-            # calm: nothing is hidden, the full step of lines 21-22
+            if hidden_ms is not None and hidden_ms > p.latency_bound_ms:
+                return self._probe(seen, bound, hidden_ms)
+            # calm: nothing over the bound is hidden, the full step of lines 21-22
             self._probe_interval = self._probe_in = p.probe_periods
             return DECREASE, (f"{seen} under {bound} by more than the {p.perf_margin:.0%} "
-                              "margin" + ("" if guard_ms is None else
-                                          f" (p{p.guard_percentile:g} too)")
+                              "margin" + ("" if hidden_ms is None else
+                                          f" (late copies' p{p.hidden_percentile:g} "
+                                          f"{_ms(hidden_ms)} ms too)")
                               + ": decrease"), False
         # Line 5: Δl = 0 takes the "else" branch — a latency at the bound does not meet it.
         over = f"{seen} over {bound}"
@@ -368,18 +378,19 @@ class ResiliencyManager(RedundancyController):
             return direction, f"{over}; {verdict}: keep {_ING[direction]}", False
         return direction, f"{over}; {verdict}: reverse, {direction}", False
 
-    def _probe(self, seen: str, bound: str, guard_ms: float) -> tuple[str, str, bool]:
-        """Under the bound while the guard percentile is over it: copies are hiding
-        faults. A step down may expose them, so it is a probe of δmin once every
+    def _probe(self, seen: str, bound: str, hidden_ms: float) -> tuple[str, str, bool]:
+        """Under the bound while the late copies' latency is over it: copies are
+        hiding faults. A step down may expose them, so it is a probe of δmin once every
         ``_probe_interval`` periods instead of a step every period."""
         p = self.policy
-        guard = f"p{p.guard_percentile:g} {_ms(guard_ms)} ms over it (faults hidden)"
+        hidden = (f"late copies' p{p.hidden_percentile:g} {_ms(hidden_ms)} ms over it "
+                  "(faults hidden)")
         self._probe_in -= 1
         if self._probe_in > 0:
-            return HOLD, (f"{seen} under {bound}, {guard}; probe in {self._probe_in} "
+            return HOLD, (f"{seen} under {bound}, {hidden}; probe in {self._probe_in} "
                           f"period{'s' if self._probe_in > 1 else ''}"), False
         self._probe_in = self._probe_interval
-        return DECREASE, f"{seen} under {bound}, {guard}: probe", True
+        return DECREASE, f"{seen} under {bound}, {hidden}: probe", True
 
     def _direction_over_bound(self, helped: bool) -> str:
         """Lines 12-15: keep the direction of a step that brought the latency closer to
@@ -407,6 +418,7 @@ class ResiliencyManager(RedundancyController):
 
     def _record(self, at_s: float, latency_ms: float | None, before: float, movement: str,
                 reason: str) -> RedundancyDecision:
-        decision = RedundancyDecision(at_s, latency_ms, before, self._ratio, movement, reason)
+        decision = RedundancyDecision(at_s, latency_ms, before, self._ratio, movement, reason,
+                                      self._hidden_ms)
         self.decisions.append(decision)
         return decision
