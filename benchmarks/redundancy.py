@@ -214,7 +214,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
 
 def table_3_5(args: argparse.Namespace, storage: str) -> dict[str, Any]:
     print("(1) Table 3.5 shape: protocol none, timing faults on the middle operator "
-          f"(MTBF ≈ {args.mtbf_s:g} s of an instance's records at r=0, stalls "
+          f"(MTBF {args.mtbf_s:g} s on every instance, stalls "
           f"Gaussian({args.stall_ms:g} ms, sd {args.stall_sd_ms:g} ms, in "
           f"[{args.stall_min_ms:g}, {args.stall_max_ms:g}] ms)); MTBF counted "
           + ("in records (mtbf_records x (1 + r))" if args.mtbf_per_record
@@ -237,7 +237,8 @@ def table_3_5(args: argparse.Namespace, storage: str) -> dict[str, Any]:
         p90 = clean.latency_histogram.percentile(90)
         print(f"\n{name}: failure-free r=0 — mean {ms(mean_ms(clean))} ms, p99 "
               f"{ms(clean.latency_ms.get('p99'))} ms, deadline (mean + 2σ) {ms(deadline)} ms; "
-              f"faults on {op!r} every {per_instance * args.mtbf_s:,.0f} records")
+              f"faults on {op!r} ({per_instance * args.mtbf_s:,.0f} records of an "
+              "instance between stalls at r=0)")
         runs: list[tuple[str, Any]] = []
         for r in (0.0, 0.5, 1.0):
             topo, _, _ = build()
