@@ -458,3 +458,17 @@ def test_in_noisy_fault_episodes_the_hidden_latency_cuts_violations_and_keeps_ca
         assert v_h <= 0.1 * n, (v_h, n)
         # and the copies cost about what half the time at the needed level costs
         assert mean_h < 0.8, mean_h
+
+
+def test_a_step_down_over_the_bound_is_the_minimum_step():
+    """Reversing while over the bound, a step of the excess (line 22) would take all
+    the copies away at once — five bounds over with δd = 0.34 is 1.6 — while the bound
+    is broken; the manager steps down by δmin there."""
+    policy = ResiliencyPolicy(latency_bound_ms=100.0, max_ratio=1.6, gain_increase=0.34,
+                              gain_decrease=0.34)
+    manager = ResiliencyManager(policy)
+    assert manager.decide(0.0, 600.0).ratio == pytest.approx(1.6)
+    stuck = manager.decide(1.0, 600.0)          # at the ceiling, not falling: reverse
+    assert (stuck.movement, stuck.ratio) == ("decrease", pytest.approx(1.5))
+    # under the bound the step down is still proportional
+    assert manager.decide(2.0, 10.0).ratio == pytest.approx(1.5 - 0.9 * 0.34)

@@ -69,7 +69,10 @@ bound, although it is falling (tuples a stall held back drain into it). So:
 - readings within ``noise_share`` of the bound count as unchanged (lines 6, 9, 12
   compare exactly; the default 0 keeps that);
 - at the ceiling (which the thesis does not have) a latency that is falling by more
-  than the noise holds the ratio instead of reversing.
+  than the noise holds the ratio instead of reversing;
+- a step down while over the bound is δmin, not proportional to the excess (line 22
+  would take a step of the excess, all the copies at once, while the bound is
+  broken).
 
 The controllers here are pure: no clock, no I/O, no Ray. The caller measures the
 percentiles over its window (``policy.percentile`` of the delivered tuples,
@@ -404,8 +407,14 @@ class ResiliencyManager(RedundancyController):
         """Lines 19-22: the ratio after one step in ``direction``, within
         [0, ``max_ratio``]; a probe is δmin."""
         p = self.policy
-        if probe:
-            return max(0.0, self._ratio - p.step_min)
+        if probe or latency_ms >= p.latency_bound_ms:
+            # A probe, or a step down while over the bound (the search reversed, or
+            # goes on down the costly side of the curve): δmin. The excess says how
+            # far the latency is from the bound, not how far the curve's minimum is,
+            # and a step of it — 1.6 for a window five bounds over with δd = 0.34 —
+            # would take every copy away while the bound is broken.
+            if direction == DECREASE:
+                return max(0.0, self._ratio - p.step_min)
         # Lines 20 and 22 write "Δl / latencyBound · δ": under the bound Δl is negative,
         # so taken literally every decrease would be δmin, however far under the bound,
         # and the prose asks for steps proportional to the difference. We use |Δl|, so
