@@ -263,6 +263,7 @@ class JobMaster:
         self.plan_channel_dst = {c.channel_id: t.task_id for t in plan.tasks for c in t.inputs}
         self._counts: dict[int, tuple[int, int, int]] = {}  # task -> attempt, src, sink
         self._latency_seen: dict[int, tuple[int, dict]] = {}  # task -> attempt, buckets
+        self._late_seen: dict[int, tuple[int, dict]] = {}     # the same, of late copies
         self._quiet_since: Any = None  # the loop counters seen at the last quiet poll
         self._totals = {"source_records": 0, "sink_records": 0}
         self.coordinator = self.protocol.coordinator(_CoordinatorContext(self))
@@ -293,6 +294,7 @@ class JobMaster:
         self.redundancy = (None if config.resiliency is None
                            else ResiliencyManager(config.resiliency))
         self._redundancy_window = LatencyHistogram()
+        self._hidden_window = LatencyHistogram()   # the late copies' latency, same window
         self._redundancy_window_s: float | None = None  # when the current window began
 
     # -- what the coordinator's context and the workers call --------------------------------
@@ -969,6 +971,7 @@ class JobMaster:
         gained = {"source_records": 0, "sink_records": 0}
         lag = 0
         latency = LatencyHistogram()
+        late = LatencyHistogram()   # of the copies dropped as late
         by_query = {q.name: [0, LatencyHistogram()] for q in self.queries}
         for reply in replies:
             if isinstance(reply, BaseException):
@@ -990,6 +993,10 @@ class JobMaster:
                 for name in self._sink_queries.get(task_id, ()):
                     by_query[name][1].merge(new)
                 self._latency_seen[task_id] = (reply["attempt"], p["latency"])
+                seen_attempt, seen = self._late_seen.get(task_id, (reply["attempt"], {}))
+                late.merge(LatencyHistogram(p["late_copies"]).minus(
+                    seen if seen_attempt == reply["attempt"] else {}))
+                self._late_seen[task_id] = (reply["attempt"], p["late_copies"])
                 lag += p["source_lag"]
         for k, v in gained.items():
             self._totals[k] += v
@@ -998,7 +1005,7 @@ class JobMaster:
         if self.plan.topology.has_feedback():
             await self._check_loops(replies)
         if self.redundancy is not None and self.started_s is not None:
-            self._manage_redundancy(latency)
+            self._manage_redundancy(latency, late)
         if self.started_s is not None:
             self.query_points.append({"t_s": time.time() - self.started_s, "queries": {
                 name: (records, None if h.percentile(50) is None else h.percentile(50) * 1000)
@@ -1014,20 +1021,27 @@ class JobMaster:
                                   "latency_p50_ms": None if p50 is None else p50 * 1000,
                                   "latency_p99_ms": None if p99 is None else p99 * 1000})
 
-    def _manage_redundancy(self, latency: LatencyHistogram) -> None:
-        """Add what sinks saw since the last poll to the manager's window; once a
-        period is over, let it decide, and send a new ratio to every worker."""
+    def _manage_redundancy(self, latency: LatencyHistogram, late: LatencyHistogram) -> None:
+        """Add what sinks saw since the last poll, and the late copies tasks dropped,
+        to the manager's window; once a period is over, let it decide, and send a new
+        ratio to every worker."""
         policy = self.config.resiliency
         now_s = time.time()
         if self._redundancy_window_s is None:
             self._redundancy_window_s = now_s
         self._redundancy_window.merge(latency)
+        self._hidden_window.merge(late)
         if now_s - self._redundancy_window_s < policy.period_s:
             return
         seen = self._redundancy_window.percentile(policy.percentile)
+        # the latency the copies hid tells a calm window from one with hidden faults
+        hidden = (None if policy.hidden_percentile is None
+                  else self._hidden_window.percentile(policy.hidden_percentile))
         decision = self.redundancy.decide(now_s - self.started_s,
-                                          None if seen is None else seen * 1000.0)
+                                          None if seen is None else seen * 1000.0,
+                                          None if hidden is None else hidden * 1000.0)
         self._redundancy_window = LatencyHistogram()
+        self._hidden_window = LatencyHistogram()
         self._redundancy_window_s = now_s
         if decision.ratio != decision.ratio_before:
             self._send_redundancy(decision.ratio)
