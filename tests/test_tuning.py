@@ -556,3 +556,41 @@ def test_a_tuning_result_is_frozen():
     with pytest.raises(AttributeError):
         result.interval_s = 1.0  # type: ignore[misc]
     assert not result.meets_bound and len(result.rows()) == 3
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_restarts_standby_is_borrowed_only_once_the_sources_caught_up(tmp_path):
+    from bastion.runtime.job import caught_up
+
+    assert caught_up(0, 0) and caught_up(100, 137) and not caught_up(1000, 300)
+    def waiting_map(v: int) -> int:
+        import time
+
+        time.sleep(0.0003)   # waits, takes no CPU: a catch-up of a predictable length
+        return v
+
+    # a paced source at 1,000 records/s into a map that takes ~2,500/s: a kill 0.9 s
+    # after a checkpoint leaves a backlog of about a second's input, read in ~0.7 s
+    topo = bn.Topology("standby-after-catch-up")
+    topo.source("numbers", bn.sources.Generator(lambda i: i, count=7000, rate=1000.0)).map(
+        "wait", waiting_map).sink("out", bn.sinks.Collect())
+    run = bn.run(topo, protocol="coordinated", checkpoint_interval=1.0,
+                 faults=[bn.faults.KillWorker(0, at=1.9), bn.faults.KillWorker(0, at=5.0)],
+                 storage=f"local://{tmp_path}/store", frame_records=256,
+                 source_batch_records=128)
+    events, timeline = run.details["events"], run.details["timeline"]
+    restarted = [e["t_s"] for e in events if e["kind"] == "restarted"]
+    borrowed = [e["t_s"] for e in events if e["kind"] == "standby_borrowed"]
+    assert len(restarted) == 2 and len(borrowed) >= 1, [e["kind"] for e in events]
+    first, second = restarted
+    assert first < borrowed[0] < second
+    # every poll answered by the worker between the restart and the standby still
+    # showed a backlog larger than one poll's reading, and there was one
+    catching_up = [p for p in timeline if first <= p["t_s"] < borrowed[0]
+                   and p["workers_answering"] == 1]
+    assert any(p["source_lag"] > 0 for p in catching_up)
+    assert all(p["source_lag"] > p["source_records"] for p in catching_up)
+    # and it is there for the next failure: the second kill's slot goes to the standby
+    plans = [e for e in events if e["kind"] == "recovery_planned"]
+    assert plans[1]["to_standby"] == [0], plans
+    assert sorted(run.outputs["out"]) == list(range(7000))
