@@ -291,6 +291,7 @@ class JobMaster:
         self.repaired_at_s: dict[int, float] = {}  # slot -> when its crash is repaired
         self._standby_lending: asyncio.Future | None = None  # see _start
         self._standby_after_catch_up = False  # a restart's standby waits (`_start`)
+        self._polled_at_s: float | None = None  # when the last progress poll ended
         # `redundancy="auto"`: the resiliency manager decides the redundancy ratio each
         # period from the latency sinks saw in it (`bastion.scheduler.resiliency`)
         self.redundancy = (None if config.resiliency is None
@@ -1011,8 +1012,11 @@ class JobMaster:
         for k, v in gained.items():
             self._totals[k] += v
         answering = sum(not isinstance(r, BaseException) for r in replies)
+        polled_s, self._polled_at_s = self._polled_at_s, time.time()
         if (self._standby_after_catch_up and answering == len(self.workers)
-                and caught_up(lag, gained["source_records"])):
+                and polled_s is not None
+                and caught_up(lag, gained["source_records"], self._polled_at_s - polled_s,
+                              self.config.progress_interval_s)):
             self._standby_after_catch_up = False
             if self.standby is None and self.protocol.needs_standby:
                 self.record_event("standby_borrowed", source_lag=lag)
@@ -1131,12 +1135,16 @@ def _queries_of(plan: PhysicalPlan) -> list[QueryNeeds]:
                          sinks, upstream, tasks_of_op)
 
 
-def caught_up(source_lag_records: int, read_records: int) -> bool:
+def caught_up(source_lag_records: int, read_records: int, elapsed_s: float,
+              within_s: float) -> bool:
     """Whether the sources have caught up with their input, from one progress poll:
-    the records due and not yet read (the sources' summed lag) are at most what they
-    read since the poll before — what is left is read within about one poll period.
-    Sources that are not paced have no lag, and are always caught up."""
-    return source_lag_records <= read_records
+    the records due and not yet read (the sources' summed lag) would be read within
+    ``within_s`` at the rate they read at since the poll before (``read_records`` in
+    ``elapsed_s``). Within a fixed time, not within one poll: polls stretch to
+    tenths of a second on a busy machine, and the catch-up's last poll-worth of
+    backlog is what a standby's process start would slow down. Sources that are not
+    paced have no lag, and are always caught up."""
+    return source_lag_records * elapsed_s <= read_records * within_s
 
 
 def _first_failure(events: list[dict[str, Any]]) -> tuple[float | None, float | None]:
