@@ -261,6 +261,30 @@ def test_reprocessed_time_is_the_age_of_the_restored_checkpoint():
     assert tm.reprocessed_s(events, 2.7) is None
 
 
+def test_e_counts_from_the_last_completed_checkpoint():
+    # checkpoints take d = 0.4 s to complete: a kill in the 0.4 s after a trigger
+    # restores the checkpoint before, so E runs from d to CI + d, CI/2 + d on average
+    assert [tm.reprocess_s(2.0, c, 0.4) for c in ("min", "avg", "max")] == pytest.approx(
+        [0.4, 1.4, 2.4])
+    events = [{"kind": "checkpoint_completed", "t_s": t, "checkpoint_id": i,
+               "duration_s": d} for i, (t, d) in enumerate([(1.3, 0.3), (2.5, 0.5),
+                                                             (3.9, 0.9)], 1)]
+    assert tm.checkpoint_duration_s(events, 3.0) == pytest.approx(0.4)  # before the kill
+    assert tm.checkpoint_duration_s(events, 1.0) is None
+    # the model takes the runs' median d for every case of every interval
+    runs = [Measurement(ci, 500.0, 1.0, 0.1, 0.2, checkpoint_s=d)
+            for ci, d in ((1.0, 0.3), (2.0, 0.4), (3.0, 2.0))]
+    model = build_model(runs, Capacity(1000.0, 0.0))
+    assert model.completion_lag_s == pytest.approx(0.4)
+    assert model.reprocess_s(3.0, "avg") == pytest.approx(1.9)
+    for p in model.points:
+        for case in ("min", "avg", "max"):
+            # brute_force_trt's E is the paper's; d moves it as W does (both add to
+            # the outage E+T+R+W)
+            assert p.trt.of(case) == pytest.approx(brute_force_trt(
+                p.measurement.interval_s, case, 0.1, 0.2, 0.4, 500.0, 1000.0, 0.001))
+
+
 def test_catching_up_counts_only_samples_every_worker_answered():
     def point(t, lag, answering=2):
         return {"t_s": t, "source_lag": lag, "sink_records": 10, "source_records": 10,
