@@ -501,8 +501,8 @@ class JobMaster:
         # restart, only once the sources have caught up (`_poll_once`): the
         # process start costs about a core-second, which the catch-up needs more —
         # on a 2-core machine a catch-up it overlapped took 0.5-3 s longer, at
-        # random, which is most of what made one recovery's total time unlike the
-        # next one's (`bastion.scheduler.tuning`).
+        # random, much of what made one recovery's total time unlike the next
+        # one's (`bastion.scheduler.tuning`).
         if self.attempt:
             self._standby_after_catch_up = True
         else:

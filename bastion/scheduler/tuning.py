@@ -91,25 +91,25 @@ job master now borrows it once the sources caught up (`bastion.runtime.job`); wh
 spread is left is other load on the machine, which eq 5's W cannot know of — its
 mean is what the average case takes, and the 90% quantile the worst case.
 
-**The catch-up rate** is a further departure: eq 1 takes I_max from the unthrottled
-run, but a restarted job reads its backlog slower than a warm job reads unthrottled
-input (it checkpoints meanwhile). With
-one W and the unthrottled I_max, that showed as a W growing with the interval, and
-the average TRT came out over-predicted at short intervals and under-predicted at
-long ones (measured/predicted 0.62 at 0.5 s, 1.33 at 4 s). `catch_up_rate` fits the
-slope of the observed catch-up time against the outage ``E+T+R`` over the profiled
-recoveries (robustly: Theil-Sen) and the model uses the rate it implies as I_max;
-the unthrottled I_max remains the fallback, and the check that the job can keep up
-at all.
+**The catch-up rate** is a further departure: eq 1 takes I_max from the unthrottled run,
+but a restarted job reads its backlog slower than a warm job reads unthrottled input (it
+checkpoints meanwhile). With one W and the unthrottled I_max, that showed as a W growing
+with the interval, and the average TRT came out over-predicted at short intervals and
+under-predicted at long ones (measured/predicted 0.62 at 0.5 s, 1.33 at 4 s).
+`catch_up_rate` fits the slope of the observed catch-up time against the outage
+``E+T+R`` over the profiled recoveries (robustly: Theil-Sen) and the model uses the rate
+it implies as I_max; the unthrottled I_max remains the fallback, and the check that the
+job can keep up at all.
 
 **Modelling** (§IV-B) fits second-order polynomials to each of the TRT minimum,
 average and maximum against CI, and to L_avg — there, a departure: the degree (0, 1
 or 2) that predicts best the intervals left out of the fit (`fit_cross_validated`),
 because a latency the interval does not move scatters with the machine's load, and
-a parabola through the scatter bends most at the ends of the range. **Optimisation** (§IV-C) inverts the chosen
-TRT fit at the bound — the intervals where ``TRT(CI) <= bound`` — and picks among them
-the one whose fitted latency is least (ties: the longest interval, the fewest
-checkpoints). When no interval of the range meets the bound, it says so.
+a parabola through the scatter bends most at the ends of the range.
+**Optimisation** (§IV-C) inverts the chosen TRT fit at the bound — the intervals where
+``TRT(CI) <= bound`` — and picks among them the one whose fitted latency is least (ties:
+the longest interval, the fewest checkpoints). When no interval of the range meets the
+bound, it says so.
 
 The model (`trt_estimate`, `fit_quadratic`, `build_model`, `optimise`) is plain
 arithmetic, importable and testable without Ray; only `RayProfiler` runs jobs.
@@ -407,10 +407,10 @@ def recovery_warmup_s(m: Measurement, u: float) -> float | None:
     run's observed TRT, its kill's E, T and R and the utilisation — the catch-up
     time the series does not explain by the backlog, i.e. the dead time of the
     ramp back to full speed (on a shared machine also what other load took from the
-    catch-up). None without
-    an observed TRT and E, or when nothing had to be caught up (U = 0). At a low U it
-    is coarse — the timeline's 0.1 s resolution times (1-U)/U: seconds at U = 0.02 —
-    and matters as little, since it enters the TRT times U/(1-U)."""
+    catch-up). None without an observed TRT and E, or when nothing had to be caught up
+    (U = 0). At a low U it is coarse — the timeline's 0.1 s resolution times (1-U)/U:
+    seconds at U = 0.02 — and matters as little, since it enters the TRT times
+    U/(1-U)."""
     if m.measured_trt_s is None or m.reprocess_s is None or u <= 0:
         return None
     catch_up = m.measured_trt_s - m.detection_s - m.restart_s
@@ -459,15 +459,15 @@ def catch_up_rate(runs: Sequence[Measurement], ingest_max_per_s: float) -> float
 
     Eq 2's series sums to ``C = (E+T+R+W)·U/(1-U)``: the catch-up time grows with the
     outage ``x = E+T+R`` at the slope ``k = U/(1-U)``, and W is its intercept. The
-    unthrottled run's I_max gives one slope; the recoveries show their own, and it
-    is steeper — a restarted job reads its backlog slower than a warm job reads
-    unthrottled input (it checkpoints meanwhile): on the benchmark, 86% of I_max. Read with one W per recovery and the
-    I_max slope, that steeper slope turns into a W that grows with the interval
-    (0.3 s at CI 0.5 s, 1.2-1.7 s at 2-4 s), and any one W then over-predicts short
-    intervals and under-predicts long ones (measured/predicted average TRT 0.62 at
-    0.5 s, 1.33 at 4 s). So the slope is fitted to the recoveries: the Theil-Sen
-    estimator (the median of the slopes between pairs of recoveries whose outages
-    differ by at least `MIN_OUTAGE_SPREAD_S`), which a minority of recoveries a
+    unthrottled run's I_max gives one slope; the recoveries show their own, and it is
+    steeper — a restarted job reads its backlog slower than a warm job reads unthrottled
+    input (it checkpoints meanwhile): on the benchmark, 86% of I_max. Read with one W
+    per recovery and the I_max slope, that steeper slope turns into a W that grows with
+    the interval (0.3 s at CI 0.5 s, 1.2-1.7 s at 2-4 s), and any one W then
+    over-predicts short intervals and under-predicts long ones (measured/predicted
+    average TRT 0.62 at 0.5 s, 1.33 at 4 s). So the slope is fitted to the recoveries:
+    the Theil-Sen estimator (the median of the slopes between pairs of recoveries whose
+    outages differ by at least `MIN_OUTAGE_SPREAD_S`), which a minority of recoveries a
     burst of load stretched does not move; ``I = I_avg / U`` with ``U = k/(1+k)``.
     Without three recoveries with an observed TRT and E, or a positive slope, the
     unthrottled run's ``ingest_max_per_s``, as in the paper."""
@@ -526,7 +526,8 @@ def build_model(measurements: Sequence[Measurement], capacity: Capacity,
     # T and R per case, from every run: the interval does not move them
     by_restart = sorted(runs, key=lambda r: r.detection_s + r.restart_s)
     fastest = by_restart[0]
-    worst = by_restart[math.floor(WORST_CASE_QUANTILE * (len(by_restart) - 1))]
+    # the nearest rank at or above the quantile: of three runs, the slowest
+    worst = by_restart[math.ceil(WORST_CASE_QUANTILE * (len(by_restart) - 1))]
     restarts = ((fastest.detection_s, fastest.restart_s),
                 (statistics.median(r.detection_s for r in runs),
                  statistics.median(r.restart_s for r in runs)),
