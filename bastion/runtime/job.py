@@ -17,7 +17,9 @@ coordinator's:
    builds its tasks and channels and, after a failure, restores their state from the
    recovery line;
 3. **start** — tasks start their loops, sources read, the protocol's coordinator
-   starts checkpointing;
+   starts checkpointing; after a restart, the new standby is borrowed only once the
+   sources have caught up with their input (`caught_up`), so that its process start
+   does not take the cores the catch-up needs;
 4. **watch** — until every task finished: heartbeats, actor deaths and task errors
    (`bastion.scheduler.detector`), scheduled faults, ``duration_s`` for unbounded
    inputs, and a progress timeline;
@@ -289,6 +291,8 @@ class JobMaster:
         self._injector: asyncio.Task | None = None
         self.repaired_at_s: dict[int, float] = {}  # slot -> when its crash is repaired
         self._standby_lending: asyncio.Future | None = None  # see _start
+        self._standby_after_catch_up = False  # a restart's standby waits (`_start`)
+        self._polled_at_s: float | None = None  # when the last progress poll ended
         # `redundancy="auto"`: the resiliency manager decides the redundancy ratio each
         # period from the latency sinks saw in it (`bastion.scheduler.resiliency`)
         self.redundancy = (None if config.resiliency is None
@@ -495,9 +499,16 @@ class JobMaster:
         except ray.exceptions.RayActorError as exc:
             raise detector.died_during(self.phase, exc) from None
         # The tasks run already: a new standby (a process start, when the pool has
-        # none idle) is borrowed and bound meanwhile, not waited for.
-        if self._standby_lending is None or self._standby_lending.done():
-            self._standby_lending = asyncio.ensure_future(self._ensure_standby())
+        # none idle) is borrowed and bound meanwhile, not waited for. After a
+        # restart, only once the sources have caught up (`_poll_once`): the
+        # process start costs about a core-second, which the catch-up needs more —
+        # on a 2-core machine a catch-up it overlapped took 0.5-3 s longer, at
+        # random, much of what made one recovery's total time unlike the next
+        # one's (`bastion.scheduler.tuning`).
+        if self.attempt:
+            self._standby_after_catch_up = True
+        else:
+            self._borrow_standby()
         if self.attempt:
             self.record_event("restarted", attempt=self.attempt,
                               checkpoint=_line_summary(restore))
@@ -509,6 +520,7 @@ class JobMaster:
         """After ``failure``: replace what was lost and return the recovery line the
         next attempt restores from; raise `_JobEnded` when the job cannot go on."""
         unfinished = self.coordinator.checkpoint_in_progress()
+        self._standby_after_catch_up = False   # the next restart decides again
         await self.coordinator.stop()
         if self.job_error is not None:
             raise _JobEnded({"failure": self.job_error})
@@ -642,6 +654,12 @@ class JobMaster:
             self.record_event("recovery", **dataclasses.asdict(failure))
             failures.append(failure)
         return failures
+
+    def _borrow_standby(self) -> None:
+        """Borrow a standby in the background (none when there is one, or one is on
+        its way)."""
+        if self._standby_lending is None or self._standby_lending.done():
+            self._standby_lending = asyncio.ensure_future(self._ensure_standby())
 
     async def _ensure_standby(self) -> None:
         if self.standby is None and self.protocol.needs_standby:
@@ -1000,6 +1018,16 @@ class JobMaster:
                 lag += p["source_lag"]
         for k, v in gained.items():
             self._totals[k] += v
+        answering = sum(not isinstance(r, BaseException) for r in replies)
+        polled_s, self._polled_at_s = self._polled_at_s, time.time()
+        if (self._standby_after_catch_up and answering == len(self.workers)
+                and polled_s is not None
+                and caught_up(lag, gained["source_records"], self._polled_at_s - polled_s,
+                              self.config.progress_interval_s)):
+            self._standby_after_catch_up = False
+            if self.standby is None and self.protocol.needs_standby:
+                self.record_event("standby_borrowed", source_lag=lag)
+            self._borrow_standby()
         if self.exporter is not None:
             self.exporter.observe_poll(replies, time.time())
         if self.plan.topology.has_feedback():
@@ -1016,8 +1044,7 @@ class JobMaster:
                 self.query_points = self.query_points[::2]
             p50, p99 = latency.percentile(50), latency.percentile(99)
             self.log.progress({"t_s": time.time() - self.started_s, **gained,
-                                  "source_lag": lag, "workers_answering": sum(
-                                      not isinstance(r, BaseException) for r in replies),
+                                  "source_lag": lag, "workers_answering": answering,
                                   "latency_p50_ms": None if p50 is None else p50 * 1000,
                                   "latency_p99_ms": None if p99 is None else p99 * 1000})
 
@@ -1120,6 +1147,18 @@ def _queries_of(plan: PhysicalPlan) -> list[QueryNeeds]:
     sinks = [name for name, node in topology.nodes.items() if node.kind == "sink"]
     return queries_needs({q.name: (q.priority, q.outputs) for q in topology.queries.values()},
                          sinks, upstream, tasks_of_op)
+
+
+def caught_up(source_lag_records: int, read_records: int, elapsed_s: float,
+              within_s: float) -> bool:
+    """Whether the sources have caught up with their input, from one progress poll:
+    the records due and not yet read (the sources' summed lag) would be read within
+    ``within_s`` at the rate they read at since the poll before (``read_records`` in
+    ``elapsed_s``). Within a fixed time, not within one poll: polls stretch to
+    tenths of a second on a busy machine, and the catch-up's last poll-worth of
+    backlog is what a standby's process start would slow down. Sources that are not
+    paced have no lag, and are always caught up."""
+    return source_lag_records * elapsed_s <= read_records * within_s
 
 
 def _first_failure(events: list[dict[str, Any]]) -> tuple[float | None, float | None]:
