@@ -23,6 +23,8 @@ Python path's.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -37,7 +39,7 @@ from bastion.protocols.eventual import (load_eventual_checkpoint, read_eventual_
                                         store_eventual_checkpoint)
 from bastion.spark_jobs.reconstruct import (ReconstructError, eventual_prefix, log_prefix,
                                             reconstruct_operator)
-from bastion.storage import CorruptRecordError, open_store
+from bastion.storage import CorruptRecordError, LocalStore, open_store
 from bastion.storage.log import LogWriter, log_object_keys
 from test_eventual_checkpoint import run_model
 
@@ -247,6 +249,36 @@ def test_an_operator_without_a_log_is_named_with_those_that_have_one(spark, tmp_
     write_operator(store, SHAPES[:1])
     with pytest.raises(ReconstructError, match=r"no log of operator 'nope'.*: window"):
         reconstruct_operator(spark, store, JOB, "nope")
+
+
+class _TasksElsewhere(LocalStore):
+    """A store the driver lists here while its URL, the only thing the tasks get, sends
+    them to another directory: there, the objects can fail to read."""
+
+    def __init__(self, root: Path, tasks_root: Path) -> None:
+        super().__init__(root)
+        self._tasks_url = f"local://{tasks_root}"
+
+    @property
+    def url(self) -> str:
+        return self._tasks_url
+
+
+def test_an_object_the_tasks_cannot_read_fails_the_job_naming_the_first(spark, tmp_path):
+    """A read that fails under a task (not a missing part: the store itself) stops
+    the job with the object and the reason; with several, the first in log order is
+    named, whichever task met its failure first."""
+    store = _TasksElsewhere(tmp_path / "lists", tmp_path / "reads")
+    write_operator(store, SHAPES[:3])
+    shutil.copytree(tmp_path / "lists", tmp_path / "reads")
+    first, later = (log_object_keys(store, log_prefix(JOB, OP, i))[0] for i in ("0", "2"))
+    for key in (later, first):  # a symlink to itself: reading it is ELOOP, an OSError
+        path = tmp_path / "reads" / key
+        path.unlink()
+        path.symlink_to(path)
+    with pytest.raises(ReconstructError, match=rf"cannot read {re.escape(first)} from "
+                       rf"local://.*reads: .*symbolic links"):
+        reconstruct_operator(spark, store, JOB, OP, write=False)
 
 
 def test_the_job_imports_no_ray():

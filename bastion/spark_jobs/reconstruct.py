@@ -28,13 +28,18 @@ control tuples matter, and they are a small fraction of the records.
   record whose CRC checks out, whatever is damaged around it. A task returns, per
   object, only the control tuples, the newest seq with ``ts <= T`` (the newest
   overall without ``--at``), and the damage found.
-- The *driver*, per instance, dedupes the control tuples by seq (a part and the
-  sealed segment that replaced it hold the same records), sorts them newest first and
-  runs `eventual.Reconstruction` over them with ``newest_seq`` set — the same code as
-  the in-process path, which is why the two give the same checkpoint, ``to_wire()``
-  for ``to_wire()``: the result records the in-process path also reads on the way
-  only move ``newest_seq`` and the extent's end, which the driver gets from the
-  tasks.
+- A second stage groups the scans by instance (partitioned by the instance's
+  index, not by a salted string hash) and, per instance, dedupes the control tuples by
+  seq (a part and the sealed segment that replaced it hold the same records), sorts
+  them newest first and runs `eventual.Reconstruction` over them with ``newest_seq``
+  set — the same code as the in-process path, which is why the two give the same
+  checkpoint, ``to_wire()`` for ``to_wire()``: the result records the in-process path
+  also reads on the way only move ``newest_seq`` and the extent's end, which the
+  tasks report. This runs on the executors, not the driver, because an operator
+  whose parts never close (a keyed reduce) keeps a ``G_open`` per key: hundreds of
+  thousands of control tuples whose serial rebuild on the driver would cap how well
+  the job scales with executors. The driver only collects one checkpoint per
+  instance and writes it.
 
 **Damage.** A record that fails its CRC, a length that cannot be right, a record cut
 off at the end of an object (a torn tail) are reported with the object, the byte
@@ -231,6 +236,28 @@ def checkpoint_from_scans(scans: list[ObjectScan], at: float | None
     return rebuild.finish()
 
 
+def build_instance(instance: str, scans: list[ObjectScan], at: float | None
+                   ) -> InstanceEC:
+    """One instance's EC from the scans of its objects, given in log-object order."""
+    return InstanceEC(instance, checkpoint_from_scans(scans, at), len(scans),
+                      sum(s.records for s in scans), [d for s in scans for d in s.damaged])
+
+
+def _instance_builder(order: dict[str, int], at: float | None
+                      ) -> Callable[[tuple[int, Any]], tuple[InstanceEC, list]]:
+    """The second stage's function over ``(instance index, scans)``: the instance's
+    EC, and the scans whose object could not be read with their place in the work
+    list (the driver names the first). ``order`` puts the scans back in log-object
+    order, which the shuffle does not keep, so that damage is reported in order."""
+
+    def build(group: tuple[int, Any]) -> tuple[InstanceEC, list]:
+        scans = sorted(group[1], key=lambda scan: order[scan.key])
+        failures = [(order[s.key], s) for s in scans if s.error is not None]
+        return build_instance(scans[0].instance, scans, at), failures
+
+    return build
+
+
 def reconstruct_operator(spark: "SparkSession", store: ObjectStore, job: str,
                          operator: str, at: float | None = None, write: bool = True
                          ) -> list[InstanceEC]:
@@ -243,23 +270,29 @@ def reconstruct_operator(spark: "SparkSession", store: ObjectStore, job: str,
             for key in log_object_keys(store, log_prefix(job, operator, instance))]
     url = store.url  # never holds credentials: the tasks take theirs from the environment
     sc = spark.sparkContext
-    by_instance: dict[str, list[ObjectScan]] = {i: [] for i in instances}
+    built: dict[str, InstanceEC] = {}
     if work:
         slices = max(1, min(len(work), sc.defaultParallelism * _TASKS_PER_CORE))
-        for scan in sc.parallelize(work, slices).mapPartitions(_scan_partition(url, at)
-                                                                ).collect():
-            if scan.error is not None:
-                raise ReconstructError(f"cannot read {scan.key} from {url}: {scan.error}")
-            by_instance[scan.instance].append(scan)
+        index = {instance: i for i, instance in enumerate(instances)}
+        groups = max(1, min(len(instances), sc.defaultParallelism))
+        failed: list[tuple[int, ObjectScan]] = []
+        for found, failures in (
+                sc.parallelize(work, slices).mapPartitions(_scan_partition(url, at))
+                .map(lambda scan: (index[scan.instance], scan))
+                .groupByKey(groups, partitionFunc=lambda i: i)
+                .map(_instance_builder({key: n for n, (_, key) in enumerate(work)}, at))
+                .collect()):
+            built[found.instance] = found
+            failed.extend(failures)
+        if failed:
+            scan = min(failed, key=lambda f: f[0])[1]
+            raise ReconstructError(f"cannot read {scan.key} from {url}: {scan.error}")
     results = []
     for instance in instances:
-        scans = by_instance[instance]
-        ec = checkpoint_from_scans(scans, at)
-        found = InstanceEC(instance, ec, len(scans), sum(s.records for s in scans),
-                           [d for s in scans for d in s.damaged])
+        found = built.get(instance) or build_instance(instance, [], at)
         if write and not found.empty:
             found.key = store_eventual_checkpoint(
-                store, eventual_prefix(job, operator, instance), ec)
+                store, eventual_prefix(job, operator, instance), found.ec)
         results.append(found)
     return results
 
