@@ -149,8 +149,8 @@ def _newest_per_part(records: list[LogRecord], at: float | None) -> list[LogReco
     """Of one object's control tuples (at or before ``at``), only what the backward
     pass can use: per part the newest that checks out — it hides every older one of
     the same part — and the damaged ones newer than it (the pass reports those as
-    skipped). Checking here, in the tasks, leaves the driver a few tuples per part
-    instead of every footprint ever written: the serial part of the job shrinks."""
+    skipped). Checking here, per object, leaves the per-instance stage a few tuples
+    per part instead of every footprint ever written, and the shuffle little to move."""
     kept: list[LogRecord] = []
     decided: set[bytes] = set()
     for record in reversed(records):
@@ -198,7 +198,7 @@ def _scan_partition(url: str, at: float | None
     return scan
 
 
-# -- the driver: one reconstruction per instance ------------------------------------------
+# -- one reconstruction per instance -----------------------------------------------------
 
 
 @dataclass
