@@ -114,6 +114,35 @@ _KIB = 1024
 _MIB = 1024 * _KIB
 
 
+def frame_records_py(first_seq: int, records: list, pack: Callable[[Any], bytes]) -> bytes:
+    """``(ts, value)`` records framed as the log stores them, with seqs from
+    ``first_seq``: per record a header (payload length, CRC-32 of the payload) and the
+    msgpack of ``[seq, ts, value]`` by ``pack`` (the writer's packer). The reference
+    for the C loop (`_logframe.frame_records`), which gives the same bytes."""
+    get_ts, get_value = itemgetter(0), itemgetter(1)
+    # (seq, ts, value) triples built by zip and packed by map, lengths, CRCs and
+    # headers in C-level map() loops: no interpreter loop per record
+    payloads = list(map(pack, zip(range(first_seq, first_seq + len(records)),
+                                  map(get_ts, records), map(get_value, records))))
+    headers = map(_HEADER.pack, map(len, payloads), map(zlib.crc32, payloads))
+    return b"".join(chain.from_iterable(zip(headers, payloads)))
+
+
+try:  # the same framing in C: an optional build (setup.py), same bytes
+    from ._logframe import frame_records as _frame_records_c
+except ImportError:  # pragma: no cover - a machine without a C compiler
+    _frame_records_c = None
+
+
+def frame_records(first_seq: int, records: list, pack: Callable[[Any], bytes]) -> bytes:
+    """`frame_records_py`, by the C loop where it was built and takes the records."""
+    if _frame_records_c is not None:
+        framed = _frame_records_c(first_seq, records, pack)
+        if framed is not None:
+            return framed
+    return frame_records_py(first_seq, records, pack)
+
+
 def _unpack_opts() -> dict[str, Any]:
     return {"use_list": False, "raw": False, "strict_map_key": False}
 
@@ -595,10 +624,10 @@ class LogWriter:
         """
         if self._closed:
             raise ValueError(f"log writer for {self._prefix!r} is closed")
-        items = records if isinstance(records, (list, tuple)) else list(records)
+        items = records if isinstance(records, list) else list(records)
         if not items:
             return self._next_seq - 1
-        get_ts, get_value = itemgetter(0), itemgetter(1)
+        get_ts = itemgetter(0)
         lo, hi = min(map(get_ts, items)), max(map(get_ts, items))
         if not isinstance(lo, (int, float)) or not isinstance(hi, (int, float)):
             raise TypeError(f"event times must be numbers, got {type(lo).__name__}")
@@ -606,8 +635,6 @@ class LogWriter:
         start_len, start_blocks = len(buf), len(self._blocks)
         seq = self._next_seq
         pack = self._packer.pack
-        header = _HEADER.pack
-        crc32 = zlib.crc32
         try:
             at = 0
             while at < len(items):
@@ -617,14 +644,7 @@ class LogWriter:
                 chunk = items[at:at + self._slice_records]
                 at += len(chunk)
                 before = len(buf)
-                # (seq, ts, value) triples built by zip and packed by map: no
-                # interpreter loop per record
-                payloads = list(map(pack, zip(range(seq, seq + len(chunk)),
-                                              map(get_ts, chunk), map(get_value, chunk))))
-                # Lengths, CRCs and headers in C-level map() loops: the interpreter's
-                # per-record overhead is a large share of the cost of small records.
-                headers = map(header, map(len, payloads), map(crc32, payloads))
-                buf += b"".join(chain.from_iterable(zip(headers, payloads)))
+                buf += frame_records(seq, chunk, pack)
                 seq += len(chunk)
                 record_bytes = (len(buf) - before) // len(chunk) or 1
                 self._slice_records = max(1, min(512, self._block_bytes // (4 * record_bytes)))

@@ -14,6 +14,7 @@ import pytest
 
 from bastion.storage import (
     CorruptRecordError,
+    LocalStore,
     LogReader,
     LogWriter,
     ObjectStore,
@@ -432,3 +433,66 @@ async def test_async_reader_follows_async_writer(store: ObjectStore) -> None:
     assert got == [expected(s) for s in range(total)]
     newest = [rec async for batch in r.aread_backward(before_seq=5) for rec in batch]
     assert newest == [expected(s) for s in range(4, -1, -1)]
+
+
+# -- the C framing loop ---------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from bastion.storage import log as log_module  # noqa: E402
+
+
+def test_the_c_framing_is_built():
+    # `make test` builds it; without it every log append runs the slower Python loop
+    assert log_module._frame_records_c is not None, (
+        "bastion.storage._logframe is not built: reinstall with a C compiler "
+        "(`pip install -e .`)")
+
+
+_ts = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                st.integers(-2**63, 2**64 - 1), st.booleans())
+_sizes = st.sampled_from([0, 1, 127, 255, 256, 65535, 65536])
+_values = st.one_of(
+    st.binary(max_size=300), _sizes.map(lambda n: b"x" * n), st.text(max_size=40),
+    st.integers(-2**63, 2**64 - 1), st.floats(allow_nan=False), st.none(),
+    st.booleans(), st.lists(st.integers(-5, 5), max_size=4).map(tuple),
+    st.dictionaries(st.text(max_size=3), st.integers(0, 9), max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(first_seq=st.one_of(st.integers(0, 300), st.integers(0, 2**63 - 1000)),
+       records=st.lists(st.tuples(_ts, _values), max_size=30))
+def test_the_c_framing_gives_the_python_bytes(first_seq, records):
+    """Every kind of ts and value, seqs in each msgpack int width: byte for byte what
+    the Python loop (the reference) frames, and every record reads back."""
+    pack = msgpack.Packer(use_bin_type=True).pack
+    framed = log_module._frame_records_c(first_seq, records, pack)
+    assert framed == log_module.frame_records_py(first_seq, records, pack)
+    at, seq = 0, first_seq
+    while at < len(framed):
+        size, crc = struct.unpack_from("<II", framed, at)
+        payload = framed[at + 8:at + 8 + size]
+        assert zlib.crc32(payload) == crc
+        assert msgpack.unpackb(payload, raw=False, strict_map_key=False)[0] == seq
+        at, seq = at + 8 + size, seq + 1
+    assert seq == first_seq + len(records)
+
+
+def test_records_that_are_not_pairs_are_framed_by_the_python_loop():
+    pack = msgpack.Packer(use_bin_type=True).pack
+    odd = [(1.0, b"a"), [2.0, b"b"]]  # a list, not a tuple: the C loop declines it
+    assert log_module._frame_records_c(0, odd, pack) is None
+    assert log_module.frame_records(0, odd, pack) == log_module.frame_records_py(0, odd, pack)
+
+
+def test_a_value_msgpack_cannot_encode_fails_the_whole_append(tmp_path):
+    """All-or-nothing, as before: the C loop's error leaves nothing appended."""
+    store = LocalStore(tmp_path)
+    with LogWriter(store, "odd/") as writer:
+        writer.append_many([(1.0, b"kept")])
+        with pytest.raises(TypeError):
+            writer.append_many([(2.0, b"fine"), (3.0, object())])
+        assert writer.append_many([(4.0, b"next")]) == 1
+    assert [(seq, value) for seq, _, value in LogReader(store, "odd/").records()] == [
+        (0, b"kept"), (1, b"next")]
