@@ -290,7 +290,14 @@ class ReplayableOutputChannel(HeldOutputChannel):
     a completed checkpoint made unnecessary. A target that turns out to be gone (its
     peer died: `PeerLostError`; its task was reset: the delivery was cancelled) is
     dropped instead of failing the sending task: the job master restarts the receiver
-    and attaches it again, and the log still holds what it missed."""
+    and attaches it again, and the log still holds what it missed.
+
+    *Adaptive buffering* on a live receiver too: when the receiver cannot take a
+    frame now (no credit: it is catching up after a restart, say), the sender does
+    not wait — it logs, and a background catch-up sends the log in order until the
+    receiver has caught up — so a slow query never holds up the other queries of a
+    shared upstream. Backpressure comes back beyond ``catch_up_frames`` frames
+    waiting: then the sender waits for the catch-up."""
 
     def __init__(self, channel_id: int, frame_records: int, buffer_timeout_s: float,
                  codec: FrameCodec, in_memory_frames: int, store: Any, spill_prefix: str,
@@ -299,14 +306,29 @@ class ReplayableOutputChannel(HeldOutputChannel):
                          in_memory_frames, store, spill_prefix)
         self._target = target
         self._chunks_written = 0   # names spilled chunks: trimming drops the oldest
+        self.catch_up_frames = 8 * in_memory_frames
+        self._catching_up: asyncio.Future | None = None
+        self._next_seq = 0         # the next frame the catch-up sends
+        self._generation = 0       # grows with each `detach`: ends a catch-up
 
     async def transmit(self, seq: int, payload: bytes) -> None:
         async with self._lock:
             if self._target is None:
                 self.frames_held += 1
             await self._log(seq, payload)
+            catching_up = self._catching_up
+            if catching_up is not None and catching_up.done() and not catching_up.cancelled():
+                catching_up.result()  # a spilled chunk that cannot be read fails the task
             target = self._target
-            if target is not None and not await self._forward(target, seq, payload):
+            if target is None:
+                if catching_up is not None and seq - self._next_seq > self.catch_up_frames:
+                    await asyncio.wait({catching_up})  # too far behind: backpressure
+                return
+            if target.congested():
+                self._target = None
+                self._catching_up = asyncio.ensure_future(self.attach(target, seq))
+                return
+            if not await self._forward(target, seq, payload):
                 self._drop(target)
 
     async def _log(self, seq: int, payload: bytes) -> None:
@@ -341,24 +363,41 @@ class ReplayableOutputChannel(HeldOutputChannel):
     def detach(self) -> None:
         """The receiver restarts: log frames only, until `attach`."""
         self._target = None
+        self._generation += 1
+        if self._catching_up is not None:
+            self._catching_up.cancel()
 
     async def attach(self, target: OutputChannel, from_seq: int = 0) -> None:
         """The receiver runs (again), restored to expect frame ``from_seq`` next: send
-        it the logged frames from there, in order, then forward."""
+        it the logged frames from there, in order, then forward. The sender does not
+        wait meanwhile — what it sends is logged, and sent in its turn — so the
+        queries it also feeds are not held up by a receiver catching up."""
         self.attaching = True
+        generation = self._generation
+        self._next_seq = from_seq
         try:
-            async with self._lock:
-                for key, _ in self._spilled:
-                    frames = msgpack.unpackb(open_bytes(await self._store.aget(key), key))
-                    for seq, payload in frames:
-                        if seq >= from_seq and not await self._forward(target, seq, payload):
-                            return
-                for seq, payload in list(self._held):
-                    if seq >= from_seq and not await self._forward(target, seq, payload):
-                        return
-                self._target = target
+            while generation == self._generation:
+                frames = await self._logged_from(self._next_seq)
+                if not frames:  # caught up, and nothing awaited since the look
+                    self._target = target
+                    return
+                for seq, payload in frames:
+                    if generation != self._generation:
+                        return  # detached meanwhile: this receiver is gone
+                    if not await self._forward(target, seq, payload):
+                        return  # gone again: the job master attaches it once more
+                    self._next_seq = seq + 1
         finally:
             self.attaching = False
+
+    async def _logged_from(self, seq: int) -> list[tuple[int, bytes]]:
+        """The oldest logged frames from ``seq`` on, in order: a spilled chunk's or
+        those in memory; [] when there are none (returned without awaiting)."""
+        for key, last_seq in self._spilled:
+            if last_seq >= seq:
+                frames = msgpack.unpackb(open_bytes(await self._store.aget(key), key))
+                return [(s, payload) for s, payload in frames if s >= seq]
+        return [(s, payload) for s, payload in self._held if s >= seq]
 
     async def trim(self, below_seq: int) -> None:
         """Frames below ``below_seq`` are reflected in a completed checkpoint of the
@@ -370,6 +409,9 @@ class ReplayableOutputChannel(HeldOutputChannel):
             self._held = [(seq, payload) for seq, payload in self._held if seq >= below_seq]
 
     async def drain(self) -> None:
+        catching_up = self._catching_up
+        if catching_up is not None and not catching_up.done():
+            await asyncio.wait({catching_up})
         target = self._target
         if target is not None:
             try:
