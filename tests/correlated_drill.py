@@ -83,7 +83,10 @@ def unhit(storage_dir: str) -> None:
                                  reference=reference, storage_dir=storage_dir,
                                  records=RECORDS)
     detected = next(e["t_s"] for e in report.events if e["kind"] == "failure_detected")
-    back = next(e["t_s"] for e in report.events if e["kind"] == "recovery_progressed")
+    # when per_bidder's tasks were given capacity again (planned at the failure, or
+    # on a node's arrival)
+    back = max(e["t_s"] for e in report.events
+               if e["kind"] in ("recovery_planned", "recovery_progressed") and e.get("queries"))
     queries = report.metrics.extra["queries"]
     print(json.dumps({
         "exactly_once": report.exactly_once, "lost": report.lost,
@@ -94,6 +97,12 @@ def unhit(storage_dir: str) -> None:
                                           if detected < t < back)
                                 for name, q in queries.items()},
         "committed": {name: len(report.outputs[name]) for name in queries},
+        "events": [{k: e.get(k) for k in ("kind", "t_s", "reason", "region", "lost", "checkpoint_id",
+                                          "pending", "queries")}
+                   for e in report.events if e["kind"] in (
+                       "failure_detected", "losses_grouped", "recovery_planned",
+                       "restarted", "recovery_progressed", "checkpoint_aborted",
+                       "checkpoint_completed")],
     }))
 
 
