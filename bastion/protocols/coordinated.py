@@ -376,8 +376,10 @@ class CheckpointCoordinator(Coordinator):
 
     async def region_line(self, tasks: set[int]) -> RegionLine | None:
         # A checkpoint every task acknowledged completes first: the region restores
-        # it, or its outputs would be committed and produced again.
-        await asyncio.gather(*self.completions, return_exceptions=True)
+        # it, or its outputs would be committed and produced again. (Acknowledgments
+        # still count until this returns: another checkpoint may complete meanwhile.)
+        while self.completions:
+            await asyncio.gather(*self.completions, return_exceptions=True)
         channels = self.master.channels()
         if self.newest is None or self.newest[0] not in self.committed \
                 or not channels.keys() <= self.newest[1].keys():
