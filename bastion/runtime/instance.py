@@ -963,7 +963,7 @@ class Task(TaskContext):
             "source_lag": self.source.reader.lag(time.time()) if self.source else 0,
             "sink_records": sink_records - self.restored_progress[1],
             "latency": latency,  # cumulative bucket counts; the job master diffs them
-            "incarnation": self.incarnation,  # counters restart with each
+            "incarnation": self.incarnation,  # counters restart with each incarnation
         }
 
     def report(self) -> dict[str, Any]:
