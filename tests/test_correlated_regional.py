@@ -169,41 +169,6 @@ def test_the_sender_does_not_wait_for_a_receiver_catching_up(tmp_path):
     assert asyncio.run(scenario()).received == frames(range(1, 5))
 
 
-class Congested(Recorder):
-    """A live receiver that takes nothing until ``opened``, and says so (no credit)."""
-
-    def __init__(self, opened: asyncio.Event):
-        super().__init__(blocked=opened)
-
-    def congested(self) -> bool:
-        return not self.blocked.is_set()
-
-
-def test_a_congested_receiver_is_caught_up_in_the_background_within_a_bound(tmp_path):
-    async def scenario():
-        opened = asyncio.Event()
-        receiver = Congested(opened)
-        channel, _ = backed_channel(tmp_path, receiver, in_memory=2)
-        bound = channel.catch_up_frames          # 16 frames for 2 in memory
-        for seq, payload in frames(range(bound)):
-            # the receiver takes nothing, yet the sender never waits
-            await asyncio.wait_for(channel.transmit(seq, payload), timeout=5)
-        (seq, payload), = frames([bound])
-        await asyncio.wait_for(channel.transmit(seq, payload), timeout=5)  # at the bound
-        (seq, payload), = frames([bound + 1])
-        beyond = asyncio.ensure_future(channel.transmit(seq, payload))
-        await asyncio.sleep(0.05)
-        waited = not beyond.done()               # beyond the bound: backpressure
-        opened.set()
-        await asyncio.wait_for(beyond, timeout=5)
-        await channel.drain()
-        return receiver, bound, waited
-
-    receiver, bound, waited = asyncio.run(scenario())
-    assert waited
-    assert receiver.received == frames(range(bound + 2))   # in order, each once
-
-
 # -- end to end: the correlated scenario on a simulated cluster ----------------------------
 
 

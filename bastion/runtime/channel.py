@@ -291,13 +291,7 @@ class ReplayableOutputChannel(HeldOutputChannel):
     peer died: `PeerLostError`; its task was reset: the delivery was cancelled) is
     dropped instead of failing the sending task: the job master restarts the receiver
     and attaches it again, and the log still holds what it missed.
-
-    *Adaptive buffering* on a live receiver too: when the receiver cannot take a
-    frame now (no credit: it is catching up after a restart, say), the sender does
-    not wait — it logs, and a background catch-up sends the log in order until the
-    receiver has caught up — so a slow query never holds up the other queries of a
-    shared upstream. Backpressure comes back beyond ``catch_up_frames`` frames
-    waiting: then the sender waits for the catch-up."""
+"""
 
     def __init__(self, channel_id: int, frame_records: int, buffer_timeout_s: float,
                  codec: FrameCodec, in_memory_frames: int, store: Any, spill_prefix: str,
@@ -306,29 +300,15 @@ class ReplayableOutputChannel(HeldOutputChannel):
                          in_memory_frames, store, spill_prefix)
         self._target = target
         self._chunks_written = 0   # names spilled chunks: trimming drops the oldest
-        self.catch_up_frames = 8 * in_memory_frames
-        self._catching_up: asyncio.Future | None = None
-        self._next_seq = 0         # the next frame the catch-up sends
-        self._generation = 0       # grows with each `detach`: ends a catch-up
+        self._generation = 0       # grows with each `detach`: ends an `attach`
 
     async def transmit(self, seq: int, payload: bytes) -> None:
         async with self._lock:
             if self._target is None:
                 self.frames_held += 1
             await self._log(seq, payload)
-            catching_up = self._catching_up
-            if catching_up is not None and catching_up.done() and not catching_up.cancelled():
-                catching_up.result()  # a spilled chunk that cannot be read fails the task
             target = self._target
-            if target is None:
-                if catching_up is not None and seq - self._next_seq > self.catch_up_frames:
-                    await asyncio.wait({catching_up})  # too far behind: backpressure
-                return
-            if target.congested():
-                self._target = None
-                self._catching_up = asyncio.ensure_future(self.attach(target, seq))
-                return
-            if not await self._forward(target, seq, payload):
+            if target is not None and not await self._forward(target, seq, payload):
                 self._drop(target)
 
     async def _log(self, seq: int, payload: bytes) -> None:
@@ -364,8 +344,6 @@ class ReplayableOutputChannel(HeldOutputChannel):
         """The receiver restarts: log frames only, until `attach`."""
         self._target = None
         self._generation += 1
-        if self._catching_up is not None:
-            self._catching_up.cancel()
 
     async def attach(self, target: OutputChannel, from_seq: int = 0) -> None:
         """The receiver runs (again), restored to expect frame ``from_seq`` next: send
@@ -374,10 +352,10 @@ class ReplayableOutputChannel(HeldOutputChannel):
         queries it also feeds are not held up by a receiver catching up."""
         self.attaching = True
         generation = self._generation
-        self._next_seq = from_seq
+        next_seq = from_seq
         try:
             while generation == self._generation:
-                frames = await self._logged_from(self._next_seq)
+                frames = await self._logged_from(next_seq)
                 if not frames:  # caught up, and nothing awaited since the look
                     self._target = target
                     return
@@ -386,7 +364,7 @@ class ReplayableOutputChannel(HeldOutputChannel):
                         return  # detached meanwhile: this receiver is gone
                     if not await self._forward(target, seq, payload):
                         return  # gone again: the job master attaches it once more
-                    self._next_seq = seq + 1
+                    next_seq = seq + 1
         finally:
             self.attaching = False
 
@@ -409,9 +387,6 @@ class ReplayableOutputChannel(HeldOutputChannel):
             self._held = [(seq, payload) for seq, payload in self._held if seq >= below_seq]
 
     async def drain(self) -> None:
-        catching_up = self._catching_up
-        if catching_up is not None and not catching_up.done():
-            await asyncio.wait({catching_up})
         target = self._target
         if target is not None:
             try:
@@ -428,6 +403,7 @@ class InputGate:
         self._expected: dict[int, int] = collections.defaultdict(int)
         self._waiting: dict[int, dict[int, asyncio.Future]] = collections.defaultdict(dict)
         self._blocked: dict[int, asyncio.Event] = {}
+        self._admitting: dict[int, int] = {}  # channel -> the frame entering the inbox
         self.duplicates_dropped = 0
         self.max_queued_seen = 0
         self._delivering: set[asyncio.Task] = set()  # deliveries still waiting
@@ -463,13 +439,17 @@ class InputGate:
 
     async def _deliver(self, channel_id: int, seq: int, frame: Any) -> None:
         expected = self._expected[channel_id]
-        if seq < expected:
+        # A frame already seen, or being delivered right now (two senders of the same
+        # frame: a replay that overlaps the original) is dropped.
+        if seq < expected or seq in self._waiting[channel_id] \
+                or self._admitting.get(channel_id) == seq:
             self.duplicates_dropped += 1
             return
         if seq > expected:
             turn = asyncio.get_running_loop().create_future()
             self._waiting[channel_id][seq] = turn
             await turn
+        self._admitting[channel_id] = seq
         while channel_id in self._blocked:  # held back: the sender keeps its credit
             await self._blocked[channel_id].wait()
         await self.inbox.put((channel_id, seq, frame))
@@ -478,6 +458,7 @@ class InputGate:
         self._expected[channel_id] = seq + 1
         nxt = self._waiting[channel_id].pop(seq + 1, None)
         if nxt is not None:
+            self._admitting[channel_id] = seq + 1  # from now, not when it resumes
             nxt.set_result(None)
 
     def block(self, channel_id: int) -> None:

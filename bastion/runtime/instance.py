@@ -709,7 +709,10 @@ class Task(TaskContext):
         ``commit``; whether any did."""
         stored = False
         for sink, values, ids, parts in staged:
-            if values or parts:
+            # A task rebuilt by a regional restart takes again the checkpoint that was
+            # in progress, under the same id: its empty blob must replace the one its
+            # earlier incarnation may have stored, or that one would be committed.
+            if values or parts or self.incarnation:
                 key = staged_key(self.config.job_id, sink.ctx.name, self.index, commit)
                 await self.store.aput(key, self._encode_staged(sink, values, ids, parts))
                 self.staged_commits.append(commit)
@@ -1142,6 +1145,7 @@ class Worker:
                         and not channel.attaching and assignment[dst] is not None:
                     target = self._channel(task, plan, peers, assignment,
                                            channel.channel_id, dst, backed=False)
+                    channel.attaching = True  # now: a later attach must not start another
                     self.runners.append(asyncio.ensure_future(
                         channel.attach(target, resume.get(channel.channel_id, 0))
                         if isinstance(channel, ReplayableOutputChannel)
