@@ -816,6 +816,15 @@ class JobMaster:
         and join as capacity arrives (`_bring_back`)."""
         lost_tasks = {t for t, w in enumerate(self.assignment) if w in lost}
         region = failed_region(lost_tasks, _CoordinatorContext(self).channels())
+        # The region takes the checkpoint in progress again, under the same id: a lost
+        # worker that only missed its heartbeat must be dead before, or a blob it
+        # stores late would replace its next incarnation's.
+        for i in lost:
+            ray.kill(self.workers[i], no_restart=True)
+        dead = await asyncio.gather(*[detector.confirmed_dead(
+            self.workers[i], self.config.heartbeat_timeout_s * 5) for i in lost])
+        if not all(dead):
+            return False
         line = await self.coordinator.region_line(region)
         if line is None:
             return False
