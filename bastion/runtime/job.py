@@ -298,6 +298,8 @@ class JobMaster:
         self.incarnations = [0] * len(plan.tasks)
         self._resume: dict[int, int] = {}
         self.region_restarts = 0
+        # the tasks that restarted at the last failure: only they can be pending
+        self.restarting: set[int] = set(range(len(plan.tasks)))
         self._planned_free = 0  # free task slots left after the last placement
         self.planner: RecoveryPlanner = BlockingRecovery()  # of the last failure
         self._injector: asyncio.Task | None = None
@@ -794,6 +796,7 @@ class JobMaster:
             await self._replace_workers(failure, lost)
             return
         lost_tasks = await self._drop_workers(lost)
+        self.restarting = set(range(len(self.plan.tasks)))
         plan = await self._place(lost_tasks, self.planner)
         self.record_event("recovery_planned", lost=lost, lost_tasks=lost_tasks,
                           recover=list(plan.recover), pending=sorted(self.pending),
@@ -836,6 +839,7 @@ class JobMaster:
                                for i, w in enumerate(self.workers) if i not in lost],
                              return_exceptions=True)  # a death is the detector's
         self.finished_tasks -= region
+        self.restarting = set(region)
         await self._drop_workers(lost)
         plan = await self._place(sorted(lost_tasks), self.planner)
         self.pending &= region  # a task outside the region never stopped
@@ -909,7 +913,8 @@ class JobMaster:
         self._planned_free = capacity.free_task_slots - len(plan.recover)
         running = set().union(*[q.tasks for q in self.queries
                                 if all(self.assignment[t] is not None for t in q.tasks)])
-        self.pending = set(range(len(self.plan.tasks))) - running
+        # a task outside the restart (a regional one) runs on, whatever its queries
+        self.pending = (set(range(len(self.plan.tasks))) - running) & self.restarting
         return plan
 
     async def _capacity_arrived(self) -> None:
