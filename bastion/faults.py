@@ -35,10 +35,14 @@ processes alive but make an instance slow or its links unreliable. Each names an
 operator and the instances it hits (``instances=None``: all), and is carried out
 inside the task that runs the instance (`bastion.runtime.faults`):
 
-- ``Timing(op, phase, magnitude, mtbf_records)``: a *computational performance*
-  fault — the instance stalls for ``magnitude`` seconds (a distribution: `Constant`,
-  `Gaussian` with optional min/max, `Uniform`, `Exponential`) at occurrences whose gaps,
-  in records the instance processed, are exponential with mean ``mtbf_records``; in
+- ``Timing(op, phase, magnitude, mtbf_records | mtbf_s)``: a *computational
+  performance* fault — the instance stalls for ``magnitude`` seconds (a distribution:
+  `Constant`, `Gaussian` with optional min/max, `Uniform`, `Exponential`) at
+  occurrences whose gaps are exponential with mean ``mtbf_records`` records the
+  instance processed (reproducible at the same records, but an instance that
+  processes more — copies under redundancy — stalls more often per second), or with
+  mean ``mtbf_s`` seconds of the instance's running time (the thesis's model: the
+  same stalls per second whatever the instance processes); in
   the ``"execute"`` phase (after its operator processed a batch), the ``"emit"``
   phase (before its task sends a frame) or the ``"ack"`` phase (its acknowledgments
   of tuples arrive that much later; protocol ``acks`` only); ``active_s=(from, to)``
@@ -275,13 +279,21 @@ class Timing:
     instances: tuple[int, ...] | None = None
     phase: str = "execute"
     magnitude: Distribution = Constant(0.1)
-    mtbf_records: float = 10_000
+    mtbf_records: float | None = None   # 10,000 when neither this nor mtbf_s is given
     seed: int | None = None
     active_s: tuple[float, float] | None = None
+    mtbf_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "instances", _as_instances(self.instances))
         _check_target("Timing", self.op, self.instances)
+        if self.mtbf_records is not None and self.mtbf_s is not None:
+            raise ValueError("Timing.mtbf_s must be None when mtbf_records is given: the "
+                             "gaps are counted in records or in seconds, not both")
+        if self.mtbf_s is not None:
+            _number("Timing", "mtbf_s", self.mtbf_s, above=0)
+        elif self.mtbf_records is None:
+            object.__setattr__(self, "mtbf_records", 10_000)
         if self.active_s is not None:
             if not isinstance(self.active_s, (tuple, list)) or len(self.active_s) != 2:
                 raise ValueError("Timing.active_s must be (from_s, to_s), got "
@@ -294,7 +306,8 @@ class Timing:
         if not isinstance(self.magnitude, tuple(_DISTRIBUTIONS.values())):
             raise ValueError("Timing.magnitude must be a distribution (bn.faults.Constant, "
                              f"Gaussian, Uniform or Exponential), got {self.magnitude!r}")
-        _number("Timing", "mtbf_records", self.mtbf_records, above=0)
+        if self.mtbf_s is None:
+            _number("Timing", "mtbf_records", self.mtbf_records, above=0)
         _check_seed("Timing", self.seed)
 
 
@@ -463,6 +476,8 @@ def resolve_node(node: int | str, nodes: list[str]) -> str:
 #         faults:
 #           - timing: {phase: execute, mtbf_records: 5000,
 #                      magnitude: {gaussian: {mean: 0.45, stddev: 0.05, min: 0.0}}}
+#           - timing: {phase: execute, mtbf_s: 1.0,        # gaps in seconds instead
+#                      magnitude: {constant: {value: 0.15}}}
 #           - drop_frames: {probability: 0.01}
 #           - link_outage: {mtbf_s: 5.0, mttr_s: 0.5}
 #           - crash: {mtbf_s: 10.0, mttr_s: 1.0, max_crashes: 1}

@@ -22,7 +22,20 @@ columns, local frames unencoded) and as it was before them (pure-Python kernels,
 msgpack for every column, every frame encoded), and prints the exchange's cost as a
 share of the chain's: the floor of W1's p=2 / p=1 CPU ratio, from the exchange alone.
 
-    .venv/bin/python benchmarks/exchange.py [--records N]
+Then the **whole data plane** (``--job``; on by default): W1 itself at parallelism 1
+and 2, its workers built in this one process (the real `Worker` class without its Ray
+actor wrapper, frames between the two workers over their real loopback sockets, every
+task loop on one event loop), instructions per record as the difference between a run
+of ``2N`` and one of ``N`` records (deploy and interpreter start cancel out). This is
+what the exchange leaves out: task loops, routing, inboxes, the transport, the
+per-batch work of the smaller batches a split makes. Time-based flushes are scaled to
+callgrind's slowdown (about 50x): with the real 5 ms a frame would be sent by age
+after a few hundred records, as it never is at full speed. What this count cannot
+show is what the CPU does with the instructions (cache misses, two processes instead
+of one, the kernel's share of the sockets): the CPU-second ratio of
+`benchmarks/throughput.py` stays the measure of the target.
+
+    .venv/bin/python benchmarks/exchange.py [--records N] [--no-job]
 """
 
 from __future__ import annotations
@@ -38,6 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 STAGES = ("base", "chain", "partition", "split", "codec")
+JOBS = ("job-p1", "job-p2")
 BATCH_RECORDS = 1024
 FRAME_RECORDS = 4096
 KEYS = 100
@@ -109,6 +123,56 @@ def workload(stage: str, exchange: str, records: int) -> None:
                     codec.decode(codec.encode(frame))
 
 
+# callgrind runs Python about 50x slower: time-based behaviour scaled by that much
+CALLGRIND_SLOWDOWN = 50
+
+
+def job_workload(parallelism: int, records: int) -> None:
+    """Run W1 of ``records`` at ``parallelism`` through real workers in this process."""
+    import asyncio
+
+    from bastion.runtime import instance, transport
+    from bastion.runtime.config import JobConfig
+    from bastion.runtime.plan import build_plan
+    from throughput import w1
+
+    transport.node_address = lambda: "127.0.0.1"  # no Ray node: loopback
+    instance._GIL_RELEASE_INTERVAL_S *= CALLGRIND_SLOWDOWN
+    # the class `@ray.remote` wrapped: the same methods, called directly
+    worker_class = instance.Worker.__ray_metadata__.modified_class
+
+    async def run() -> None:
+        plan = build_plan(w1(records, parallelism), workers=parallelism)
+        with tempfile.TemporaryDirectory() as tmp:
+            config = JobConfig(job_id=f"exchange-p{parallelism}",
+                               storage_url=f"local://{tmp}",
+                               buffer_timeout_s=JobConfig.buffer_timeout_s * CALLGRIND_SLOWDOWN)
+            workers = [worker_class() for _ in range(plan.workers)]
+            for index, worker in enumerate(workers):
+                worker.bind(config, index)
+            peers = [await worker.frame_address() for worker in workers]
+            for index, worker in enumerate(workers):
+                await worker.deploy(plan, peers, None, 0, None, index)
+            for worker in workers:
+                await worker.start()
+            for worker in workers:
+                outcome = await worker.wait(worker.epoch)
+                if outcome["failure"] is not None:
+                    raise outcome["failure"]
+            received = sum(t.counts[-1].records_in for w in workers for t in w.tasks.values()
+                           if t.sinks)
+            if received != records:
+                raise AssertionError(f"the sinks received {received} of {records} records")
+            for worker in workers:
+                await worker.release()
+                worker.links.close()
+            # the servers' connection handlers are cancelled when the loop closes:
+            # nothing left to report
+            asyncio.get_running_loop().set_exception_handler(lambda loop, context: None)
+
+    asyncio.run(run())
+
+
 def instructions(stage: str, exchange: str, records: int) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         run = subprocess.run(
@@ -124,10 +188,15 @@ def instructions(stage: str, exchange: str, records: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=262144)
-    parser.add_argument("--run", choices=STAGES, help=argparse.SUPPRESS)
+    parser.add_argument("--no-job", action="store_true",
+                        help="leave out the whole data plane (W1 through real workers)")
+    parser.add_argument("--run", choices=STAGES + JOBS, help=argparse.SUPPRESS)
     parser.add_argument("--exchange", choices=("now", "before"), default="now",
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.run in JOBS:
+        job_workload(int(args.run[-1]), args.records)
+        return
     if args.run:
         workload(args.run, args.exchange, args.records)
         return
@@ -150,6 +219,14 @@ def main() -> None:
         floors[exchange] = 1 + (cost["partition"] + cost["split"] + cost["codec"]) / cost["chain"]
     print(f"floor of W1's p=2/p=1 CPU ratio from the exchange alone: {floors['now']:.2f}x "
           f"now, {floors['before']:.2f}x before the C kernels")
+    if args.no_job:
+        return
+    job = {run: (instructions(run, "now", 2 * n) - instructions(run, "now", n)) / n
+           for run in JOBS}
+    print(f"\nW1's whole data plane through real workers in one process, instructions "
+          f"per record: p=1 {job['job-p1']:.0f}, p=2 {job['job-p2']:.0f}")
+    print(f"W1 p=2 / p=1, whole data plane: {job['job-p2'] / job['job-p1']:.2f}x "
+          f"instructions (the exchange's floor: {floors['now']:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -181,7 +181,8 @@ def main() -> None:
         print(f"\nI_max {cap.ingest_max_per_s:,.0f} records/s unthrottled, recoveries read "
               f"at {result.model.catch_up_per_s:,.0f} records/s, W best/avg/worst "
               f"{'/'.join(f'{w:.2f}' for w in result.model.warmup_s)} s "
-              f"(cold start {cap.warmup_s:.2f} s)")
+              f"(cold start {cap.warmup_s:.2f} s), checkpoints complete "
+              f"{result.model.completion_lag_s:.3f} s after their trigger (d)")
         print(table(result.rows(), header=result.HEADER))
         print("\neach profiling run: E of its kill, the TRT it showed, the W eq 5 solved "
               "for W reads from it")
@@ -253,7 +254,8 @@ def main() -> None:
             # checkpoint timer drifts from the multiples of the interval (it sleeps
             # CI, then triggers), so the drills' phases are uniform only roughly,
             # and this compares the model with the drills at the phases they had.
-            paired = [(o.trt_s, predicted.avg_s + (o.reprocess_s - interval / 2) * u / (1 - u))
+            paired = [(o.trt_s, predicted.avg_s
+                       + (o.reprocess_s - model.reprocess_s(interval, "avg")) * u / (1 - u))
                       for o in outcomes if o.trt_s is not None and o.reprocess_s is not None]
             at_e = [p for _, p in paired]
             if paired:
@@ -283,7 +285,8 @@ def main() -> None:
               "profiling's medians over runs that the fit goes through; the mean beside "
               "it)")
         print("(avg at drills' E: the average case moved to the E the drills' kills had; "
-              "E/CI: their mean phase, 0.5 for the model's average case)")
+              f"E/CI: their mean phase, 0.5 + d/CI for the model's average case, with "
+              f"d = {model.completion_lag_s:.3f} s)")
         print(table(rows, header=("interval s", "TRT min", "TRT avg", "TRT max",
                                   "measured avg", "avg at drills' E", "E/CI",
                                   "measured each", "L_avg pred ms",

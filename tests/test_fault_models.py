@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import statistics
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -24,6 +25,8 @@ from bastion.runtime.faults import TaskFaults
     (lambda: Timing("op", mtbf_records=0), "Timing.mtbf_records must be > 0"),
     (lambda: Timing("op", magnitude=0.5), "Timing.magnitude must be a distribution"),
     (lambda: Timing("", mtbf_records=5), "Timing.op must name an operator"),
+    (lambda: Timing("op", mtbf_s=0), "Timing.mtbf_s must be > 0"),
+    (lambda: Timing("op", mtbf_records=5, mtbf_s=1.0), "Timing.mtbf_s must be None when"),
     (lambda: Timing("op", instances=(-1,)), "Timing.instances must be None"),
     (lambda: DropFrames("op", probability=1.5), "DropFrames.probability must be <= 1"),
     (lambda: DropFrames("op", probability=0), "DropFrames.probability must be > 0"),
@@ -174,6 +177,60 @@ def test_a_stall_strikes_only_inside_its_active_seconds_where_it_would_without_t
         Timing("op", active_s=(10, 5))
     with pytest.raises(ValueError, match=r"Timing.active_s must be \(from_s, to_s\)"):
         Timing("op", active_s=3)
+
+
+def time_stalls(faults: TaskFaults, seconds: float, records_per_s: float,
+                step_s: float = 0.001) -> list[tuple[float, float]]:
+    """(seconds since the start, seconds) of every stall while the task runs for
+    ``seconds`` at ``records_per_s``, a call every ``step_s`` of its clock; a stall
+    takes its own length of that clock, as it does in a task."""
+    out, now_s = [], 0.0
+    stalls = faults.execute[0]
+    while now_s < seconds:
+        faults.started_s = time.monotonic() - now_s     # the task's clock reads now_s
+        stalled = faults.stall_s(stalls, int(now_s * records_per_s))
+        if stalled:
+            out.append((round(now_s, 3), stalled))
+        now_s += step_s + stalled
+    return out
+
+
+def in_time(seed: int, mtbf_s: float = 1.0, magnitude=Constant(0.15)) -> TaskFaults:
+    return TaskFaults.for_task([Timing("op", mtbf_s=mtbf_s, magnitude=magnitude,
+                                       seed=seed)], ["op"], 0)
+
+
+def test_stalls_in_time_come_as_often_per_second_however_many_records_the_instance_does():
+    # the thesis's model: a stall happens to the machine; an instance that receives
+    # copies (twice the records) stalls no more often than without them
+    alone = time_stalls(in_time(seed=5), 30.0, 1000)
+    with_copies = time_stalls(in_time(seed=5), 30.0, 2000)
+    assert alone == with_copies
+    assert alone != time_stalls(in_time(seed=6), 30.0, 1000)
+    # whereas counted in records, twice the records stall twice as often
+    per_record = [TaskFaults.for_task([Timing("op", mtbf_records=1000, seed=5)], ["op"], 0)
+                  for _ in range(2)]
+    assert len(time_stalls(per_record[1], 30.0, 2000)) > 1.5 * len(
+        time_stalls(per_record[0], 30.0, 1000))
+
+
+def test_stalls_in_time_have_the_declared_up_time_between_them_and_never_overlap():
+    faults = in_time(seed=1, mtbf_s=0.5, magnitude=Gaussian(0.3, 0.05))
+    points = time_stalls(faults, 600.0, 100)
+    # the gap from one stall's end to the next stall is the declared mean up-time
+    ups = [b - (a + s) for (a, s), (b, _) in zip(points, points[1:])]
+    assert min(ups) >= 0
+    assert statistics.mean(ups) == pytest.approx(0.5, rel=0.1)
+    assert faults.stalls == len(points)
+    assert faults.stalled_s / faults.stalls == pytest.approx(0.3, rel=0.05)
+
+
+def test_a_fault_file_takes_mtbf_in_seconds():
+    faults = bn.faults.from_dict({"operators": {"count": {"faults": [
+        {"timing": {"mtbf_s": 2.0, "magnitude": {"constant": {"value": 0.45}}}}]}}})
+    assert faults == [Timing("count", mtbf_s=2.0, magnitude=Constant(0.45))]
+    assert faults[0].mtbf_records is None
+    assert Timing("count").mtbf_records == 10_000 and Timing("count").mtbf_s is None
 
 
 def test_other_instances_and_operators_carry_nothing():

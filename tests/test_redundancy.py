@@ -230,6 +230,31 @@ def test_auto_redundancy_raises_the_ratio_when_latency_is_over_the_bound(tmp_pat
     assert copies(result)["copies_sent"] > 0   # the routers followed the new ratio
 
 
+def hidden_latencies(faults: list, tmp_path) -> list[float]:
+    """The late copies' p90 each period of a run that keeps every tuple copied (the
+    margin holds the ratio), as the resiliency manager was given it."""
+    # a margin of all but 1 ms of the bound: every period holds
+    policy = bn.ResiliencyPolicy(latency_bound_ms=1e4, initial_ratio=1.0, max_ratio=1.0,
+                                 perf_margin=0.9999)
+    result = bn.run(grep(count=12_000, rate=3000), redundancy="auto", resiliency=policy,
+                    faults=faults, storage=f"local://{tmp_path}")
+    assert {d["ratio"] for d in copies(result)["decisions"]} == {1.0}
+    return [d["hidden_ms"] for d in copies(result)["decisions"] if d["hidden_ms"] is not None]
+
+
+def test_the_manager_is_told_the_latency_the_copies_hid(tmp_path):
+    """The receivers that drop late copies measure their latency: with one instance
+    stalling 300 ms now and then, the copies it sends late show it, although the
+    tuples' first copies are on time; without stalls the late copies are not late."""
+    stalls = [bn.faults.Timing("upper", instances=[0], magnitude=bn.faults.Constant(0.3),
+                               mtbf_s=0.5, seed=3)]
+    stalled = hidden_latencies(stalls, tmp_path / "stalled")
+    calm = hidden_latencies([], tmp_path / "calm")
+    assert stalled and calm
+    assert max(stalled) >= 250.0, stalled
+    assert sorted(calm)[len(calm) // 2] < 100.0, calm
+
+
 # -- refused before anything runs ------------------------------------------------------------------
 
 

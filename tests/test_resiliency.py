@@ -324,3 +324,151 @@ def test_static_redundancy_always_holds():
     decisions = [static.decide(float(t), latency) for t, latency in enumerate((10.0, None, 1e6))]
     assert [(d.movement, d.ratio_before, d.ratio) for d in decisions] == [("hold", 1.6, 1.6)] * 3
     assert static.ratio == 1.6 and static.decisions == decisions
+
+
+# ------------------------------------------------------------------ departures for noisy windows
+
+
+@pytest.mark.parametrize("field, value", [
+    ("noise_share", -0.1), ("noise_share", 1.0), ("hidden_percentile", 0.0),
+    ("hidden_percentile", 100.5), ("probe_periods", 0), ("probe_periods", 2.5),
+    ("max_probe_periods", True),
+])
+def test_new_policy_fields_are_validated(field, value):
+    with pytest.raises(ValueError, match=field):
+        ResiliencyPolicy(latency_bound_ms=100.0, **{field: value})
+    with pytest.raises(ValueError, match="max_probe_periods must be >= probe_periods"):
+        ResiliencyPolicy(latency_bound_ms=100.0, probe_periods=8, max_probe_periods=4)
+
+
+def test_hidden_faults_make_it_probe_by_the_minimum_step_and_calm_lets_it_step_fully():
+    """Under the bound while the late copies' latency is over it, copies are hiding
+    faults: a step down every period (Algorithm 2) would expose them again and again,
+    so the manager holds and probes by δmin every ``probe_periods`` periods. With the
+    late copies under the bound too (calm) it takes the full proportional step."""
+    policy = ResiliencyPolicy(latency_bound_ms=100.0, initial_ratio=1.5, gain_decrease=1.0,
+                              probe_periods=3)
+    hidden = ResiliencyManager(policy)
+    ratios = [hidden.decide(float(t), 40.0, 400.0).ratio for t in range(6)]
+    assert ratios == pytest.approx([1.5, 1.5, 1.4, 1.4, 1.4, 1.3])
+    assert "faults hidden" in hidden.decisions[0].reason
+    assert [d.movement for d in hidden.decisions] == ["hold", "hold", "decrease"] * 2
+    calm = ResiliencyManager(policy)
+    assert calm.decide(0.0, 40.0, 60.0).ratio == pytest.approx(0.9)   # 0.6 of the bound
+    # without late copies it decreases as Algorithm 2 does
+    assert ResiliencyManager(policy).decide(0.0, 40.0).ratio == pytest.approx(0.9)
+
+
+def test_a_probe_that_crosses_the_bound_doubles_the_wait_for_the_next_one():
+    policy = ResiliencyPolicy(latency_bound_ms=100.0, initial_ratio=1.0, gain_increase=0.2,
+                              probe_periods=2, max_probe_periods=8)
+    manager = ResiliencyManager(policy)
+    manager.decide(0.0, 40.0, 400.0)               # hold
+    assert manager.decide(1.0, 40.0, 400.0).ratio == pytest.approx(0.9)   # probe
+    over = manager.decide(2.0, 300.0, 500.0)       # the probe exposed the faults
+    assert over.movement == "increase" and "next probe in 4 periods" in over.reason
+    waits = [manager.decide(float(t), 40.0, 400.0).movement for t in range(3, 7)]
+    assert waits == ["hold", "hold", "hold", "decrease"]
+    assert "next probe in 8 periods" in manager.decide(7.0, 300.0, 500.0).reason
+    # a violation without a probe before it is the first period over, as before
+    manager.decide(8.0, 40.0, 60.0)
+    assert "the first period over it" in manager.decide(9.0, 300.0, 500.0).reason
+    # calm resets the wait: the next hidden-fault period counts from probe_periods
+    manager.decide(10.0, 40.0, 60.0)
+    assert [manager.decide(11.0 + t, 40.0, 400.0).movement for t in range(2)] == [
+        "hold", "decrease"]
+
+
+def test_at_the_ceiling_a_falling_latency_waits_instead_of_reversing():
+    """After a jump to the ceiling the tuples a stall held back still drain: the
+    window after is still over the bound but falling. Reversing then would take
+    copies away while the bound is violated."""
+    policy = ResiliencyPolicy(latency_bound_ms=100.0, max_ratio=1.6, gain_increase=1.0)
+    manager = ResiliencyManager(policy)
+    assert manager.decide(0.0, 500.0).ratio == 1.6
+    falling = manager.decide(1.0, 300.0)
+    assert (falling.movement, falling.ratio) == ("hold", 1.6)
+    assert "falling" in falling.reason
+    stuck = manager.decide(2.0, 310.0)   # not falling any more: reverse as before
+    assert stuck.movement == "decrease"
+
+
+def test_a_difference_within_the_noise_does_not_reverse_the_search():
+    noisy = ResiliencyPolicy(latency_bound_ms=100.0, gain_increase=0.1, noise_share=0.1)
+    manager = ResiliencyManager(noisy)
+    manager.decide(0.0, 400.0)
+    manager.decide(1.0, 300.0)                     # helped
+    jitter = manager.decide(2.0, 308.0)            # 8 ms worse: within 10 ms of noise
+    assert jitter.movement == "increase" and "unchanged" in jitter.reason
+    exact = ResiliencyManager(ResiliencyPolicy(latency_bound_ms=100.0, gain_increase=0.1))
+    for t, latency in enumerate((400.0, 300.0, 308.0)):
+        decision = exact.decide(float(t), latency)
+    assert decision.movement == "decrease"         # the thesis's exact comparison
+
+
+def episodes_plant(seed: int, needed: float = 1.0, periods: int = 400):
+    """A closed loop shaped like section (3) of benchmarks/redundancy.py: fault
+    episodes alternate with calm ones; during an episode the p90 of a window is far
+    over the bound below ``needed`` redundancy and near the base above it, while the
+    late copies' p90 is over the bound (the stalls the copies hide); calm windows have
+    both under the bound. Noise on every reading."""
+    import random
+    rng = random.Random(seed)
+
+    def faulty(t: int) -> bool:
+        return (t // 40) % 2 == 1
+
+    def measure(t: int, ratio: float) -> tuple[float, float]:
+        base = 40.0 * (1 + 0.2 * rng.random())
+        if not faulty(t):
+            return base, 70.0 * (1 + 0.2 * rng.random())
+        if ratio + 0.05 * rng.gauss(0, 1) < needed:
+            return 450.0 * (1 + 0.3 * rng.random()), 600.0
+        return base, 400.0 * (1 + 0.3 * rng.random())
+
+    return faulty, measure, periods
+
+
+def closed_loop(manager: ResiliencyManager, seed: int) -> tuple[int, int, float]:
+    """(violated windows in fault episodes, their count, mean ratio over the run)."""
+    faulty, measure, periods = episodes_plant(seed)
+    violated = faulty_windows = 0
+    ratios = []
+    for t in range(periods):
+        p90, p99 = measure(t, manager.ratio)
+        if faulty(t):
+            faulty_windows += 1
+            violated += p90 > manager.policy.latency_bound_ms
+        ratios.append(manager.ratio)
+        manager.decide(float(t), p90, p99)
+    return violated, faulty_windows, sum(ratios) / len(ratios)
+
+
+def test_in_noisy_fault_episodes_the_hidden_latency_cuts_violations_and_keeps_calm_cheap():
+    policy = dict(latency_bound_ms=100.0, gain_increase=0.3, gain_decrease=0.3,
+                  max_ratio=1.6, noise_share=0.1)
+    hidden = [closed_loop(ResiliencyManager(ResiliencyPolicy(**policy)), s) for s in range(5)]
+    thesis = [closed_loop(ResiliencyManager(ResiliencyPolicy(**policy, hidden_percentile=None)),
+                          s) for s in range(5)]
+    for (v_h, n, mean_h), (v_t, _, _) in zip(hidden, thesis):
+        # Algorithm 2 alone steps down every calm-looking period and crosses the
+        # bound again and again; knowing the faults are hidden, the manager probes
+        # rarely
+        assert v_h * 3 <= v_t, (v_h, v_t)
+        assert v_h <= 0.1 * n, (v_h, n)
+        # and the copies cost about what half the time at the needed level costs
+        assert mean_h < 0.8, mean_h
+
+
+def test_a_step_down_over_the_bound_is_the_minimum_step():
+    """Reversing while over the bound, a step of the excess (line 22) would take all
+    the copies away at once — five bounds over with δd = 0.34 is 1.6 — while the bound
+    is broken; the manager steps down by δmin there."""
+    policy = ResiliencyPolicy(latency_bound_ms=100.0, max_ratio=1.6, gain_increase=0.34,
+                              gain_decrease=0.34)
+    manager = ResiliencyManager(policy)
+    assert manager.decide(0.0, 600.0).ratio == pytest.approx(1.6)
+    stuck = manager.decide(1.0, 600.0)          # at the ceiling, not falling: reverse
+    assert (stuck.movement, stuck.ratio) == ("decrease", pytest.approx(1.5))
+    # under the bound the step down is still proportional
+    assert manager.decide(2.0, 10.0).ratio == pytest.approx(1.5 - 0.9 * 0.34)

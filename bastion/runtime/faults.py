@@ -6,10 +6,20 @@ a `TaskFaults` from the faults that name one of its chain's operators at its ind
 and its loop asks it at three points:
 
 - after an operator processed a batch, before the task sends a frame, and before it
-  sends an acknowledgment message (protocol ``acks``), how long to stall (`stall_s`): a `bastion.faults.Timing` occurs at record counts drawn ahead from
-  its seed — exponential gaps with mean ``mtbf_records`` — so a call that crosses
-  several occurrences (a whole batch) stalls for all of them, and the same seed stalls
-  at the same records in every run;
+  sends an acknowledgment message (protocol ``acks``), how long to stall (`stall_s`).
+  A `bastion.faults.Timing` counts its gaps one of two ways:
+
+  - in records (``mtbf_records``): occurrences at record counts drawn ahead from its
+    seed — exponential gaps — so a call that crosses several occurrences (a whole
+    batch) stalls for all of them, and the same seed stalls at the same records in
+    every run. Work the instance does makes it stall: copies it receives under
+    redundancy make it stall more often per second;
+  - in time (``mtbf_s``, the thesis's model: a stall is something that happens to
+    the machine, whatever it is processing): the instance runs for an exponential
+    gap of that mean, then the next call stalls; the gap after it counts from the
+    stall's end, so stalls never pile up on one another (the mean time between
+    faults is up-time, as in reliability). The same seed gives the same gaps and
+    magnitudes; when they strike depends on the clock;
 - before a data frame is sent, whether it is lost (`drop_frame`): a
   `bastion.faults.DropFrames` decides from a stable hash of (seed, operator, instance,
   channel, records the channel carried before the frame): frames cut the same way —
@@ -34,15 +44,25 @@ from bastion.faults import DropFrames, LinkOutage, Timing, fault_rng, injections
 
 @dataclass
 class _Stalls:
-    """One Timing fault at one operator instance: its next occurrence, in records."""
+    """One Timing fault at one operator instance: its next occurrence, in records
+    (``mtbf_records``) or in seconds since the task started (``mtbf_s``)."""
     fault: Timing
     rng: Any
-    next_at: float
+    next_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.next_at = self.rng.expovariate(1.0 / self._mean)
+
+    @property
+    def _mean(self) -> float:
+        return self.fault.mtbf_records if self.fault.mtbf_s is None else self.fault.mtbf_s
 
     def due(self, records_done: int, elapsed_s: float) -> tuple[float, int]:
-        """The seconds of the occurrences up to ``records_done``, and how many; none
-        outside the fault's ``active_s`` (drawn all the same, so the ones inside strike
-        where they would without it)."""
+        """The seconds of the occurrences due now, and how many; none outside the
+        fault's ``active_s`` (drawn all the same, so the ones inside strike where they
+        would without it)."""
+        if self.fault.mtbf_s is not None:
+            return self._due_in_time(elapsed_s)
         stall_s, count = 0.0, 0
         active = self.fault.active_s
         while self.next_at <= records_done:
@@ -52,6 +72,18 @@ class _Stalls:
                 count += 1
             self.next_at += self.rng.expovariate(1.0 / self.fault.mtbf_records)
         return stall_s, count
+
+    def _due_in_time(self, elapsed_s: float) -> tuple[float, int]:
+        """At most one occurrence: the stall that came due while the instance ran (or
+        idled) happens now, and the next gap counts from its end."""
+        if self.next_at > elapsed_s:
+            return 0.0, 0
+        magnitude_s = self.fault.magnitude.sample(self.rng)
+        self.next_at = elapsed_s + magnitude_s + self.rng.expovariate(1.0 / self.fault.mtbf_s)
+        active = self.fault.active_s
+        if active is None or active[0] <= elapsed_s < active[1]:
+            return magnitude_s, 1
+        return 0.0, 0
 
 
 @dataclass
@@ -106,7 +138,7 @@ class TaskFaults:
             for number, fault in injections(faults, op, index):
                 rng = fault_rng(fault.seed, number, type(fault).__name__, op, index)
                 if isinstance(fault, Timing):
-                    stalls = _Stalls(fault, rng, rng.expovariate(1.0 / fault.mtbf_records))
+                    stalls = _Stalls(fault, rng)
                     if fault.phase == "execute":
                         found.execute.setdefault(position, []).append(stalls)
                     elif fault.phase == "emit":

@@ -334,6 +334,10 @@ class Task(TaskContext):
             c.channel_id for c in plan.inputs
             if copied.keys() & set(physical.chains[physical.tasks[c.src_task].chain_id].ops)}
         self.first_copies = FirstCopies(config.dedup_window_s) if self.copied_inputs else None
+        # The latency of the copies this task drops as late: what the tuples would
+        # have taken without their first copy. The resiliency manager reads it to
+        # tell a calm period from faults the copies are hiding.
+        self.late_copies = LatencyHistogram()
 
     # -- wiring ------------------------------------------------------------------------
 
@@ -513,6 +517,11 @@ class Task(TaskContext):
                 if batch is not None and channel_id in self.copied_inputs:
                     keep = self.first_copies.keep(batch.ids)
                     if keep is not None:
+                        kept = set(keep)
+                        born = batch.born
+                        self.late_copies.add_batch(
+                            [born[i] for i in range(len(born)) if i not in kept],
+                            time.time())
                         batch = batch.take(keep)
                 if batch is not None and len(batch):
                     await self._process(batch, 0, channel.input_index, keyed=True)
@@ -966,6 +975,7 @@ class Task(TaskContext):
             "source_lag": self.source.reader.lag(time.time()) if self.source else 0,
             "sink_records": sink_records - self.restored_progress[1],
             "latency": latency,  # cumulative bucket counts; the job master diffs them
+            "late_copies": self.late_copies.buckets,   # the same, of late copies
             "incarnation": self.incarnation,  # counters restart with each incarnation
         }
 

@@ -17,7 +17,9 @@ coordinator's:
    builds its tasks and channels and, after a failure, restores their state from the
    recovery line;
 3. **start** — tasks start their loops, sources read, the protocol's coordinator
-   starts checkpointing;
+   starts checkpointing; after a restart, the new standby is borrowed only once the
+   sources have caught up with their input (`caught_up`), so that its process start
+   does not take the cores the catch-up needs;
 4. **watch** — until every task finished: heartbeats, actor deaths and task errors
    (`bastion.scheduler.detector`), scheduled faults, ``duration_s`` for unbounded
    inputs, and a progress timeline;
@@ -271,6 +273,7 @@ class JobMaster:
         self.plan_channel_dst = {c.channel_id: t.task_id for t in plan.tasks for c in t.inputs}
         self._counts: dict[int, tuple[int, int, int]] = {}  # task -> attempt, src, sink
         self._latency_seen: dict[int, tuple[int, dict]] = {}  # task -> attempt, buckets
+        self._late_seen: dict[int, tuple[int, dict]] = {}     # the same, of late copies
         self._quiet_since: Any = None  # the loop counters seen at the last quiet poll
         self._totals = {"source_records": 0, "sink_records": 0}
         self.coordinator = self.protocol.coordinator(_CoordinatorContext(self))
@@ -305,11 +308,14 @@ class JobMaster:
         self._injector: asyncio.Task | None = None
         self.repaired_at_s: dict[int, float] = {}  # slot -> when its crash is repaired
         self._standby_lending: asyncio.Future | None = None  # see _start
+        self._standby_after_catch_up = False  # a restart's standby waits (`_start`)
+        self._polled_at_s: float | None = None  # when the last progress poll ended
         # `redundancy="auto"`: the resiliency manager decides the redundancy ratio each
         # period from the latency sinks saw in it (`bastion.scheduler.resiliency`)
         self.redundancy = (None if config.resiliency is None
                            else ResiliencyManager(config.resiliency))
         self._redundancy_window = LatencyHistogram()
+        self._hidden_window = LatencyHistogram()   # the late copies' latency, same window
         self._redundancy_window_s: float | None = None  # when the current window began
 
     # -- what the coordinator's context and the workers call --------------------------------
@@ -515,9 +521,16 @@ class JobMaster:
         except ray.exceptions.RayActorError as exc:
             raise detector.died_during(self.phase, exc) from None
         # The tasks run already: a new standby (a process start, when the pool has
-        # none idle) is borrowed and bound meanwhile, not waited for.
-        if self._standby_lending is None or self._standby_lending.done():
-            self._standby_lending = asyncio.ensure_future(self._ensure_standby())
+        # none idle) is borrowed and bound meanwhile, not waited for. After a
+        # restart, only once the sources have caught up (`_poll_once`): the
+        # process start costs about a core-second, which the catch-up needs more —
+        # on a 2-core machine a catch-up it overlapped took 0.5-3 s longer, at
+        # random, much of what made one recovery's total time unlike the next
+        # one's (`bastion.scheduler.tuning`).
+        if self.attempt:
+            self._standby_after_catch_up = True
+        else:
+            self._borrow_standby()
         if self.attempt:
             self.record_event("restarted", attempt=self.attempt,
                               checkpoint=_line_summary(restore))
@@ -531,6 +544,7 @@ class JobMaster:
         when only the failed region restarted, and the job runs on (`_restart_region`);
         raise `_JobEnded` when the job cannot go on."""
         unfinished = self.coordinator.checkpoint_in_progress()
+        self._standby_after_catch_up = False   # the next restart decides again
         # A loss of workers, with no task waiting for capacity (a second failure while
         # one is being recovered restarts the job whole): the failed region may
         # restart alone, so the coordinator goes on with the job's checkpoints.
@@ -675,6 +689,12 @@ class JobMaster:
             self.record_event("recovery", **dataclasses.asdict(failure))
             failures.append(failure)
         return failures
+
+    def _borrow_standby(self) -> None:
+        """Borrow a standby in the background (none when there is one, or one is on
+        its way)."""
+        if self._standby_lending is None or self._standby_lending.done():
+            self._standby_lending = asyncio.ensure_future(self._ensure_standby())
 
     async def _ensure_standby(self) -> None:
         if self.standby is None and self.protocol.needs_standby:
@@ -1081,6 +1101,7 @@ class JobMaster:
         gained = {"source_records": 0, "sink_records": 0}
         lag = 0
         latency = LatencyHistogram()
+        late = LatencyHistogram()   # of the copies dropped as late
         by_query = {q.name: [0, LatencyHistogram()] for q in self.queries}
         for reply in replies:
             if isinstance(reply, BaseException):
@@ -1103,15 +1124,29 @@ class JobMaster:
                 for name in self._sink_queries.get(task_id, ()):
                     by_query[name][1].merge(new)
                 self._latency_seen[task_id] = (stamp, p["latency"])
+                seen_attempt, seen = self._late_seen.get(task_id, (stamp, {}))
+                late.merge(LatencyHistogram(p["late_copies"]).minus(
+                    seen if seen_attempt == stamp else {}))
+                self._late_seen[task_id] = (stamp, p["late_copies"])
                 lag += p["source_lag"]
         for k, v in gained.items():
             self._totals[k] += v
+        answering = sum(not isinstance(r, BaseException) for r in replies)
+        polled_s, self._polled_at_s = self._polled_at_s, time.time()
+        if (self._standby_after_catch_up and answering == len(self.workers)
+                and polled_s is not None
+                and caught_up(lag, gained["source_records"], self._polled_at_s - polled_s,
+                              self.config.progress_interval_s)):
+            self._standby_after_catch_up = False
+            if self.standby is None and self.protocol.needs_standby:
+                self.record_event("standby_borrowed", source_lag=lag)
+            self._borrow_standby()
         if self.exporter is not None:
             self.exporter.observe_poll(replies, time.time())
         if self.plan.topology.has_feedback():
             await self._check_loops(replies)
         if self.redundancy is not None and self.started_s is not None:
-            self._manage_redundancy(latency)
+            self._manage_redundancy(latency, late)
         if self.started_s is not None:
             self.query_points.append({"t_s": time.time() - self.started_s, "queries": {
                 name: (records, None if h.percentile(50) is None else h.percentile(50) * 1000)
@@ -1122,25 +1157,31 @@ class JobMaster:
                 self.query_points = self.query_points[::2]
             p50, p99 = latency.percentile(50), latency.percentile(99)
             self.log.progress({"t_s": time.time() - self.started_s, **gained,
-                                  "source_lag": lag, "workers_answering": sum(
-                                      not isinstance(r, BaseException) for r in replies),
+                                  "source_lag": lag, "workers_answering": answering,
                                   "latency_p50_ms": None if p50 is None else p50 * 1000,
                                   "latency_p99_ms": None if p99 is None else p99 * 1000})
 
-    def _manage_redundancy(self, latency: LatencyHistogram) -> None:
-        """Add what sinks saw since the last poll to the manager's window; once a
-        period is over, let it decide, and send a new ratio to every worker."""
+    def _manage_redundancy(self, latency: LatencyHistogram, late: LatencyHistogram) -> None:
+        """Add what sinks saw since the last poll, and the late copies tasks dropped,
+        to the manager's window; once a period is over, let it decide, and send a new
+        ratio to every worker."""
         policy = self.config.resiliency
         now_s = time.time()
         if self._redundancy_window_s is None:
             self._redundancy_window_s = now_s
         self._redundancy_window.merge(latency)
+        self._hidden_window.merge(late)
         if now_s - self._redundancy_window_s < policy.period_s:
             return
         seen = self._redundancy_window.percentile(policy.percentile)
+        # the latency the copies hid tells a calm window from one with hidden faults
+        hidden = (None if policy.hidden_percentile is None
+                  else self._hidden_window.percentile(policy.hidden_percentile))
         decision = self.redundancy.decide(now_s - self.started_s,
-                                          None if seen is None else seen * 1000.0)
+                                          None if seen is None else seen * 1000.0,
+                                          None if hidden is None else hidden * 1000.0)
         self._redundancy_window = LatencyHistogram()
+        self._hidden_window = LatencyHistogram()
         self._redundancy_window_s = now_s
         if decision.ratio != decision.ratio_before:
             self._send_redundancy(decision.ratio)
@@ -1219,6 +1260,18 @@ def _queries_of(plan: PhysicalPlan) -> list[QueryNeeds]:
     sinks = [name for name, node in topology.nodes.items() if node.kind == "sink"]
     return queries_needs({q.name: (q.priority, q.outputs) for q in topology.queries.values()},
                          sinks, upstream, tasks_of_op)
+
+
+def caught_up(source_lag_records: int, read_records: int, elapsed_s: float,
+              within_s: float) -> bool:
+    """Whether the sources have caught up with their input, from one progress poll:
+    the records due and not yet read (the sources' summed lag) would be read within
+    ``within_s`` at the rate they read at since the poll before (``read_records`` in
+    ``elapsed_s``). Within a fixed time, not within one poll: polls stretch to
+    tenths of a second on a busy machine, and the catch-up's last poll-worth of
+    backlog is what a standby's process start would slow down. Sources that are not
+    paced have no lag, and are always caught up."""
+    return source_lag_records * elapsed_s <= read_records * within_s
 
 
 def _first_failure(events: list[dict[str, Any]]) -> tuple[float | None, float | None]:

@@ -45,8 +45,38 @@ Real-Time Performance*, PhD thesis, USC, 2020, §4.2. The pseudo-code there is g
 in places; where this module reads it rather than copies it, a comment says which
 line and why.
 
+**Departures for noisy windows.** The thesis ran 33 instances per operator, whose
+windowed p90 moves smoothly with the ratio. A job of a few instances has a p90 that
+is nearly two-valued — near the failure-free latency when the copies hide the stalls,
+several times the bound when they do not — and noisy from window to window. Read
+literally, Algorithm 2 then (a) steps down every period under the bound, which in a
+fault episode crosses the bound again every few periods, each crossing a violated
+window; (b) reverses on any reading a little worse than the last, noise included;
+(c) at the ceiling, reverses as soon as one window after a jump is still over the
+bound, although it is falling (tuples a stall held back drain into it). So:
+
+- the latency the copies **hide** tells calm from hidden faults: the receivers that
+  drop late copies measure those copies' latency (what their tuples would have
+  taken without the first copy), and the manager reads its ``hidden_percentile``
+  (p90, the percentile it controls) per window. Under the bound with the hidden
+  latency under it too, taking the copies away would not break the bound, and the
+  manager takes Algorithm 2's full step down; with the hidden latency over the
+  bound, the copies are what keeps it, and the manager only *probes*: a step of
+  δmin every ``probe_periods`` periods. A probe that brings the p90 over the bound
+  doubles the wait for the next one (up to ``max_probe_periods``); a calm window
+  resets it. The thesis allows any runtime metric as the feedback (§4.2); this is
+  one more of the same window;
+- readings within ``noise_share`` of the bound count as unchanged (lines 6, 9, 12
+  compare exactly; the default 0 keeps that);
+- at the ceiling (which the thesis does not have) a latency that is falling by more
+  than the noise holds the ratio instead of reversing;
+- a step down while over the bound is δmin, not proportional to the excess (line 22
+  would take a step of the excess, all the copies at once, while the bound is
+  broken).
+
 The controllers here are pure: no clock, no I/O, no Ray. The caller measures the
-percentile over its window (``policy.percentile``) and calls ``decide`` once every
+percentiles over its window (``policy.percentile`` of the delivered tuples,
+``policy.hidden_percentile`` of the late copies) and calls ``decide`` once every
 ``policy.period_s`` with its own clock; the decision carries the new ratio and a
 sentence for the job's events.
 """
@@ -85,6 +115,11 @@ def _r(value: float) -> str:
     return f"{value:.2f}"
 
 
+def _missing(value: float | None) -> bool:
+    """None, or NaN: what an empty window's percentile often comes out as."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 @dataclass(frozen=True)
 class ResiliencyPolicy:
     """The user's goal and the controller's tuning (names after Algorithm 2).
@@ -99,6 +134,16 @@ class ResiliencyPolicy:
     The defaults are the thesis's settings (§4.2.1: δmin = 10%, δi = δd = 5, p90),
     whose redundancy is in percent: δi = 5 is 5 percentage points per bound of excess
     latency, 0.05 in the ratio this policy counts in (1.0 = every tuple copied once).
+
+    Three settings are not the thesis's (see "Departures" in the module docstring):
+    ``noise_share``, the share of the bound by which two readings must differ to count
+    as a change (lines 6, 9 and 12 compare exactly); ``hidden_percentile``, the
+    percentile of the latency of the copies dropped as late in the same window — the
+    latency the copies hid — that tells a calm period (under the bound) from faults
+    the copies hide (over it; None: not used); and
+    ``probe_periods``/``max_probe_periods``, how many periods apart the manager
+    probes for less redundancy while faults are hidden, doubling after a probe that
+    crossed the bound.
     """
 
     latency_bound_ms: float
@@ -110,6 +155,10 @@ class ResiliencyPolicy:
     perf_margin: float = 0.1
     max_ratio: float = 2.0
     initial_ratio: float = 0.0
+    noise_share: float = 0.0
+    hidden_percentile: float | None = 90.0
+    probe_periods: int = 4
+    max_probe_periods: int = 32
 
     def __post_init__(self) -> None:
         _check("latency_bound_ms", self.latency_bound_ms, low=0.0, low_open=True)
@@ -124,6 +173,18 @@ class ResiliencyPolicy:
         _check("perf_margin", self.perf_margin, low=0.0, high=1.0, high_open=True)
         _check("max_ratio", self.max_ratio, low=0.0, low_open=True)
         _check("initial_ratio", self.initial_ratio, low=0.0, high=self.max_ratio)
+        # A tolerance of the whole bound would call every reading "unchanged".
+        _check("noise_share", self.noise_share, low=0.0, high=1.0, high_open=True)
+        if self.hidden_percentile is not None:
+            _check("hidden_percentile", self.hidden_percentile, low=0.0, high=100.0,
+                   low_open=True)
+        for name in ("probe_periods", "max_probe_periods"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.max_probe_periods < self.probe_periods:
+            raise ValueError(f"max_probe_periods must be >= probe_periods "
+                             f"({self.probe_periods}), got {self.max_probe_periods!r}")
 
 
 @dataclass(frozen=True)
@@ -132,7 +193,8 @@ class RedundancyDecision:
 
     ``movement`` is what happened to the ratio: ``"increase"``, ``"decrease"``, or
     ``"hold"`` when it did not change (including a step stopped by the floor or
-    ceiling). ``reason`` is one sentence for a human reading the job's events."""
+    ceiling). ``reason`` is one sentence for a human reading the job's events.
+    ``hidden_ms``: the late copies' latency percentile the controller was given."""
 
     at_s: float
     latency_ms: float | None
@@ -140,6 +202,7 @@ class RedundancyDecision:
     ratio: float
     movement: str
     reason: str
+    hidden_ms: float | None = None
 
 
 class RedundancyController(ABC):
@@ -154,9 +217,11 @@ class RedundancyController(ABC):
         """The current redundancy ratio (0.0 = no extra copies)."""
 
     @abstractmethod
-    def decide(self, at_s: float, latency_ms: float | None) -> RedundancyDecision:
+    def decide(self, at_s: float, latency_ms: float | None,
+               hidden_ms: float | None = None) -> RedundancyDecision:
         """The decision for the period ending at ``at_s`` (the caller's clock), given
-        that period's windowed latency percentile, or None when there was none."""
+        that period's windowed latency percentile, or None when there was none, and
+        optionally the same window's percentile of the late copies' latency."""
 
 
 class StaticRedundancy(RedundancyController):
@@ -172,7 +237,8 @@ class StaticRedundancy(RedundancyController):
     def ratio(self) -> float:
         return self._ratio
 
-    def decide(self, at_s: float, latency_ms: float | None) -> RedundancyDecision:
+    def decide(self, at_s: float, latency_ms: float | None,
+               hidden_ms: float | None = None) -> RedundancyDecision:
         decision = RedundancyDecision(at_s, latency_ms, self._ratio, self._ratio, HOLD,
                                       f"static redundancy: hold at {_r(self._ratio)}")
         self.decisions.append(decision)
@@ -193,33 +259,50 @@ class ResiliencyManager(RedundancyController):
         # first measured period count as changed and, if over the bound, as the first
         # period over it.
         self._delta_old: float | None = None
+        # Probing while copies hide faults (not in the thesis, see the module
+        # docstring): periods between probes, periods left until the next one, and
+        # whether the last step was a probe.
+        self._probe_interval = policy.probe_periods
+        self._probe_in = policy.probe_periods
+        self._probed = False
+        self._hidden_ms: float | None = None   # this period's, for its decision record
         self.decisions: list[RedundancyDecision] = []
 
     @property
     def ratio(self) -> float:
         return self._ratio
 
-    def decide(self, at_s: float, latency_ms: float | None) -> RedundancyDecision:
+    def decide(self, at_s: float, latency_ms: float | None,
+               hidden_ms: float | None = None) -> RedundancyDecision:
         """Take one period's step (see the module docstring) and record it in
         ``decisions``. ``latency_ms`` None (or NaN, what an empty window's percentile
         often comes out as) means no tuple came out in the window: the controller
         holds and forgets nothing — an empty window says nothing about whether the
-        last step helped, and stepping blind could undo a good ratio."""
-        missing = latency_ms is None or (isinstance(latency_ms, float) and math.isnan(latency_ms))
+        last step helped, and stepping blind could undo a good ratio. ``hidden_ms``:
+        the same window's ``policy.hidden_percentile`` of the latency of the copies
+        dropped as late (None: no late copies, or not measured; the manager then
+        decreases as Algorithm 2 does)."""
+        missing = _missing(latency_ms)
         if not missing:
             _check("latency_ms", latency_ms, low=0.0)
+        if _missing(hidden_ms) or self.policy.hidden_percentile is None:
+            hidden_ms = None   # nothing known hidden: Algorithm 2's decreases
+        else:
+            _check("hidden_ms", hidden_ms, low=0.0)
+        self._hidden_ms = hidden_ms
         before = self._ratio
         if missing:
             return self._record(at_s, None, before, HOLD,
                                 f"no p{self.policy.percentile:g} latency this period "
                                 f"(no output in the window): hold at {_r(before)}")
-        direction, why = self._choose(latency_ms)
+        direction, why, probe = self._choose(latency_ms, hidden_ms)
         # Line 18: Δl_old is updated every measured period, whichever branch ran.
         self._delta_old = latency_ms - self.policy.latency_bound_ms
+        self._probed = probe
         if direction == HOLD:
             return self._record(at_s, latency_ms, before, HOLD, f"{why}: hold at {_r(before)}")
         self._direction = direction
-        self._ratio = self._stepped(latency_ms, direction)
+        self._ratio = self._stepped(latency_ms, direction, probe)
         if self._ratio == before:
             edge = "floor" if direction == DECREASE else "ceiling"
             return self._record(at_s, latency_ms, before, HOLD,
@@ -229,14 +312,17 @@ class ResiliencyManager(RedundancyController):
 
     # ------------------------------------------------------------------ the rule
 
-    def _choose(self, latency_ms: float) -> tuple[str, str]:
-        """Algorithm 2, lines 4-17: the direction of this period's step (or HOLD) and
-        the reason, up to the step's numbers."""
+    def _choose(self, latency_ms: float, hidden_ms: float | None) -> tuple[str, str, bool]:
+        """Algorithm 2, lines 4-17: the direction of this period's step (or HOLD), the
+        reason, up to the step's numbers, and whether the step is a probe (δmin)."""
         p = self.policy
         delta = latency_ms - p.latency_bound_ms
         old = self._delta_old
         seen = f"p{p.percentile:g} {_ms(latency_ms)} ms"
         bound = f"the {_ms(p.latency_bound_ms)} ms bound"
+        # Lines 6, 9 and 12 compare readings exactly; measured latencies always differ
+        # a little, so a difference within the noise counts as none.
+        noise_ms = p.noise_share * p.latency_bound_ms
         if delta < 0:
             if -delta <= p.perf_margin * p.latency_bound_ms:
                 # Line 6 reads "abs(Δl) < perfMargin·latencyBound → decrease", the
@@ -245,43 +331,69 @@ class ResiliencyManager(RedundancyController):
                 # the intent — a safety margin — so inside the margin we hold. The
                 # pseudo-code would instead step on in the last direction, which could
                 # add redundancy while meeting the bound.
-                return HOLD, f"{seen} under {bound}, within the {p.perf_margin:.0%} margin"
-            if old is not None and delta == old:
-                # Line 6's "Δl != Δl_old": an identical reading is no new evidence, so
-                # the direction is not re-decided and the step continues in the last
-                # one (lines 19-22 run regardless). The last direction is a decrease:
-                # the period that first measured this Δl was changed, so it set one.
-                return self._direction, (f"{seen} under {bound} by more than the margin, "
-                                        f"unchanged: keep {_ING[self._direction]}")
+                return HOLD, f"{seen} under {bound}, within the {p.perf_margin:.0%} margin", False
+            if hidden_ms is not None and hidden_ms > p.latency_bound_ms:
+                return self._probe(seen, bound, hidden_ms)
+            # calm: nothing over the bound is hidden, the full step of lines 21-22
+            self._probe_interval = self._probe_in = p.probe_periods
             return DECREASE, (f"{seen} under {bound} by more than the {p.perf_margin:.0%} "
-                              "margin: decrease")
+                              "margin" + ("" if hidden_ms is None else
+                                          f" (late copies' p{p.hidden_percentile:g} "
+                                          f"{_ms(hidden_ms)} ms too)")
+                              + ": decrease"), False
         # Line 5: Δl = 0 takes the "else" branch — a latency at the bound does not meet it.
         over = f"{seen} over {bound}"
+        self._probe_in = self._probe_interval
         if old is None or old < 0:
-            return INCREASE, f"{over}, the first period over it: increase"
-        if self._ratio == (p.max_ratio if self._direction == INCREASE else 0.0):
-            # Not in the thesis, which has no ceiling: a step into the floor or ceiling
-            # changes nothing, so the latency stays the same, line 9 never re-decides
-            # the direction, and the search would push against the edge for ever even
-            # when the curve's minimum lies elsewhere. Such a step did not help.
-            direction = self._direction_over_bound(False)
-            edge = "ceiling" if self._direction == INCREASE else "floor"
-            if direction == self._direction:
-                return direction, f"{over} and the ratio is at its {edge}: keep {_ING[direction]}"
-            return direction, f"{over} and the ratio is at its {edge}: reverse, {direction}"
-        if delta == old:
-            # Line 9: only adapt if the latency changed; the step still follows the
-            # last direction (line 13's no-op), as the pseudo-code falls through to it.
-            return self._direction, f"{over}, unchanged: keep {_ING[self._direction]}"
+            if self._probed:
+                # the probe found the least ratio that hides the faults: wait twice as
+                # long before the next one
+                self._probe_interval = min(2 * self._probe_interval, p.max_probe_periods)
+                self._probe_in = self._probe_interval
+                return INCREASE, (f"{over} after a probe: increase, next probe in "
+                                  f"{self._probe_interval} periods"), False
+            return INCREASE, f"{over}, the first period over it: increase", False
+        changed = abs(delta - old) > noise_ms
         # Line 12 compares "abs(currentDiff) > abs(Δl)": currentDiff is not defined
         # anywhere; the comment ("last movement moved latency towards bound") makes it
         # the previous period's difference, Δl_old.
-        helped = abs(old) > abs(delta)
+        helped = changed and abs(old) > abs(delta)
+        if self._ratio == (p.max_ratio if self._direction == INCREASE else 0.0):
+            # Not in the thesis, which has no ceiling: a step into the floor or ceiling
+            # changes nothing, so line 9 may never re-decide the direction, and the
+            # search would push against the edge for ever even when the curve's
+            # minimum lies elsewhere. While the latency still falls (the tuples a
+            # stall held back are still draining) it waits; otherwise it reverses.
+            edge = "ceiling" if self._direction == INCREASE else "floor"
+            if helped:
+                return HOLD, f"{over} and falling, the ratio at its {edge}", False
+            direction = self._direction_over_bound(False)
+            if direction == self._direction:
+                return direction, f"{over} and the ratio is at its {edge}: keep {_ING[direction]}", False
+            return direction, f"{over} and the ratio is at its {edge}: reverse, {direction}", False
+        if not changed:
+            # Line 9: only adapt if the latency changed; the step still follows the
+            # last direction (line 13's no-op), as the pseudo-code falls through to it.
+            return self._direction, f"{over}, unchanged: keep {_ING[self._direction]}", False
         direction = self._direction_over_bound(helped)
         verdict = "the last step helped" if helped else "the last step did not help"
         if direction == self._direction:
-            return direction, f"{over}; {verdict}: keep {_ING[direction]}"
-        return direction, f"{over}; {verdict}: reverse, {direction}"
+            return direction, f"{over}; {verdict}: keep {_ING[direction]}", False
+        return direction, f"{over}; {verdict}: reverse, {direction}", False
+
+    def _probe(self, seen: str, bound: str, hidden_ms: float) -> tuple[str, str, bool]:
+        """Under the bound while the late copies' latency is over it: copies are
+        hiding faults. A step down may expose them, so it is a probe of δmin once every
+        ``_probe_interval`` periods instead of a step every period."""
+        p = self.policy
+        hidden = (f"late copies' p{p.hidden_percentile:g} {_ms(hidden_ms)} ms over it "
+                  "(faults hidden)")
+        self._probe_in -= 1
+        if self._probe_in > 0:
+            return HOLD, (f"{seen} under {bound}, {hidden}; probe in {self._probe_in} "
+                          f"period{'s' if self._probe_in > 1 else ''}"), False
+        self._probe_in = self._probe_interval
+        return DECREASE, f"{seen} under {bound}, {hidden}: probe", True
 
     def _direction_over_bound(self, helped: bool) -> str:
         """Lines 12-15: keep the direction of a step that brought the latency closer to
@@ -291,10 +403,18 @@ class ResiliencyManager(RedundancyController):
             return self._direction
         return DECREASE if self._direction == INCREASE else INCREASE
 
-    def _stepped(self, latency_ms: float, direction: str) -> float:
+    def _stepped(self, latency_ms: float, direction: str, probe: bool = False) -> float:
         """Lines 19-22: the ratio after one step in ``direction``, within
-        [0, ``max_ratio``]."""
+        [0, ``max_ratio``]; a probe is δmin."""
         p = self.policy
+        if probe or latency_ms >= p.latency_bound_ms:
+            # A probe, or a step down while over the bound (the search reversed, or
+            # goes on down the costly side of the curve): δmin. The excess says how
+            # far the latency is from the bound, not how far the curve's minimum is,
+            # and a step of it — 1.6 for a window five bounds over with δd = 0.34 —
+            # would take every copy away while the bound is broken.
+            if direction == DECREASE:
+                return max(0.0, self._ratio - p.step_min)
         # Lines 20 and 22 write "Δl / latencyBound · δ": under the bound Δl is negative,
         # so taken literally every decrease would be δmin, however far under the bound,
         # and the prose asks for steps proportional to the difference. We use |Δl|, so
@@ -307,6 +427,7 @@ class ResiliencyManager(RedundancyController):
 
     def _record(self, at_s: float, latency_ms: float | None, before: float, movement: str,
                 reason: str) -> RedundancyDecision:
-        decision = RedundancyDecision(at_s, latency_ms, before, self._ratio, movement, reason)
+        decision = RedundancyDecision(at_s, latency_ms, before, self._ratio, movement, reason,
+                                      self._hidden_ms)
         self.decisions.append(decision)
         return decision
