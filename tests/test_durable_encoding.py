@@ -397,3 +397,47 @@ def test_window_results_come_back_exactly_from_their_log_form(spec, lineage):
         broken[column] = cut
         with pytest.raises(ValueError):
             op.results_batch(broken)
+
+
+@pytest.mark.parametrize("keys, agg, packing", [
+    ([3, -7, 2**40], bn.aggregations.Count(), 1 | 1 << 2),         # ints, ints
+    ([0.5, -2.25, 1e300], bn.aggregations.Count(), 2 | 1 << 2),    # floats, ints
+    ([3, -7, 5], bn.aggregations.Sum(lambda v: v[1]), 1 | 2 << 2),  # ints, floats
+    (["a", (1, "b"), None], bn.aggregations.Count(), 0 | 1 << 2),  # as is, ints
+    ([True, False, 1], bn.aggregations.Count(), 0 | 1 << 2),       # bools stay bools
+])
+def test_window_results_of_exact_numbers_are_logged_as_machine_words(keys, agg, packing):
+    """Keys and aggregates that are all exact ints or all exact floats are logged packed
+    (`pack_column`, the frame's packing) and come back with their exact types and bits;
+    any other column is left to the state codec. A packing field that names no packing,
+    or a column it says is packed that is not, is refused."""
+    from bastion.lineage import root_ids
+    from bastion.runtime.operators import OperatorContext, make_operator
+    from bastion.runtime.records import Batch
+
+    topo = bn.Topology("log-form-packed")
+    topo.source("src", bn.sources.Collection([])).key_by(lambda v: v[0]).window(
+        bn.windows.Tumbling(1.0)).aggregate("agg", agg).sink("out", bn.sinks.Discard())
+    op = make_operator(topo.nodes["agg"], OperatorContext("agg", 0, 1, False, code=1,
+                                                          lineage=True))
+    values = [(k, 0.1 * i) for i, k in enumerate(keys * 3)]
+    n = len(values)
+    op.process(Batch([v[0] for v in values], values, [0.25 + i for i in range(n)],
+                     [1e9 + i for i in range(n)], root_ids(0, 0, 0, n)), 0)
+    out = op.on_watermark(float(n))
+    codec = DurableCodec()
+    form = codec.unpack(codec.pack(op.results_form(out)), "k")
+    assert form[-1] == packing
+    assert (type(form[2]) is bytes) == bool(packing & 3)
+    assert type(form[3]) is bytes
+    back = op.results_batch(form)
+    assert typed(back.keys) == typed(list(out.keys))
+    assert typed(back.values) == typed(list(out.values))
+    assert typed(back.ts) == typed(list(out.ts))
+    assert typed(back.born) == typed(list(out.born))
+    assert typed(back.ids) == typed(out.ids)
+    for bad in (3, 3 << 2, 16, "1"):
+        with pytest.raises(ValueError, match="packed in an unknown way"):
+            op.results_batch(form[:-1] + [bad])
+    with pytest.raises(ValueError, match="packed"):
+        op.results_batch(form[:3] + [[1] * len(out)] + form[4:])

@@ -70,8 +70,9 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import is_
+from collections import deque
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import bastion.windows as window_specs
@@ -87,6 +88,7 @@ from bastion.storage.log import gc_paused
 from bastion.topology import AUTO, BROADCAST, FORWARD, HASH
 
 _STATEFUL = ("reduce", "stateful_map", "window", "join")
+_PARTS = itemgetter(1)  # of an opening: (position before the batch, parts it opened)
 _SAFE_UPSTREAM = ("map", "filter")
 
 
@@ -146,7 +148,9 @@ class CecOperator:
     def __init__(self, inner: PartedOperator, task: TaskContext, policy: CecPolicy,
                  log: LogWriter):
         self.inner = inner
-        inner.opened, inner.closed = [], []  # the parts each call opens or closes
+        # The parts each call opens; the parts each call closes only while some part
+        # has a footprint (`_track_closings`).
+        inner.opened, inner.closed = [], None
         self.ctx = inner.ctx
         self.node = inner.node
         self.task = task
@@ -154,18 +158,22 @@ class CecOperator:
         self.log = log
         self.codec = task.state_codec
         # The position now: a new dict per batch, never changed after, so the one
-        # before a batch can be kept (`pending`). "#<channel>" and "!<channel>" come
+        # before a batch can be kept (`openings`). "#<channel>" and "!<channel>" come
         # from `channel_counts`, which the task half keeps as the merge consumes.
         self.position: dict[str, int] = {}
         self.channel_counts: dict[str, int] = {}
         self.guard: _Guard | None = None
         # part -> (log seq, inputs processed) of its newest footprint, oldest first
         self.footprints: dict[Any, tuple[int, int]] = {}
-        # Parts opened since the last footprinting, with the position before their
-        # first input. A part that closes again before it is footprinted (a fast
-        # window) costs no control tuple at all; until then no control tuple may say
-        # the replay starts after its first input (see `_bound`).
-        self.pending: dict[Any, dict[str, int]] = {}
+        # The batches that opened parts since the last footprinting, oldest first:
+        # (the position before the batch, the parts it opened). Those parts still
+        # open are the ones waiting for their first footprint: every open part either
+        # has a footprint or opened since. A part that closes again before it is
+        # footprinted (a fast window) costs no control tuple at all; until then no
+        # control tuple may say the replay starts after its first input (`_bound`).
+        # Kept per batch, not per part: a fast window opens every few records, and
+        # which of them are still open is asked once a period, in one C-level pass.
+        self.openings: deque[tuple[dict[str, int], list]] = deque()
         self.records_in = 0
         self.dropped = 0
         self.checks_written = 0
@@ -195,11 +203,12 @@ class CecOperator:
         self.records_in += len(batch)
         inner = self.inner
         out = inner.process(batch, input_index)
-        if inner.opened:
-            # a fast window opens every few records: one C call for the batch's
-            self.pending.update(dict.fromkeys(inner.opened, before))
-            inner.opened.clear()
-        self._append(self._results(out))
+        opened = inner.opened
+        if opened:
+            self.openings.append((before, opened))
+            inner.opened = []
+        if out is not None:
+            self._append(self._results(out))
         return out
 
     def on_watermark(self, watermark: float) -> Batch | None:
@@ -213,10 +222,16 @@ class CecOperator:
         return out
 
     def _flush_pending(self) -> None:
-        """Parts opened since the last period get their first footprint (G_open)."""
-        if self.pending:
-            opened, self.pending = list(self.pending), {}
-            self._append([self._footprints(eventual.G_OPEN, opened)])
+        """Parts opened since the last period and still open get their first
+        footprint (G_open), in the order they opened."""
+        openings = self.openings
+        if openings:
+            waiting = self.inner.open_among(chain.from_iterable(map(_PARTS, openings)))
+            openings.clear()
+            if waiting:
+                # a part that closed and opened again is listed twice
+                self._append([self._footprints(eventual.G_OPEN,
+                                               list(dict.fromkeys(waiting)))])
 
     def snapshot(self) -> Any:
         return self.inner.snapshot()
@@ -225,32 +240,48 @@ class CecOperator:
         self.inner.restore(state)
 
     def _closing(self, fire: Any) -> Batch | None:
-        inner = self.inner
         out = fire()
         records = self._results(out)
-        closing = []
-        gone = inner.closed
+        gone = self.inner.closed
         if gone:
-            # Of the parts that closed, those with a footprint (not pending): fast
-            # windows close by the hundred per batch, so the sorting is done by C-level
-            # map/compress, not a Python step per part.
-            waited = map(self.pending.pop, gone, repeat(None))
-            closing = list(compress(gone, map(is_, waited, repeat(None))))
+            # Of the parts that closed, those with a footprint: fast windows close by
+            # the hundred per batch, so they are picked by a C-level filter.
+            footprints = self.footprints
+            closing = list(filter(footprints.__contains__, gone))
             gone.clear()
-            for part in closing:
-                self.footprints.pop(part, None)
-        if closing:
-            # one control tuple for all of them (N once they are all gone)
-            records.append(eventual.closed(self._pack_many(closing), len(self.footprints),
-                                           self._bound(), self.task_watermark()))
+            if closing:
+                for part in closing:
+                    footprints.pop(part, None)
+                self._track_closings()
+                # one control tuple for all of them (N once they are all gone)
+                records.append(eventual.closed(self._pack_many(closing), len(footprints),
+                                               self._bound(), self.task_watermark()))
         self._append(records)
         return out
+
+    def _track_closings(self) -> None:
+        """Have the inner operator list the parts it closes only while some part has
+        a footprint: the closing of a part without one logs nothing (a fast window
+        under G_open only never has one), so listing it would be work for nothing."""
+        inner = self.inner
+        if not self.footprints:
+            inner.closed = None
+        elif inner.closed is None:
+            inner.closed = []
 
     def _bound(self) -> dict[str, int]:
         """The position a ``closed`` tuple carries: now, or, while parts wait for their
         first footprint, the position before the oldest one's first input — should it
-        be the newest control tuple at a failure, the replay starts there."""
-        return next(iter(self.pending.values())) if self.pending else self.position
+        be the newest control tuple at a failure, the replay starts there. (A part
+        that closed and opened again since the last footprinting counts from its
+        first opening: an older position, a longer replay, never a shorter one.)"""
+        openings, open_among = self.openings, self.inner.open_among
+        while openings:
+            before, parts = openings[0]
+            if open_among(parts):
+                return before
+            openings.popleft()  # every part it opened has closed again
+        return self.position
 
     # -- the log ------------------------------------------------------------------------------
 
@@ -290,6 +321,7 @@ class CecOperator:
         for part in parts:
             footprinted.pop(part, None)
             footprinted[part] = (seq, records_in)
+        self._track_closings()
         if kind == eventual.G_CHECK:
             self.checks_written += len(parts)
         return eventual.footprints(kind, keys, states, len(footprinted), self.position,
@@ -338,6 +370,7 @@ class CecOperator:
                 self.inner.load_part(part, state)
                 parts[part] = fp.position
                 self.footprints[part] = (fp.seq, 0)
+        self._track_closings()
         closed = set(self.codec.unpack_many(list(ec.closed), "eventual checkpoint part"))
         self.position = {s: p for s, p in replay_from.items() if "/" in s}
         self.guard = _Guard(ec, parts, closed, replay_from, ec.watermark)
@@ -364,6 +397,7 @@ class CecOperator:
                     first.watermark))
                 for part, _ in burst:
                     self.footprints[self.codec.unpack(part, "part")] = (seq, 0)
+            self._track_closings()
             if ec.closed:
                 self.log.append(now_s, eventual.closed(sorted(ec.closed), n_open,
                                                        ec.newest_position,

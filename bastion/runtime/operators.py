@@ -38,7 +38,8 @@ from bastion import windows as window_specs
 from bastion.errors import UDFError
 from bastion.lineage import derived_ids, from_wire, ids_of, root_ids, to_wire, union_ids
 from bastion.runtime.metrics import LatencyHistogram
-from bastion.runtime.records import Batch
+from bastion.runtime.columns import pack_float64
+from bastion.runtime.records import Batch, pack_column, unpack_column
 from bastion.runtime.windows import TimeWindows
 from bastion.topology import OpNode
 
@@ -149,6 +150,11 @@ class Operator:
     def part_retired(self, part: Any, watermark: float) -> bool:
         """Has ``part`` closed for good once the watermark reached ``watermark``?"""
         return False
+
+    def open_among(self, parts: Iterable[Any]) -> list:
+        """Those of ``parts`` that are open now, in their order (one C-level pass: a
+        protocol asks it of every part a period opened)."""
+        raise NotImplementedError
 
     def results_form(self, out: Batch) -> list:
         """``out``, a batch of this operator's results, as plain values for a log (a
@@ -353,6 +359,9 @@ class KeyedFoldOp(Operator):
     def load_part(self, part: Any, state: Any) -> None:
         self.state[part] = state
 
+    def open_among(self, parts: Iterable[Any]) -> list:
+        return list(filter(self.state.__contains__, parts))
+
 
 class _Emitter:
     """Collects output records one by one (for operators whose outputs are sparse)."""
@@ -396,6 +405,9 @@ class _WindowParts(Operator):
 
     def part_retired(self, part: Any, watermark: float) -> bool:
         return self.windows.end(part) <= watermark
+
+    def open_among(self, parts: Iterable[Any]) -> list:
+        return list(filter(self.open.__contains__, parts))
 
 
 class TimeWindowOp(_WindowParts):
@@ -474,23 +486,37 @@ class TimeWindowOp(_WindowParts):
     # The results of one window share its bounds, their event time and the shape of
     # their ids, all made from the window's start by `on_watermark`: the log form keeps
     # per result only the key, the aggregate, born and the window's start, and
-    # `results_batch` computes the rest the way `on_watermark` did. Born and the start
-    # are floats always (wall-clock stamps; `TimeWindows.start` is k * a float), so
-    # they go as raw little-endian doubles, one struct.pack per column, where msgpack
-    # packed each as a value of its own: the results are every record protocol "cec" logs, and packing
-    # them was most of what it cost a job of fast windows (benchmarks/cec.py (d)).
+    # `results_batch` computes the rest the way `on_watermark` did. The results are
+    # every record protocol "cec" logs, and packing them was most of what it cost a
+    # job of fast windows (benchmarks/cec.py (d)), so no column is a msgpack value per
+    # item where it can be machine words: born and the starts are floats always
+    # (wall-clock stamps; `TimeWindows.start` is k * a float), packed as little-endian
+    # doubles by one C call each; keys and aggregates that are all exact ints (a
+    # count) or all exact floats are packed the same way (`pack_column`, as a frame
+    # packs them), anything else is left to the state codec, exact types kept.
 
     def results_form(self, out: Batch) -> list:
         values = out.values
         code = None if out.ids is None else self.ctx.code
-        return [_WINDOW_RESULTS, code, out.keys, list(map(_AGGREGATE, values)),
-                _doubles(out.born), _doubles(list(map(_START, values)))]
+        keys, keys_kind = pack_column(out.keys)
+        aggregates, aggregates_kind = pack_column(list(map(_AGGREGATE, values)))
+        return [_WINDOW_RESULTS, code, keys, aggregates, _doubles(out.born),
+                _doubles(list(map(_START, values))), keys_kind | aggregates_kind << 2]
 
     def results_batch(self, form: list) -> Batch:
-        if len(form) != 6 or form[0] != _WINDOW_RESULTS:
+        if len(form) != 7 or form[0] != _WINDOW_RESULTS:
             raise ValueError(f"operator {self.ctx.name!r}: logged results are not a "
                              "time window's")
-        _, code, keys, aggregates, born, starts = form
+        _, code, keys, aggregates, born, starts, packing = form
+        if packing not in range(16) or packing & 3 == 3 or packing >> 2 == 3:
+            raise ValueError(f"operator {self.ctx.name!r}: logged results say their "
+                             f"columns are packed in an unknown way ({packing!r})")
+        try:
+            keys = list(unpack_column(keys, packing & 3))
+            aggregates = unpack_column(aggregates, packing >> 2)
+        except TypeError as exc:  # a packed column that is not bytes
+            raise ValueError(f"operator {self.ctx.name!r}: logged results have a packed "
+                             f"column that is not one: {exc}") from exc
         born, starts = _from_doubles(born), _from_doubles(starts)
         if not len(keys) == len(aggregates) == len(born) == len(starts):
             raise ValueError(f"operator {self.ctx.name!r}: logged results have columns "
@@ -503,8 +529,10 @@ class TimeWindowOp(_WindowParts):
 
 
 def _doubles(values: Sequence[float]) -> bytes:
-    """Floats as little-endian IEEE doubles (exact: a Python float is one)."""
-    return struct.pack(f"<{len(values)}d", *values)
+    """Floats as little-endian IEEE doubles (exact: a Python float is one); any other
+    number as the double struct makes of it."""
+    packed = pack_float64(values)
+    return struct.pack(f"<{len(values)}d", *values) if packed is None else packed
 
 
 def _from_doubles(data: bytes) -> list[float]:

@@ -156,10 +156,10 @@ def _expand(column: Any, n: int) -> Sequence:
 
 
 # How a field of a batch travels (`FrameCodec`): as itself, or packed.
-_AS_IS, _INTS, _FLOAT64 = 0, 1, 2
+AS_IS, INTS, FLOAT64 = 0, 1, 2
 
 
-def _packed(column: Any) -> tuple[Any, int]:
+def pack_column(column: Any) -> tuple[Any, int]:
     """``column`` packed as ints or float64s when every item is exactly that type (and
     an int fits in 64 bits), with its kind; else itself."""
     if type(column) is list or type(column) is tuple:
@@ -167,18 +167,18 @@ def _packed(column: Any) -> tuple[Any, int]:
         if kind is int:
             data = pack_ints(column)
             if data is not None:
-                return data, _INTS
+                return data, INTS
         elif kind is float:
             data = pack_float64(column)
             if data is not None:
-                return data, _FLOAT64
-    return column, _AS_IS
+                return data, FLOAT64
+    return column, AS_IS
 
 
-def _unpacked(field: Any, kind: int) -> Any:
-    if kind == _INTS:
+def unpack_column(field: Any, kind: int) -> Any:
+    if kind == INTS:
         return unpack_ints(field)
-    if kind == _FLOAT64:
+    if kind == FLOAT64:
         return unpack_float64(field)
     return field
 
@@ -289,10 +289,10 @@ class FrameCodec:
             if isinstance(e, Batch):
                 # int and float columns travel as packed machine words when they can
                 # (`bastion.runtime.columns`); ``packing`` says which, 2 bits a field
-                keys, keys_kind = _packed(e.keys)
-                values, values_kind = _packed(e.values)
-                ts, ts_kind = _packed(_constant(e.ts))
-                born, born_kind = _packed(_constant(e.born))
+                keys, keys_kind = pack_column(e.keys)
+                values, values_kind = pack_column(e.values)
+                ts, ts_kind = pack_column(_constant(e.ts))
+                born, born_kind = pack_column(_constant(e.born))
                 packing = keys_kind | values_kind << 2 | ts_kind << 4 | born_kind << 6
                 wire.append((DATA, keys, values, ts, born, to_wire(e.ids), packing))
             else:
@@ -307,10 +307,10 @@ class FrameCodec:
             if e[0] == DATA:
                 keys, values, ts, born, packing = e[1], e[2], e[3], e[4], e[6]
                 if packing:
-                    keys = _unpacked(keys, packing & 3)
-                    values = _unpacked(values, packing >> 2 & 3)
-                    ts = _unpacked(ts, packing >> 4 & 3)
-                    born = _unpacked(born, packing >> 6 & 3)
+                    keys = unpack_column(keys, packing & 3)
+                    values = unpack_column(values, packing >> 2 & 3)
+                    ts = unpack_column(ts, packing >> 4 & 3)
+                    born = unpack_column(born, packing >> 6 & 3)
                 n = len(values)
                 out.append(Batch(keys, values, _expand(ts, n), _expand(born, n),
                                  from_wire(e[5])))
