@@ -1150,7 +1150,10 @@ class JobMaster:
         if self.started_s is not None:
             self.query_points.append({"t_s": time.time() - self.started_s, "queries": {
                 name: (records, None if h.percentile(50) is None else h.percentile(50) * 1000)
-                for name, (records, h) in by_query.items()}})
+                for name, (records, h) in by_query.items()},
+                # queries with a task waiting for capacity: their output, if any,
+                # comes from the partitions that kept running, and is incomplete
+                "down": sorted(q.name for q in self.queries if q.tasks & self.pending)})
             if len(self.query_points) > 2 * self.limits.events.first_points:
                 # a long run: every other point, so memory stays flat and the
                 # points still span the run (the first ones give the baseline)
