@@ -398,10 +398,17 @@ class RegionLine:
     where the restored tasks stand on each channel: ``resume[channel]`` is the first
     frame they send on it (an output) or expect on it (an input). The job master
     has every sender outside the region send its receivers inside it the frames
-    from there on, out of its upstream backup."""
+    from there on, out of its upstream backup. ``retake``: checkpoints after the
+    line that were given up (timed out) but whose outputs are still to be committed,
+    in order: the region's sources are triggered for them again when they run, before
+    the checkpoint in progress, so that every restored task takes them again — a
+    task downstream of a restored source would otherwise wait for their barriers
+    forever, and the outputs its incarnation before staged under them would be
+    committed beside their replay."""
 
     line: Any
     resume: dict[int, int]
+    retake: tuple[int, ...] = ()
 
 
 @dataclass

@@ -244,6 +244,13 @@ class CheckpointCoordinator(Coordinator):
         self.committed: set[int] = set()   # checkpoints whose outputs were committed
         self.unusable: set[int] = set()    # complete, but a recovery could not read them
         self.aborted = 0
+        # Checkpoints of this attempt given up by their timeout, whose outputs are
+        # not committed yet. A task that took one staged its sink outputs under its id
+        # and will never stage them again: they are committed with the next
+        # checkpoint that completes, which every task takes after it (as Flink's
+        # two-phase-commit sinks commit every pending transaction up to the completed
+        # checkpoint). A restart of the whole job replays them: forgotten then.
+        self.timed_out: list[int] = []
         self.completing = asyncio.Lock()  # FIFO: checkpoints complete in id order
         self.completions: set[asyncio.Future] = set()  # fully acknowledged, completing
         # the newest checkpoint completed in this attempt and where it cut each
@@ -253,6 +260,7 @@ class CheckpointCoordinator(Coordinator):
     def start(self, attempt: int) -> None:
         self.attempt = attempt
         self.newest = None  # a new attempt numbers its frames from 0 again
+        self.timed_out = []  # their outputs are produced again, under new ids
         self.loop = asyncio.ensure_future(self._trigger_loop())
 
     async def stop(self) -> None:
@@ -272,6 +280,7 @@ class CheckpointCoordinator(Coordinator):
                 elif now - cp["started_s"] > self.timeout_s:
                     del self.in_progress[checkpoint_id]
                     self.aborted += 1
+                    self.timed_out.append(checkpoint_id)
                     self.master.record_event("checkpoint_aborted", checkpoint_id=checkpoint_id)
             if self.in_progress:
                 continue  # one checkpoint at a time
@@ -321,6 +330,13 @@ class CheckpointCoordinator(Coordinator):
         self.state_bytes_last = state_bytes
         self.master.record_event("checkpoint_completed", checkpoint_id=checkpoint_id,
                                  duration_s=duration_s, state_bytes=state_bytes)
+        # Outputs staged under checkpoints given up before this one come before it in
+        # every task that staged them, and no restore from here on produces them
+        # again: commit them first, in order.
+        for aborted in sorted(c for c in self.timed_out if c < checkpoint_id):
+            self.timed_out.remove(aborted)
+            await self.master.commit_outputs(attempt, aborted)
+            self.committed.add(aborted)
         await self.master.commit_outputs(attempt, checkpoint_id)
         self.committed.add(checkpoint_id)
         # Older checkpoints are never restored again: keep the newest few, delete the rest.
@@ -393,7 +409,11 @@ class CheckpointCoordinator(Coordinator):
             for channel_id, (src, _) in channels.items():
                 if src in tasks:
                     cp["sent"].pop(channel_id, None)
-        return RegionLine(checkpoint_id, {c: sent[c] for c in channels})
+        # Checkpoints given up since the line: the region's tasks took them, staging
+        # outputs they produce again now, so they take them again (their blobs
+        # replace those of the incarnation before) before these are committed.
+        return RegionLine(checkpoint_id, {c: sent[c] for c in channels},
+                          tuple(c for c in self.timed_out if c > checkpoint_id))
 
     def exclude(self, checkpoint_id: int) -> None:
         self.unusable.add(checkpoint_id)

@@ -293,6 +293,7 @@ class Task(TaskContext):
         self.writes: set[asyncio.Future] = set()  # checkpoint uploads still running
         self.held: set[int] = set()         # inputs the protocol holds back
         self.triggers: list[int] = []       # checkpoints a source task is asked to start
+        self.triggered_up_to = 0            # the newest of them (`Worker.trigger_checkpoint`)
         self.received_seq: dict[int, int] = {}  # channel -> seq of the last frame processed
         self.acknowledged: list[int] = []   # checkpoints this task stored and reported
         # commit points this task's sinks wrote a blob for: at the end of the job the
@@ -1321,7 +1322,17 @@ class Worker:
             return
         for task_id in task_ids:
             task = self.tasks.get(task_id)
-            if task is not None and not task.finished:
+            # A source is triggered once per checkpoint, in id order. A source joining
+            # after a regional restart can be asked twice for the checkpoint in
+            # progress — by the trigger loop while it is being built, and by the
+            # job master once it is — and a second barrier would make its
+            # receivers take the checkpoint again: a receiver with other inputs
+            # would wait for their second barrier forever, and one without would
+            # store its staged outputs again under the same id, replacing the ones
+            # it stored at the first.
+            if task is not None and not task.finished \
+                    and checkpoint_id > task.triggered_up_to:
+                task.triggered_up_to = checkpoint_id
                 task.triggers.append(checkpoint_id)
 
     async def apply_commit(self, epoch: tuple[str, int], commit: int) -> None:

@@ -300,7 +300,10 @@ class JobMaster:
         self.regional = restarts_regions(self.recovery, self.protocol.restarts_regions)
         self.incarnations = [0] * len(plan.tasks)
         self._resume: dict[int, int] = {}
+        self._retake: tuple[int, ...] = ()  # checkpoints joining sources take again
         self.region_restarts = 0
+        # a failure interrupted a regional restart: the next recovery is of the job
+        self._region_broken = False
         # the tasks that restarted at the last failure: only they can be pending
         self.restarting: set[int] = set(range(len(plan.tasks)))
         self._planned_free = 0  # free task slots left after the last placement
@@ -328,6 +331,8 @@ class JobMaster:
     async def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
         by_worker: dict[int, list[int]] = {}
         for task_id in self.source_tasks - self.pending:
+            if self.assignment[task_id] is None:
+                continue  # lost, not placed yet (a regional restart): triggered at `_join`
             by_worker.setdefault(self.assignment[task_id], []).append(task_id)
         for w, task_ids in by_worker.items():
             self.workers[w].trigger_checkpoint.remote(self._epoch(attempt), task_ids,
@@ -443,15 +448,21 @@ class JobMaster:
             spawn_s = await self._spawn()
             restore: Any = await self.coordinator.initial_line()
             redeploy = True  # False after a regional restart: the job runs on
+            failure: Failure | None = None
             while True:
                 try:
+                    # A worker may die during a recovery too (while tasks join the
+                    # running attempt): that is one more failure to recover from.
+                    if failure is not None:
+                        restore, redeploy = await self._recover(failure)
+                        failure = None
                     if redeploy:
                         await self._deploy(restore)
                         await self._start(restore)
                     await self._watch()
                     break
-                except Failure as failure:
-                    restore, redeploy = await self._recover(failure)
+                except Failure as exc:
+                    failure = exc
             return await self._finish(spawn_s)
         except _JobEnded as ended:
             return self._ended(ended.report)
@@ -485,7 +496,7 @@ class JobMaster:
         peers = await asyncio.gather(*[w.frame_address.remote() for w in self.workers],
                                      return_exceptions=True)
         self._raise_call_failures(peers)
-        self._restore, self._resume = restore, {}
+        self._restore, self._resume, self._retake = restore, {}, ()
         assignment = self._running_assignment()
         outcomes = await asyncio.gather(*[w.deploy.remote(self.plan, peers, self.link,
                                                           self.attempt, restore, i, assignment,
@@ -549,7 +560,9 @@ class JobMaster:
         # one is being recovered restarts the job whole): the failed region may
         # restart alone, so the coordinator goes on with the job's checkpoints.
         regional = (self.regional and not self.pending and failure.udf is None
-                    and not failure.fatal and failure.blob is None)
+                    and not failure.fatal and failure.blob is None
+                    and not self._region_broken)
+        self._region_broken = False
         if not regional:
             await self.coordinator.stop()
         if self.job_error is not None:
@@ -852,6 +865,17 @@ class JobMaster:
         if line is None:
             return False
         self.region_restarts += 1
+        try:
+            await self._rebuild_region(lost, lost_tasks, region, line)
+        except Failure:
+            self._region_broken = True  # half rebuilt: the whole job restarts instead
+            raise
+        return True
+
+    async def _rebuild_region(self, lost: list[int], lost_tasks: set[int], region: set[int],
+                              line: Any) -> None:
+        """`_restart_region` from its line on: stop the region, place its lost tasks,
+        and let those that can run join."""
         for t in region:
             self.incarnations[t] += 1
         epoch = self._epoch(self.attempt)
@@ -863,7 +887,7 @@ class JobMaster:
         await self._drop_workers(lost)
         plan = await self._place(sorted(lost_tasks), self.planner)
         self.pending &= region  # a task outside the region never stopped
-        self._restore, self._resume = line, line.resume
+        self._restore, self._resume, self._retake = line, line.resume, line.retake
         self.record_event("recovery_planned", lost=lost, lost_tasks=sorted(lost_tasks),
                           region=sorted(region), recover=list(plan.recover),
                           pending=sorted(self.pending), queries=list(plan.queries),
@@ -872,7 +896,6 @@ class JobMaster:
         await self._join(sorted(region - self.pending))
         self.record_event("restarted", attempt=self.attempt, checkpoint=line.line,
                           region=sorted(region))
-        return True
 
     async def _drop_workers(self, lost: list[int]) -> list[int]:
         """Kill the ``lost`` workers (and the standby) and forget them; the tasks they
@@ -890,8 +913,14 @@ class JobMaster:
         lost_tasks = sorted(t for t, w in enumerate(self.assignment) if w is None or w in lost)
         self.assignment = [None if w is None or w in lost else index[w]
                            for w in self.assignment]
-        # the planner of this failure plans it to its end (`_bring_back` too)
-        self.planner = (self.recovery.planner() if self.bursts.correlated()
+        # The planner of this failure plans it to its end (`_bring_back` too). A loss
+        # while tasks of a correlated failure still wait for capacity is part of
+        # recovering that failure: its planner goes on (a blocking plan would hold
+        # back queries it had promised to bring back as capacity arrives).
+        still_recovering = bool(self.pending) and not isinstance(self.planner,
+                                                                 BlockingRecovery)
+        self.planner = (self.recovery.planner()
+                        if self.bursts.correlated() or still_recovering
                         else BlockingRecovery())
         return lost_tasks
 
@@ -979,23 +1008,31 @@ class JobMaster:
         if not joining:
             return []
         epoch = self._epoch(self.attempt)
-        peers = await asyncio.gather(*[w.frame_address.remote() for w in self.workers])
+        # a worker that died meanwhile is a failure (`_phases` recovers from it)
+        peers = await asyncio.gather(*[w.frame_address.remote() for w in self.workers],
+                                     return_exceptions=True)
+        self._raise_call_failures(peers)
         assignment = self._running_assignment()
         by_worker: dict[int, list[int]] = {}
         for t in joining:
             by_worker.setdefault(self.assignment[t], []).append(t)
-        await asyncio.gather(*[self.workers[w].join.remote(
+        self._raise_call_failures(await asyncio.gather(*[self.workers[w].join.remote(
             epoch, self.plan, peers, self.link, self._restore, assignment, tasks,
-            self.incarnations) for w, tasks in by_worker.items()])
-        await asyncio.gather(*[w.attach.remote(epoch, self.plan, peers, assignment,
-                                               self._resume, self.incarnations)
-                               for w in self.workers])
+            self.incarnations) for w, tasks in by_worker.items()], return_exceptions=True))
+        # Triggered once built and before they start, in order: a checkpoint the
+        # trigger loop starts from now on comes after these at every source.
         checkpoint = self.coordinator.checkpoint_in_progress()
-        if self.regional and checkpoint is not None:
+        retake = [*self._retake, *([checkpoint] if checkpoint is not None
+                                   and checkpoint not in self._retake else [])]
+        if self.regional:
             for w, tasks in by_worker.items():
                 sources = [t for t in tasks if t in self.source_tasks]
-                if sources:
-                    self.workers[w].trigger_checkpoint.remote(epoch, sources, checkpoint)
+                for checkpoint_id in retake if sources else ():
+                    self.workers[w].trigger_checkpoint.remote(epoch, sources, checkpoint_id)
+        self._raise_call_failures(await asyncio.gather(
+            *[w.attach.remote(epoch, self.plan, peers, assignment, self._resume,
+                              self.incarnations) for w in self.workers],
+            return_exceptions=True))
         return sorted(by_worker)
 
     async def _watch(self) -> None:
