@@ -169,6 +169,29 @@ def test_the_sender_does_not_wait_for_a_receiver_catching_up(tmp_path):
     assert asyncio.run(scenario()).received == frames(range(1, 5))
 
 
+# -- checkpoint triggers ----------------------------------------------------------------
+
+
+def test_a_source_is_triggered_once_per_checkpoint_in_order():
+    # A source joining after a regional restart is asked for the checkpoint in
+    # progress by the job master, and may be asked by the trigger loop too: a second
+    # barrier would make its receivers take the checkpoint twice. The worker's own
+    # method, on the class behind the actor (no Ray involved).
+    from types import SimpleNamespace
+
+    from bastion.runtime.instance import Worker
+
+    cls = Worker.__ray_metadata__.modified_class
+    worker = cls.__new__(cls)
+    worker.epoch = ("job", 0)
+    source = SimpleNamespace(finished=False, triggers=[], triggered_up_to=0)
+    worker.tasks = {3: source}
+    for checkpoint_id in (4, 4, 5, 3, 5, 6):
+        worker.trigger_checkpoint(("job", 0), [3], checkpoint_id)
+    worker.trigger_checkpoint(("job", 1), [3], 9)  # another attempt's: not this one's
+    assert source.triggers == [4, 5, 6]
+
+
 # -- end to end: the correlated scenario on a simulated cluster ----------------------------
 
 
