@@ -79,12 +79,13 @@ def unhit(storage_dir: str) -> None:
 
     shape = "low_priority_hit"
     reference = correlated.references(shape, storage_dir=storage_dir, records=RECORDS)
-    # The nodes' loss is seen from their workers' deaths. On a loaded shared machine a
-    # busy survivor can stay silent for a second: it must not count as lost, which
-    # would restart the queries this drill watches keep running.
+    # The nodes' loss is seen from their workers' deaths; the scenario's heartbeat
+    # timeout (`correlated.HEARTBEAT_TIMEOUT_S`) lets a busy survivor stay silent
+    # for a while: counted as lost, it would restart the queries this drill watches
+    # keep running.
     report = correlated.run_case(correlated.Case("progressive", "staggered", shape),
                                  reference=reference, storage_dir=storage_dir,
-                                 records=RECORDS, heartbeat_timeout_s=5.0)
+                                 records=RECORDS)
     detected = next(e["t_s"] for e in report.events if e["kind"] == "failure_detected")
     # when per_bidder's tasks were given capacity again (planned at the failure, or
     # on a node's arrival)
