@@ -24,7 +24,10 @@ snapshotted, and resumes the same merge order.
 With aligned barriers no records are in flight across a barrier, so no channel state
 is stored. Either way the latest complete checkpoint is a consistent recovery line: after a failure every
 task restores it and the sources rewind to its offsets. A failure while a checkpoint
-is in progress leaves it without a manifest, so it is never used.
+is in progress leaves it without a manifest, so it is never used. A checkpoint that
+takes longer than its timeout is given up too, without a failure: its barriers still
+pass every task, and the sinks stage their outputs under its id, which no restore
+will produce again — they are committed with the next checkpoint that completes.
 
 **Restarting the failed region only** (`Coordinator.region_line`, under a capacity
 model: `bastion.scheduler.recovery.restarts_regions`). A barrier cuts every channel at
