@@ -14,7 +14,10 @@ Every figure is measured in this run, on simulated three-node Ray clusters on
 (2) **Only the lowest-priority query hit** (``low_priority_hit``: only ``per_bidder``
     has instances on the lost nodes). Progressive and blocking; the queries the
     failure did not hit: their largest relative latency after the failure and their
-    longest gap in output (the job as a whole still restarts from its recovery line).
+    longest gap in output. Under ``coordinated`` only the failed region restarts
+    (`bastion.runtime.job`'s regional restart): the queries not hit keep running, and
+    what they show is the machine's load while the region waits and catches up
+    (the gap includes the job master's own pause in polling while it plans).
 
 Targets (issue 14) are printed next to the figures with "met"/"missed". Asserts
 nothing; the headline is the last line.

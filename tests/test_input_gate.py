@@ -21,6 +21,20 @@ async def test_frames_enter_in_sequence_order_and_replays_are_dropped():
     assert gate.inbox.empty() and gate.duplicates_dropped == 1
 
 
+async def test_a_frame_delivered_twice_at_once_enters_once():
+    """Two senders of the same frame (a replay overlapping the original), each while
+    the other's copy waits: for room in the inbox, or for its turn."""
+    gate = InputGate(inbox_frames=1)
+    await gate.deliver(1, 0, "fills the inbox")
+    for_room = [asyncio.ensure_future(gate.deliver(1, 1, "b")) for _ in range(2)]
+    for_turn = [asyncio.ensure_future(gate.deliver(1, 2, "c")) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    taken = [(await gate.next_frame())[2] for _ in range(3)]
+    await asyncio.gather(*for_room, *for_turn)
+    assert taken == ["fills the inbox", "b", "c"]
+    assert gate.inbox.empty() and gate.duplicates_dropped == 2
+
+
 async def test_close_ends_every_delivery_left_waiting():
     gate = InputGate(inbox_frames=1)
     await gate.deliver(1, 0, "fills the inbox")

@@ -275,10 +275,13 @@ def test_a_damaged_spilled_blob_is_detected_not_sent(tmp_path):
 # -- per-query availability ------------------------------------------------------------
 
 
-def points(series: dict[str, list[tuple[int, float | None]]]) -> list[dict]:
-    """Progress points every 0.5 s from the per-query (records, p50 ms) series."""
+def points(series: dict[str, list[tuple[int, float | None]]],
+           down: dict[str, set[int]] | None = None) -> list[dict]:
+    """Progress points every 0.5 s from the per-query (records, p50 ms) series;
+    ``down``: per query, the indexes of the points where some of its tasks waited."""
     length = len(next(iter(series.values())))
-    return [{"t_s": 0.5 * i, "queries": {q: s[i] for q, s in series.items()}}
+    return [{"t_s": 0.5 * i, "queries": {q: s[i] for q, s in series.items()},
+             "down": sorted(q for q, at in (down or {}).items() if i in at)}
             for i in range(length)]
 
 
@@ -292,10 +295,17 @@ def test_availability_from_relative_latency_and_output():
         "untouched": [(5, 20.0)] * 14,
         # never back: its output stops at the failure
         "gone": [(5, 10.0)] * 4 + [(0, None)] * 10,
+        # hit, but a partition outside the restarted region kept producing, at its
+        # usual latency, while the others waited for capacity until t = 5.0
+        "partial": [(5, 10.0)] * 14,
     }
-    result = query_availability(points(series), {"hit": 3, "untouched": 2, "gone": 1},
+    result = query_availability(points(series, down={"partial": set(range(4, 10))}),
+                                {"hit": 3, "untouched": 2, "gone": 1, "partial": 1},
                                 failed_at_s=2.0, restarted_at_s=2.2)
     hit, untouched, gone = result["hit"], result["untouched"], result["gone"]
+    # available once every task runs again, not while part of it produces
+    assert result["partial"].available_again_s == pytest.approx(5.0 - 2.0)
+    assert result["partial"].max_relative_latency == pytest.approx(1.0)
     assert hit.baseline_latency_ms == 10.0
     assert hit.available_again_s == pytest.approx(6.0 - 2.0)
     assert hit.max_relative_latency == pytest.approx(5.0)

@@ -23,7 +23,7 @@ class Receiver:
         self.frames: list[tuple] = []
         self.held: dict[int, asyncio.Event] = {}
 
-    async def deliver(self, epoch, task_id, channel_id, seq, payload) -> None:
+    async def deliver(self, epoch, task_id, channel_id, seq, payload, incarnation=0) -> None:
         if channel_id in self.held:
             await self.held[channel_id].wait()
         self.frames.append((epoch, task_id, channel_id, seq, payload))

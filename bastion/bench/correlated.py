@@ -50,6 +50,15 @@ RATE = 1_000.0          # bids per second
 RECORDS = 28_000        # 28 s of bids: long enough for the last query to catch up
 
 
+# How long a live worker may stay silent before it counts as lost. The scenario's
+# losses are whole nodes, which Ray reports at once as their workers' deaths: the
+# heartbeat only has to catch a hung worker. Three simulated nodes (three raylets, a
+# GCS, 12 tasks, a driver) on a 2-core machine leave a busy survivor silent for over
+# a second at times; counted as lost, it would restart the queries the failure did
+# not hit and measure the machine instead of the recovery.
+HEARTBEAT_TIMEOUT_S = 5.0
+
+
 def bid(i: int) -> dict[str, int]:
     """Bid ``i`` of the stream: deterministic, so a replay reads the same bids."""
     return {"id": i, "auction": i % 50, "bidder": (i * 7) % 37, "price": (i * 7919) % 1000}
@@ -184,11 +193,14 @@ def run_case(case: Case, *, protocol: str = "coordinated", records: int = RECORD
              rate: float = RATE, storage_dir: str | None = None,
              checkpoint_interval: float = 0.5, reference: Any = None,
              progress: Any = None, held_frames_in_memory: int = 64,
-             parse_fn: Any = parse) -> "bn.DrillReport":
+             parse_fn: Any = parse, heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
+             ) -> "bn.DrillReport":
     """Drill ``case`` on a fresh simulated cluster (`simulated_cluster`); the drill's
     report. ``reference``: `references` of the same shape and input, to compare with
     instead of running them again. ``parse_fn`` replaces `parse` (tests pass one
-    that breaks the worker it runs in)."""
+    that breaks the worker it runs in). A lost node is seen from its workers' deaths;
+    ``heartbeat_timeout_s`` is how long a live worker may stay silent before it
+    counts as lost too."""
     storage = storage_dir or tempfile.mkdtemp(prefix="bastion-correlated-")
     with simulated_cluster() as cluster:
         faults = [bn.faults.KillNode(node, at=FAILURE_AT_S + 0.2 * i)
@@ -197,7 +209,7 @@ def run_case(case: Case, *, protocol: str = "coordinated", records: int = RECORD
                         faults=faults, checkpoint_interval=checkpoint_interval,
                         cluster=cluster, storage=f"local://{storage}",
                         buffer_timeout_ms=50.0, workers=3, reference=reference,
-                        progress=progress,
+                        progress=progress, heartbeat_timeout_s=heartbeat_timeout_s,
                         recovery=bn.RecoveryPolicy(
                             mode=case.recovery, task_slots_per_cpu=1.0,
                             held_frames_in_memory=held_frames_in_memory))

@@ -152,6 +152,12 @@ class TaskContext(abc.ABC):
         """Number the output's frames from ``seq`` on (a restored sender)."""
 
     @abc.abstractmethod
+    async def trim_sent(self, channel_id: int, below_seq: int) -> None:
+        """The output's frames below ``below_seq`` are reflected in a completed
+        checkpoint of their receiver: its upstream backup (kept when the job restarts
+        failed regions only) may forget them."""
+
+    @abc.abstractmethod
     async def resend(self, channel_id: int, seq: int, payload: bytes) -> None:
         """Send an encoded frame again with its original sequence number (replay)."""
 
@@ -364,6 +370,11 @@ class MasterContext(abc.ABC):
     def unfinished_tasks(self) -> set[int]: ...
 
     @abc.abstractmethod
+    def pending_tasks(self) -> set[int]:
+        """Tasks waiting for capacity after a failure (not running yet): a checkpoint
+        waits for them instead of timing out — they take it once they run."""
+
+    @abc.abstractmethod
     def all_sources_running(self) -> bool: ...
 
     # -- actions ----------------------------------------------------------------------------
@@ -378,6 +389,26 @@ class MasterContext(abc.ABC):
     @abc.abstractmethod
     async def commit_outputs(self, attempt: int, commit: int) -> None:
         """Make the sink outputs staged for commit point ``commit`` visible."""
+
+
+@dataclass(frozen=True)
+class RegionLine:
+    """What the tasks of a regional restart restore from (`Coordinator.region_line`):
+    the protocol's ``line`` (handed to `TaskProtocol.restore` with the rest), and
+    where the restored tasks stand on each channel: ``resume[channel]`` is the first
+    frame they send on it (an output) or expect on it (an input). The job master
+    has every sender outside the region send its receivers inside it the frames
+    from there on, out of its upstream backup. ``retake``: checkpoints after the
+    line that were given up (timed out) but whose outputs are still to be committed,
+    in order: the region's sources are triggered for them again when they run, before
+    the checkpoint in progress, so that every restored task takes them again — a
+    task downstream of a restored source would otherwise wait for their barriers
+    forever, and the outputs its incarnation before staged under them would be
+    committed beside their replay."""
+
+    line: Any
+    resume: dict[int, int]
+    retake: tuple[int, ...] = ()
 
 
 @dataclass
@@ -444,6 +475,9 @@ class TaskProtocol:
     async def on_finished(self) -> None:
         """Every input ended and every output was flushed."""
 
+    async def on_checkpoint_completed(self, checkpoint_id: int) -> None:
+        """Checkpoint (commit point) ``checkpoint_id`` is complete."""
+
     def on_stop(self) -> None:
         """The task stopped — finished, failed or cancelled: release what the protocol
         holds (a log writer, a thread). Must not block for long."""
@@ -507,6 +541,14 @@ class Coordinator:
         `TaskProtocol.restore` (None: restart from the beginning)."""
         return None
 
+    async def region_line(self, tasks: set[int]) -> "RegionLine | None":
+        """Only ``tasks`` restart (a *regional restart*: the tasks a failure lost and
+        every task downstream of them); every other task keeps running. The line
+        they restore from, or None when this protocol cannot restart a region now —
+        the job then restarts whole, from `recovery_line`. Checkpoints in progress
+        must now wait for the restarted tasks to take them again."""
+        return None
+
     def exclude(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` cannot be restored (a blob of it is damaged or
         missing): no recovery line from now on may use it. The job master then asks
@@ -553,6 +595,9 @@ class Protocol:
     tolerates_copies: bool = False
     # A job can start from the state an earlier job left (`bn.run(resume_from=...)`).
     resumable: bool = False
+    # After a failure only the failed region restarts (`Coordinator.region_line`):
+    # the tasks not downstream of a lost one keep running.
+    restarts_regions: bool = False
     # A standby worker, started ahead, takes over a dead slot without a process start.
     # A protocol that restarts the job from the beginning gains little from it and
     # would pay its start (about a core-second) in every run.

@@ -24,7 +24,29 @@ snapshotted, and resumes the same merge order.
 With aligned barriers no records are in flight across a barrier, so no channel state
 is stored. Either way the latest complete checkpoint is a consistent recovery line: after a failure every
 task restores it and the sources rewind to its offsets. A failure while a checkpoint
-is in progress leaves it without a manifest, so it is never used. Barriers cannot be
+is in progress leaves it without a manifest, so it is never used. A checkpoint that
+takes longer than its timeout is given up too, without a failure: its barriers still
+pass every task, and the sinks stage their outputs under its id, which no restore
+will produce again — they are committed with the next checkpoint that completes.
+
+**Restarting the failed region only** (`Coordinator.region_line`, under a capacity
+model: `bastion.scheduler.recovery.restarts_regions`). A barrier cuts every channel at
+a frame: a task acknowledges checkpoint C with ``sent[channel]``, the number of the
+first frame it sent after barrier C on each output. The receiver's state at C
+reflects exactly the frames below that number (aligned: nothing crosses a barrier).
+So the tasks a failure lost, with everything downstream of them, can restore C alone
+while the others keep running: each restored task numbers its outputs from
+``sent`` and expects its inputs from there, and every sender outside the region sends
+its frames from ``sent`` on again out of its upstream backup (kept since the last
+completed checkpoint, trimmed when one completes). Outside the region nothing was
+fed by the region, so nothing there rolls back; the region's sinks discard what they
+staged since C, as in any restart. A checkpoint in progress at the failure is not
+given up: the region's tasks must take it again (their earlier acknowledgments no
+longer count), the barriers outside the region reach them again through the backup,
+and a source in the region is triggered again once it runs — so the checkpoint the
+tasks outside already took completes, consistently, and their staged outputs with
+it. Unaligned barriers cut the channels at the same frames: what a task received
+after its snapshot up to each barrier is its channel state, restored with it. Barriers cannot be
 aligned around a cycle (a task would wait for a barrier that waits for it), so this
 protocol rejects topologies with feedback edges.
 """
@@ -41,7 +63,7 @@ import msgpack
 
 from bastion.errors import TopologyError
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
-                                    TaskContext, TaskProtocol, cancel)
+                                    RegionLine, TaskContext, TaskProtocol, cancel)
 from bastion.runtime.records import ControlRecord, control_record
 from bastion.storage import BlobRef, StorageError
 
@@ -67,13 +89,34 @@ class AlignedBarriers(TaskProtocol):
     def __init__(self, task: TaskContext):
         super().__init__(task)
         self.aligning: dict[int, set[int]] = {}  # checkpoint id -> channels with barrier
+        # checkpoint id -> the first frame after its barrier, per output: what the
+        # upstream backup may forget once the checkpoint completes
+        self.sent_at: dict[int, dict[int, int]] = {}
         # The alignment stash: what held-back inputs delivered after their barrier, in
         # order, until the checkpoint is taken.
         self.stashed: dict[int, collections.deque] = collections.defaultdict(
             collections.deque)
 
+    async def restore(self, recovery_line: Any) -> None:
+        if not isinstance(recovery_line, RegionLine):
+            await super().restore(recovery_line)
+            return
+        task, resume = self.task, recovery_line.resume
+        await super().restore(recovery_line.line)
+        for channel_id in task.input_ids():
+            task.expect(channel_id, resume[channel_id])
+        for channel_id in task.output_ids():
+            task.set_next_seq(channel_id, resume[channel_id])
+
     async def on_trigger(self, checkpoint_id: int) -> None:
         await self._checkpoint(checkpoint_id)
+
+    async def on_checkpoint_completed(self, checkpoint_id: int) -> None:
+        for done in [c for c in self.sent_at if c <= checkpoint_id]:
+            sent = self.sent_at.pop(done)
+            if done == checkpoint_id:
+                for channel_id, seq in sent.items():
+                    await self.task.trim_sent(channel_id, seq)
 
     async def on_control(self, channel_id: int, control: ControlRecord) -> None:
         if not isinstance(control, Barrier):
@@ -117,8 +160,11 @@ class AlignedBarriers(TaskProtocol):
         except BaseException:
             upload.close()  # the attempt ended meanwhile: the snapshot is not stored
             raise
+        # the barrier went out as one frame on each output: what follows is after C
+        sent = {c: self.task.next_seq(c) for c in self.task.output_ids()}
+        self.sent_at[checkpoint_id] = sent
         ref = await upload                                 # state + staged outputs stored
-        self.task.acknowledge(checkpoint_id, ref)
+        self.task.acknowledge(checkpoint_id, ref, {"sent": sent})
 
 
 async def _forward(task: TaskContext, checkpoint_id: int) -> None:
@@ -140,6 +186,8 @@ class UnalignedBarriers(AlignedBarriers):
 
     async def restore(self, recovery_line: Any) -> None:
         await super().restore(recovery_line)
+        if isinstance(recovery_line, RegionLine):
+            recovery_line = recovery_line.line
         if recovery_line is None:
             return
         data = await self.task.load_channel_state(recovery_line,
@@ -163,6 +211,7 @@ class UnalignedBarriers(AlignedBarriers):
                      merge.capture(others), {})
             self.pending[checkpoint_id] = entry
             await _forward(task, checkpoint_id)
+            self.sent_at[checkpoint_id] = {c: task.next_seq(c) for c in task.output_ids()}
         else:
             entry[2][channel_id] = merge.end_capture(entry[1], channel_id)
         upload, capture, recorded = entry
@@ -174,7 +223,8 @@ class UnalignedBarriers(AlignedBarriers):
                                        for c, elements in recorded.items() if elements})
         channel_ref = await task.store_channel_state(checkpoint_id, _channel_state_name(task),
                                                      channel_state)
-        task.acknowledge(checkpoint_id, ref, {"channel_state": channel_ref})
+        task.acknowledge(checkpoint_id, ref, {"channel_state": channel_ref,
+                                              "sent": self.sent_at.get(checkpoint_id)})
 
 
 class CheckpointCoordinator(Coordinator):
@@ -197,10 +247,23 @@ class CheckpointCoordinator(Coordinator):
         self.committed: set[int] = set()   # checkpoints whose outputs were committed
         self.unusable: set[int] = set()    # complete, but a recovery could not read them
         self.aborted = 0
+        # Checkpoints of this attempt given up by their timeout, whose outputs are
+        # not committed yet. A task that took one staged its sink outputs under its id
+        # and will never stage them again: they are committed with the next
+        # checkpoint that completes, which every task takes after it (as Flink's
+        # two-phase-commit sinks commit every pending transaction up to the completed
+        # checkpoint). A restart of the whole job replays them: forgotten then.
+        self.timed_out: list[int] = []
         self.completing = asyncio.Lock()  # FIFO: checkpoints complete in id order
+        self.completions: set[asyncio.Future] = set()  # fully acknowledged, completing
+        # the newest checkpoint completed in this attempt and where it cut each
+        # channel (a regional restart's line), or None
+        self.newest: tuple[int, dict[int, int]] | None = None
 
     def start(self, attempt: int) -> None:
         self.attempt = attempt
+        self.newest = None  # a new attempt numbers its frames from 0 again
+        self.timed_out = []  # their outputs are produced again, under new ids
         self.loop = asyncio.ensure_future(self._trigger_loop())
 
     async def stop(self) -> None:
@@ -214,9 +277,13 @@ class CheckpointCoordinator(Coordinator):
             await asyncio.sleep(self.interval_s)
             now = time.time()
             for checkpoint_id, cp in list(self.in_progress.items()):
-                if now - cp["started_s"] > self.timeout_s:
+                if self.master.pending_tasks():
+                    # pending tasks take it once they run: its clock starts then
+                    cp["started_s"] = now
+                elif now - cp["started_s"] > self.timeout_s:
                     del self.in_progress[checkpoint_id]
                     self.aborted += 1
+                    self.timed_out.append(checkpoint_id)
                     self.master.record_event("checkpoint_aborted", checkpoint_id=checkpoint_id)
             if self.in_progress:
                 continue  # one checkpoint at a time
@@ -226,7 +293,7 @@ class CheckpointCoordinator(Coordinator):
             checkpoint_id = self.next_id
             self.next_id += 1
             self.in_progress[checkpoint_id] = {"started_s": now, "waiting": set(waiting),
-                                               "refs": []}
+                                               "refs": {}, "sent": {}}
             await self.master.trigger_sources(self.attempt, checkpoint_id)
 
     def on_acknowledge(self, attempt: int, task_id: int, checkpoint_id: int,
@@ -235,12 +302,16 @@ class CheckpointCoordinator(Coordinator):
         if attempt != self.attempt or cp is None:
             return
         cp["waiting"].discard(task_id)
-        cp["refs"].append(ref)
+        refs = cp["refs"][task_id] = [ref]
         if meta and meta.get("channel_state") is not None:
-            cp["refs"].append(meta["channel_state"])
+            refs.append(meta["channel_state"])
+        if meta and meta.get("sent") is not None:
+            cp["sent"].update(meta["sent"])
         if not cp["waiting"]:
             del self.in_progress[checkpoint_id]
-            asyncio.ensure_future(self._complete(checkpoint_id, cp))
+            completing = asyncio.ensure_future(self._complete(checkpoint_id, cp))
+            self.completions.add(completing)
+            completing.add_done_callback(self.completions.discard)
 
     async def _complete(self, checkpoint_id: int, cp: dict[str, Any]) -> None:
         async with self.completing:
@@ -248,18 +319,27 @@ class CheckpointCoordinator(Coordinator):
 
     async def _complete_in_order(self, checkpoint_id: int, cp: dict[str, Any]) -> None:
         attempt = self.attempt
-        await asyncio.to_thread(self.checkpoints.commit, checkpoint_id, cp["refs"],
+        refs = [ref for task_refs in cp["refs"].values() for ref in task_refs]
+        await asyncio.to_thread(self.checkpoints.commit, checkpoint_id, refs,
                                 {"attempt": attempt})
         if attempt != self.attempt:
             return  # a failure came first: recovery commits the outputs it restores
+        self.newest = (checkpoint_id, cp["sent"])
         duration_s = time.time() - cp["started_s"]
-        state_bytes = sum(r.size for r in cp["refs"])
+        state_bytes = sum(r.size for r in refs)
         self.completed += 1
         self.duration_s_total += duration_s
         self.duration_s_max = max(duration_s, self.duration_s_max or 0.0)
         self.state_bytes_last = state_bytes
         self.master.record_event("checkpoint_completed", checkpoint_id=checkpoint_id,
                                  duration_s=duration_s, state_bytes=state_bytes)
+        # Outputs staged under checkpoints given up before this one come before it in
+        # every task that staged them, and no restore from here on produces them
+        # again: commit them first, in order.
+        for aborted in sorted(c for c in self.timed_out if c < checkpoint_id):
+            self.timed_out.remove(aborted)
+            await self.master.commit_outputs(attempt, aborted)
+            self.committed.add(aborted)
         await self.master.commit_outputs(attempt, checkpoint_id)
         self.committed.add(checkpoint_id)
         # Older checkpoints are never restored again: keep the newest few, delete the rest.
@@ -313,6 +393,31 @@ class CheckpointCoordinator(Coordinator):
             self.committed.add(checkpoint_id)
             return checkpoint_id
 
+    async def region_line(self, tasks: set[int]) -> RegionLine | None:
+        # A checkpoint every task acknowledged completes first: the region restores
+        # it, or its outputs would be committed and produced again. (Acknowledgments
+        # still count until this returns: another checkpoint may complete meanwhile.)
+        while self.completions:
+            await asyncio.gather(*self.completions, return_exceptions=True)
+        channels = self.master.channels()
+        if self.newest is None or self.newest[0] not in self.committed \
+                or not channels.keys() <= self.newest[1].keys():
+            return None  # nothing completed in this attempt, or it cut no channel
+        checkpoint_id, sent = self.newest
+        unfinished = self.master.unfinished_tasks()
+        for cp in self.in_progress.values():
+            cp["waiting"] |= tasks & unfinished
+            for task_id in tasks:
+                cp["refs"].pop(task_id, None)
+            for channel_id, (src, _) in channels.items():
+                if src in tasks:
+                    cp["sent"].pop(channel_id, None)
+        # Checkpoints given up since the line: the region's tasks took them, staging
+        # outputs they produce again now, so they take them again (their blobs
+        # replace those of the incarnation before) before these are committed.
+        return RegionLine(checkpoint_id, {c: sent[c] for c in channels},
+                          tuple(c for c in self.timed_out if c > checkpoint_id))
+
     def exclude(self, checkpoint_id: int) -> None:
         self.unusable.add(checkpoint_id)
 
@@ -333,6 +438,7 @@ class CheckpointCoordinator(Coordinator):
 class CoordinatedProtocol(Protocol):
     name = "coordinated"
     exactly_once = True
+    restarts_regions = True
     needs_checkpoint_interval = True
     needs_standby = True
 

@@ -30,6 +30,7 @@ from typing import Any, Awaitable, Callable
 
 import msgpack
 
+from bastion.errors import PeerLostError
 from bastion.runtime.durable import open_bytes, seal
 from bastion.runtime.records import (Batch, ControlRecord, FrameCodec, Watermark,
                                      passes_unencoded)
@@ -274,6 +275,126 @@ class HeldOutputChannel(OutputChannel):
         return self._target is not None and self._target.congested()
 
 
+class ReplayableOutputChannel(HeldOutputChannel):
+    """A channel with *upstream backup*: the sender keeps every frame it sent since
+    the last completed checkpoint, so that a receiver restarted from that checkpoint
+    can be sent them again (a regional restart: see `bastion.runtime.job`).
+
+    Frames are numbered and encoded as usual, and logged — the newest
+    ``in_memory_frames`` in memory, older ones spilled to the store like a held
+    channel's — before they are forwarded to the *target*, the channel to the
+    receiver's current incarnation. Without a target (the receiver is pending, or
+    was lost) frames are only logged, and the sender never waits on them: the
+    queries it also feeds keep running. `attach` gives it a target, first sending the
+    logged frames from the receiver's restored position on; `trim` forgets the frames
+    a completed checkpoint made unnecessary. A target that turns out to be gone (its
+    peer died: `PeerLostError`; its task was reset: the delivery was cancelled) is
+    dropped instead of failing the sending task: the job master restarts the receiver
+    and attaches it again, and the log still holds what it missed.
+"""
+
+    def __init__(self, channel_id: int, frame_records: int, buffer_timeout_s: float,
+                 codec: FrameCodec, in_memory_frames: int, store: Any, spill_prefix: str,
+                 target: OutputChannel | None):
+        super().__init__(channel_id, frame_records, buffer_timeout_s, codec,
+                         in_memory_frames, store, spill_prefix)
+        self._target = target
+        self._chunks_written = 0   # names spilled chunks: trimming drops the oldest
+        self._generation = 0       # grows with each `detach`: ends an `attach`
+
+    async def transmit(self, seq: int, payload: bytes) -> None:
+        async with self._lock:
+            if self._target is None:
+                self.frames_held += 1
+            await self._log(seq, payload)
+            target = self._target
+            if target is not None and not await self._forward(target, seq, payload):
+                self._drop(target)
+
+    async def _log(self, seq: int, payload: bytes) -> None:
+        self._held.append((seq, payload))
+        if len(self._held) >= self._in_memory_frames:
+            key = f"{self._spill_prefix}/{self._chunks_written:08d}"
+            self._chunks_written += 1
+            await self._store.aput(key, seal(msgpack.packb(self._held)))
+            self._spilled.append((key, self._held[-1][0]))
+            self.frames_spilled += len(self._held)
+            self._held = []
+
+    async def _forward(self, target: OutputChannel, seq: int, payload: bytes) -> bool:
+        """Send one frame to ``target``; False when the receiver is gone. Run apart
+        from the sending task, so that resetting the receiver (which cancels the
+        deliveries waiting at its gate) cancels the delivery, not the sender."""
+        sending = asyncio.ensure_future(target.transmit(seq, payload))
+        try:
+            await asyncio.wait({sending})
+        except asyncio.CancelledError:
+            sending.cancel()
+            raise
+        if sending.cancelled() or isinstance(sending.exception(), PeerLostError):
+            return False
+        sending.result()
+        return True
+
+    def _drop(self, target: OutputChannel) -> None:
+        if self._target is target:
+            self._target = None
+
+    def detach(self) -> None:
+        """The receiver restarts: log frames only, until `attach`."""
+        self._target = None
+        self._generation += 1
+
+    async def attach(self, target: OutputChannel, from_seq: int = 0) -> None:
+        """The receiver runs (again), restored to expect frame ``from_seq`` next: send
+        it the logged frames from there, in order, then forward. The sender does not
+        wait meanwhile — what it sends is logged, and sent in its turn — so the
+        queries it also feeds are not held up by a receiver catching up."""
+        self.attaching = True
+        generation = self._generation
+        next_seq = from_seq
+        try:
+            while generation == self._generation:
+                frames = await self._logged_from(next_seq)
+                if not frames:  # caught up, and nothing awaited since the look
+                    self._target = target
+                    return
+                for seq, payload in frames:
+                    if generation != self._generation:
+                        return  # detached meanwhile: this receiver is gone
+                    if not await self._forward(target, seq, payload):
+                        return  # gone again: the job master attaches it once more
+                    next_seq = seq + 1
+        finally:
+            self.attaching = False
+
+    async def _logged_from(self, seq: int) -> list[tuple[int, bytes]]:
+        """The oldest logged frames from ``seq`` on, in order: a spilled chunk's or
+        those in memory; [] when there are none (returned without awaiting)."""
+        for key, last_seq in self._spilled:
+            if last_seq >= seq:
+                frames = msgpack.unpackb(open_bytes(await self._store.aget(key), key))
+                return [(s, payload) for s, payload in frames if s >= seq]
+        return [(s, payload) for s, payload in self._held if s >= seq]
+
+    async def trim(self, below_seq: int) -> None:
+        """Frames below ``below_seq`` are reflected in a completed checkpoint of the
+        receiver: no restart will ask for them again."""
+        async with self._lock:
+            while self._spilled and self._spilled[0][1] < below_seq:
+                key, _ = self._spilled.pop(0)
+                await self._store.adelete(key)
+            self._held = [(seq, payload) for seq, payload in self._held if seq >= below_seq]
+
+    async def drain(self) -> None:
+        target = self._target
+        if target is not None:
+            try:
+                await target.drain()
+            except PeerLostError:
+                self._drop(target)
+
+
 class InputGate:
     """The receiving side of a task: per-channel ordering into one bounded inbox."""
 
@@ -282,6 +403,7 @@ class InputGate:
         self._expected: dict[int, int] = collections.defaultdict(int)
         self._waiting: dict[int, dict[int, asyncio.Future]] = collections.defaultdict(dict)
         self._blocked: dict[int, asyncio.Event] = {}
+        self._admitting: dict[int, int] = {}  # channel -> the frame entering the inbox
         self.duplicates_dropped = 0
         self.max_queued_seen = 0
         self._delivering: set[asyncio.Task] = set()  # deliveries still waiting
@@ -317,13 +439,17 @@ class InputGate:
 
     async def _deliver(self, channel_id: int, seq: int, frame: Any) -> None:
         expected = self._expected[channel_id]
-        if seq < expected:
+        # A frame already seen, or being delivered right now (two senders of the same
+        # frame: a replay that overlaps the original) is dropped.
+        if seq < expected or seq in self._waiting[channel_id] \
+                or self._admitting.get(channel_id) == seq:
             self.duplicates_dropped += 1
             return
         if seq > expected:
             turn = asyncio.get_running_loop().create_future()
             self._waiting[channel_id][seq] = turn
             await turn
+        self._admitting[channel_id] = seq
         while channel_id in self._blocked:  # held back: the sender keeps its credit
             await self._blocked[channel_id].wait()
         await self.inbox.put((channel_id, seq, frame))
@@ -332,6 +458,7 @@ class InputGate:
         self._expected[channel_id] = seq + 1
         nxt = self._waiting[channel_id].pop(seq + 1, None)
         if nxt is not None:
+            self._admitting[channel_id] = seq + 1  # from now, not when it resumes
             nxt.set_result(None)
 
     def block(self, channel_id: int) -> None:

@@ -38,7 +38,8 @@ from bastion.lineage import broadcast_ids, op_codes, record_hashes
 from bastion.protocols import get_protocol
 from bastion.protocols.base import TaskContext
 from bastion.runtime.channel import (HeldOutputChannel, InputGate, LocalOutputChannel,
-                                     OutputChannel, RemoteOutputChannel)
+                                     OutputChannel, RemoteOutputChannel,
+                                     ReplayableOutputChannel)
 from bastion.runtime.columns import partitions
 from bastion.runtime.config import JobConfig
 from bastion.runtime.durable import DurableCodec, open_bytes, seal
@@ -55,6 +56,7 @@ from bastion.runtime.records import (MAX_CODED_DESTINATIONS, Batch, ControlRecor
                                      FrameCodec, UnstableKeyError, Watermark, stable_hash)
 from bastion.runtime.redundancy import FirstCopies, copy_shares
 from bastion.runtime.transport import FrameServer, PeerLinks, node_address, pusher
+from bastion.scheduler.recovery import restarts_regions
 from bastion.sinks import SinkWriter
 from bastion.storage import BlobRef, CheckpointStore, ObjectStore, open_store
 
@@ -244,7 +246,7 @@ class Task(TaskContext):
     sees it only as a `TaskContext`."""
 
     def __init__(self, plan: TaskPlan, physical: PhysicalPlan, config: JobConfig,
-                 store: ObjectStore, master: Any, attempt: int):
+                 store: ObjectStore, master: Any, attempt: int, incarnation: int = 0):
         chain = physical.chains[plan.chain_id]
         nodes = physical.topology.nodes
         self.plan = plan
@@ -286,8 +288,12 @@ class Task(TaskContext):
         self.checkpoints = CheckpointStore(store, config.job_id)
         self.master = master
         self.attempt = attempt
+        # grows each time a regional restart rebuilds this task within the attempt
+        self.incarnation = incarnation
+        self.writes: set[asyncio.Future] = set()  # checkpoint uploads still running
         self.held: set[int] = set()         # inputs the protocol holds back
         self.triggers: list[int] = []       # checkpoints a source task is asked to start
+        self.triggered_up_to = 0            # the newest of them (`Worker.trigger_checkpoint`)
         self.received_seq: dict[int, int] = {}  # channel -> seq of the last frame processed
         self.acknowledged: list[int] = []   # checkpoints this task stored and reported
         # commit points this task's sinks wrote a blob for: at the end of the job the
@@ -676,7 +682,7 @@ class Task(TaskContext):
             if sink.staged_records >= self.config.sink_spill_records:
                 values, ids = sink.take_staged()
                 key = part_key(self.config.job_id, sink.ctx.name, self.index, self.attempt,
-                               self.parts_written)
+                               self.parts_written, self.incarnation)
                 self.parts_written += 1
                 blob = self._encode_staged(sink, values, ids)
                 await self.store.aput(key, blob)
@@ -689,9 +695,18 @@ class Task(TaskContext):
         state = self.snapshot()
         staged = self._take_staged()
 
-        async def upload() -> BlobRef:
+        async def store() -> BlobRef:
             await self._store_staged(staged, checkpoint_id)
             return await self.store_state(checkpoint_id, state)
+
+        async def upload() -> BlobRef:
+            # Shielded, and tracked: a task reset on its own (a regional restart)
+            # waits for its uploads before its next incarnation writes the same keys.
+            storing = asyncio.ensure_future(store())
+            self.writes.add(storing)
+            storing.add_done_callback(_retrieved)
+            storing.add_done_callback(self.writes.discard)
+            return await asyncio.shield(storing)
 
         return upload()
 
@@ -704,7 +719,10 @@ class Task(TaskContext):
         ``commit``; whether any did."""
         stored = False
         for sink, values, ids, parts in staged:
-            if values or parts:
+            # A task rebuilt by a regional restart takes again the checkpoint that was
+            # in progress, under the same id: its empty blob must replace the one its
+            # earlier incarnation may have stored, or that one would be committed.
+            if values or parts or self.incarnation:
                 key = staged_key(self.config.job_id, sink.ctx.name, self.index, commit)
                 await self.store.aput(key, self._encode_staged(sink, values, ids, parts))
                 self.staged_commits.append(commit)
@@ -714,7 +732,8 @@ class Task(TaskContext):
     def acknowledge(self, checkpoint_id: int, ref: BlobRef, meta: Any = None) -> None:
         self.acknowledged.append(checkpoint_id)
         self.protocol_message_bytes += len(pickle.dumps((checkpoint_id, ref, meta), protocol=5))
-        self.master.acknowledge(self.attempt, self.task_id, checkpoint_id, ref, meta)
+        self.master.acknowledge(self.attempt, self.task_id, checkpoint_id, ref, meta,
+                                self.incarnation)
 
     def count_protocol_bytes(self, n: int) -> None:
         self.protocol_frame_bytes += n
@@ -848,6 +867,11 @@ class Task(TaskContext):
     def set_next_seq(self, channel_id: int, seq: int) -> None:
         self.outputs[channel_id].seq = seq
 
+    async def trim_sent(self, channel_id: int, below_seq: int) -> None:
+        channel = self.outputs[channel_id]
+        if isinstance(channel, ReplayableOutputChannel):
+            await channel.trim(below_seq)
+
     async def resend(self, channel_id: int, seq: int, payload: bytes) -> None:
         await self.outputs[channel_id].transmit(seq, payload)
 
@@ -953,6 +977,7 @@ class Task(TaskContext):
             "sink_records": sink_records - self.restored_progress[1],
             "latency": latency,  # cumulative bucket counts; the job master diffs them
             "late_copies": self.late_copies.buckets,   # the same, of late copies
+            "incarnation": self.incarnation,  # counters restart with each incarnation
         }
 
     def report(self) -> dict[str, Any]:
@@ -1025,7 +1050,11 @@ class Worker:
         self.store: ObjectStore | None = None
         self.tasks: dict[int, Task] = {}
         self.runners: list[asyncio.Task] = []
+        self.runner_of: dict[int, asyncio.Task] = {}  # task id -> its loop
         self.unstarted: list[Task] = []  # tasks that joined, started by `attach`
+        # the incarnation of every task of the job (a regional restart bumps those of
+        # the tasks it rebuilds): frames carry their destination's
+        self.incarnations: list[int] | None = None
         self.attempt = -1
         self.epoch: tuple[str, int] | None = None  # (job id, attempt) frames must carry
         # The data plane (`bastion.runtime.transport`): frames from peers arrive
@@ -1064,7 +1093,8 @@ class Worker:
 
     async def deploy(self, plan: PhysicalPlan, peers: list[tuple[str, int]], master: Any,
                      attempt: int, restore: Any, worker_index: int,
-                     assignment: list[int | None] | None = None) -> None:
+                     assignment: list[int | None] | None = None,
+                     incarnations: list[int] | None = None) -> None:
         """Build this attempt's tasks for slot ``worker_index`` (a standby worker takes
         over the slot of a dead one); each task's protocol restores it from
         ``restore``, the recovery line its coordinator chose (None: from the start).
@@ -1075,37 +1105,47 @@ class Worker:
         self.worker_index = worker_index
         self.attempt = attempt
         self.epoch = (self.config.job_id, attempt)
+        self.incarnations = incarnations
         await self._add_tasks(plan, peers, master, restore, assignment,
                               [t.task_id for t in plan.tasks
                                if _worker_of(plan, assignment, t.task_id) == worker_index])
 
     async def join(self, epoch: tuple[str, int], plan: PhysicalPlan,
                    peers: list[tuple[str, int]], master: Any, restore: Any,
-                   assignment: list[int | None], task_ids: list[int]) -> None:
+                   assignment: list[int | None], task_ids: list[int],
+                   incarnations: list[int] | None = None) -> None:
         """Pending tasks ``task_ids`` join the running attempt on this worker,
-        restored from the attempt's recovery line ``restore``; they start at the
-        `attach` that follows, once every joining task of every worker exists (a
-        frame for a task not built yet would have nowhere to go)."""
+        restored from ``restore`` (the attempt's recovery line, or a regional
+        restart's line); they start at the `attach` that follows, once every joining
+        task of every worker exists (a frame for a task not built yet would have
+        nowhere to go)."""
         if self.epoch is None:  # a fresh worker: it joins the attempt that runs
             self.epoch, self.attempt = epoch, epoch[1]
         elif epoch != self.epoch:
             return
+        self.incarnations = incarnations
         self.unstarted.extend(
             await self._add_tasks(plan, peers, master, restore, assignment, task_ids))
 
     async def attach(self, epoch: tuple[str, int], plan: PhysicalPlan,
-                     peers: list[tuple[str, int]], assignment: list[int | None]) -> int:
+                     peers: list[tuple[str, int]], assignment: list[int | None],
+                     resume: dict[int, int] | None = None,
+                     incarnations: list[int] | None = None) -> int:
         """Tasks that were pending run now (``assignment``): the tasks that joined
         this worker start, and every channel held for a task that runs now sends
         what it held, in the background (its sender waits meanwhile), and forwards
-        from then on. How many channels it attached."""
+        from then on — a channel with upstream backup from frame ``resume[channel]``
+        on, where its restored receiver resumes. How many channels it attached."""
         if epoch != self.epoch:
             return 0
+        self.incarnations = incarnations
+        resume = resume or {}
         await self.links.connect([address for slot, address in enumerate(peers)
                                   if slot != self.worker_index])
         # Started first: a held channel into a task of this worker drains only as
         # fast as that task takes frames.
-        self.runners.extend(asyncio.ensure_future(t.run()) for t in self.unstarted)
+        for task in self.unstarted:
+            self._run(task)
         self.unstarted = []
         route_acks = self._ack_router(plan, peers, assignment)
         attached = 0
@@ -1114,9 +1154,13 @@ class Worker:
             for channel, dst in zip(task.channels, task.channel_destinations):
                 if isinstance(channel, HeldOutputChannel) and not channel.attached \
                         and not channel.attaching and assignment[dst] is not None:
-                    self.runners.append(asyncio.ensure_future(channel.attach(
-                        self._channel(task, plan, peers, assignment, channel.channel_id,
-                                      dst))))
+                    target = self._channel(task, plan, peers, assignment,
+                                           channel.channel_id, dst, backed=False)
+                    channel.attaching = True  # now: a later attach must not start another
+                    self.runners.append(asyncio.ensure_future(
+                        channel.attach(target, resume.get(channel.channel_id, 0))
+                        if isinstance(channel, ReplayableOutputChannel)
+                        else channel.attach(target)))
                     attached += 1
         return attached
 
@@ -1128,7 +1172,8 @@ class Worker:
         # protocol that acknowledges tuples sends to the workers of their sources.
         await self.links.connect([address for slot, address in enumerate(peers)
                                   if slot != self.worker_index])
-        added = [Task(plan.tasks[t], plan, config, self.store, master, self.attempt)
+        added = [Task(plan.tasks[t], plan, config, self.store, master, self.attempt,
+                      self._incarnation(t))
                  for t in task_ids]
         self.tasks.update((task.task_id, task) for task in added)
         route_acks = self._ack_router(plan, peers, assignment)
@@ -1143,13 +1188,29 @@ class Worker:
             await task.protocol.restore(restore)
         return added
 
+    def _incarnation(self, task_id: int) -> int:
+        return 0 if self.incarnations is None else self.incarnations[task_id]
+
     def _channel(self, task: "Task", plan: PhysicalPlan, peers: list[tuple[str, int]],
                  assignment: list[int | None] | None, channel_id: int,
-                 dst: int) -> OutputChannel:
+                 dst: int, backed: bool | None = None) -> OutputChannel:
         """The sending end of ``channel_id`` from ``task`` to task ``dst``: in this
-        worker, to a peer, or held while ``dst`` is pending."""
+        worker, to a peer, or held while ``dst`` is pending — behind an upstream
+        backup when the job restarts failed regions only (``backed``: whether to,
+        None: as the job does)."""
         config = self.config
         dst_worker = _worker_of(plan, assignment, dst)
+        if backed is None:
+            backed = restarts_regions(config.recovery,
+                                      get_protocol(config.protocol).restarts_regions)
+        if backed:
+            recovery = config.recovery
+            return ReplayableOutputChannel(
+                channel_id, config.frame_records, config.buffer_timeout_s, task.codec,
+                recovery.held_frames_in_memory, self.store,
+                f"jobs/{config.job_id}/held/{self.attempt}/{channel_id}/{task.incarnation}",
+                None if dst_worker is None else self._channel(
+                    task, plan, peers, assignment, channel_id, dst, backed=False))
         if dst_worker is None:
             recovery = config.recovery
             return HeldOutputChannel(
@@ -1161,7 +1222,8 @@ class Worker:
             return LocalOutputChannel(channel_id, config.frame_records, config.buffer_timeout_s,
                                       gate.deliver, task.codec, gate.inbox.full)
         return RemoteOutputChannel(channel_id, config.frame_records, config.buffer_timeout_s,
-                                   pusher(self.links[peers[dst_worker]], dst, self.epoch),
+                                   pusher(self.links[peers[dst_worker]], dst, self.epoch,
+                                          self._incarnation(dst)),
                                    task.codec, config.max_inflight_frames)
 
     async def reset(self) -> None:
@@ -1175,22 +1237,59 @@ class Worker:
             _, running = await asyncio.wait(running, timeout=_RESET_RECANCEL_S)
         for task in self.tasks.values():
             task.gate.close()  # frames of the failed attempt still waiting to enter
-        self.runners, self.tasks, self.unstarted = [], {}, []
+        self.runners, self.tasks, self.unstarted, self.runner_of = [], {}, [], {}
 
     async def start(self) -> None:
-        self.runners = [asyncio.ensure_future(t.run()) for t in self.tasks.values()]
+        self.runners = []
+        for task in self.tasks.values():
+            self._run(task)
+
+    def _run(self, task: "Task") -> None:
+        runner = asyncio.ensure_future(task.run())
+        self.runners.append(runner)
+        self.runner_of[task.task_id] = runner
+
+    async def restart_region(self, epoch: tuple[str, int], task_ids: list[int]) -> None:
+        """A regional restart: the tasks ``task_ids`` restart while the others keep
+        running. Every channel of this worker into one of them stops forwarding (its
+        upstream backup keeps logging, for the restarted receiver), and those of them
+        that run here stop — their state is discarded, their inbox closed — once
+        their checkpoint uploads are done (the next incarnation writes the same
+        keys). They are built again by `join`."""
+        if epoch != self.epoch:
+            return
+        region = set(task_ids)
+        for task in self.tasks.values():
+            for channel, dst in zip(task.channels, task.channel_destinations):
+                if dst in region and isinstance(channel, ReplayableOutputChannel):
+                    channel.detach()
+        stopping = [self.tasks.pop(t) for t in task_ids if t in self.tasks]
+        stopped = {self.runner_of.pop(t.task_id, None) for t in stopping} - {None}
+        self.unstarted = [t for t in self.unstarted if t.task_id not in region]
+        self.runners = [r for r in self.runners if r not in stopped]
+        running = set(stopped)
+        while running:
+            for runner in running:
+                runner.cancel()
+            _, running = await asyncio.wait(running, timeout=_RESET_RECANCEL_S)
+        for task in stopping:
+            task.gate.close()
+            await asyncio.gather(*task.writes, return_exceptions=True)
 
     async def _deliver(self, epoch: tuple[str, int], task_id: int, channel_id: int, seq: int,
-                       payload: bytes) -> None:
+                       payload: bytes, incarnation: int = 0) -> None:
         """A frame from a peer worker: into its task's inbox, in sequence order."""
         if epoch != self.epoch:
             return  # a frame of a failed attempt (replayed) or of an earlier job
+        task = self.tasks.get(task_id)
         if channel_id == ACKS_CHANNEL:
-            task = self.tasks.get(task_id)
             if task is not None:
                 task.protocol.on_acks(msgpack.unpackb(payload))
             return
-        await self.tasks[task_id].gate.deliver(channel_id, seq, payload)
+        if task is None or incarnation != task.incarnation:
+            return  # for a task restarted since (or not rebuilt yet): its upstream
+            # backup sends it again, to the task's next incarnation
+        await task.gate.deliver(channel_id, seq, payload)
 
     def _ack_router(self, plan: PhysicalPlan, peers: list[tuple[str, int]],
                     assignment: list[int | None] | None = None) -> Any:
@@ -1223,7 +1322,17 @@ class Worker:
             return
         for task_id in task_ids:
             task = self.tasks.get(task_id)
-            if task is not None and not task.finished:
+            # A source is triggered once per checkpoint, in id order. A source joining
+            # after a regional restart can be asked twice for the checkpoint in
+            # progress — by the trigger loop while it is being built, and by the
+            # job master once it is — and a second barrier would make its
+            # receivers take the checkpoint again: a receiver with other inputs
+            # would wait for their second barrier forever, and one without would
+            # store its staged outputs again under the same id, replacing the ones
+            # it stored at the first.
+            if task is not None and not task.finished \
+                    and checkpoint_id > task.triggered_up_to:
+                task.triggered_up_to = checkpoint_id
                 task.triggers.append(checkpoint_id)
 
     async def apply_commit(self, epoch: tuple[str, int], commit: int) -> None:
@@ -1232,6 +1341,7 @@ class Worker:
             return
         for task in self.tasks.values():
             await task.reapply_commits(only=commit)
+            await task.protocol.on_checkpoint_completed(commit)
 
     def set_redundancy(self, epoch: tuple[str, int], ratio: float) -> None:
         """The resiliency manager's new redundancy ratio, for every copying edge."""
@@ -1279,6 +1389,13 @@ class Worker:
 
     def report(self) -> list[dict[str, Any]]:
         return [t.report() for t in self.tasks.values()]
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """Mark an upload's outcome as seen: when its task was cancelled meanwhile, no one
+    awaits it any more."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _worker_of(plan: PhysicalPlan, assignment: list[int | None] | None,

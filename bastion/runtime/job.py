@@ -26,7 +26,10 @@ coordinator's:
 5. **recover** (on a failure) — stop the coordinator, carry out the recovery planner's
    plan (`bastion.scheduler.recovery`: replace dead workers), ask the protocol for the
    recovery line, and go back to *deploy* with the next attempt (a worker lost during
-   *deploy* or *start* is one more failure);
+   *deploy* or *start* is one more failure) — or, when the protocol can restart the
+   failed region alone (`_restart_region`), restart only the lost tasks and those
+   downstream of them, within the running attempt, and go back to *watch*: the
+   other tasks never stop;
 6. **finish** — commit the end-of-stream outputs, gather counters, latency histograms
    and dead letters; whatever happened, then, every worker that resets in time goes
    back to the pool clean, and every other one is killed and never lent again.
@@ -78,7 +81,8 @@ from bastion.scheduler import detector, injector, placement
 from bastion.scheduler.detector import CorrelatedFailures, Failure, within
 from bastion.scheduler.recovery import (BlockingRecovery, Capacity, QueryNeeds,
                                        RecoveryPlanError, RecoveryPlanner, check_plan,
-                                       queries_needs, recovery_policy, replacement_slots)
+                                       failed_region, queries_needs, recovery_policy,
+                                       replacement_slots, restarts_regions)
 from bastion.scheduler.resiliency import ResiliencyManager
 from bastion.storage import CheckpointStore, open_store
 
@@ -154,6 +158,9 @@ class _CoordinatorContext(MasterContext):
     def unfinished_tasks(self) -> set[int]:
         return set(self._tasks) - self._master.finished_tasks
 
+    def pending_tasks(self) -> set[int]:
+        return set(self._master.pending)
+
     def all_sources_running(self) -> bool:
         return not (self._master.source_tasks & self._master.finished_tasks)
 
@@ -175,8 +182,9 @@ class MasterLink:
     job_id: str
 
     def acknowledge(self, attempt: int, task_id: int, checkpoint_id: int, ref: Any,
-                    meta: Any = None) -> None:
-        self.host.acknowledge.remote(self.job_id, attempt, task_id, checkpoint_id, ref, meta)
+                    meta: Any = None, incarnation: int = 0) -> None:
+        self.host.acknowledge.remote(self.job_id, attempt, task_id, checkpoint_id, ref, meta,
+                                     incarnation)
 
     async def commit(self, attempt: int, commit: int) -> bool:
         """Have the job master commit ``commit`` now; False if ``attempt`` is over."""
@@ -222,10 +230,10 @@ class JobHost:
         return master is not None and await master.commit_now(attempt, commit)
 
     def acknowledge(self, job_id: str, attempt: int, task_id: int, checkpoint_id: int,
-                    ref: Any, meta: Any = None) -> None:
+                    ref: Any, meta: Any = None, incarnation: int = 0) -> None:
         master = self.masters.get(job_id)
         if master is not None:  # an acknowledgment that arrives after its job ended
-            master.acknowledge(attempt, task_id, checkpoint_id, ref, meta)
+            master.acknowledge(attempt, task_id, checkpoint_id, ref, meta, incarnation)
 
 
 class JobMaster:
@@ -285,7 +293,19 @@ class JobMaster:
                                           if set(q.outputs) & set(plan.chains[t.chain_id].ops)]
                               for t in plan.tasks}
         self.query_points: list[dict[str, Any]] = []  # per poll: per query output, latency
-        self._restore: Any = None   # the recovery line of the running attempt
+        self._restore: Any = None   # what joining tasks restore from (`_join`)
+        # Regional restarts (`_restart_region`): the incarnation of every task (a
+        # regional restart bumps those it rebuilds), the channel positions its line
+        # resumes from, and how many regional restarts the job made.
+        self.regional = restarts_regions(self.recovery, self.protocol.restarts_regions)
+        self.incarnations = [0] * len(plan.tasks)
+        self._resume: dict[int, int] = {}
+        self._retake: tuple[int, ...] = ()  # checkpoints joining sources take again
+        self.region_restarts = 0
+        # a failure interrupted a regional restart: the next recovery is of the job
+        self._region_broken = False
+        # the tasks that restarted at the last failure: only they can be pending
+        self.restarting: set[int] = set(range(len(plan.tasks)))
         self._planned_free = 0  # free task slots left after the last placement
         self.planner: RecoveryPlanner = BlockingRecovery()  # of the last failure
         self._injector: asyncio.Task | None = None
@@ -311,6 +331,8 @@ class JobMaster:
     async def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
         by_worker: dict[int, list[int]] = {}
         for task_id in self.source_tasks - self.pending:
+            if self.assignment[task_id] is None:
+                continue  # lost, not placed yet (a regional restart): triggered at `_join`
             by_worker.setdefault(self.assignment[task_id], []).append(task_id)
         for w, task_ids in by_worker.items():
             self.workers[w].trigger_checkpoint.remote(self._epoch(attempt), task_ids,
@@ -375,7 +397,9 @@ class JobMaster:
             self._job_error_set.set_result(None)
 
     def acknowledge(self, attempt: int, task_id: int, checkpoint_id: int, ref: Any,
-                    meta: Any = None) -> None:
+                    meta: Any = None, incarnation: int = 0) -> None:
+        if incarnation != self.incarnations[task_id]:
+            return  # from a task a regional restart has rebuilt since: it takes it again
         self.coordinator.on_acknowledge(attempt, task_id, checkpoint_id, ref, meta)
 
     # -- the control loop -----------------------------------------------------------------
@@ -423,14 +447,22 @@ class JobMaster:
         try:
             spawn_s = await self._spawn()
             restore: Any = await self.coordinator.initial_line()
+            redeploy = True  # False after a regional restart: the job runs on
+            failure: Failure | None = None
             while True:
                 try:
-                    await self._deploy(restore)
-                    await self._start(restore)
+                    # A worker may die during a recovery too (while tasks join the
+                    # running attempt): that is one more failure to recover from.
+                    if failure is not None:
+                        restore, redeploy = await self._recover(failure)
+                        failure = None
+                    if redeploy:
+                        await self._deploy(restore)
+                        await self._start(restore)
                     await self._watch()
                     break
-                except Failure as failure:
-                    restore = await self._recover(failure)
+                except Failure as exc:
+                    failure = exc
             return await self._finish(spawn_s)
         except _JobEnded as ended:
             return self._ended(ended.report)
@@ -464,10 +496,11 @@ class JobMaster:
         peers = await asyncio.gather(*[w.frame_address.remote() for w in self.workers],
                                      return_exceptions=True)
         self._raise_call_failures(peers)
-        self._restore = restore
+        self._restore, self._resume, self._retake = restore, {}, ()
         assignment = self._running_assignment()
         outcomes = await asyncio.gather(*[w.deploy.remote(self.plan, peers, self.link,
-                                                          self.attempt, restore, i, assignment)
+                                                          self.attempt, restore, i, assignment,
+                                                          self.incarnations)
                                           for i, w in enumerate(self.workers)],
                                         return_exceptions=True)
         self._raise_call_failures(outcomes)
@@ -516,12 +549,22 @@ class JobMaster:
                 self._send_redundancy(self.redundancy.ratio)
         self.coordinator.start(self.attempt)
 
-    async def _recover(self, failure: Failure) -> Any:
+    async def _recover(self, failure: Failure) -> tuple[Any, bool]:
         """After ``failure``: replace what was lost and return the recovery line the
-        next attempt restores from; raise `_JobEnded` when the job cannot go on."""
+        next attempt restores from, and whether every task restarts from it — False
+        when only the failed region restarted, and the job runs on (`_restart_region`);
+        raise `_JobEnded` when the job cannot go on."""
         unfinished = self.coordinator.checkpoint_in_progress()
         self._standby_after_catch_up = False   # the next restart decides again
-        await self.coordinator.stop()
+        # A loss of workers, with no task waiting for capacity (a second failure while
+        # one is being recovered restarts the job whole): the failed region may
+        # restart alone, so the coordinator goes on with the job's checkpoints.
+        regional = (self.regional and not self.pending and failure.udf is None
+                    and not failure.fatal and failure.blob is None
+                    and not self._region_broken)
+        self._region_broken = False
+        if not regional:
+            await self.coordinator.stop()
         if self.job_error is not None:
             raise _JobEnded({"failure": self.job_error})
         if failure.udf is not None:
@@ -529,10 +572,10 @@ class JobMaster:
         if failure.fatal:
             raise _JobEnded({"failure": failure.reason})
         if failure.blob is not None:
-            return await self._exclude_checkpoint(failure)
+            return await self._exclude_checkpoint(failure), True
         self.record_event("failure_detected", reason=failure.reason, worker=failure.worker,
                           checkpoint_in_progress=unfinished)
-        if self.attempt >= self.config.max_restarts:
+        if self.attempt + self.region_restarts >= self.config.max_restarts:
             raise _JobEnded({"failure": f"{failure.reason} (gave up after "
                                         f"{self.config.max_restarts} restarts)"})
         self.phase = "recover"
@@ -540,12 +583,17 @@ class JobMaster:
             if self.config.recovery is None:
                 await self._replace_workers(failure)
             else:
-                await self._recover_with_policy(failure)
+                lost = await self._collect_losses(failure)
+                if regional:
+                    if await self._restart_region(lost):
+                        return self._restore, False
+                    await self.coordinator.stop()
+                await self._recover_with_policy(failure, lost)
         except RecoveryPlanError as exc:
             raise _JobEnded({"failure": str(exc)}) from None
         restore = await self._recovery_line()
         self.attempt += 1
-        return restore
+        return restore, True
 
     async def _exclude_checkpoint(self, failure: Failure) -> Any:
         """A worker could not read a blob of the checkpoint it restores (its state on
@@ -772,14 +820,86 @@ class JobMaster:
                           correlated=self.bursts.correlated())
         return lost
 
-    async def _recover_with_policy(self, failure: Failure) -> None:
-        """Group the losses, drop the lost workers, and let the planner decide which
-        lost tasks run again now: the rest stay pending until capacity arrives
-        (`_bring_back`). Without a capacity model every lost slot is replaced."""
-        lost = await self._collect_losses(failure)
+    async def _recover_with_policy(self, failure: Failure, lost: list[int]) -> None:
+        """Drop the ``lost`` workers (grouped by `_collect_losses`), and let the
+        planner decide which lost tasks run again now: the rest stay pending until
+        capacity arrives (`_bring_back`). Without a capacity model every lost slot
+        is replaced."""
         if not self.capacity_model:
             await self._replace_workers(failure, lost)
             return
+        lost_tasks = await self._drop_workers(lost)
+        self.restarting = set(range(len(self.plan.tasks)))
+        plan = await self._place(lost_tasks, self.planner)
+        self.record_event("recovery_planned", lost=lost, lost_tasks=lost_tasks,
+                          recover=list(plan.recover), pending=sorted(self.pending),
+                          queries=list(plan.queries), planner=type(self.planner).__name__,
+                          free_task_slots=self._planned_free)
+
+    async def _restart_region(self, lost: list[int]) -> bool:
+        """Restart only the failed region: the tasks of the ``lost`` workers and every
+        task downstream of them (`recovery.failed_region`), from the coordinator's
+        `region_line`; every other task keeps running. False (nothing done) when the
+        protocol cannot restart a region now: the job then restarts whole.
+
+        Survivors stop forwarding into the region and the region's tasks that ran on
+        live workers stop (`Worker.restart_region`); each task of the region gets a
+        new incarnation, so frames and acknowledgments of the one before are dropped.
+        The planner places the lost tasks on free capacity as after any failure; the
+        region's tasks that an available query needs join the running attempt,
+        restored from the line, and every sender into them sends again, out of its
+        upstream backup, what they must see again (`_join`). The others stay pending
+        and join as capacity arrives (`_bring_back`)."""
+        lost_tasks = {t for t, w in enumerate(self.assignment) if w in lost}
+        region = failed_region(lost_tasks, _CoordinatorContext(self).channels())
+        # The region takes the checkpoint in progress again, under the same id: a lost
+        # worker that only missed its heartbeat must be dead before, or a blob it
+        # stores late would replace its next incarnation's.
+        for i in lost:
+            ray.kill(self.workers[i], no_restart=True)
+        dead = await asyncio.gather(*[detector.confirmed_dead(
+            self.workers[i], self.config.heartbeat_timeout_s * 5) for i in lost])
+        if not all(dead):
+            return False
+        line = await self.coordinator.region_line(region)
+        if line is None:
+            return False
+        self.region_restarts += 1
+        try:
+            await self._rebuild_region(lost, lost_tasks, region, line)
+        except Failure:
+            self._region_broken = True  # half rebuilt: the whole job restarts instead
+            raise
+        return True
+
+    async def _rebuild_region(self, lost: list[int], lost_tasks: set[int], region: set[int],
+                              line: Any) -> None:
+        """`_restart_region` from its line on: stop the region, place its lost tasks,
+        and let those that can run join."""
+        for t in region:
+            self.incarnations[t] += 1
+        epoch = self._epoch(self.attempt)
+        await asyncio.gather(*[w.restart_region.remote(epoch, sorted(region))
+                               for i, w in enumerate(self.workers) if i not in lost],
+                             return_exceptions=True)  # a death is the detector's
+        self.finished_tasks -= region
+        self.restarting = set(region)
+        await self._drop_workers(lost)
+        plan = await self._place(sorted(lost_tasks), self.planner)
+        self.pending &= region  # a task outside the region never stopped
+        self._restore, self._resume, self._retake = line, line.resume, line.retake
+        self.record_event("recovery_planned", lost=lost, lost_tasks=sorted(lost_tasks),
+                          region=sorted(region), recover=list(plan.recover),
+                          pending=sorted(self.pending), queries=list(plan.queries),
+                          planner=type(self.planner).__name__,
+                          free_task_slots=self._planned_free)
+        await self._join(sorted(region - self.pending))
+        self.record_event("restarted", attempt=self.attempt, checkpoint=line.line,
+                          region=sorted(region))
+
+    async def _drop_workers(self, lost: list[int]) -> list[int]:
+        """Kill the ``lost`` workers (and the standby) and forget them; the tasks they
+        ran, now without a worker. Picks the planner of this failure."""
         await self._standby_lent()
         if self.standby is not None:  # a warm process is not capacity: let it go
             ray.kill(self.standby, no_restart=True)
@@ -793,14 +913,16 @@ class JobMaster:
         lost_tasks = sorted(t for t, w in enumerate(self.assignment) if w is None or w in lost)
         self.assignment = [None if w is None or w in lost else index[w]
                            for w in self.assignment]
-        # the planner of this failure plans it to its end (`_bring_back` too)
-        self.planner = (self.recovery.planner() if self.bursts.correlated()
+        # The planner of this failure plans it to its end (`_bring_back` too). A loss
+        # while tasks of a correlated failure still wait for capacity is part of
+        # recovering that failure: its planner goes on (a blocking plan would hold
+        # back queries it had promised to bring back as capacity arrives).
+        still_recovering = bool(self.pending) and not isinstance(self.planner,
+                                                                 BlockingRecovery)
+        self.planner = (self.recovery.planner()
+                        if self.bursts.correlated() or still_recovering
                         else BlockingRecovery())
-        plan = await self._place(lost_tasks, self.planner)
-        self.record_event("recovery_planned", lost=lost, lost_tasks=lost_tasks,
-                          recover=list(plan.recover), pending=sorted(self.pending),
-                          queries=list(plan.queries), planner=type(self.planner).__name__,
-                          free_task_slots=self._planned_free)
+        return lost_tasks
 
     def _free_slots(self) -> dict[str, int]:
         """Free task slots per live node that no fault took down."""
@@ -840,7 +962,8 @@ class JobMaster:
         self._planned_free = capacity.free_task_slots - len(plan.recover)
         running = set().union(*[q.tasks for q in self.queries
                                 if all(self.assignment[t] is not None for t in q.tasks)])
-        self.pending = set(range(len(self.plan.tasks))) - running
+        # a task outside the restart (a regional one) runs on, whatever its queries
+        self.pending = (set(range(len(self.plan.tasks))) - running) & self.restarting
         return plan
 
     async def _capacity_arrived(self) -> None:
@@ -870,20 +993,46 @@ class JobMaster:
         joining = sorted(before - self.pending)
         if not joining:
             return []
+        self.record_event("recovery_progressed", recover=list(plan.recover),
+                          joining=joining, queries=list(plan.queries),
+                          pending=sorted(self.pending))
+        return await self._join(joining)
+
+    async def _join(self, joining: list[int]) -> list[int]:
+        """Tasks ``joining`` join the running attempt, restored from ``_restore``:
+        built on their workers, then started, while every channel into them starts
+        sending (`Worker.attach`; from ``_resume`` on, after a regional restart).
+        Under a protocol that restarts regions, joining sources take the checkpoint
+        in progress too: the tasks downstream of them wait for its barrier. The
+        workers that got tasks."""
+        if not joining:
+            return []
         epoch = self._epoch(self.attempt)
-        peers = await asyncio.gather(*[w.frame_address.remote() for w in self.workers])
+        # a worker that died meanwhile is a failure (`_phases` recovers from it)
+        peers = await asyncio.gather(*[w.frame_address.remote() for w in self.workers],
+                                     return_exceptions=True)
+        self._raise_call_failures(peers)
         assignment = self._running_assignment()
         by_worker: dict[int, list[int]] = {}
         for t in joining:
             by_worker.setdefault(self.assignment[t], []).append(t)
-        self.record_event("recovery_progressed", recover=list(plan.recover),
-                          joining=joining, queries=list(plan.queries),
-                          pending=sorted(self.pending))
-        await asyncio.gather(*[self.workers[w].join.remote(
-            epoch, self.plan, peers, self.link, self._restore, assignment, tasks)
-            for w, tasks in by_worker.items()])
-        await asyncio.gather(*[w.attach.remote(epoch, self.plan, peers, assignment)
-                               for w in self.workers])
+        self._raise_call_failures(await asyncio.gather(*[self.workers[w].join.remote(
+            epoch, self.plan, peers, self.link, self._restore, assignment, tasks,
+            self.incarnations) for w, tasks in by_worker.items()], return_exceptions=True))
+        # Triggered once built and before they start, in order: a checkpoint the
+        # trigger loop starts from now on comes after these at every source.
+        checkpoint = self.coordinator.checkpoint_in_progress()
+        retake = [*self._retake, *([checkpoint] if checkpoint is not None
+                                   and checkpoint not in self._retake else [])]
+        if self.regional:
+            for w, tasks in by_worker.items():
+                sources = [t for t in tasks if t in self.source_tasks]
+                for checkpoint_id in retake if sources else ():
+                    self.workers[w].trigger_checkpoint.remote(epoch, sources, checkpoint_id)
+        self._raise_call_failures(await asyncio.gather(
+            *[w.attach.remote(epoch, self.plan, peers, assignment, self._resume,
+                              self.incarnations) for w in self.workers],
+            return_exceptions=True))
         return sorted(by_worker)
 
     async def _watch(self) -> None:
@@ -995,26 +1144,27 @@ class JobMaster:
             if isinstance(reply, BaseException):
                 continue
             for task_id, p in reply["tasks"].items():
-                attempt, src, snk = self._counts.get(task_id, (reply["attempt"], 0, 0))
-                if attempt != reply["attempt"]:
+                # counters restart with each attempt, and each incarnation of a task
+                stamp = (reply["attempt"], p["incarnation"])
+                attempt, src, snk = self._counts.get(task_id, (stamp, 0, 0))
+                if attempt != stamp:
                     src, snk = 0, 0
                 gained["source_records"] += p["source_records"] - src
                 gained["sink_records"] += p["sink_records"] - snk
                 for name in self._sink_queries.get(task_id, ()):
                     by_query[name][0] += p["sink_records"] - snk
-                self._counts[task_id] = (reply["attempt"], p["source_records"],
-                                         p["sink_records"])
-                seen_attempt, seen = self._latency_seen.get(task_id, (reply["attempt"], {}))
+                self._counts[task_id] = (stamp, p["source_records"], p["sink_records"])
+                seen_attempt, seen = self._latency_seen.get(task_id, (stamp, {}))
                 current = LatencyHistogram(p["latency"])
-                new = current.minus(seen if seen_attempt == reply["attempt"] else {})
+                new = current.minus(seen if seen_attempt == stamp else {})
                 latency.merge(new)
                 for name in self._sink_queries.get(task_id, ()):
                     by_query[name][1].merge(new)
-                self._latency_seen[task_id] = (reply["attempt"], p["latency"])
-                seen_attempt, seen = self._late_seen.get(task_id, (reply["attempt"], {}))
+                self._latency_seen[task_id] = (stamp, p["latency"])
+                seen_attempt, seen = self._late_seen.get(task_id, (stamp, {}))
                 late.merge(LatencyHistogram(p["late_copies"]).minus(
-                    seen if seen_attempt == reply["attempt"] else {}))
-                self._late_seen[task_id] = (reply["attempt"], p["late_copies"])
+                    seen if seen_attempt == stamp else {}))
+                self._late_seen[task_id] = (stamp, p["late_copies"])
                 lag += p["source_lag"]
         for k, v in gained.items():
             self._totals[k] += v
@@ -1037,7 +1187,10 @@ class JobMaster:
         if self.started_s is not None:
             self.query_points.append({"t_s": time.time() - self.started_s, "queries": {
                 name: (records, None if h.percentile(50) is None else h.percentile(50) * 1000)
-                for name, (records, h) in by_query.items()}})
+                for name, (records, h) in by_query.items()},
+                # queries with a task waiting for capacity: their output, if any,
+                # comes from the partitions that kept running, and is incomplete
+                "down": sorted(q.name for q in self.queries if q.tasks & self.pending)})
             if len(self.query_points) > 2 * self.limits.events.first_points:
                 # a long run: every other point, so memory stays flat and the
                 # points still span the run (the first ones give the baseline)

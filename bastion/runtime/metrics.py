@@ -153,9 +153,14 @@ class QueryAvailability:
     *Relative latency* is a progress point's median latency at the query's sinks over
     its failure-free latency — the median of the points before the first failure.
     A query is *available again* at the first point after the recovery started where
-    its output flows and its relative latency is under `AVAILABLE_RELATIVE_LATENCY`;
-    ``available_again_s`` counts from the failure's detection. ``timeline`` holds
-    (seconds since the job started, records, relative latency or None)."""
+    every task it needs runs, its output flows and its relative latency is under
+    `AVAILABLE_RELATIVE_LATENCY`; ``available_again_s`` counts from the failure's
+    detection. Every task, because a query's accurate output needs all of its
+    partitions (Su & Zhou): when only the failed region restarts, the partitions of
+    a hit query outside it keep producing at their usual latency, and without that
+    condition the query would look available while most of its tasks still wait for
+    capacity. ``timeline`` holds (seconds since the job started, records, relative
+    latency or None)."""
 
     name: str
     priority: float
@@ -169,11 +174,13 @@ class QueryAvailability:
 def query_availability(points: list[dict[str, Any]], priorities: dict[str, float],
                        failed_at_s: float | None, restarted_at_s: float | None
                        ) -> dict[str, QueryAvailability]:
-    """Each query's availability from the job master's progress ``points`` (``t_s``
-    and, per query, (records, p50 latency in ms) since the point before)."""
+    """Each query's availability from the job master's progress ``points`` (``t_s``;
+    per query, (records, p50 latency in ms) since the point before; and ``down``, the
+    queries some of whose tasks were not running then — absent: none)."""
     result = {}
     for name, priority in priorities.items():
         series = [(p["t_s"], *p["queries"][name]) for p in points if name in p["queries"]]
+        down_at = {round(p["t_s"], 3) for p in points if name in p.get("down", ())}
         before = sorted(ms for t, n, ms in series if n > 0 and ms is not None
                         and (failed_at_s is None or t < failed_at_s))
         baseline = before[len(before) // 2] if before else None
@@ -187,7 +194,8 @@ def query_availability(points: list[dict[str, Any]], priorities: dict[str, float
             for t, n, rel in after:
                 if n > 0 and rel is not None:
                     worst = rel if worst is None else max(worst, rel)
-                    if available_s is None and rel < AVAILABLE_RELATIVE_LATENCY:
+                    if available_s is None and rel < AVAILABLE_RELATIVE_LATENCY \
+                            and t not in down_at:
                         available_s = t - failed_at_s
             last_output_s = failed_at_s
             for t, n, _ in [p for p in timeline if p[0] >= failed_at_s]:

@@ -46,10 +46,13 @@ def staged_key(job: str, sink: str, index: int, commit: int) -> str:
     return f"{_root(job)}{sink}/{index:05d}/{commit:0{_DIGITS}d}"
 
 
-def part_key(job: str, sink: str, index: int, attempt: int, n: int) -> str:
-    """The ``n``-th part a sink instance spilled in ``attempt``: unique per attempt, so
-    a part is never overwritten by another attempt's."""
-    return f"{_root(job)}{sink}/{index:05d}/part-{attempt:06d}-{n:09d}"
+def part_key(job: str, sink: str, index: int, attempt: int, n: int,
+             incarnation: int = 0) -> str:
+    """The ``n``-th part a sink instance spilled in ``attempt`` (and, after a regional
+    restart rebuilt it, its ``incarnation``): unique per attempt and incarnation, so a
+    part is never overwritten by another's."""
+    again = f".{incarnation}" if incarnation else ""
+    return f"{_root(job)}{sink}/{index:05d}/part-{attempt:06d}{again}-{n:09d}"
 
 
 def marker_key(job: str, commit: int) -> str:

@@ -29,7 +29,9 @@ does Bastion: a write to a socket costs tens of microseconds.
 
 Wire format, little-endian: ``u32 header length, u32 payload length, header, payload``
 from sender to receiver, the header a msgpack array ``[message id, job id, attempt,
-task id, channel id, seq]``; ``u64 message id`` from receiver to sender.
+task id, channel id, seq, incarnation]`` (the incarnation of the destination task:
+a task restarted on its own, in a regional restart, drops frames meant for the
+incarnation before it); ``u64 message id`` from receiver to sender.
 """
 
 from __future__ import annotations
@@ -45,9 +47,9 @@ from bastion.errors import PeerLostError
 _LENGTHS = struct.Struct("<II")
 _ACK = struct.Struct("<Q")
 
-# Called with (epoch, task id, channel id, seq, payload); returns once the frame is in
-# the task's inbox or dropped.
-Deliver = Callable[[tuple[str, int], int, int, int, bytes], Awaitable[None]]
+# Called with (epoch, task id, channel id, seq, payload, incarnation); returns once the
+# frame is in the task's inbox or dropped.
+Deliver = Callable[[tuple[str, int], int, int, int, bytes, int], Awaitable[None]]
 
 
 class FrameServer:
@@ -69,13 +71,14 @@ class FrameServer:
         try:
             while True:
                 header_len, payload_len = _LENGTHS.unpack(await reader.readexactly(8))
-                message_id, job_id, attempt, task_id, channel_id, seq = msgpack.unpackb(
-                    await reader.readexactly(header_len))
+                message_id, job_id, attempt, task_id, channel_id, seq, incarnation = \
+                    msgpack.unpackb(await reader.readexactly(header_len))
                 payload = await reader.readexactly(payload_len)
                 # Delivered concurrently, like Ray calls: a frame waiting for its turn
                 # or for room in one inbox must not hold up the link's other channels.
                 delivery = asyncio.ensure_future(self._deliver_and_ack(
-                    writer, message_id, (job_id, attempt), task_id, channel_id, seq, payload))
+                    writer, message_id, (job_id, attempt), task_id, channel_id, seq, payload,
+                    incarnation))
                 self._pending.add(delivery)
                 delivery.add_done_callback(self._pending.discard)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -85,8 +88,14 @@ class FrameServer:
 
     async def _deliver_and_ack(self, writer: asyncio.StreamWriter, message_id: int,
                                epoch: tuple[str, int], task_id: int, channel_id: int,
-                               seq: int, payload: bytes) -> None:
-        await self._deliver(epoch, task_id, channel_id, seq, payload)
+                               seq: int, payload: bytes, incarnation: int) -> None:
+        try:
+            await self._deliver(epoch, task_id, channel_id, seq, payload, incarnation)
+        except asyncio.CancelledError:
+            # The receiving task was reset (`InputGate.close`): the frame is dropped,
+            # and acknowledged all the same — its sender may keep running (a regional
+            # restart) and must get its credit back.
+            pass
         if not writer.is_closing():
             writer.write(_ACK.pack(message_id))
 
@@ -114,7 +123,7 @@ class PeerLink:
         self._ack_reader = asyncio.ensure_future(self._read_acks())
 
     def send(self, epoch: tuple[str, int], task_id: int, channel_id: int, seq: int,
-             payload: bytes) -> asyncio.Future:
+             payload: bytes, incarnation: int = 0) -> asyncio.Future:
         ack = asyncio.get_running_loop().create_future()
         if self.broken is not None:
             _fail(ack, self.broken)
@@ -122,7 +131,8 @@ class PeerLink:
         message_id = self._next_id
         self._next_id += 1
         self._acks[message_id] = ack
-        header = msgpack.packb([message_id, epoch[0], epoch[1], task_id, channel_id, seq])
+        header = msgpack.packb([message_id, epoch[0], epoch[1], task_id, channel_id, seq,
+                                incarnation])
         self._writer.writelines((_LENGTHS.pack(len(header), len(payload)), header, payload))
         return ack
 
@@ -202,9 +212,10 @@ def node_address() -> str:
     return ray.util.get_node_ip_address()
 
 
-def pusher(link: PeerLink, dst_task: int, epoch: tuple[str, int]
+def pusher(link: PeerLink, dst_task: int, epoch: tuple[str, int], incarnation: int = 0
            ) -> Callable[[int, int, bytes], Any]:
-    """A channel's way to send a frame to task ``dst_task`` over ``link``."""
+    """A channel's way to send a frame to incarnation ``incarnation`` of task
+    ``dst_task`` over ``link``."""
     def push(channel_id: int, seq: int, payload: bytes) -> asyncio.Future:
-        return link.send(epoch, dst_task, channel_id, seq, payload)
+        return link.send(epoch, dst_task, channel_id, seq, payload, incarnation)
     return push

@@ -33,6 +33,7 @@ machine is measured by `benchmarks/`, not asserted by tests.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NoReturn
 
@@ -99,6 +100,22 @@ async def answers(worker: Any, timeout_s: float) -> bool:
         return True
     except (TimeoutError, ray.exceptions.RayError):
         return False
+
+
+async def confirmed_dead(worker: Any, timeout_s: float) -> bool:
+    """Is ``worker`` (killed, or lost) known to Ray as dead within ``timeout_s``? A
+    worker that only missed its heartbeat may still run — and write to the store —
+    until its kill takes effect."""
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
+        try:
+            await within(worker.ping.remote(), max(0.01, deadline_s - time.monotonic()))
+        except ray.exceptions.RayActorError:
+            return True
+        except (TimeoutError, ray.exceptions.RayError):
+            pass
+        await asyncio.sleep(0.05)
+    return False
 
 
 async def watch_heartbeats(workers: Callable[[], list], timeout_s: float) -> NoReturn:
