@@ -124,6 +124,48 @@ def test_a_torn_packed_column_is_refused(module):
         kernel(module, "unpack_float64")(b"\x00" * 7)
 
 
+@pytest.mark.parametrize("module", KERNELS)
+@given(rows=st.lists(st.one_of(st.tuples(scalars, scalars, scalars),
+                               st.lists(scalars, min_size=3, max_size=4)), max_size=40),
+       index=st.integers(-3, 2))
+def test_field_column_is_one_field_of_every_row(module, rows, index):
+    column = kernel(module, "field_column")(rows, index)
+    assert type(column) is list and len(column) == len(rows)
+    assert all(item is row[index] for item, row in zip(column, rows))  # the same objects
+
+
+@pytest.mark.parametrize("module", KERNELS)
+def test_field_column_refuses_a_row_without_the_field(module):
+    with pytest.raises(IndexError):
+        kernel(module, "field_column")([(1, 2), (3,)], 1)
+    with pytest.raises(TypeError):
+        kernel(module, "field_column")([(1, 2), 5], 1)
+
+
+@pytest.mark.parametrize("module", KERNELS)
+@given(runs=st.lists(st.tuples(st.floats(allow_nan=True, allow_infinity=True),
+                               st.integers(1, 4)), max_size=20))
+def test_float_runs_store_each_run_of_equal_bits_once(module, runs):
+    column = [value for value, length in runs for _ in range(length)]
+    # the runs as a brute force finds them: consecutive items with the same bits
+    expected: list[list] = []
+    for value in column:
+        if expected and struct.pack("<d", value) == struct.pack("<d", expected[-1][0]):
+            expected[-1][1] += 1
+        else:
+            expected.append([value, 1])
+    values, lengths = kernel(module, "float64_runs")(column)
+    assert values == b"".join(struct.pack("<d", value) for value, _ in expected)
+    assert lengths == [length for _, length in expected]
+    assert all(type(length) is int for length in lengths)
+
+
+@pytest.mark.parametrize("module", KERNELS)
+@pytest.mark.parametrize("column", [[1.0, 1], [1.0, None], [True]])
+def test_float_runs_of_a_column_not_exactly_float_are_none(module, column):
+    assert kernel(module, "float64_runs")(column) is None
+
+
 def msgpack_round_trip(column):
     """What a column became before packing: a msgpack array, decoded as a tuple."""
     return msgpack.unpackb(msgpack.packb(column, use_bin_type=True), use_list=False,

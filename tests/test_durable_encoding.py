@@ -13,6 +13,7 @@ import msgpack
 import pytest
 
 import bastion as bn
+from bastion.runtime.columns import pack_ints, unpack_ints
 from bastion.runtime.config import JobConfig
 from bastion.runtime.durable import (RESERVED_CODES, DurableCodec, open_bytes, seal)
 from bastion.runtime.instance import Task
@@ -348,11 +349,12 @@ class _Last:
                                   bn.windows.Sliding(0.3, 0.1)])
 @pytest.mark.parametrize("lineage", [True, False])
 def test_window_results_come_back_exactly_from_their_log_form(spec, lineage):
-    """A time window logs its results in a form of its own (per result: key, aggregate,
-    born, window start; `TimeWindowOp.results_form`): packed by the state codec and
-    read back, it gives the very batch the window emitted — values, event times, born
-    and lineage ids, every type and float bit (keys, aggregates and bounds of any
-    kind, negative windows, results a failing aggregate dropped)."""
+    """A time window logs its results in a form of its own (per result: key, aggregate;
+    per run of results of one window: born and the window start;
+    `TimeWindowOp.results_form`): packed by the state codec and read back, it gives
+    the very batch the window emitted — values, event times, born and lineage ids,
+    every type and float bit (keys, aggregates and bounds of any kind, negative
+    windows, results a failing aggregate dropped)."""
     from bastion.lineage import root_ids
     from bastion.runtime.operators import OperatorContext, make_operator
     from bastion.runtime.records import Batch
@@ -366,7 +368,7 @@ def test_window_results_come_back_exactly_from_their_log_form(spec, lineage):
     codec = DurableCodec()
     keys = [random_hashable(rng, 2) for _ in range(12)]
     keys = [k for k in keys if not (isinstance(k, float) and math.isnan(k))]
-    fired = 0
+    fired = stored_starts = 0
     for step in range(40):
         n = rng.randrange(1, 30)
         values = [(rng.choice(keys), "drop" if rng.random() < 0.1 else random_value(rng, 3))
@@ -378,7 +380,13 @@ def test_window_results_come_back_exactly_from_their_log_form(spec, lineage):
         out = op.on_watermark(step - 2.0 + rng.random())
         if out is None:
             continue
-        back = op.results_batch(codec.unpack(codec.pack(op.results_form(out)), "k"))
+        form = op.results_form(out)
+        back = op.results_batch(codec.unpack(codec.pack(form), "k"))
+        # a window's start is stored once per run of its results, not once per result
+        starts = [value[1] for value in out.values]
+        runs = sum(1 for i, start in enumerate(starts) if i == 0 or start != starts[i - 1])
+        assert len(form[6]) == 8 * runs
+        stored_starts += runs
         fired += len(out)
         last = out
         assert typed(back.keys) == typed(list(out.keys))
@@ -386,15 +394,18 @@ def test_window_results_come_back_exactly_from_their_log_form(spec, lineage):
         assert typed(back.ts) == typed(list(out.ts))
         assert typed(back.born) == typed(list(out.born))
         assert typed(back.ids) == typed(out.ids if lineage else None)
-    assert fired > 50 and ctx.dead_letter_count > 0
+    assert fired > 50 and ctx.dead_letter_count > 0 and stored_starts < fired
     with pytest.raises(ValueError, match="not a time window's"):
         op.results_batch([[1], [(1,)], [0.5], [0.5], None])
-    # born and the starts travel as raw doubles: a column cut short, or one result
-    # short of the others, is refused, never read as other numbers
+    # born and the starts travel as runs of raw doubles: a column cut short, a run
+    # lost, a run longer or empty is refused, never read as other numbers
     form = op.results_form(last)
-    for column, cut in [(4, form[4][:-1]), (5, form[5][:-8])]:
+    lengths = list(unpack_ints(form[7]))
+    for column, damaged in [(4, form[4][:-1]), (6, form[6][:-8]), (5, form[5][:-1]),
+                            (7, pack_ints(lengths[:-1] + [lengths[-1] + 1])),
+                            (7, pack_ints([0] + lengths)), (7, b"\x03")]:
         broken = list(form)
-        broken[column] = cut
+        broken[column] = damaged
         with pytest.raises(ValueError):
             op.results_batch(broken)
 

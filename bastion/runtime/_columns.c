@@ -1,7 +1,8 @@
-/* Column kernels of the keyed exchange: the per-record loops of routing and of the
- * frame codec, in C. `bastion.runtime.columns` documents what each one computes and
- * holds the pure-Python equivalents, used where this module was not built and by
- * the tests that check the two agree. Everything here works on one column of a
+/* Column kernels of the keyed exchange and of logged window results: the per-record
+ * loops of routing, of the frame codec and of the log form, in C.
+ * `bastion.runtime.columns` documents what each one computes and holds the
+ * pure-Python equivalents, used where this module was not built and by the tests
+ * that check the two agree. Everything here works on one column of a
  * batch at a time and never calls user code, except the key comparisons of the
  * partition lookup (a user key's __hash__ / __eq__). */
 #define PY_SSIZE_T_CLEAN
@@ -333,6 +334,105 @@ exact_numbers(PyObject *module, PyObject *column)
     return PyBool_FromLong(exact);
 }
 
+/* field_column(rows, index) -> list: item `index` of every row (a tuple, or any
+ * sequence), in order: what list(map(itemgetter(index), rows)) gives, in one pass. */
+static PyObject *
+field_column(PyObject *module, PyObject *args)
+{
+    PyObject *rows;
+    Py_ssize_t index;
+    if (!PyArg_ParseTuple(args, "On:field_column", &rows, &index))
+        return NULL;
+    PyObject *seq = PySequence_Fast(rows, "rows must be a list or a tuple");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(size);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < size; i++) {
+        PyObject *row = items[i], *item;
+        if (PyTuple_CheckExact(row) && index >= 0 && index < PyTuple_GET_SIZE(row)) {
+            item = PyTuple_GET_ITEM(row, index);
+            Py_INCREF(item);
+        } else {
+            item = PySequence_GetItem(row, index);  /* raises as itemgetter would */
+            if (item == NULL) {
+                Py_DECREF(out);
+                Py_DECREF(seq);
+                return NULL;
+            }
+        }
+        PyList_SET_ITEM(out, i, item);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
+/* float64_runs(column) -> (bytes, list) | None: when every item is exactly a float, the
+ * column run-length encoded: each run of consecutive items with the same bits, its
+ * value once as a little-endian float64 and its length in the list; else None. */
+static PyObject *
+float64_runs(PyObject *module, PyObject *column)
+{
+    PyObject *seq = PySequence_Fast(column, "column must be a list or a tuple");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *values = NULL, *lengths = NULL, *out = NULL;
+    Py_ssize_t runs = 0;
+    uint64_t previous = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        if (!PyFloat_CheckExact(items[i])) {
+            Py_DECREF(seq);
+            Py_RETURN_NONE;
+        }
+        double v = PyFloat_AS_DOUBLE(items[i]);
+        uint64_t word;
+        memcpy(&word, &v, 8);
+        if (i == 0 || word != previous)
+            runs++;
+        previous = word;
+    }
+    values = PyBytes_FromStringAndSize(NULL, runs * 8);
+    lengths = PyList_New(runs);
+    if (values == NULL || lengths == NULL)
+        goto done;
+    unsigned char *buf = (unsigned char *)PyBytes_AS_STRING(values);
+    Py_ssize_t run = -1, start = 0;
+    for (Py_ssize_t i = 0; i <= size; i++) {
+        uint64_t word = 0;
+        if (i < size) {
+            double v = PyFloat_AS_DOUBLE(items[i]);
+            memcpy(&word, &v, 8);
+        }
+        if (i == size || i == 0 || word != previous) {
+            if (run >= 0) {
+                PyObject *length = PyLong_FromSsize_t(i - start);
+                if (length == NULL)
+                    goto done;
+                PyList_SET_ITEM(lengths, run, length);
+            }
+            if (i == size)
+                break;
+            run++;
+            start = i;
+            put_word(buf + run * 8, word, 8);
+        }
+        previous = word;
+    }
+    out = PyTuple_Pack(2, values, lengths);
+done:
+    Py_XDECREF(values);
+    Py_XDECREF(lengths);
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"partitions", partitions, METH_VARARGS, "memo[key] for every key, as bytes"},
     {"split_column", split_column, METH_VARARGS, "a column cut by destination code"},
@@ -341,6 +441,8 @@ static PyMethodDef methods[] = {
     {"unpack_ints", unpack_ints, METH_VARARGS, "packed ints back to a tuple"},
     {"exact_numbers", exact_numbers, METH_O, "are all items exact ints (64-bit) or floats?"},
     {"unpack_float64", unpack_float64, METH_VARARGS, "float64s back to a tuple of floats"},
+    {"field_column", field_column, METH_VARARGS, "item `index` of every row, as a list"},
+    {"float64_runs", float64_runs, METH_O, "exact floats run-length encoded, or None"},
     {NULL, NULL, 0, NULL},
 };
 

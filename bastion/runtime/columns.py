@@ -19,6 +19,11 @@ every batch in it holds only such numbers (`exact_numbers`): decoding would give
 equal values of the same types, and numbers cannot be mutated, so passing the batches
 themselves means the same and skips two passes a column.
 
+The same loops make the durable form of a batch of window results (protocol "cec"
+logs every result): one field of every result tuple as a column (`field_column`), and
+a column of floats that repeats in runs, such as the window start and the stamp all
+results of one window share, run-length encoded (`float64_runs`).
+
 Packed columns keep the frame's meaning exactly: a column is packed only when every
 item is exactly an ``int`` that fits in 64 bits (not a ``bool``, not a subclass) or
 exactly a ``float``; it decodes to a tuple of the same values, as a msgpack array
@@ -28,9 +33,11 @@ would. Anything else travels as msgpack did before.
 from __future__ import annotations
 
 import functools
+import struct
 import sys
 from array import array
-from itertools import compress
+from itertools import compress, groupby
+from operator import itemgetter
 from typing import Sequence
 
 
@@ -88,6 +95,27 @@ def py_exact_numbers(column: Sequence) -> bool:
                for v in column)
 
 
+def py_field_column(rows: Sequence, index: int) -> list:
+    """Item ``index`` of every row, in order."""
+    return list(map(itemgetter(index), rows))
+
+
+def py_float64_runs(column: Sequence) -> tuple[bytes, list[int]] | None:
+    """When every item is exactly a float: each run of consecutive items with the same
+    bits once, as little-endian float64s, and the length of every run; else None."""
+    if not all(type(v) is float for v in column):
+        return None
+    values, lengths = array("d"), []
+    for bits, run in groupby(column, key=_bits):
+        values.append(next(run))
+        lengths.append(1 + sum(1 for _ in run))
+    return _little_endian(values).tobytes(), lengths
+
+
+def _bits(value: float) -> bytes:
+    return struct.pack("<d", value)
+
+
 @functools.cache
 def _select(p: int) -> bytes:
     """The translation table that turns code ``p`` into 1 and every other into 0."""
@@ -108,13 +136,14 @@ def _from_little_endian(typecode: str, data: bytes) -> array:
 
 
 try:
-    from bastion.runtime._columns import (exact_numbers, pack_float64, pack_ints,
-                                          partitions, split_column, unpack_float64,
-                                          unpack_ints)
+    from bastion.runtime._columns import (exact_numbers, field_column, float64_runs,
+                                          pack_float64, pack_ints, partitions,
+                                          split_column, unpack_float64, unpack_ints)
     NATIVE = True
 except ImportError:  # built without a C compiler: the same, slower
     partitions, split_column = py_partitions, py_split_column
     pack_ints, pack_float64 = py_pack_ints, py_pack_float64
     unpack_ints, unpack_float64 = py_unpack_ints, py_unpack_float64
     exact_numbers = py_exact_numbers
+    field_column, float64_runs = py_field_column, py_float64_runs
     NATIVE = False

@@ -30,15 +30,14 @@ import math
 import struct
 import time
 import traceback
-from itertools import compress, islice, repeat
-from operator import itemgetter
+from itertools import chain, compress, islice, repeat
 from typing import Any, Callable, Iterable, Sequence
 
 from bastion import windows as window_specs
 from bastion.errors import UDFError
 from bastion.lineage import derived_ids, from_wire, ids_of, root_ids, to_wire, union_ids
 from bastion.runtime.metrics import LatencyHistogram
-from bastion.runtime.columns import pack_float64
+from bastion.runtime.columns import field_column, float64_runs, pack_ints, unpack_ints
 from bastion.runtime.records import Batch, pack_column, unpack_column
 from bastion.runtime.windows import TimeWindows
 from bastion.topology import OpNode
@@ -489,38 +488,48 @@ class TimeWindowOp(_WindowParts):
     # `results_batch` computes the rest the way `on_watermark` did. The results are
     # every record protocol "cec" logs, and packing them was most of what it cost a
     # job of fast windows (benchmarks/cec.py (d)), so no column is a msgpack value per
-    # item where it can be machine words: born and the starts are floats always
-    # (wall-clock stamps; `TimeWindows.start` is k * a float), packed as little-endian
-    # doubles by one C call each; keys and aggregates that are all exact ints (a
-    # count) or all exact floats are packed the same way (`pack_column`, as a frame
-    # packs them), anything else is left to the state codec, exact types kept.
+    # item where it can be machine words, and what repeats is stored once: the results
+    # of one window come out together with the same start and the same born (its
+    # latest input's), so those two columns are run-length encoded, each run's value a
+    # little-endian double (born is a wall-clock stamp, a start `k * size`: floats
+    # always) and the run lengths packed ints; keys and aggregates that are all exact
+    # ints (a count) or all exact floats are packed as a frame packs them
+    # (`pack_column`), anything else is left to the state codec, exact types kept.
+    # Every pass is one C loop (`columns`).
 
     def results_form(self, out: Batch) -> list:
         values = out.values
         code = None if out.ids is None else self.ctx.code
         keys, keys_kind = pack_column(out.keys)
-        aggregates, aggregates_kind = pack_column(list(map(_AGGREGATE, values)))
-        return [_WINDOW_RESULTS, code, keys, aggregates, _doubles(out.born),
-                _doubles(list(map(_START, values))), keys_kind | aggregates_kind << 2]
+        aggregates, aggregates_kind = pack_column(field_column(values, 3))
+        born, born_runs = _float_runs(out.born)
+        starts, start_runs = _float_runs(field_column(values, 1))
+        return [_WINDOW_RESULTS, code, keys, aggregates, born, pack_ints(born_runs),
+                starts, pack_ints(start_runs), keys_kind | aggregates_kind << 2]
 
     def results_batch(self, form: list) -> Batch:
-        if len(form) != 7 or form[0] != _WINDOW_RESULTS:
-            raise ValueError(f"operator {self.ctx.name!r}: logged results are not a "
-                             "time window's")
-        _, code, keys, aggregates, born, starts, packing = form
+        name = self.ctx.name
+        if len(form) != 9 or form[0] != _WINDOW_RESULTS:
+            raise ValueError(f"operator {name!r}: logged results are not a time window's "
+                             "(or were written by an older Bastion: run the job afresh)")
+        _, code, keys, aggregates, born, born_runs, starts, start_runs, packing = form
         if packing not in range(16) or packing & 3 == 3 or packing >> 2 == 3:
-            raise ValueError(f"operator {self.ctx.name!r}: logged results say their "
-                             f"columns are packed in an unknown way ({packing!r})")
+            raise ValueError(f"operator {name!r}: logged results say their columns are "
+                             f"packed in an unknown way ({packing!r})")
         try:
             keys = list(unpack_column(keys, packing & 3))
             aggregates = unpack_column(aggregates, packing >> 2)
+            born = _from_float_runs(born, unpack_ints(born_runs))
+            starts = _from_float_runs(starts, unpack_ints(start_runs))
         except TypeError as exc:  # a packed column that is not bytes
-            raise ValueError(f"operator {self.ctx.name!r}: logged results have a packed "
-                             f"column that is not one: {exc}") from exc
-        born, starts = _from_doubles(born), _from_doubles(starts)
+            raise ValueError(f"operator {name!r}: logged results have a packed column "
+                             f"that is not one: {exc}") from exc
+        except ValueError as exc:
+            raise ValueError(f"operator {name!r}: logged results have a damaged column: "
+                             f"{exc}") from exc
         if not len(keys) == len(aggregates) == len(born) == len(starts):
-            raise ValueError(f"operator {self.ctx.name!r}: logged results have columns "
-                             "of different lengths")
+            raise ValueError(f"operator {name!r}: logged results have columns of "
+                             "different lengths")
         size = self.windows.size
         ends = [start + size for start in starts]  # TimeWindows.end: start(k) + size
         ts = [math.nextafter(end, -math.inf) for end in ends]
@@ -528,21 +537,24 @@ class TimeWindowOp(_WindowParts):
         return Batch(keys, list(zip(keys, starts, ends, aggregates)), ts, born, ids)
 
 
-def _doubles(values: Sequence[float]) -> bytes:
-    """Floats as little-endian IEEE doubles (exact: a Python float is one); any other
-    number as the double struct makes of it."""
-    packed = pack_float64(values)
-    return struct.pack(f"<{len(values)}d", *values) if packed is None else packed
+def _float_runs(column: Sequence[float]) -> tuple[bytes, list[int]]:
+    """A column of floats run-length encoded (`columns.float64_runs`); any other number
+    as the float it equals."""
+    runs = float64_runs(column)
+    return float64_runs(list(map(float, column))) if runs is None else runs
 
 
-def _from_doubles(data: bytes) -> list[float]:
-    if len(data) % 8:
-        raise ValueError(f"a column of doubles of {len(data)} bytes (not a multiple of 8)")
-    return list(struct.unpack(f"<{len(data) // 8}d", data))
+def _from_float_runs(values: bytes, lengths: Sequence[int]) -> list[float]:
+    """The column `_float_runs` encoded."""
+    if len(values) % 8:
+        raise ValueError(f"a column of doubles of {len(values)} bytes (not a multiple of 8)")
+    if len(values) // 8 != len(lengths) or any(length < 1 for length in lengths):
+        raise ValueError(f"{len(values) // 8} run values for run lengths {list(lengths)[:8]}")
+    doubles = struct.unpack(f"<{len(values) // 8}d", values)
+    return list(chain.from_iterable(map(repeat, doubles, lengths)))
 
 
 _WINDOW_RESULTS = "window results"
-_START, _AGGREGATE = itemgetter(1), itemgetter(3)  # of an output value (key, start, end, result)
 
 
 class CountWindowOp(Operator):
