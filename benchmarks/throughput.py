@@ -269,9 +269,14 @@ def cpu_figures(n: int, k: int) -> tuple[float, str]:
     """Print CPU seconds per million records of W1 at parallelism 1, 2 and 4 and the
     machine's two-busy-cores factor; return the p=2 / p=1 ratio and its adjusted form."""
     print(f"\nCPU seconds per million records, W1, {n:,} tuples, median of {k}")
-    cpu_s_per_million = {p: statistics.median(bastion_cpu_s_per_million(w1(n, p))
-                                              for _ in range(k))
-                         for p in (1, 2, 4)}
+    # The parallelisms alternate within each repeat: this machine's speed drifts by up
+    # to 2x over minutes, and measuring all p=1 runs before all p=2 runs would put
+    # the drift into the ratio.
+    runs: dict[int, list[float]] = {1: [], 2: [], 4: []}
+    for _ in range(k):
+        for p, measured in runs.items():
+            measured.append(bastion_cpu_s_per_million(w1(n, p)))
+    cpu_s_per_million = {p: statistics.median(measured) for p, measured in runs.items()}
     factor = machine_concurrency_factor()
     if factor is None:
         print("(the machine was too busy to measure what two busy cores cost: no "
