@@ -403,7 +403,8 @@ def test_window_results_come_back_exactly_from_their_log_form(spec, lineage):
     lengths = list(unpack_ints(form[7]))
     for column, damaged in [(4, form[4][:-1]), (6, form[6][:-8]), (5, form[5][:-1]),
                             (7, pack_ints(lengths[:-1] + [lengths[-1] + 1])),
-                            (7, pack_ints([0] + lengths)), (7, b"\x03")]:
+                            (7, pack_ints([0] + lengths)), (7, b"\x03"),
+                            (7, pack_ints(lengths[:-1] + [2**62]))]:
         broken = list(form)
         broken[column] = damaged
         with pytest.raises(ValueError):

@@ -519,8 +519,8 @@ class TimeWindowOp(_WindowParts):
         try:
             keys = list(unpack_column(keys, packing & 3))
             aggregates = unpack_column(aggregates, packing >> 2)
-            born = _from_float_runs(born, unpack_ints(born_runs))
-            starts = _from_float_runs(starts, unpack_ints(start_runs))
+            born = _from_float_runs(born, unpack_ints(born_runs), len(keys))
+            starts = _from_float_runs(starts, unpack_ints(start_runs), len(keys))
         except TypeError as exc:  # a packed column that is not bytes
             raise ValueError(f"operator {name!r}: logged results have a packed column "
                              f"that is not one: {exc}") from exc
@@ -544,12 +544,15 @@ def _float_runs(column: Sequence[float]) -> tuple[bytes, list[int]]:
     return float64_runs(list(map(float, column))) if runs is None else runs
 
 
-def _from_float_runs(values: bytes, lengths: Sequence[int]) -> list[float]:
-    """The column `_float_runs` encoded."""
+def _from_float_runs(values: bytes, lengths: Sequence[int], size: int) -> list[float]:
+    """The column of ``size`` items `_float_runs` encoded (checked before it is built:
+    a damaged length must not make a column of billions)."""
     if len(values) % 8:
         raise ValueError(f"a column of doubles of {len(values)} bytes (not a multiple of 8)")
     if len(values) // 8 != len(lengths) or any(length < 1 for length in lengths):
         raise ValueError(f"{len(values) // 8} run values for run lengths {list(lengths)[:8]}")
+    if sum(lengths) != size:
+        raise ValueError(f"runs of {sum(lengths)} items in all, for {size} results")
     doubles = struct.unpack(f"<{len(values) // 8}d", values)
     return list(chain.from_iterable(map(repeat, doubles, lengths)))
 
