@@ -30,6 +30,9 @@ coordinator's:
    failed region alone (`_restart_region`), restart only the lost tasks and those
    downstream of them, within the running attempt, and go back to *watch*: the
    other tasks never stop;
+   a worker that hosts only tasks joining again runs at the OS's lowest CPU
+   priority while they catch up on what they missed (`bastion.scheduler.catchup`),
+   so that the tasks that never stopped keep the cores they need;
 6. **finish** — commit the end-of-stream outputs, gather counters, latency histograms
    and dead letters; whatever happened, then, every worker that resets in time goes
    back to the pool clean, and every other one is killed and never lent again.
@@ -308,6 +311,11 @@ class JobMaster:
         self.restarting: set[int] = set(range(len(plan.tasks)))
         self._planned_free = 0  # free task slots left after the last placement
         self.planner: RecoveryPlanner = BlockingRecovery()  # of the last failure
+        # Workers hosting only recovering tasks run at the OS's lowest CPU priority
+        # while those catch up (`bastion.scheduler.catchup`): actor id -> (worker,
+        # its tasks, when it was lowered, when its replays had started)
+        self.catch_up = self.recovery.catch_up()
+        self._lowered: dict[str, tuple[Any, set[int], float, float]] = {}
         self._injector: asyncio.Task | None = None
         self.repaired_at_s: dict[int, float] = {}  # slot -> when its crash is repaired
         self._standby_lending: asyncio.Future | None = None  # see _start
@@ -497,6 +505,7 @@ class JobMaster:
                                      return_exceptions=True)
         self._raise_call_failures(peers)
         self._restore, self._resume, self._retake = restore, {}, ()
+        self._lowered.clear()  # every worker resets, its priority with it
         assignment = self._running_assignment()
         outcomes = await asyncio.gather(*[w.deploy.remote(self.plan, peers, self.link,
                                                           self.attempt, restore, i, assignment,
@@ -1024,6 +1033,7 @@ class JobMaster:
         checkpoint = self.coordinator.checkpoint_in_progress()
         retake = [*self._retake, *([checkpoint] if checkpoint is not None
                                    and checkpoint not in self._retake else [])]
+        lowered = await self._lower_catching_up(set(joining), list(by_worker))
         if self.regional:
             for w, tasks in by_worker.items():
                 sources = [t for t in tasks if t in self.source_tasks]
@@ -1033,7 +1043,62 @@ class JobMaster:
             *[w.attach.remote(epoch, self.plan, peers, assignment, self._resume,
                               self.incarnations) for w in self.workers],
             return_exceptions=True))
+        # watched from now on: the replays into them have started, and a progress
+        # poll asked after this moment sees them
+        watched_s = time.time()
+        self._lowered.update({k: (*entry, watched_s) for k, entry in lowered.items()})
         return sorted(by_worker)
+
+    async def _lower_catching_up(self, joining: set[int], workers: list[int]
+                                 ) -> dict[str, tuple[Any, set[int], float]]:
+        """Before the ``joining`` tasks start catching up: the workers (of
+        ``workers``, those they joined) that the catch-up policy lowers run at the
+        OS's lowest CPU priority until `_restore_caught_up` restores them, once the
+        attach started the replays (the entries for `_lowered` it returns)."""
+        hosted = {w: {t for t, a in enumerate(self.assignment)
+                      if a == w and t not in self.pending} for w in workers}
+        available = [q for q in self.queries
+                     if all(self.assignment[t] is not None and t not in self.pending
+                            for t in q.tasks) and not q.tasks & joining]
+        protected = set().union(*[q.tasks for q in available])
+        lowering = sorted(self.catch_up.to_lower(hosted, joining, protected))
+        if not lowering:
+            return {}
+        epoch = self._epoch(self.attempt)
+        replies = await asyncio.gather(*[self.workers[w].set_catch_up.remote(epoch, True)
+                                         for w in lowering], return_exceptions=True)
+        now_s = time.time()
+        self.record_event("catch_up_lowered", workers=lowering,
+                          tasks=sorted(set().union(*[hosted[w] for w in lowering])),
+                          priority=[r if isinstance(r, str) else None for r in replies])
+        return {self.workers[w]._actor_id.hex(): (self.workers[w], hosted[w], now_s)
+                for w in lowering}
+
+    async def _restore_caught_up(self, replies: list, asked_s: float) -> None:
+        """Give a lowered worker its priority back once no replay feeds its tasks any
+        more (or the policy's time is up); ``replies``: the progress of a poll asked
+        at ``asked_s`` — one asked before the replays started cannot tell."""
+        live = {w._actor_id.hex() for w in self.workers}
+        for key in [k for k in self._lowered if k not in live]:
+            del self._lowered[key]  # lost meanwhile
+        if not self._lowered:
+            return
+        replaying = (None if any(isinstance(r, BaseException) for r in replies)
+                     else set().union(*[r.get("replaying", ()) for r in replies]))
+        now_s = time.time()
+        epoch = self._epoch(self.attempt)
+        for key, (worker, tasks, since_s, watched_s) in list(self._lowered.items()):
+            why = self.catch_up.to_restore(tasks, None if asked_s < watched_s
+                                           else replaying, now_s - since_s)
+            if why is None:
+                continue
+            del self._lowered[key]
+            reply = await asyncio.gather(within(worker.set_catch_up.remote(epoch, False),
+                                                _PROGRESS_TIMEOUT_S), return_exceptions=True)
+            self.record_event("catch_up_restored", tasks=sorted(tasks),
+                              lowered_s=round(now_s - since_s, 3),
+                              reason=why,
+                              priority=reply[0] if isinstance(reply[0], str) else None)
 
     async def _watch(self) -> None:
         """Return when every task finished; raise `Failure` on the first failure."""
@@ -1133,6 +1198,7 @@ class JobMaster:
         """Add one point to the timeline: records per second since the last point and
         the latency of what sinks received meanwhile. Counters restart with each
         attempt; only increments count, so a killed worker's history is kept."""
+        asked_s = time.time()
         replies = await asyncio.gather(*[within(w.progress.remote(), _PROGRESS_TIMEOUT_S)
                                          for w in self.workers], return_exceptions=True)
         gained = {"source_records": 0, "sink_records": 0}
@@ -1178,6 +1244,8 @@ class JobMaster:
             if self.standby is None and self.protocol.needs_standby:
                 self.record_event("standby_borrowed", source_lag=lag)
             self._borrow_standby()
+        if self._lowered:
+            await self._restore_caught_up(replies, asked_s)
         if self.exporter is not None:
             self.exporter.observe_poll(replies, time.time())
         if self.plan.topology.has_feedback():
