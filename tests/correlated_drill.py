@@ -103,6 +103,10 @@ def unhit(storage_dir: str) -> None:
                                           if detected < t < back)
                                 for name, q in queries.items()},
         "committed": {name: len(report.outputs[name]) for name in queries},
+        # when each query was available again (seconds since the job started)
+        "available_at": {name: None if q["available_again_s"] is None
+                         else detected + q["available_again_s"]
+                         for name, q in queries.items()},
         # a worker hosting only recovering tasks catches up at the lowest priority
         "catch_up": [{k: e.get(k) for k in ("kind", "t_s", "tasks", "priority",
                                                         "reason")}

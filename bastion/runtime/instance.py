@@ -1282,8 +1282,11 @@ class Worker:
         """Run this worker's tasks (its event loop's thread: this method runs on it)
         at the OS's lowest CPU priority while they catch up (``lowered``), or
         normally again (`bastion.scheduler.catchup`); what the thread runs at
-        afterwards (`bastion.runtime.priority`)."""
-        if epoch != self.epoch:
+        afterwards (`bastion.runtime.priority`). A fresh worker bound to the job
+        takes it before it joins the attempt: its restore is catch-up work too."""
+        fresh = (self.epoch is None and self.config is not None and epoch is not None
+                 and self.config.job_id == epoch[0])
+        if epoch != self.epoch and not fresh:
             return priority.current()
         return priority.set_idle(lowered)
 

@@ -316,6 +316,8 @@ class JobMaster:
         # its tasks, when it was lowered, when its replays had started)
         self.catch_up = self.recovery.catch_up()
         self._lowered: dict[str, tuple[Any, set[int], float, float]] = {}
+        # tasks being built and restored on their workers (`_join`): not running yet
+        self._joining: set[int] = set()
         self._injector: asyncio.Task | None = None
         self.repaired_at_s: dict[int, float] = {}  # slot -> when its crash is repaired
         self._standby_lending: asyncio.Future | None = None  # see _start
@@ -1016,6 +1018,13 @@ class JobMaster:
         workers that got tasks."""
         if not joining:
             return []
+        self._joining = set(joining)
+        try:
+            return await self._join_now(joining)
+        finally:
+            self._joining = set()
+
+    async def _join_now(self, joining: list[int]) -> list[int]:
         epoch = self._epoch(self.attempt)
         # a worker that died meanwhile is a failure (`_phases` recovers from it)
         peers = await asyncio.gather(*[w.frame_address.remote() for w in self.workers],
@@ -1025,24 +1034,30 @@ class JobMaster:
         by_worker: dict[int, list[int]] = {}
         for t in joining:
             by_worker.setdefault(self.assignment[t], []).append(t)
-        self._raise_call_failures(await asyncio.gather(*[self.workers[w].join.remote(
-            epoch, self.plan, peers, self.link, self._restore, assignment, tasks,
-            self.incarnations) for w, tasks in by_worker.items()], return_exceptions=True))
-        # Triggered once built and before they start, in order: a checkpoint the
-        # trigger loop starts from now on comes after these at every source.
-        checkpoint = self.coordinator.checkpoint_in_progress()
-        retake = [*self._retake, *([checkpoint] if checkpoint is not None
-                                   and checkpoint not in self._retake else [])]
+        # lowered before they build and restore their tasks: that is catch-up work too
         lowered = await self._lower_catching_up(set(joining), list(by_worker))
-        if self.regional:
-            for w, tasks in by_worker.items():
-                sources = [t for t in tasks if t in self.source_tasks]
-                for checkpoint_id in retake if sources else ():
-                    self.workers[w].trigger_checkpoint.remote(epoch, sources, checkpoint_id)
-        self._raise_call_failures(await asyncio.gather(
-            *[w.attach.remote(epoch, self.plan, peers, assignment, self._resume,
-                              self.incarnations) for w in self.workers],
-            return_exceptions=True))
+        try:
+            self._raise_call_failures(await asyncio.gather(*[self.workers[w].join.remote(
+                epoch, self.plan, peers, self.link, self._restore, assignment, tasks,
+                self.incarnations) for w, tasks in by_worker.items()], return_exceptions=True))
+            # Triggered once built and before they start, in order: a checkpoint the
+            # trigger loop starts from now on comes after these at every source.
+            checkpoint = self.coordinator.checkpoint_in_progress()
+            retake = [*self._retake, *([checkpoint] if checkpoint is not None
+                                       and checkpoint not in self._retake else [])]
+            if self.regional:
+                for w, tasks in by_worker.items():
+                    sources = [t for t in tasks if t in self.source_tasks]
+                    for checkpoint_id in retake if sources else ():
+                        self.workers[w].trigger_checkpoint.remote(epoch, sources, checkpoint_id)
+            self._raise_call_failures(await asyncio.gather(
+                *[w.attach.remote(epoch, self.plan, peers, assignment, self._resume,
+                                  self.incarnations) for w in self.workers],
+                return_exceptions=True))
+        except BaseException:
+            for worker, _, _ in lowered.values():  # a failure: nothing is catching up
+                worker.set_catch_up.remote(epoch, False)
+            raise
         # watched from now on: the replays into them have started, and a progress
         # poll asked after this moment sees them
         watched_s = time.time()
@@ -1051,7 +1066,7 @@ class JobMaster:
 
     async def _lower_catching_up(self, joining: set[int], workers: list[int]
                                  ) -> dict[str, tuple[Any, set[int], float]]:
-        """Before the ``joining`` tasks start catching up: the workers (of
+        """Before the ``joining`` tasks are built and catch up: the workers (of
         ``workers``, those they joined) that the catch-up policy lowers run at the
         OS's lowest CPU priority until `_restore_caught_up` restores them, once the
         attach started the replays (the entries for `_lowered` it returns)."""
@@ -1256,9 +1271,11 @@ class JobMaster:
             self.query_points.append({"t_s": time.time() - self.started_s, "queries": {
                 name: (records, None if h.percentile(50) is None else h.percentile(50) * 1000)
                 for name, (records, h) in by_query.items()},
-                # queries with a task waiting for capacity: their output, if any,
-                # comes from the partitions that kept running, and is incomplete
-                "down": sorted(q.name for q in self.queries if q.tasks & self.pending)})
+                # queries with a task waiting for capacity, or still being built and
+                # restored to join: their output, if any, comes from the partitions
+                # that kept running, and is incomplete
+                "down": sorted(q.name for q in self.queries
+                               if q.tasks & (self.pending | self._joining))})
             if len(self.query_points) > 2 * self.limits.events.first_points:
                 # a long run: every other point, so memory stays flat and the
                 # points still span the run (the first ones give the baseline)
