@@ -1089,17 +1089,16 @@ class JobMaster:
         return {self.workers[w]._actor_id.hex(): (self.workers[w], hosted[w], now_s)
                 for w in lowering}
 
-    async def _restore_caught_up(self, replies: list, asked_s: float) -> None:
+    async def _restore_caught_up(self, replaying: set[int] | None, asked_s: float) -> None:
         """Give a lowered worker its priority back once no replay feeds its tasks any
-        more (or the policy's time is up); ``replies``: the progress of a poll asked
-        at ``asked_s`` — one asked before the replays started cannot tell."""
+        more (or the policy's time is up); ``replaying``: the tasks the workers said,
+        when asked at ``asked_s``, they still replay a backlog to (None: unknown) —
+        an answer asked before the replays started cannot tell."""
         live = {w._actor_id.hex() for w in self.workers}
         for key in [k for k in self._lowered if k not in live]:
             del self._lowered[key]  # lost meanwhile
         if not self._lowered:
             return
-        replaying = (None if any(isinstance(r, BaseException) for r in replies)
-                     else set().union(*[r.get("replaying", ()) for r in replies]))
         now_s = time.time()
         epoch = self._epoch(self.attempt)
         for key, (worker, tasks, since_s, watched_s) in list(self._lowered.items()):
@@ -1162,6 +1161,9 @@ class JobMaster:
                     if failure is not None:
                         raise failure
                     self.finished_tasks |= {t.task_id for t in waits[fut][1]}
+            # every task finished: no replay is left (a last progress poll may time
+            # out on workers busy finishing)
+            await self._restore_caught_up(set(), time.time())
         finally:
             for fut in list(waits) + helpers:
                 fut.cancel()
@@ -1260,7 +1262,9 @@ class JobMaster:
                 self.record_event("standby_borrowed", source_lag=lag)
             self._borrow_standby()
         if self._lowered:
-            await self._restore_caught_up(replies, asked_s)
+            await self._restore_caught_up(
+                None if any(isinstance(r, BaseException) for r in replies)
+                else set().union(*[r.get("replaying", ()) for r in replies]), asked_s)
         if self.exporter is not None:
             self.exporter.observe_poll(replies, time.time())
         if self.plan.topology.has_feedback():

@@ -23,9 +23,10 @@ needs runs, none of them catching up. When every query was hit and none is back
 yet, the catch-up is what brings the first one back, and it runs at full priority.
 
 A worker may stay lowered at most ``max_lowered_s``: a catch-up that a saturated
-machine starves for that long gets its priority back (on a 2-core machine that a
-simulated cluster's own daemons keep busy, a lowered catch-up of a few seconds'
-backlog took 16 s).
+machine starves for that long gets its priority back, so that the recovering query
+is not held back indefinitely (on a 2-core machine shared with a simulated
+cluster's daemons and other jobs, lowered catch-ups of 5-11 s of backlog took 1.7-3.1
+s when the machine had headroom, and up to 9 s when it had none).
 
 This module decides *which* workers and *when*; `bastion.runtime.priority` carries
 it out in the worker process; the job master asks and tells.
@@ -70,7 +71,7 @@ class IdleWhileCatchingUp(CatchUpPriority):
     none is back yet) nothing is lowered: the catch-up is then what makes a query
     available, and it takes all the CPU there is."""
 
-    max_lowered_s: float = 10.0
+    max_lowered_s: float = 5.0
 
     def to_lower(self, tasks_by_worker: Mapping[int, set[int]], recovering: set[int],
                  protected: set[int]) -> set[int]:

@@ -94,7 +94,7 @@ class RecoveryPolicy:
     held_frames_in_memory: int = 64
     capacity_timeout_s: float = 300.0
     catch_up_priority: str = "idle"
-    catch_up_max_s: float = 10.0
+    catch_up_max_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.mode not in RECOVERY_MODES:
