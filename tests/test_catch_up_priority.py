@@ -40,8 +40,8 @@ def test_only_a_worker_hosting_nothing_but_recovering_tasks_is_lowered():
     assert policy.to_lower(hosted, recovering={3, 4, 5}, protected={0, 1, 2}) == {1}
 
 
-def test_nothing_is_lowered_when_no_available_query_runs_beside_the_catch_up():
-    # every query was hit: the catch-up is what brings the first one back
+def test_nothing_is_lowered_when_every_query_was_hit():
+    # the catch-ups are what bring the queries back
     policy = IdleWhileCatchingUp()
     hosted = {0: {0, 1}, 1: {4, 5}}
     assert policy.to_lower(hosted, recovering={4, 5}, protected=set()) == set()

@@ -1072,10 +1072,9 @@ class JobMaster:
         attach started the replays (the entries for `_lowered` it returns)."""
         hosted = {w: {t for t, a in enumerate(self.assignment)
                       if a == w and t not in self.pending} for w in workers}
-        available = [q for q in self.queries
-                     if all(self.assignment[t] is not None and t not in self.pending
-                            for t in q.tasks) and not q.tasks & joining]
-        protected = set().union(*[q.tasks for q in available])
+        # the queries the failure did not hit: none of their tasks restarted
+        protected = set().union(*[q.tasks for q in self.queries
+                                  if not q.tasks & self.restarting])
         lowering = sorted(self.catch_up.to_lower(hosted, joining, protected))
         if not lowering:
             return {}

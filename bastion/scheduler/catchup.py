@@ -18,9 +18,11 @@ fast as the headroom allows — all of it on an idle machine, a trickle on a sat
 one — without a rate to tune. A worker that also hosts a task that never stopped
 keeps its priority: lowering it would slow a healthy query down.
 
-Only while there is something to protect: some query is available — every task it
-needs runs, none of them catching up. When every query was hit and none is back
-yet, the catch-up is what brings the first one back, and it runs at full priority.
+Only while there is something to protect: some query the failure did not hit (none
+of its tasks restarted). When every query was hit, a catch-up is what brings a
+query back, and it runs at full priority — also once an earlier query is back: a
+query recovered from the same failure does not hold back the next one (lowered, the
+next one's catch-up was starved on a 2-core machine until its input ended).
 
 A worker may stay lowered at most ``max_lowered_s``: a catch-up that a saturated
 machine starves for that long gets its priority back, so that the recovering query
@@ -51,8 +53,8 @@ class CatchUpPriority(abc.ABC):
                  protected: set[int]) -> set[int]:
         """Of the workers (index -> the tasks running on it once the recovering ones
         joined), those to lower while the ``recovering`` tasks catch up.
-        ``protected``: the running tasks of the queries that are available and not
-        catching up — whose latency a catch-up would raise."""
+        ``protected``: the tasks of the queries the failure did not hit — which
+        kept running, and whose latency a catch-up would raise."""
 
     @abc.abstractmethod
     def to_restore(self, lowered_tasks: set[int], replaying_into: set[int] | None,
@@ -65,11 +67,11 @@ class CatchUpPriority(abc.ABC):
 
 @dataclass(frozen=True)
 class IdleWhileCatchingUp(CatchUpPriority):
-    """Lower a worker whose every task is recovering, while some available query runs
-    beside it, until no replay feeds any of its tasks, or for at most
-    ``max_lowered_s``. With no available query to protect (every query was hit,
-    none is back yet) nothing is lowered: the catch-up is then what makes a query
-    available, and it takes all the CPU there is."""
+    """Lower a worker whose every task is recovering, while some query the failure
+    did not hit runs beside it, until no replay feeds any of its tasks, or for at
+    most ``max_lowered_s``. With no such query (every query was hit) nothing is
+    lowered: the catch-ups are then what make queries available again, and they
+    take all the CPU there is."""
 
     max_lowered_s: float = 5.0
 

@@ -83,7 +83,8 @@ class RecoveryPolicy:
     inputs held upstream: up to ``held_frames_in_memory`` frames per channel in
     memory, the rest spilled to the job's store. A job whose tasks wait longer than
     ``capacity_timeout_s`` for capacity fails, saying how many slots it lacks.
-    ``catch_up_priority``: ``"idle"`` runs a worker that hosts only recovering tasks
+    ``catch_up_priority``: ``"idle"``, while a query the failure did not hit runs,
+    runs a worker that hosts only recovering tasks
     at the OS's lowest CPU priority while they catch up, for at most
     ``catch_up_max_s`` (`bastion.scheduler.catchup`); ``"normal"`` never lowers one."""
 
