@@ -231,5 +231,7 @@ def test_queries_not_hit_keep_running_while_the_failed_region_restarts(tmp_path)
     assert restored["priority"] == "normal" and restored["t_s"] > lowered["t_s"], report
     assert restored["reason"] == "caught up", report
     # per_bidder counts as available only once its recovered tasks run: not while
-    # they are still being built and restored on their new worker
-    assert report["available_at"]["per_bidder"] > lowered["t_s"], report
+    # they are still being built and restored on their new worker (None: its
+    # latency did not come back under 1.2 before its input ended)
+    back = report["available_at"]["per_bidder"]
+    assert back is None or back > lowered["t_s"], report
