@@ -83,9 +83,11 @@ def unhit(storage_dir: str) -> None:
     # timeout (`correlated.HEARTBEAT_TIMEOUT_S`) lets a busy survivor stay silent
     # for a while: counted as lost, it would restart the queries this drill watches
     # keep running.
+    # A catch-up is never cut short here: the lowered worker gets its priority back
+    # only once its tasks' backlog was replayed, which the test checks.
     report = correlated.run_case(correlated.Case("progressive", "staggered", shape),
                                  reference=reference, storage_dir=storage_dir,
-                                 records=RECORDS)
+                                 records=RECORDS, catch_up_max_s=600.0)
     detected = next(e["t_s"] for e in report.events if e["kind"] == "failure_detected")
     # when per_bidder's tasks were given capacity again (planned at the failure, or
     # on a node's arrival)
@@ -101,6 +103,14 @@ def unhit(storage_dir: str) -> None:
                                           if detected < t < back)
                                 for name, q in queries.items()},
         "committed": {name: len(report.outputs[name]) for name in queries},
+        # when each query was available again (seconds since the job started)
+        "available_at": {name: None if q["available_again_s"] is None
+                         else detected + q["available_again_s"]
+                         for name, q in queries.items()},
+        # a worker hosting only recovering tasks catches up at the lowest priority
+        "catch_up": [{k: e.get(k) for k in ("kind", "t_s", "tasks", "priority",
+                                                        "reason")}
+                     for e in report.events if e["kind"].startswith("catch_up_")],
         "events": [{k: e.get(k) for k in ("kind", "t_s", "reason", "region", "lost", "checkpoint_id",
                                           "pending", "queries")}
                    for e in report.events if e["kind"] in (

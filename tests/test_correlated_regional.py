@@ -220,3 +220,18 @@ def test_queries_not_hit_keep_running_while_the_failed_region_restarts(tmp_path)
         assert report["received_while_down"][name] > 0, (name, report)
     # every restart was of a region (the events name it), not of the job
     assert report["restarted"] and all(region for region in report["restarted"]), report
+    # per_bidder's two recovered tasks got a worker of their own, which caught up at
+    # the OS's lowest CPU priority (the job's events carry what the kernel said), and
+    # was given its priority back once their upstream had replayed their backlog
+    # (`bastion.scheduler.catchup`: alerts and per_auction keep their cores)
+    lowered, restored = report["catch_up"]
+    assert lowered["kind"] == "catch_up_lowered" and lowered["tasks"] == [4, 5], report
+    assert lowered["priority"] == ["idle"], report
+    assert restored["kind"] == "catch_up_restored" and restored["tasks"] == [4, 5], report
+    assert restored["priority"] == "normal" and restored["t_s"] > lowered["t_s"], report
+    assert restored["reason"] == "caught up", report
+    # per_bidder counts as available only once its recovered tasks run: not while
+    # they are still being built and restored on their new worker (None: its
+    # latency did not come back under 1.2 before its input ended)
+    back = report["available_at"]["per_bidder"]
+    assert back is None or back > lowered["t_s"], report

@@ -96,7 +96,8 @@ def test_a_released_worker_keeps_nothing_of_its_job(tmp_path):
     worker = idle_workers()[-1]
     # the progress a job master polls: no attempt, no task, nothing held back
     assert ray.get(worker.progress.remote()) == {"attempt": -1, "tasks": {},
-                                                  "quiescence": {}}
+                                                  "quiescence": {}, "replaying": [],
+                                                  "cpu_priority": "normal"}
     assert ray.get(worker.report.remote()) == []
     assert ray.get(worker.ping.remote()) is None  # no slot
 
@@ -198,7 +199,8 @@ def test_a_driver_that_gives_up_cancels_its_job_and_its_workers_go_back_clean(tm
     idle = idle_workers()
     assert len(idle) >= 2
     assert ray.get([w.progress.remote() for w in idle]) == [
-        {"attempt": -1, "tasks": {}, "quiescence": {}}] * len(idle)
+        {"attempt": -1, "tasks": {}, "quiescence": {}, "replaying": [],
+         "cpu_priority": "normal"}] * len(idle)
 
 
 @pytest.mark.slow

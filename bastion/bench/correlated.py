@@ -193,14 +193,17 @@ def run_case(case: Case, *, protocol: str = "coordinated", records: int = RECORD
              rate: float = RATE, storage_dir: str | None = None,
              checkpoint_interval: float = 0.5, reference: Any = None,
              progress: Any = None, held_frames_in_memory: int = 64,
-             parse_fn: Any = parse, heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
+             parse_fn: Any = parse, heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+             catch_up_priority: str = "idle", catch_up_max_s: float | None = None
              ) -> "bn.DrillReport":
     """Drill ``case`` on a fresh simulated cluster (`simulated_cluster`); the drill's
     report. ``reference``: `references` of the same shape and input, to compare with
     instead of running them again. ``parse_fn`` replaces `parse` (tests pass one
     that breaks the worker it runs in). A lost node is seen from its workers' deaths;
     ``heartbeat_timeout_s`` is how long a live worker may stay silent before it
-    counts as lost too."""
+    counts as lost too. ``catch_up_priority`` and ``catch_up_max_s`` (None: the
+    policy's default): how a worker hosting only recovering tasks catches up
+    (`bastion.scheduler.catchup`)."""
     storage = storage_dir or tempfile.mkdtemp(prefix="bastion-correlated-")
     with simulated_cluster() as cluster:
         faults = [bn.faults.KillNode(node, at=FAILURE_AT_S + 0.2 * i)
@@ -212,4 +215,7 @@ def run_case(case: Case, *, protocol: str = "coordinated", records: int = RECORD
                         progress=progress, heartbeat_timeout_s=heartbeat_timeout_s,
                         recovery=bn.RecoveryPolicy(
                             mode=case.recovery, task_slots_per_cpu=1.0,
-                            held_frames_in_memory=held_frames_in_memory))
+                            held_frames_in_memory=held_frames_in_memory,
+                            catch_up_priority=catch_up_priority,
+                            **({} if catch_up_max_s is None
+                               else {"catch_up_max_s": catch_up_max_s})))

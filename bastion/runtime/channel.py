@@ -267,6 +267,12 @@ class HeldOutputChannel(OutputChannel):
     def attached(self) -> bool:
         return self._target is not None
 
+    @property
+    def replaying(self) -> bool:
+        """Sending a receiver that joined what it missed, not forwarding live yet (the
+        receiver is catching up: `bastion.scheduler.catchup`)."""
+        return self.attaching and self._target is None
+
     async def drain(self) -> None:
         if self._target is not None:
             await self._target.drain()

@@ -37,6 +37,7 @@ from bastion.errors import PeerLostError, UDFError
 from bastion.lineage import broadcast_ids, op_codes, record_hashes
 from bastion.protocols import get_protocol
 from bastion.protocols.base import TaskContext
+from bastion.runtime import priority
 from bastion.runtime.channel import (HeldOutputChannel, InputGate, LocalOutputChannel,
                                      OutputChannel, RemoteOutputChannel,
                                      ReplayableOutputChannel)
@@ -1238,6 +1239,7 @@ class Worker:
         for task in self.tasks.values():
             task.gate.close()  # frames of the failed attempt still waiting to enter
         self.runners, self.tasks, self.unstarted, self.runner_of = [], {}, [], {}
+        priority.set_idle(False)  # a catch-up's lowered priority ends with its tasks
 
     async def start(self) -> None:
         self.runners = []
@@ -1275,6 +1277,18 @@ class Worker:
         for task in stopping:
             task.gate.close()
             await asyncio.gather(*task.writes, return_exceptions=True)
+
+    def set_catch_up(self, epoch: tuple[str, int], lowered: bool) -> str:
+        """Run this worker's tasks (its event loop's thread: this method runs on it)
+        at the OS's lowest CPU priority while they catch up (``lowered``), or
+        normally again (`bastion.scheduler.catchup`); what the thread runs at
+        afterwards (`bastion.runtime.priority`). A fresh worker bound to the job
+        takes it before it joins the attempt: its restore is catch-up work too."""
+        fresh = (self.epoch is None and self.config is not None and epoch is not None
+                 and self.config.job_id == epoch[0])
+        if epoch != self.epoch and not fresh:
+            return priority.current()
+        return priority.set_idle(lowered)
 
     async def _deliver(self, epoch: tuple[str, int], task_id: int, channel_id: int, seq: int,
                        payload: bytes, incarnation: int = 0) -> None:
@@ -1377,7 +1391,14 @@ class Worker:
         per_task = {t.task_id: t.progress() for t in self.tasks.values()}
         return {"attempt": self.attempt, "tasks": per_task,
                 "quiescence": {t.task_id: t.quiescence() for t in self.tasks.values()
-                               if not t.finished}}
+                               if not t.finished},
+                # the tasks a channel of this worker is still sending a backlog to
+                "replaying": sorted({dst for t in self.tasks.values()
+                                     for channel, dst in zip(t.channels,
+                                                             t.channel_destinations)
+                                     if isinstance(channel, HeldOutputChannel)
+                                     and channel.replaying}),
+                "cpu_priority": priority.current()}
 
     def finish_loops(self, epoch: tuple[str, int], task_ids: list[int]) -> None:
         if epoch != self.epoch:

@@ -30,6 +30,9 @@ coordinator's:
    failed region alone (`_restart_region`), restart only the lost tasks and those
    downstream of them, within the running attempt, and go back to *watch*: the
    other tasks never stop;
+   a worker that hosts only tasks joining again runs at the OS's lowest CPU
+   priority while they catch up on what they missed (`bastion.scheduler.catchup`),
+   so that the tasks that never stopped keep the cores they need;
 6. **finish** — commit the end-of-stream outputs, gather counters, latency histograms
    and dead letters; whatever happened, then, every worker that resets in time goes
    back to the pool clean, and every other one is killed and never lent again.
@@ -308,6 +311,13 @@ class JobMaster:
         self.restarting: set[int] = set(range(len(plan.tasks)))
         self._planned_free = 0  # free task slots left after the last placement
         self.planner: RecoveryPlanner = BlockingRecovery()  # of the last failure
+        # Workers hosting only recovering tasks run at the OS's lowest CPU priority
+        # while those catch up (`bastion.scheduler.catchup`): actor id -> (worker,
+        # its tasks, when it was lowered, when its replays had started)
+        self.catch_up = self.recovery.catch_up()
+        self._lowered: dict[str, tuple[Any, set[int], float, float]] = {}
+        # tasks being built and restored on their workers (`_join`): not running yet
+        self._joining: set[int] = set()
         self._injector: asyncio.Task | None = None
         self.repaired_at_s: dict[int, float] = {}  # slot -> when its crash is repaired
         self._standby_lending: asyncio.Future | None = None  # see _start
@@ -497,6 +507,7 @@ class JobMaster:
                                      return_exceptions=True)
         self._raise_call_failures(peers)
         self._restore, self._resume, self._retake = restore, {}, ()
+        self._lowered.clear()  # every worker resets, its priority with it
         assignment = self._running_assignment()
         outcomes = await asyncio.gather(*[w.deploy.remote(self.plan, peers, self.link,
                                                           self.attempt, restore, i, assignment,
@@ -1007,6 +1018,13 @@ class JobMaster:
         workers that got tasks."""
         if not joining:
             return []
+        self._joining = set(joining)
+        try:
+            return await self._join_now(joining)
+        finally:
+            self._joining = set()
+
+    async def _join_now(self, joining: list[int]) -> list[int]:
         epoch = self._epoch(self.attempt)
         # a worker that died meanwhile is a failure (`_phases` recovers from it)
         peers = await asyncio.gather(*[w.frame_address.remote() for w in self.workers],
@@ -1016,24 +1034,84 @@ class JobMaster:
         by_worker: dict[int, list[int]] = {}
         for t in joining:
             by_worker.setdefault(self.assignment[t], []).append(t)
-        self._raise_call_failures(await asyncio.gather(*[self.workers[w].join.remote(
-            epoch, self.plan, peers, self.link, self._restore, assignment, tasks,
-            self.incarnations) for w, tasks in by_worker.items()], return_exceptions=True))
-        # Triggered once built and before they start, in order: a checkpoint the
-        # trigger loop starts from now on comes after these at every source.
-        checkpoint = self.coordinator.checkpoint_in_progress()
-        retake = [*self._retake, *([checkpoint] if checkpoint is not None
-                                   and checkpoint not in self._retake else [])]
-        if self.regional:
-            for w, tasks in by_worker.items():
-                sources = [t for t in tasks if t in self.source_tasks]
-                for checkpoint_id in retake if sources else ():
-                    self.workers[w].trigger_checkpoint.remote(epoch, sources, checkpoint_id)
-        self._raise_call_failures(await asyncio.gather(
-            *[w.attach.remote(epoch, self.plan, peers, assignment, self._resume,
-                              self.incarnations) for w in self.workers],
-            return_exceptions=True))
+        # lowered before they build and restore their tasks: that is catch-up work too
+        lowered = await self._lower_catching_up(set(joining), list(by_worker))
+        try:
+            self._raise_call_failures(await asyncio.gather(*[self.workers[w].join.remote(
+                epoch, self.plan, peers, self.link, self._restore, assignment, tasks,
+                self.incarnations) for w, tasks in by_worker.items()], return_exceptions=True))
+            # Triggered once built and before they start, in order: a checkpoint the
+            # trigger loop starts from now on comes after these at every source.
+            checkpoint = self.coordinator.checkpoint_in_progress()
+            retake = [*self._retake, *([checkpoint] if checkpoint is not None
+                                       and checkpoint not in self._retake else [])]
+            if self.regional:
+                for w, tasks in by_worker.items():
+                    sources = [t for t in tasks if t in self.source_tasks]
+                    for checkpoint_id in retake if sources else ():
+                        self.workers[w].trigger_checkpoint.remote(epoch, sources, checkpoint_id)
+            self._raise_call_failures(await asyncio.gather(
+                *[w.attach.remote(epoch, self.plan, peers, assignment, self._resume,
+                                  self.incarnations) for w in self.workers],
+                return_exceptions=True))
+        except BaseException:
+            for worker, _, _ in lowered.values():  # a failure: nothing is catching up
+                worker.set_catch_up.remote(epoch, False)
+            raise
+        # watched from now on: the replays into them have started, and a progress
+        # poll asked after this moment sees them
+        watched_s = time.time()
+        self._lowered.update({k: (*entry, watched_s) for k, entry in lowered.items()})
         return sorted(by_worker)
+
+    async def _lower_catching_up(self, joining: set[int], workers: list[int]
+                                 ) -> dict[str, tuple[Any, set[int], float]]:
+        """Before the ``joining`` tasks are built and catch up: the workers (of
+        ``workers``, those they joined) that the catch-up policy lowers run at the
+        OS's lowest CPU priority until `_restore_caught_up` restores them, once the
+        attach started the replays (the entries for `_lowered` it returns)."""
+        hosted = {w: {t for t, a in enumerate(self.assignment)
+                      if a == w and t not in self.pending} for w in workers}
+        # the queries the failure did not hit: none of their tasks restarted
+        protected = set().union(*[q.tasks for q in self.queries
+                                  if not q.tasks & self.restarting])
+        lowering = sorted(self.catch_up.to_lower(hosted, joining, protected))
+        if not lowering:
+            return {}
+        epoch = self._epoch(self.attempt)
+        replies = await asyncio.gather(*[self.workers[w].set_catch_up.remote(epoch, True)
+                                         for w in lowering], return_exceptions=True)
+        now_s = time.time()
+        self.record_event("catch_up_lowered", workers=lowering,
+                          tasks=sorted(set().union(*[hosted[w] for w in lowering])),
+                          priority=[r if isinstance(r, str) else None for r in replies])
+        return {self.workers[w]._actor_id.hex(): (self.workers[w], hosted[w], now_s)
+                for w in lowering}
+
+    async def _restore_caught_up(self, replaying: set[int] | None, asked_s: float) -> None:
+        """Give a lowered worker its priority back once no replay feeds its tasks any
+        more (or the policy's time is up); ``replaying``: the tasks the workers said,
+        when asked at ``asked_s``, they still replay a backlog to (None: unknown) —
+        an answer asked before the replays started cannot tell."""
+        live = {w._actor_id.hex() for w in self.workers}
+        for key in [k for k in self._lowered if k not in live]:
+            del self._lowered[key]  # lost meanwhile
+        if not self._lowered:
+            return
+        now_s = time.time()
+        epoch = self._epoch(self.attempt)
+        for key, (worker, tasks, since_s, watched_s) in list(self._lowered.items()):
+            why = self.catch_up.to_restore(tasks, None if asked_s < watched_s
+                                           else replaying, now_s - since_s)
+            if why is None:
+                continue
+            del self._lowered[key]
+            reply = await asyncio.gather(within(worker.set_catch_up.remote(epoch, False),
+                                                _PROGRESS_TIMEOUT_S), return_exceptions=True)
+            self.record_event("catch_up_restored", tasks=sorted(tasks),
+                              lowered_s=round(now_s - since_s, 3),
+                              reason=why,
+                              priority=reply[0] if isinstance(reply[0], str) else None)
 
     async def _watch(self) -> None:
         """Return when every task finished; raise `Failure` on the first failure."""
@@ -1082,6 +1160,9 @@ class JobMaster:
                     if failure is not None:
                         raise failure
                     self.finished_tasks |= {t.task_id for t in waits[fut][1]}
+            # every task finished: no replay is left (a last progress poll may time
+            # out on workers busy finishing)
+            await self._restore_caught_up(set(), time.time())
         finally:
             for fut in list(waits) + helpers:
                 fut.cancel()
@@ -1133,6 +1214,7 @@ class JobMaster:
         """Add one point to the timeline: records per second since the last point and
         the latency of what sinks received meanwhile. Counters restart with each
         attempt; only increments count, so a killed worker's history is kept."""
+        asked_s = time.time()
         replies = await asyncio.gather(*[within(w.progress.remote(), _PROGRESS_TIMEOUT_S)
                                          for w in self.workers], return_exceptions=True)
         gained = {"source_records": 0, "sink_records": 0}
@@ -1178,6 +1260,10 @@ class JobMaster:
             if self.standby is None and self.protocol.needs_standby:
                 self.record_event("standby_borrowed", source_lag=lag)
             self._borrow_standby()
+        if self._lowered:
+            await self._restore_caught_up(
+                None if any(isinstance(r, BaseException) for r in replies)
+                else set().union(*[r.get("replaying", ()) for r in replies]), asked_s)
         if self.exporter is not None:
             self.exporter.observe_poll(replies, time.time())
         if self.plan.topology.has_feedback():
@@ -1188,9 +1274,11 @@ class JobMaster:
             self.query_points.append({"t_s": time.time() - self.started_s, "queries": {
                 name: (records, None if h.percentile(50) is None else h.percentile(50) * 1000)
                 for name, (records, h) in by_query.items()},
-                # queries with a task waiting for capacity: their output, if any,
-                # comes from the partitions that kept running, and is incomplete
-                "down": sorted(q.name for q in self.queries if q.tasks & self.pending)})
+                # queries with a task waiting for capacity, or still being built and
+                # restored to join: their output, if any, comes from the partitions
+                # that kept running, and is incomplete
+                "down": sorted(q.name for q in self.queries
+                               if q.tasks & (self.pending | self._joining))})
             if len(self.query_points) > 2 * self.limits.events.first_points:
                 # a long run: every other point, so memory stays flat and the
                 # points still span the run (the first ones give the baseline)

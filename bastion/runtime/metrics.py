@@ -207,6 +207,35 @@ def query_availability(points: list[dict[str, Any]], priorities: dict[str, float
     return result
 
 
+def relative_latency_max(timeline: list[tuple[float, int, float | None]],
+                         baseline_before_s: float, from_s: float,
+                         window_s: float | None = None) -> float | None:
+    """The largest relative latency of a query's ``timeline`` (`QueryAvailability`'s:
+    seconds, records, relative latency) from ``from_s`` on, relative to the median
+    of its points before ``baseline_before_s`` — the failure's time for a faulty run,
+    the same time for a failure-free one, so that both are measured alike. With
+    ``window_s``, each point's value is the average relative latency of the points
+    with output in the ``window_s`` seconds up to it: Su & Zhou's average over an
+    interval Δ_T, which a single late batch does not decide. None when there are no
+    points to compare."""
+    points = [(t, rel) for t, n, rel in timeline if n > 0 and rel is not None]
+    before = sorted(rel for t, rel in points if t < baseline_before_s)
+    if not before:
+        return None
+    baseline = before[len(before) // 2]
+    worst = None
+    for i, (t, rel) in enumerate(points):
+        if t < from_s:
+            continue
+        if window_s is None:
+            value = rel
+        else:
+            window = [r for u, r in points[:i + 1] if u > t - window_s]
+            value = sum(window) / len(window)
+        worst = value / baseline if worst is None else max(worst, value / baseline)
+    return worst
+
+
 @dataclass
 class FailureRecovery:
     """One failure and how the job came back from it. Times in seconds."""

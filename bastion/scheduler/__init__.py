@@ -5,6 +5,9 @@
   and why each failure happened;
 - `recovery`: after a failure, which lost tasks run again now and on which capacity,
   blocking or progressively by query (`RecoveryPlanner`, `RecoveryPolicy`);
+- `catchup`: which workers run at the OS's lowest CPU priority while recovering tasks
+  catch up, so that the queries a failure did not hit keep their latency
+  (`CatchUpPriority`);
 - `injector`: carrying out a drill's scheduled kills (what to kill is described in
   `bastion.faults`);
 - `pool`: the processes that outlive a job — which idle, live worker a job borrows

@@ -66,6 +66,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
+from bastion.scheduler.catchup import CATCH_UP_PRIORITIES, CatchUpPriority, catch_up_priority
+
 RECOVERY_MODES = ("blocking", "progressive")
 
 
@@ -80,7 +82,11 @@ class RecoveryPolicy:
     replacement starts at once on any live node). A task waiting for capacity has its
     inputs held upstream: up to ``held_frames_in_memory`` frames per channel in
     memory, the rest spilled to the job's store. A job whose tasks wait longer than
-    ``capacity_timeout_s`` for capacity fails, saying how many slots it lacks."""
+    ``capacity_timeout_s`` for capacity fails, saying how many slots it lacks.
+    ``catch_up_priority``: ``"idle"``, while a query the failure did not hit runs,
+    runs a worker that hosts only recovering tasks
+    at the OS's lowest CPU priority while they catch up, for at most
+    ``catch_up_max_s`` (`bastion.scheduler.catchup`); ``"normal"`` never lowers one."""
 
     mode: str = "blocking"
     burst_losses: int = 2
@@ -88,6 +94,8 @@ class RecoveryPolicy:
     task_slots_per_cpu: float | None = None
     held_frames_in_memory: int = 64
     capacity_timeout_s: float = 300.0
+    catch_up_priority: str = "idle"
+    catch_up_max_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.mode not in RECOVERY_MODES:
@@ -97,7 +105,10 @@ class RecoveryPolicy:
                 or self.burst_losses < 1:
             raise ValueError(f"RecoveryPolicy.burst_losses must be an int >= 1, "
                              f"got {self.burst_losses!r}")
-        for name in ("burst_window_s", "capacity_timeout_s"):
+        if self.catch_up_priority not in CATCH_UP_PRIORITIES:
+            raise ValueError(f"RecoveryPolicy.catch_up_priority must be one of "
+                             f"{CATCH_UP_PRIORITIES}, got {self.catch_up_priority!r}")
+        for name in ("burst_window_s", "capacity_timeout_s", "catch_up_max_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
                 raise ValueError(f"RecoveryPolicy.{name} must be >= 0 seconds, got {value!r}")
@@ -111,6 +122,9 @@ class RecoveryPolicy:
 
     def planner(self) -> "RecoveryPlanner":
         return ProgressiveRecovery() if self.mode == "progressive" else BlockingRecovery()
+
+    def catch_up(self) -> CatchUpPriority:
+        return catch_up_priority(self.catch_up_priority, self.catch_up_max_s)
 
 
 def recovery_policy(recovery: "str | RecoveryPolicy | None") -> RecoveryPolicy:
