@@ -104,6 +104,37 @@ def test_set_idle_lowers_the_calling_thread_only_and_restores_it():
 
 
 @needs_idle_class
+def test_going_back_also_restores_the_helper_threads_started_while_lowered():
+    """Threads a lowered thread starts inherit the idle class and outlive the catch-up
+    (an executor keeps its threads): going back restores them too, or a pooled
+    worker's store writes would run at idle priority for good."""
+    seen: dict[str, int] = {}
+    started, finish = threading.Event(), threading.Event()
+
+    def helper():
+        seen["tid"] = threading.get_native_id()
+        started.set()
+        finish.wait(10)
+
+    def catch_up_thread():
+        priority.set_idle(True)
+        child = threading.Thread(target=helper)
+        child.start()
+        started.wait(10)
+        seen["child_lowered"] = os.sched_getscheduler(seen["tid"])
+        priority.set_idle(False)
+        seen["child_after"] = os.sched_getscheduler(seen["tid"])
+        finish.set()
+        child.join(10)
+
+    thread = threading.Thread(target=catch_up_thread)
+    thread.start()
+    thread.join(20)
+    assert seen["child_lowered"] == os.SCHED_IDLE
+    assert seen["child_after"] == os.SCHED_OTHER
+
+
+@needs_idle_class
 def test_a_worker_actor_runs_its_tasks_thread_idle_until_told_or_released(ray_session):
     from bastion.runtime.instance import Worker
 
