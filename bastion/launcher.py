@@ -29,6 +29,7 @@ from bastion.errors import JobFailedError, TopologyError, UDFError
 from bastion.protocols import Protocol, get_protocol
 from bastion.protocols.acks import AcksProtocol
 from bastion.protocols.cec import CecPolicy, CecProtocol
+from bastion.runtime import priority
 from bastion.runtime.config import SINK_SPILL_RECORDS, JobConfig
 from bastion.runtime.instance import Worker
 from bastion.runtime.job import JobHost, MasterLimits
@@ -436,11 +437,31 @@ def _resiliency_policy(redundancy: Any, latency_bound_ms: float | None,
 def _add_node(cluster: Any, addition: fault_injection.AddNode, host: Any, job_id: str
               ) -> None:
     """Carry out ``addition``: a node with its CPUs joins the simulated cluster, on
-    127.0.0.1; the job's events record it."""
+    127.0.0.1; the job's events record it, with the nice value its processes run at.
+
+    The node boots at the lowest CPU priority (`priority.children_niced`): on a real
+    cluster a node boots on a machine of its own, but here its Ray agents (two
+    Python processes at nice 0, about a second of CPU each) share the cores with the
+    job's workers, which Ray runs at nice 15 — and took both cores from them: the
+    queries a failure did not hit stalled for 0.3-0.5 s at every node that arrived.
+    What runs on the node later (the job's workers there) inherits that nice value,
+    above 15 for as long as the node lives."""
     # Not waited for: the node registers with the cluster on its own (the job master
     # sees it then), and the driver stays on time for the next addition.
-    cluster.add_node(wait=False, num_cpus=addition.cpus, node_ip_address="127.0.0.1")
-    host.note_event.remote(job_id, "node_added", cpus=addition.cpus)
+    with priority.children_niced():
+        node = cluster.add_node(wait=False, num_cpus=addition.cpus,
+                                node_ip_address="127.0.0.1")
+    host.note_event.remote(job_id, "node_added", cpus=addition.cpus, nice=_nice_of(node))
+
+
+def _nice_of(node: Any) -> int | None:
+    """The nice value of ``node``'s raylet, which every process of the node inherits
+    (None: unknown)."""
+    try:
+        raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process
+        return os.getpriority(os.PRIO_PROCESS, raylet.pid)
+    except (AttributeError, IndexError, KeyError, OSError):
+        return None
 
 
 def _summed(tasks: list[dict[str, Any]], field: str) -> dict[str, float]:

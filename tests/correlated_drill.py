@@ -69,6 +69,8 @@ def summary(report) -> dict:
                               for name, q in report.metrics.extra["queries"].items()},
         "frames_held": report.metrics.extra["frames_held"],
         "frames_spilled": report.metrics.extra["frames_spilled"],
+        "nodes_added_nice": [e.get("nice") for e in report.events
+                             if e["kind"] == "node_added"],
     }
 
 

@@ -134,6 +134,64 @@ def test_going_back_also_restores_the_helper_threads_started_while_lowered():
     assert seen["child_after"] == os.SCHED_OTHER
 
 
+needs_thread_nice = pytest.mark.skipif(
+    priority.sys.platform != "linux" or not priority._may_return_to(0),
+    reason="nice values are not per thread here, or this process may not lower one back")
+
+
+@needs_thread_nice
+def test_children_started_inside_run_niced_and_the_thread_goes_back(tmp_path):
+    """What a simulated cluster's arriving node is booted with: its processes (and
+    theirs) at nice 19, the driver's thread back at its own value — read from the
+    kernel, for a child and a grandchild."""
+    import subprocess
+    import sys
+
+    pids = tmp_path / "pids"
+    script = ("import os, subprocess, sys, time; "
+              "g = subprocess.Popen(['sleep', '30']); "
+              f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{g.pid}}'); time.sleep(30)")
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    with priority.children_niced() as lowered:
+        assert lowered
+        child = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        assert os.getpriority(os.PRIO_PROCESS, 0) == own
+        for _ in range(200):
+            if pids.exists() and pids.read_text():
+                break
+            threading.Event().wait(0.05)
+        pid, grandchild = map(int, pids.read_text().split())
+        assert pid == child.pid
+        assert os.getpriority(os.PRIO_PROCESS, pid) == priority.LOWEST_NICE
+        assert os.getpriority(os.PRIO_PROCESS, grandchild) == priority.LOWEST_NICE
+        os.kill(grandchild, 9)
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+def test_children_are_not_niced_where_the_thread_could_not_go_back(monkeypatch):
+    """An unprivileged process may raise its nice value but not lower it again: the
+    thread would stay niced, so nothing is lowered, and the caller is told."""
+    monkeypatch.setattr(priority, "_may_return_to", lambda nice: False)
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    with priority.children_niced() as lowered:
+        assert not lowered
+        assert os.getpriority(os.PRIO_PROCESS, 0) == own
+
+
+def test_the_rlimit_floor_decides_whether_a_thread_may_go_back(monkeypatch):
+    monkeypatch.setattr(priority.os, "geteuid", lambda: 1000)
+    # a soft RLIMIT_NICE of r allows nice values down to 20 - r
+    monkeypatch.setattr(priority.resource, "getrlimit", lambda what: (20, 20))
+    assert priority._may_return_to(0)
+    monkeypatch.setattr(priority.resource, "getrlimit", lambda what: (0, 0))
+    assert not priority._may_return_to(0)
+    monkeypatch.setattr(priority.resource, "getrlimit", lambda what: (5, 5))
+    assert priority._may_return_to(15) and not priority._may_return_to(14)
+
+
 @needs_idle_class
 def test_a_worker_actor_runs_its_tasks_thread_idle_until_told_or_released(ray_session):
     from bastion.runtime.instance import Worker

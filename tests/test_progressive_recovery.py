@@ -20,6 +20,7 @@ import bastion as bn
 from bastion.bench import correlated
 from bastion.runtime.channel import HeldOutputChannel, OutputChannel
 from bastion.runtime.metrics import query_availability
+from bastion.runtime import priority
 from bastion.runtime.plan import build_plan
 from bastion.scheduler.detector import CorrelatedFailures
 from bastion.scheduler.recovery import (BlockingRecovery, Capacity, ProgressiveRecovery,
@@ -386,6 +387,10 @@ def test_correlated_drills_on_a_simulated_cluster(tmp_path):
     assert all(available["alerts"] <= (t if t is not None else float("inf"))
                for t in available.values())
     assert good["frames_spilled"] > 0
+    # the arriving nodes booted below the job's workers (Ray runs those at nice 15)
+    assert len(good["nodes_added_nice"]) == 3
+    if priority._may_return_to(0):
+        assert good["nodes_added_nice"] == [priority.LOWEST_NICE] * 3
     assert not broken["exactly_once"] and broken["lost"] > 0, broken
     assert report["report_plots"] == ["relative latency per query",
                                       "available queries over time", "Recoveries compared"]

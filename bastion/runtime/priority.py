@@ -17,12 +17,23 @@ before it. Going back to ``SCHED_OTHER`` keeps the thread's nice value; it needs
 privilege on Linux >= 2.6.39 when the nice value is within ``RLIMIT_NICE``. Where
 the kernel refuses, the thread stays where it is and the caller is told: `set_idle`
 returns what the thread runs at afterwards, read back from the kernel.
+
+`children_niced` is the other use of the same mechanism: the processes a thread
+starts inherit its nice value, so starting them from a thread niced for the moment
+starts them below everything already running, while the thread itself goes back.
+A simulated cluster boots the nodes that arrive during a drill that way
+(`bastion.launcher`): on one machine, a booting node's Ray agents at nice 0 would
+otherwise take both cores from the job's workers, which Ray runs at nice 15.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
+import sys
 import threading
+from typing import Iterator
 
 IDLE = "idle"
 NORMAL = "normal"
@@ -66,3 +77,35 @@ def current() -> str:
     if supported() and os.sched_getscheduler(0) == os.SCHED_IDLE:
         return IDLE
     return NORMAL
+
+
+LOWEST_NICE = 19
+
+
+@contextlib.contextmanager
+def children_niced(nice: int = LOWEST_NICE) -> Iterator[bool]:
+    """Processes the calling thread starts inside the block run at nice ``nice``
+    (and so do theirs: Linux children inherit it); the thread itself goes back to
+    its own nice value on the way out. Yields whether it lowered: it does not where
+    going back would need a privilege the process lacks (an unprivileged process may
+    only raise its nice value above its ``RLIMIT_NICE`` floor), nor where the OS
+    has no per-thread nice values — a thread left niced would slow everything it
+    did afterwards."""
+    # elsewhere a nice value is the whole process's, this driver's every thread
+    own = os.getpriority(os.PRIO_PROCESS, 0) if sys.platform == "linux" else None
+    if own is None or own >= nice or not _may_return_to(own):
+        yield False
+        return
+    os.setpriority(os.PRIO_PROCESS, 0, nice)  # 0: the calling thread, on Linux
+    try:
+        yield True
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, own)
+
+
+def _may_return_to(nice: int) -> bool:
+    """Whether this process may lower its nice value back to ``nice``: as root
+    (CAP_SYS_NICE, which root holds unless a container took it away), or within
+    ``RLIMIT_NICE`` (a soft limit of ``r`` allows nice values down to ``20 - r``)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
+    return os.geteuid() == 0 or soft == resource.RLIM_INFINITY or 20 - soft <= nice
