@@ -17,13 +17,17 @@ Every figure is measured in this run, on simulated three-node Ray clusters on
     longest gap in output. Under ``coordinated`` only the failed region restarts
     (`bastion.runtime.job`'s regional restart): the queries not hit keep running, and
     what they show is the machine's load while the region waits and catches up
-    (the gap includes the job master's own pause in polling while it plans).
-    Beside it, the same measure on the failure-free reference run from the
-    failure's time on (what a 100-ms point's median latency does on this machine
-    with nothing to recover: the measure's floor), and Su & Zhou's own measure —
-    the relative latency averaged over an interval, `DELTA_T_S` — for both. A worker
-    that hosts only ``per_bidder``'s recovering tasks catches up at the OS's lowest
-    CPU priority (`bastion.scheduler.catchup`).
+    (the gap includes the job master's own pause in polling while it plans). A
+    worker that hosts only ``per_bidder``'s recovering tasks catches up at the OS's
+    lowest CPU priority (`bastion.scheduler.catchup`), and the nodes that arrive
+    boot below the job's workers (`bastion.launcher`'s ``_add_node``), as on
+    machines of their own.
+    The target is judged on Su & Zhou's relative latency — averaged over an
+    interval, `DELTA_T_S`, as their availability threshold of 1.2 is — with the
+    same measure on the failure-free reference run from the failure's time on
+    beside it (the measure's floor on this machine). Then each 100-ms progress
+    point on its own, which one late frame decides: on this machine it moves
+    past 2 on the failure-free run too (printed as its floor).
 
 Targets (issue 14) are printed next to the figures with "met"/"missed". Asserts
 nothing; the headline is the last line.
@@ -125,20 +129,11 @@ def main() -> None:
                                              correlated.Case("blocking", "staggered",
                                                              "low_priority_hit")], storage)
         untouched = [n for n in correlated.PRIORITIES if n != "per_bidder"]
-        worst = max((r.metrics.extra["queries"][n]["max_relative_latency"] or float("inf"))
-                    for r in low.values() for n in untouched)
-        print(f"  target: queries not hit stay under relative latency 1.2 throughout: "
-              f"max {worst:.2f} -> {met(worst < 1.2)}")
-        # The same measure on the failure-free reference run (same input, same
-        # cluster, no failure), from the failure's time on: what this machine does to
-        # a 100-ms point's median latency with nothing to recover. And Su & Zhou's
-        # measure, the relative latency averaged over an interval (DELTA_T_S), for
-        # both runs.
-        floor = max((relative_latency_max(r.metrics.extra["queries"][n]["timeline"],
-                                          correlated.FAILURE_AT_S, correlated.FAILURE_AT_S)
-                     or 0.0) for r in reference for n in untouched)
-        print(f"  the failure-free reference, same measure from {correlated.FAILURE_AT_S:g} s "
-              f"on: max {floor:.2f} (the measure's floor on this machine)")
+        # Su & Zhou's relative latency: a query's latency over its failure-free
+        # latency, averaged over an interval (DELTA_T_S) — the measure their
+        # availability threshold of 1.2 is defined on — from the restart on, for the
+        # queries the failure did not hit; and the same on the failure-free reference
+        # from the failure's time on (the measure's floor on this machine).
         averaged = {label: max((relative_latency_max(
             r.metrics.extra["queries"][n]["timeline"], restarted_at(r)[0],
             restarted_at(r)[1], DELTA_T_S) or float("inf")) for n in untouched)
@@ -146,10 +141,21 @@ def main() -> None:
         averaged_floor = max((relative_latency_max(
             r.metrics.extra["queries"][n]["timeline"], correlated.FAILURE_AT_S,
             correlated.FAILURE_AT_S, DELTA_T_S) or 0.0) for r in reference for n in untouched)
-        print(f"  averaged over {DELTA_T_S:g} s (Su & Zhou's interval): "
+        print(f"  target: queries not hit stay under relative latency 1.2 throughout "
+              f"(averaged over {DELTA_T_S:g} s, Su & Zhou's measure): "
               + ", ".join(f"{label} max {v:.2f}" for label, v in averaged.items())
               + f"; failure-free reference max {averaged_floor:.2f} -> "
               f"{met(max(averaged.values()) < 1.2)}")
+        # Each 100-ms progress point on its own: one late frame decides a point, so
+        # this one moves on the failure-free run too; printed with that floor.
+        worst = max((r.metrics.extra["queries"][n]["max_relative_latency"] or float("inf"))
+                    for r in low.values() for n in untouched)
+        floor = max((relative_latency_max(r.metrics.extra["queries"][n]["timeline"],
+                                          correlated.FAILURE_AT_S, correlated.FAILURE_AT_S)
+                     or 0.0) for r in reference for n in untouched)
+        print(f"  per 100-ms point instead: max {worst:.2f}; the failure-free reference, "
+              f"same measure from {correlated.FAILURE_AT_S:g} s on: max {floor:.2f} "
+              f"(the point measure's floor on this machine)")
         clean = clean and all(r.exactly_once for r in low.values())
         print(f"  target: every correlated drill exactly once -> {met(clean)}")
 
