@@ -211,7 +211,7 @@ def exchange_cost_figures(messages: int = 2000, frame_bytes: int = 20_000) -> di
         def __init__(self):
             from bastion.runtime.transport import FrameServer
 
-            async def deliver(epoch, task_id, channel_id, seq, payload):
+            async def deliver(epoch, task_id, channel_id, seq, payload, incarnation):
                 pass
             self.server = FrameServer(deliver)
 
