@@ -444,8 +444,8 @@ def _add_node(cluster: Any, addition: fault_injection.AddNode, host: Any, job_id
     Python processes at nice 0, about a second of CPU each) share the cores with the
     job's workers, which Ray runs at nice 15 — and took both cores from them: the
     queries a failure did not hit stalled for 0.3-0.5 s at every node that arrived.
-    What runs on the node later (the job's workers there) inherits that nice value,
-    above 15 for as long as the node lives."""
+    What runs on the node later inherits that nice value: the job's workers there
+    run at 19, not 15, for as long as the node lives."""
     # Not waited for: the node registers with the cluster on its own (the job master
     # sees it then), and the driver stays on time for the next addition.
     with priority.children_niced():
