@@ -16,6 +16,7 @@ written), never how fast anything ran.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import sys
 import threading
@@ -311,11 +312,47 @@ def test_caught_up_once_the_backlog_is_within_one_samples_input():
     after = [point(1.4, 270, 768), point(1.5, 9, 470), point(1.6, 140), point(1.7, 181),
              point(1.8, 0)]
     # 9 records behind at 1.5 s (7 ms of input) is caught up: the hiccup at 1.7 s
-    # came after the catch-up and does not lengthen it
-    assert tm.caught_up_at(before + after, 1.05, 1.3) == 1.5
+    # came after the catch-up and does not lengthen it. The 5 records above the
+    # steady level (4) drain at the fastest rate the catch-up showed (768 records
+    # in the 0.1 s after the restart) less the 1,400 arriving per second.
+    assert tm.caught_up_at(before + after, 1.05, 1.3) == pytest.approx(1.5 + 5 / 6280)
     # a backlog of more than one sample's input is still being caught up
     after[1] = point(1.5, 200, 470)
-    assert tm.caught_up_at(before + after, 1.05, 1.3) == 1.6
+    assert tm.caught_up_at(before + after, 1.05, 1.3) == pytest.approx(1.6 + 136 / 6280)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_caught_up_where_a_draining_backlog_meets_its_steady_level(seed):
+    """A source reads a backlog at 3,300/s while input arrives at 1,330/s, sampled
+    every 0.1 s at a random phase (the job master's polls): the catch-up ends where
+    the backlog line, worked out here in plain arithmetic, meets the pre-fault level
+    — not at the first sample within a sample's input, which is up to 70 ms early."""
+    rng = random.Random(seed)
+    arriving, reading, steady = 1330.0, 3300.0, 1
+    restarted_s, backlog = 5.0 + rng.random() * 0.1, rng.uniform(300, 3000)
+    truth = restarted_s + (backlog - steady) / (reading - arriving)
+
+    def lag(t):
+        return backlog if t < restarted_s else max(
+            steady, backlog - (reading - arriving) * (t - restarted_s))
+
+    fault_s = restarted_s - 0.3
+    phase = rng.random() * 0.1
+    timeline, previous = [], 0.0
+    for t in [phase + 0.1 * k for k in range(1, 100)]:
+        if t < fault_s:            # running: input read as it arrives
+            point = (steady, arriving * (t - previous), 1)
+        elif t < restarted_s:      # down: nothing read, nobody answers
+            point = (0, 0.0, 0)
+        else:                      # catching up: what arrived and what drained
+            since = max(previous, restarted_s)
+            point = (lag(t), arriving * (t - since) + lag(since) - lag(t), 1)
+        timeline.append({"t_s": t, "source_lag": round(point[0]),
+                         "source_records": round(point[1]), "sink_records": 1,
+                         "workers_answering": point[2]})
+        previous = t
+    caught = tm.caught_up_at(timeline, fault_s, restarted_s)
+    assert caught == pytest.approx(truth, abs=0.004)
 
 
 # -- (b) the optimiser ------------------------------------------------------------------------

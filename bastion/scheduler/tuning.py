@@ -54,12 +54,12 @@ restored checkpoint was);
 one more run with the source's pacing removed measures I_max and a cold-start W.
 The warm-up after a *restart* is what eq 2 needs, and each profiling run shows it:
 eq 5 solved for W with the run's observed TRT (`recovery_warmup_s`). The observed
-TRT ends at the first progress sample (every 0.1 s) whose backlog is within one
-sample's input (`caught_up_at`) — the timeline's resolution, as the series' stopping
-term is the model's — not back to the handful of records a paced source shows
-before the fault: under that stricter rule a hiccup of the restarted job just after
-its catch-up (a new standby process starts beside it) counted into the TRT, and
-the same recovery measured 0.5 s or 3 s. Another departure from the paper's
+TRT ends where the backlog is back to its level before the fault, found from the
+first progress sample (every 0.1 s) whose backlog is within one sample's input and
+the drain rate that sample shows (`caught_up_at`) — not at the first sample back to
+the handful of records a paced source shows before the fault: under that stricter
+rule a hiccup of the restarted job just after its catch-up (a new standby process
+starts beside it) counted into the TRT, and the same recovery measured 0.5 s or 3 s. Another departure from the paper's
 single W: the warm-ups differ from recovery to recovery (on a shared machine, by
 what else runs), and the cases take that spread too — the best case uses the
 least W seen (the cold start's, or a recovery's), the average case the mean (TRT is
@@ -729,31 +729,56 @@ def capacity_of(timeline: Sequence[Mapping[str, Any]]) -> Capacity:
 def caught_up_at(timeline: Sequence[Mapping[str, Any]], fault_s: float, restarted_s: float
                  ) -> float | None:
     """When the sources caught up after a restart (seconds since the job started):
-    the first sample after the restart, with output, whose backlog of input due but
-    not read is down to what the timeline can resolve — at most the larger of its
-    level in the 1.5 s before the fault and the records the sources read in one
-    sample then (their median). Only samples every worker answered count: a source
-    too busy to answer reports no backlog, and would look caught up in the middle of
-    its catch-up.
+    when their backlog of input due but not read came back to its level in the 1.5 s
+    before the fault — found from the first sample after the restart, with output,
+    whose backlog is within what the timeline can resolve (at most that level or the
+    records the sources read in one sample then, their median), and moved to where
+    the backlog meets that level, draining at the fastest read rate seen since the
+    restart less the rate input arrived at before the fault: after the sample while
+    some is left, within it when it shows none. Only samples every worker
+    answered count: a source too busy to answer reports no backlog, and would look
+    caught up in the middle of its catch-up.
 
-    Why one sample's input and not the drills' stricter rule (`bastion.drills`: back
-    to the pre-fault level, a few records for a paced source): a backlog smaller than
-    one sample's input is read within about a sample period (``period·U/(1-U)``), so
-    the timeline cannot tell it from being caught up; and the restarted job has
-    hiccups of its own a few tenths of a second later (a new standby process starts
-    beside it), which under the strict rule moved the end of a catch-up that had
-    left 9 records behind (7 ms of input) by a second — recoveries of the same kind
-    then measured 0.5 s or 3 s at random, and eq 5 solved for W read that as a
-    warm-up of up to 4.5 s."""
+    Why the first sample within one sample's input and not the drills' stricter rule
+    (`bastion.drills`: the first sample back at the pre-fault level, a few records
+    for a paced source): the restarted job has hiccups of its own a few tenths of a
+    second later (a new standby process starts beside it), which under the strict
+    rule moved the end of a catch-up that had left 9 records behind (7 ms of input)
+    by a second — recoveries of the same kind then measured 0.5 s or 3 s at random,
+    and eq 5 solved for W read that as a warm-up of up to 4.5 s. Why the drain time
+    after it: such a sample still holds up to a sample's input of backlog, which
+    takes ``period·U/(1-U)`` more to read (70 ms at U = 0.4): taken as caught up
+    there, every recovery measured that much short of the backlog's end — the TRT
+    eq 5 predicts — and the profiling runs read it as a negative warm-up."""
     everyone = max((p.get("workers_answering", 0) for p in timeline), default=0)
     full = [p for p in timeline if p.get("workers_answering", everyone) >= everyone]
     before = [p for p in full if fault_s - 1.5 <= p["t_s"] < fault_s]
     steady = max((p["source_lag"] for p in before), default=0)
     one_sample = statistics.median(p["source_records"] for p in before) if before else 0
     tolerance = max(steady, one_sample)
-    for p in full:
-        if p["t_s"] >= restarted_s and p["source_lag"] <= tolerance and p["sink_records"] > 0:
+    spacing = [b["t_s"] - a["t_s"] for a, b in zip(before, before[1:])]
+    arriving_per_s = one_sample / statistics.median(spacing) if spacing else None
+    fastest_per_s = 0.0  # the sources' read rate while catching up: the fastest seen
+    for i, p in enumerate(timeline):
+        if p.get("workers_answering", everyone) < everyone or p["t_s"] < restarted_s:
+            continue
+        # the sample's reads: since the poll before it, or the restart if later
+        began_s = max(restarted_s, timeline[i - 1]["t_s"] if i else restarted_s)
+        reading_s = p["t_s"] - began_s
+        if reading_s > 0:
+            fastest_per_s = max(fastest_per_s, p["source_records"] / reading_s)
+        if p["source_lag"] > tolerance or p["sink_records"] <= 0:
+            continue
+        draining_per_s = fastest_per_s - (arriving_per_s or 0.0)
+        if arriving_per_s is None or draining_per_s <= 0:
             return p["t_s"]
+        if p["source_lag"] > steady:  # the rest drains after the sample
+            return p["t_s"] + (p["source_lag"] - steady) / draining_per_s
+        # back at the steady level within the sample: its backlog when its reads
+        # began was what the reads beyond the input arriving meanwhile took off
+        drained = max(0.0, p["source_records"] - arriving_per_s * reading_s)
+        return min(p["t_s"], began_s + max(0.0, drained + p["source_lag"] - steady)
+                   / draining_per_s)
     return None
 
 
