@@ -59,9 +59,9 @@ first progress sample (every 0.1 s) whose backlog is within one sample's input a
 the drain rate that sample shows (`caught_up_at`) — not at the first sample back to
 the handful of records a paced source shows before the fault: under that stricter
 rule a hiccup of the restarted job just after its catch-up (a new standby process
-starts beside it) counted into the TRT, and the same recovery measured 0.5 s or 3 s. Another departure from the paper's
-single W: the warm-ups differ from recovery to recovery (on a shared machine, by
-what else runs), and the cases take that spread too — the best case uses the
+starts beside it) counted into the TRT, and the same recovery measured 0.5 s or 3 s.
+Another departure from the paper's single W: the warm-ups differ from recovery to
+recovery (on a shared machine, by what else runs), and the cases take that spread too — the best case uses the
 least W seen (the cold start's, or a recovery's), the average case the mean (TRT is
 linear in W, so the expected TRT is the TRT at the mean W; the median
 under-predicted it), the worst case the 90% quantile (`WORST_CASE_QUANTILE`: the
@@ -769,8 +769,8 @@ def caught_up_at(timeline: Sequence[Mapping[str, Any]], fault_s: float, restarte
             fastest_per_s = max(fastest_per_s, p["source_records"] / reading_s)
         if p["source_lag"] > tolerance or p["sink_records"] <= 0:
             continue
-        draining_per_s = fastest_per_s - (arriving_per_s or 0.0)
-        if arriving_per_s is None or draining_per_s <= 0:
+        draining_per_s = 0.0 if arriving_per_s is None else fastest_per_s - arriving_per_s
+        if draining_per_s <= 0:  # no drain to go by: the sample itself
             return p["t_s"]
         if p["source_lag"] > steady:  # the rest drains after the sample
             return p["t_s"] + (p["source_lag"] - steady) / draining_per_s
