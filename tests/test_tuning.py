@@ -661,3 +661,38 @@ def test_a_restarts_standby_is_borrowed_only_once_the_sources_caught_up(tmp_path
     assert not any(caught_up(p["source_lag"], p["source_records"], elapsed_s, 0.09)
                    for p, elapsed_s in catching_up)
     assert sorted(run.outputs["out"]) == list(range(7000))
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_restart_ends_when_the_tasks_run_not_when_the_job_master_hears_of_it(tmp_path):
+    """R (eq 5's restart) ends when the restored tasks run. The job master learns of
+    it from the workers' start calls, whose replies wait for the worker's event loop
+    — which the tasks, once running, keep busy: in a catch-up ~40 ms, here the 0.8 s
+    the map's first record takes in every process. Taken at the reply, R would count
+    that time twice in eq 5 (as restart, and as backlog the sources did not read)."""
+    first_call_s = 0.8
+
+    def busy_on_its_first_record(v: int, seen: list = []) -> int:  # noqa: B006
+        import time
+
+        if not seen:   # one list per deserialised copy: once in each worker process
+            seen.append(v)
+            spin_until = time.perf_counter() + first_call_s
+            while time.perf_counter() < spin_until:   # holds the loop (and the GIL)
+                pass
+        return v
+
+    topo = bn.Topology("restart-ends-when-tasks-run")
+    topo.source("numbers", bn.sources.Generator(lambda i: i, count=3000, rate=1000.0)).map(
+        "busy", busy_on_its_first_record).sink("out", bn.sinks.Collect())
+    kills = [bn.faults.KillWorker(0, at=1.8)]
+    run = bn.run(topo, protocol="coordinated", checkpoint_interval=0.5, faults=kills,
+                 storage=f"local://{tmp_path}/store")
+    from bastion.runtime.plan import build_plan
+
+    outcome = tm.kill_outcome(run, kills[0].schedule(build_plan(topo)))
+    assert outcome.restart_s < first_call_s / 2, outcome
+    # the restarted event keeps its place after the failure it recovers from
+    kinds = [e["kind"] for e in run.details["events"]]
+    assert kinds.index("failure_detected") < kinds.index("restarted")
+    assert sorted(run.outputs["out"]) == list(range(3000))

@@ -177,8 +177,11 @@ class EventLog:
         self._chunks = 0
         self._writes: list[asyncio.Task] = []
 
-    def record(self, kind: str, started_s: float | None, **fields: Any) -> dict[str, Any]:
-        t = time.time()
+    def record(self, kind: str, started_s: float | None, *, at: float | None = None,
+               **fields: Any) -> dict[str, Any]:
+        """Record ``kind`` as happening now, or at wall time ``at`` when the caller
+        learnt of it only later (the event still goes after those recorded before)."""
+        t = time.time() if at is None else at
         event = {"kind": kind, "t": t, "t_s": t - started_s if started_s else 0.0, **fields}
         self.counts[kind] += 1
         if kind in KEPT_KINDS or self.counts[kind] <= self._limits.examples_per_kind:

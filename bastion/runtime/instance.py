@@ -1241,10 +1241,15 @@ class Worker:
         self.runners, self.tasks, self.unstarted, self.runner_of = [], {}, [], {}
         priority.set_idle(False)  # a catch-up's lowered priority ends with its tasks
 
-    async def start(self) -> None:
+    async def start(self) -> float:
+        """Start the tasks' loops; return when they began (this host's wall clock).
+        The job master's reply comes later — the sources' first batches run on this
+        event loop before it is sent (~40 ms into a catch-up) — and a recovery's
+        restart ends when the tasks run, not when the master hears of it."""
         self.runners = []
         for task in self.tasks.values():
             self._run(task)
+        return time.time()
 
     def _run(self, task: "Task") -> None:
         runner = asyncio.ensure_future(task.run())

@@ -538,10 +538,14 @@ class JobMaster:
             self.started_s = time.time()
             self.record_event("started")
             self._injector = asyncio.ensure_future(self._inject_faults())
+        sent_s = time.time()
         try:
-            await asyncio.gather(*[w.start.remote() for w in self.workers])
+            began_s = await asyncio.gather(*[w.start.remote() for w in self.workers])
         except ray.exceptions.RayActorError as exc:
             raise detector.died_during(self.phase, exc) from None
+        # the last worker's tasks began then; kept within the call's span, on this
+        # clock, should a worker's host clock be off
+        running_s = min(max(max(began_s, default=sent_s), sent_s), time.time())
         # The tasks run already: a new standby (a process start, when the pool has
         # none idle) is borrowed and bound meanwhile, not waited for. After a
         # restart, only once the sources have caught up (`_poll_once`): the
@@ -554,7 +558,7 @@ class JobMaster:
         else:
             self._borrow_standby()
         if self.attempt:
-            self.record_event("restarted", attempt=self.attempt,
+            self.record_event("restarted", at=running_s, attempt=self.attempt,
                               checkpoint=_line_summary(restore))
             if self.redundancy is not None:  # new tasks start from the configured ratio
                 self._send_redundancy(self.redundancy.ratio)
