@@ -18,7 +18,10 @@ failure until the job has caught up with its input again) stays under a user's b
   runs' checkpoints took (milliseconds on an idle machine, up to 1-2 s under heavy
   load);
 - ``T`` — timeout: the failure is noticed (heartbeat timeout, or a process death);
-- ``R`` — restart/restore: every task runs again from the recovery line;
+- ``R`` — restart/restore: every task runs again from the recovery line (R ends
+  when the restored tasks start, by the workers' clocks: the job master hears of
+  it some 40 ms later, once the catch-up lets the workers' event loops reply, and
+  taken then R counted that twice in eq 5 and every warm-up read negative);
 - ``W`` — warm-up: the sources ramp up from nothing to their full rate;
 - ``C`` — catch-up: the backlog that piled up meanwhile is read at the job's
   maximum rate while new input keeps arriving at its average rate.
