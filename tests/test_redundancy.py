@@ -255,6 +255,33 @@ def test_the_manager_is_told_the_latency_the_copies_hid(tmp_path):
     assert sorted(calm)[len(calm) // 2] < 100.0, calm
 
 
+def test_a_stall_in_progress_raises_the_ratio_before_its_tuples_come_out(tmp_path):
+    """One instance stalls 0.6 s on a frame: the job master sees the task on that
+    frame at its next progress polls and the manager raises the ratio at once —
+    before the period whose window the stalled tuples arrive in. Without the
+    stall signal, the first increase waits for a window over the bound."""
+    def first_increase(stall_ratio):
+        policy = bn.ResiliencyPolicy(latency_bound_ms=100.0, max_ratio=1.0,
+                                     stall_ratio=stall_ratio)
+        stalls = [bn.faults.Timing("upper", instances=[0], magnitude=bn.faults.Constant(0.6),
+                                   mtbf_s=1.5, seed=3)]
+        result = bn.run(grep(count=12_000, rate=3000), redundancy="auto", resiliency=policy,
+                        faults=stalls, storage=f"local://{tmp_path}/{stall_ratio}")
+        assert sorted(result.outputs["out"]) == sorted(
+            f"LINE {i} NEEDLE" for i in range(0, 12_000, 3))
+        ups = [d for d in copies(result)["decisions"] if d["movement"] == "increase"]
+        assert ups, copies(result)["decisions"]
+        return ups[0], result
+
+    at_once, result = first_increase(1.0)
+    assert "at once" in at_once["reason"] and at_once["ratio"] == 1.0, at_once
+    assert at_once["latency_ms"] is None            # no window was judged for it
+    changed = [e for e in result.details["events"] if e["kind"] == "redundancy_changed"]
+    assert changed[0]["reason"] == at_once["reason"]
+    waited, _ = first_increase(None)
+    assert "at once" not in waited["reason"] and waited["latency_ms"] > 100.0, waited
+
+
 # -- refused before anything runs ------------------------------------------------------------------
 
 

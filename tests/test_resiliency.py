@@ -332,7 +332,9 @@ def test_static_redundancy_always_holds():
 @pytest.mark.parametrize("field, value", [
     ("noise_share", -0.1), ("noise_share", 1.0), ("hidden_percentile", 0.0),
     ("hidden_percentile", 100.5), ("probe_periods", 0), ("probe_periods", 2.5),
-    ("max_probe_periods", True),
+    ("max_probe_periods", True), ("exposure_share", 0.0), ("exposure_share", 1.5),
+    ("exposure_periods", 0), ("min_exposure_samples", True), ("stall_ratio", 0.0),
+    ("stall_ratio", math.nan),
 ])
 def test_new_policy_fields_are_validated(field, value):
     with pytest.raises(ValueError, match=field):
@@ -472,3 +474,138 @@ def test_a_step_down_over_the_bound_is_the_minimum_step():
     assert (stuck.movement, stuck.ratio) == ("decrease", pytest.approx(1.5))
     # under the bound the step down is still proportional
     assert manager.decide(2.0, 10.0).ratio == pytest.approx(1.5 - 0.9 * 0.34)
+
+
+# ------------------------------------------------------------------ onsets and the exposure floor
+
+
+def test_the_share_of_late_tuples_by_hand_and_by_brute_force():
+    from bastion.scheduler.resiliency import delayed_share
+
+    s = 0.2
+    assert delayed_share(0.0, s) == pytest.approx(s)
+    assert delayed_share(1.0, s) == pytest.approx(s ** 2)
+    assert delayed_share(0.5, s) == pytest.approx(0.5 * s + 0.5 * s ** 2)
+    assert delayed_share(1.5, s) == pytest.approx(0.5 * s ** 2 + 0.5 * s ** 3)
+    assert delayed_share(2.0, s) == pytest.approx(s ** 3)
+    # brute force: every tuple's copies late independently, the first one counts
+    import random
+    rng = random.Random(7)
+    for ratio in (0.3, 1.0, 1.6):
+        late = 0
+        for i in range(40_000):
+            extra = math.floor(ratio) + (rng.random() < ratio - math.floor(ratio))
+            late += all(rng.random() < s for _ in range(1 + extra))
+        assert late / 40_000 == pytest.approx(delayed_share(ratio, s), abs=0.006), ratio
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.4, 1.0, 1.6])
+@pytest.mark.parametrize("s", [0.0, 0.05, 0.2, 0.45])
+def test_the_exposure_is_read_back_from_either_share(ratio, s):
+    from bastion.scheduler.resiliency import Exposure, delayed_share, estimate_exposure
+
+    delivered = Exposure(over_share=delayed_share(ratio, s), samples=500)
+    assert estimate_exposure(ratio, delivered, 20) == pytest.approx(s, abs=1e-6)
+    late = Exposure(over_share=0.0, samples=0, late_over_share=1 - (1 - s) ** 2,
+                    late_samples=500)
+    assert estimate_exposure(ratio, late, 20) == pytest.approx(s, abs=1e-9)
+    assert estimate_exposure(ratio, Exposure(0.5, samples=19), 20) is None
+
+
+def test_the_required_ratio_is_the_least_that_keeps_the_late_share():
+    from bastion.scheduler.resiliency import delayed_share, required_ratio
+
+    for s in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5):
+        r = required_ratio(s, 0.05, 1.6)
+        brute = next((i / 100 for i in range(161) if delayed_share(i / 100, s) <= 0.05), 1.6)
+        assert r == brute
+    assert required_ratio(0.04, 0.05, 1.6) == 0.0
+    assert required_ratio(0.9, 0.05, 1.6) == 1.6   # none enough: the ceiling
+
+
+def test_a_stall_in_progress_raises_the_ratio_at_once_and_only_once():
+    manager = ResiliencyManager(ResiliencyPolicy(latency_bound_ms=35.0, max_ratio=1.6))
+    decision = manager.on_stall(3.25, 120.0)
+    assert decision is not None and decision.movement == "increase"
+    assert manager.ratio == 1.0 and "at once" in decision.reason
+    assert manager.on_stall(3.35, 220.0) is None and manager.ratio == 1.0
+    off = ResiliencyManager(ResiliencyPolicy(latency_bound_ms=35.0, stall_ratio=None))
+    assert off.on_stall(3.25, 120.0) is None and off.ratio == 0.0
+
+
+def test_the_exposure_floor_replaces_probing_and_lapses_when_calm():
+    from bastion.scheduler.resiliency import Exposure, delayed_share, required_ratio
+
+    policy = ResiliencyPolicy(latency_bound_ms=100.0, max_ratio=1.6, gain_decrease=1.0,
+                              exposure_periods=3)
+    manager = ResiliencyManager(policy)
+    manager.on_stall(0.0, 300.0)
+    assert manager.ratio == 1.0
+    s = 0.15   # copies late this often: the pair's late copy is over the bound 28% of the time
+    faulty = Exposure(over_share=delayed_share(1.0, s), samples=400,
+                      late_over_share=1 - (1 - s) ** 2, late_samples=400)
+    need = required_ratio(s, 0.05, 1.6)
+    assert 0.3 < need < 1.0
+    ratios = [manager.decide(float(t), 30.0, 400.0, faulty).ratio for t in range(1, 6)]
+    # under the bound with faults hidden: down to what the exposure needs, at once
+    # (no probe every 4 periods), and not below it
+    assert ratios[0] < 1.0 and min(ratios) == pytest.approx(need)
+    calm = Exposure(over_share=0.0, samples=400, late_over_share=0.0, late_samples=400)
+    ratios = [manager.decide(float(t), 30.0, 30.0, calm).ratio for t in range(6, 12)]
+    assert ratios[1] == pytest.approx(need)        # the floor remembers 3 periods
+    assert ratios[-1] == 0.0
+
+
+def exposure_loop(manager: ResiliencyManager, seed: int, periods: int = 600
+                  ) -> tuple[int, int, float]:
+    """A closed loop on tuples: fault episodes (every copy late with probability s,
+    drawn per episode) alternate with calm ones; a window violates the bound when
+    more than 10% of its 300 tuples are late — each late unless one of its copies
+    was not. A stall shows in progress early in every faulty window (`on_stall`),
+    after a tenth of its tuples. Returns (violated faulty windows, faulty windows,
+    mean ratio)."""
+    import random
+    rng = random.Random(seed)
+    bound = manager.policy.latency_bound_ms
+    violated = faulty_windows = 0
+    ratios, s = [], 0.0
+    for t in range(periods):
+        if t % 40 == 0:
+            s = rng.choice((0.08, 0.15, 0.25)) if (t // 40) % 2 else 0.0
+        late = late_copies = late_over = 0
+        for i in range(300):
+            if i == 30 and s:
+                manager.on_stall(t + 0.1, 2 * bound)
+            ratio = manager.ratio
+            extra = math.floor(ratio) + (rng.random() < ratio - math.floor(ratio))
+            copies = [rng.random() < s for _ in range(1 + extra)]
+            late += all(copies)
+            if extra:
+                late_copies += 1
+                late_over += copies[0] or copies[1]
+        if s:
+            faulty_windows += 1
+            violated += late > 30
+        ratios.append(manager.ratio)
+        p90 = 5 * bound if late > 30 else 0.4 * bound
+        hidden = 5 * bound if late_over > 0.1 * max(1, late_copies) else 0.4 * bound
+        from bastion.scheduler.resiliency import Exposure
+        manager.decide(float(t), p90, hidden,
+                       Exposure(late / 300, 300, late_over / late_copies if late_copies
+                                else None, late_copies))
+    return violated, faulty_windows, sum(ratios) / len(ratios)
+
+
+def test_onsets_and_the_exposure_floor_cut_violations_at_less_cost():
+    base = dict(latency_bound_ms=100.0, gain_increase=0.2, gain_decrease=0.2, max_ratio=1.6,
+                noise_share=0.1)
+    for seed in range(3):
+        with_both = exposure_loop(ResiliencyManager(ResiliencyPolicy(**base)), seed)
+        without = exposure_loop(ResiliencyManager(ResiliencyPolicy(
+            **base, exposure_share=None, stall_ratio=None)), seed)
+        v, n, mean_ratio = with_both
+        v_without, _, mean_without = without
+        assert v <= 0.02 * n and v * 3 <= v_without, (with_both, without)
+        # half the run is calm, and the faults need 0.4-1.6: the copies cost less
+        # than half of what a static 1.6 costs
+        assert mean_ratio < 0.45 * 1.6, with_both

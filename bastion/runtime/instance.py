@@ -340,6 +340,9 @@ class Task(TaskContext):
         # have taken without their first copy. The resiliency manager reads it to
         # tell a calm period from faults the copies are hiding.
         self.late_copies = LatencyHistogram()
+        # when this task took the frame it is processing (None: between frames): a
+        # stall shows in progress as its age, before any of its tuples come out late
+        self.frame_began_s: float | None = None
 
     # -- wiring ------------------------------------------------------------------------
 
@@ -440,7 +443,9 @@ class Task(TaskContext):
             if type(frame) is bytes:  # else it came unencoded from this worker
                 frame = decode(frame)
             await self.protocol.on_frame(channel_id, seq, frame)
+            self.frame_began_s = time.time()
             await self._process_frame(inputs[channel_id], frame)      # process
+            self.frame_began_s = None
             self.received_seq[channel_id] = seq
             await self._flush_aged()                                # emit
             await self.protocol.between_frames()
@@ -470,7 +475,9 @@ class Task(TaskContext):
             if kind is Batch:                                       # process
                 batch = self.protocol.on_batch(channel_id, element)
                 if batch is not None and len(batch):
+                    self.frame_began_s = time.time()
                     await self._process(batch, 0, channel.input_index, keyed=True)
+                    self.frame_began_s = None
             elif kind is Watermark:
                 await self._on_watermark(channel_id, element.time)
             else:
@@ -978,6 +985,7 @@ class Task(TaskContext):
             "sink_records": sink_records - self.restored_progress[1],
             "latency": latency,  # cumulative bucket counts; the job master diffs them
             "late_copies": self.late_copies.buckets,   # the same, of late copies
+            "busy_s": 0.0 if self.frame_began_s is None else time.time() - self.frame_began_s,
             "incarnation": self.incarnation,  # counters restart with each incarnation
         }
 

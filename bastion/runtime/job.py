@@ -86,7 +86,7 @@ from bastion.scheduler.recovery import (BlockingRecovery, Capacity, QueryNeeds,
                                        RecoveryPlanError, RecoveryPlanner, check_plan,
                                        failed_region, queries_needs, recovery_policy,
                                        replacement_slots, restarts_regions)
-from bastion.scheduler.resiliency import ResiliencyManager
+from bastion.scheduler.resiliency import Exposure, RedundancyDecision, ResiliencyManager
 from bastion.storage import CheckpointStore, open_store
 
 
@@ -330,6 +330,10 @@ class JobMaster:
         self._redundancy_window = LatencyHistogram()
         self._hidden_window = LatencyHistogram()   # the late copies' latency, same window
         self._redundancy_window_s: float | None = None  # when the current window began
+        # the tasks whose input holds copies: one stalled on a frame is a fault the
+        # manager may answer at once (`ResiliencyManager.on_stall`)
+        self._copied_tasks = {t.task_id for t in plan.tasks
+                              if set(plan.chains[t.chain_id].ops) & set(config.redundancy)}
 
     # -- what the coordinator's context and the workers call --------------------------------
 
@@ -1226,6 +1230,7 @@ class JobMaster:
         latency = LatencyHistogram()
         late = LatencyHistogram()   # of the copies dropped as late
         by_query = {q.name: [0, LatencyHistogram()] for q in self.queries}
+        busy_s = 0.0   # the longest a task with copies in its input has been on one frame
         for reply in replies:
             if isinstance(reply, BaseException):
                 continue
@@ -1251,6 +1256,8 @@ class JobMaster:
                 late.merge(LatencyHistogram(p["late_copies"]).minus(
                     seen if seen_attempt == stamp else {}))
                 self._late_seen[task_id] = (stamp, p["late_copies"])
+                if task_id in self._copied_tasks:
+                    busy_s = max(busy_s, p["busy_s"])
                 lag += p["source_lag"]
         for k, v in gained.items():
             self._totals[k] += v
@@ -1273,7 +1280,7 @@ class JobMaster:
         if self.plan.topology.has_feedback():
             await self._check_loops(replies)
         if self.redundancy is not None and self.started_s is not None:
-            self._manage_redundancy(latency, late)
+            self._manage_redundancy(latency, late, busy_s)
         if self.started_s is not None:
             self.query_points.append({"t_s": time.time() - self.started_s, "queries": {
                 name: (records, None if h.percentile(50) is None else h.percentile(50) * 1000)
@@ -1293,29 +1300,42 @@ class JobMaster:
                                   "latency_p50_ms": None if p50 is None else p50 * 1000,
                                   "latency_p99_ms": None if p99 is None else p99 * 1000})
 
-    def _manage_redundancy(self, latency: LatencyHistogram, late: LatencyHistogram) -> None:
+    def _manage_redundancy(self, latency: LatencyHistogram, late: LatencyHistogram,
+                           busy_s: float) -> None:
         """Add what sinks saw since the last poll, and the late copies tasks dropped,
-        to the manager's window; once a period is over, let it decide, and send a new
-        ratio to every worker."""
+        to the manager's window; tell it at once of a task with copies in its input
+        that has been on one frame longer than the bound (a stall in progress); once a
+        period is over, let it decide; send every new ratio to every worker."""
         policy = self.config.resiliency
         now_s = time.time()
         if self._redundancy_window_s is None:
             self._redundancy_window_s = now_s
         self._redundancy_window.merge(latency)
         self._hidden_window.merge(late)
+        if busy_s * 1000.0 > policy.latency_bound_ms:
+            self._apply_redundancy(self.redundancy.on_stall(now_s - self.started_s,
+                                                            busy_s * 1000.0))
         if now_s - self._redundancy_window_s < policy.period_s:
             return
         seen = self._redundancy_window.percentile(policy.percentile)
         # the latency the copies hid tells a calm window from one with hidden faults
         hidden = (None if policy.hidden_percentile is None
                   else self._hidden_window.percentile(policy.hidden_percentile))
-        decision = self.redundancy.decide(now_s - self.started_s,
-                                          None if seen is None else seen * 1000.0,
-                                          None if hidden is None else hidden * 1000.0)
+        bound_s = policy.latency_bound_ms / 1000.0
+        late_copies = self._hidden_window.count
+        exposure = Exposure(self._redundancy_window.share_above(bound_s),
+                            self._redundancy_window.count,
+                            self._hidden_window.share_above(bound_s) if late_copies else None,
+                            late_copies)
+        self._apply_redundancy(self.redundancy.decide(
+            now_s - self.started_s, None if seen is None else seen * 1000.0,
+            None if hidden is None else hidden * 1000.0, exposure))
         self._redundancy_window = LatencyHistogram()
         self._hidden_window = LatencyHistogram()
         self._redundancy_window_s = now_s
-        if decision.ratio != decision.ratio_before:
+
+    def _apply_redundancy(self, decision: RedundancyDecision | None) -> None:
+        if decision is not None and decision.ratio != decision.ratio_before:
             self._send_redundancy(decision.ratio)
             self.record_event("redundancy_changed", ratio=decision.ratio,
                               ratio_before=decision.ratio_before,

@@ -74,6 +74,29 @@ bound, although it is falling (tuples a stall held back drain into it). So:
   would take a step of the excess, all the copies at once, while the bound is
   broken).
 
+**Departures for small jobs: onsets and how much is enough.** With a window's p90 as
+its only input, the manager learns of a fault a window after it began — the tuples
+a stall holds back reach the sinks when it ends — and that window is already over
+the bound; and while copies hide the faults, the latency says nothing about how many
+copies are enough, so it can only probe down and break the bound to find out. Two
+more inputs, each optional:
+
+- a *stall in progress*: the job master sees, at every progress poll (0.1 s), how
+  long each task of a copied operator has been on its current frame; longer than
+  the bound is a fault whose tuples will be late. `on_stall` then raises the ratio
+  at once to ``stall_ratio`` (1.0: every tuple has a copy on another instance, so
+  one stalled instance is hidden), without waiting for the period to end;
+- the *exposure* of a window (`Exposure`): the share of delivered tuples over the
+  bound, and of the late copies over it. If each copy of a tuple is late
+  independently with probability ``s`` (its instance stalled), a tuple with ``k``
+  copies is late with probability ``s^k``; the late copy of a copied pair is over
+  the bound when either copy is (``1-(1-s)^2``). Those invert to ``s``
+  (`estimate_exposure`), and ``s`` gives the least ratio whose share of late tuples
+  stays under ``exposure_share`` of what the percentile allows (`required_ratio`:
+  5% for p90 at the default 0.5). The largest of the last ``exposure_periods``
+  requirements is a floor: under the bound the manager goes down to it at once
+  instead of probing or walking down a step a period, and never below it.
+
 The controllers here are pure: no clock, no I/O, no Ray. The caller measures the
 percentiles over its window (``policy.percentile`` of the delivered tuples,
 ``policy.hidden_percentile`` of the late copies) and calls ``decide`` once every
@@ -85,6 +108,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections import deque
 from dataclasses import dataclass
 from numbers import Real
 
@@ -144,6 +168,14 @@ class ResiliencyPolicy:
     ``probe_periods``/``max_probe_periods``, how many periods apart the manager
     probes for less redundancy while faults are hidden, doubling after a probe that
     crossed the bound.
+
+    And the two inputs for onsets and enough copies (module docstring):
+    ``exposure_share``, the share of the tuples the percentile lets over the bound
+    (10% for p90) that the exposure floor aims at (None: no floor);
+    ``exposure_periods``, how many periods' requirements the floor is the largest
+    of; ``min_exposure_samples``, the fewest tuples a window's share is read from;
+    ``stall_ratio``, the ratio a stall in progress raises it to at once (None: not
+    at once).
     """
 
     latency_bound_ms: float
@@ -159,6 +191,10 @@ class ResiliencyPolicy:
     hidden_percentile: float | None = 90.0
     probe_periods: int = 4
     max_probe_periods: int = 32
+    exposure_share: float | None = 0.5
+    exposure_periods: int = 3
+    min_exposure_samples: int = 20
+    stall_ratio: float | None = 1.0
 
     def __post_init__(self) -> None:
         _check("latency_bound_ms", self.latency_bound_ms, low=0.0, low_open=True)
@@ -182,9 +218,67 @@ class ResiliencyPolicy:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.exposure_share is not None:
+            _check("exposure_share", self.exposure_share, low=0.0, high=1.0, low_open=True)
+        if self.stall_ratio is not None:
+            _check("stall_ratio", self.stall_ratio, low=0.0, low_open=True)
+        for name in ("exposure_periods", "min_exposure_samples"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if self.max_probe_periods < self.probe_periods:
             raise ValueError(f"max_probe_periods must be >= probe_periods "
                              f"({self.probe_periods}), got {self.max_probe_periods!r}")
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """One period's evidence of how often a fault delays a tuple past the bound:
+    ``over_share`` of the ``samples`` tuples delivered, and ``late_over_share`` of
+    the ``late_samples`` copies dropped as late (None: none dropped)."""
+
+    over_share: float
+    samples: int
+    late_over_share: float | None = None
+    late_samples: int = 0
+
+
+def delayed_share(ratio: float, exposure: float) -> float:
+    """The share of tuples late at ``ratio`` when every copy is late with
+    probability ``exposure``, independently: a tuple is late only when all its
+    copies are. A ratio ``n + f`` gives ``n`` extra copies to every tuple and one
+    more to a share ``f`` of them."""
+    extra = min(math.floor(ratio), 2)
+    more = min(ratio - extra, 1.0)
+    return (1 - more) * exposure ** (extra + 1) + more * exposure ** (extra + 2)
+
+
+def estimate_exposure(ratio: float, window: Exposure, min_samples: int) -> float | None:
+    """The probability ``s`` that one copy is late, read from a window (the larger
+    of two readings, each from at least ``min_samples`` tuples): the delivered
+    tuples' share over the bound is `delayed_share` at the ratio they ran at,
+    inverted; a late copy of a pair is over the bound when either copy is, so its
+    share is ``1-(1-s)^2``. None when neither has enough tuples."""
+    readings = []
+    if window.samples >= min_samples:
+        low, high = 0.0, 1.0
+        for _ in range(40):   # delayed_share rises with s: bisect
+            mid = (low + high) / 2
+            low, high = (mid, high) if delayed_share(ratio, mid) < window.over_share \
+                else (low, mid)
+        readings.append(high if window.over_share > 0 else 0.0)
+    if window.late_over_share is not None and window.late_samples >= min_samples:
+        readings.append(1 - math.sqrt(max(0.0, 1 - window.late_over_share)))
+    return max(readings) if readings else None
+
+
+def required_ratio(exposure: float, late_share: float, max_ratio: float) -> float:
+    """The least ratio (in hundredths) whose `delayed_share` is at most
+    ``late_share``; ``max_ratio`` when none up to it is."""
+    for hundredths in range(int(round(max_ratio * 100)) + 1):
+        if delayed_share(hundredths / 100, exposure) <= late_share:
+            return hundredths / 100
+    return max_ratio
 
 
 @dataclass(frozen=True)
@@ -218,10 +312,18 @@ class RedundancyController(ABC):
 
     @abstractmethod
     def decide(self, at_s: float, latency_ms: float | None,
-               hidden_ms: float | None = None) -> RedundancyDecision:
+               hidden_ms: float | None = None, exposure: Exposure | None = None
+               ) -> RedundancyDecision:
         """The decision for the period ending at ``at_s`` (the caller's clock), given
         that period's windowed latency percentile, or None when there was none, and
-        optionally the same window's percentile of the late copies' latency."""
+        optionally the same window's percentile of the late copies' latency and its
+        `Exposure`."""
+
+    def on_stall(self, at_s: float, busy_ms: float) -> RedundancyDecision | None:
+        """A task of a copied operator has been on one frame for ``busy_ms``, over
+        the bound: a decision taken at once, or None (the default: wait for the
+        period)."""
+        return None
 
 
 class StaticRedundancy(RedundancyController):
@@ -238,7 +340,8 @@ class StaticRedundancy(RedundancyController):
         return self._ratio
 
     def decide(self, at_s: float, latency_ms: float | None,
-               hidden_ms: float | None = None) -> RedundancyDecision:
+               hidden_ms: float | None = None, exposure: Exposure | None = None
+               ) -> RedundancyDecision:
         decision = RedundancyDecision(at_s, latency_ms, self._ratio, self._ratio, HOLD,
                                       f"static redundancy: hold at {_r(self._ratio)}")
         self.decisions.append(decision)
@@ -266,14 +369,40 @@ class ResiliencyManager(RedundancyController):
         self._probe_in = policy.probe_periods
         self._probed = False
         self._hidden_ms: float | None = None   # this period's, for its decision record
+        # the ratios the last periods' exposures required; the floor is their largest
+        self._required: deque[float] = deque(maxlen=policy.exposure_periods)
         self.decisions: list[RedundancyDecision] = []
 
     @property
     def ratio(self) -> float:
         return self._ratio
 
+    @property
+    def floor(self) -> float:
+        """The least ratio the recent exposures require (0.0: none measured)."""
+        return max(self._required, default=0.0)
+
+    def on_stall(self, at_s: float, busy_ms: float) -> RedundancyDecision | None:
+        """Raise the ratio at once to ``stall_ratio`` (or the floor, if higher) when it
+        is lower: the tuples behind the stall are late already, those routed from now
+        on get copies on another instance. None when it is high enough already."""
+        p = self.policy
+        if p.stall_ratio is None:
+            return None
+        target = max(self.floor, min(p.stall_ratio, p.max_ratio))
+        before = self._ratio
+        if before >= target:
+            return None
+        self._ratio, self._direction = target, INCREASE
+        self._hidden_ms = None
+        return self._record(at_s, None, before, INCREASE,
+                            f"a copied task on one frame for {_ms(busy_ms)} ms, over the "
+                            f"{_ms(p.latency_bound_ms)} ms bound (a fault in progress): "
+                            f"increase at once ({_r(before)} -> {_r(target)})")
+
     def decide(self, at_s: float, latency_ms: float | None,
-               hidden_ms: float | None = None) -> RedundancyDecision:
+               hidden_ms: float | None = None, exposure: Exposure | None = None
+               ) -> RedundancyDecision:
         """Take one period's step (see the module docstring) and record it in
         ``decisions``. ``latency_ms`` None (or NaN, what an empty window's percentile
         often comes out as) means no tuple came out in the window: the controller
@@ -281,7 +410,8 @@ class ResiliencyManager(RedundancyController):
         last step helped, and stepping blind could undo a good ratio. ``hidden_ms``:
         the same window's ``policy.hidden_percentile`` of the latency of the copies
         dropped as late (None: no late copies, or not measured; the manager then
-        decreases as Algorithm 2 does)."""
+        decreases as Algorithm 2 does). ``exposure``: the window's evidence for the
+        floor (None: no floor)."""
         missing = _missing(latency_ms)
         if not missing:
             _check("latency_ms", latency_ms, low=0.0)
@@ -291,6 +421,12 @@ class ResiliencyManager(RedundancyController):
             _check("hidden_ms", hidden_ms, low=0.0)
         self._hidden_ms = hidden_ms
         before = self._ratio
+        p = self.policy
+        if exposure is not None and p.exposure_share is not None:
+            s_late = estimate_exposure(before, exposure, p.min_exposure_samples)
+            if s_late is not None:
+                self._required.append(required_ratio(
+                    s_late, p.exposure_share * (100 - p.percentile) / 100, p.max_ratio))
         if missing:
             return self._record(at_s, None, before, HOLD,
                                 f"no p{self.policy.percentile:g} latency this period "
@@ -299,10 +435,24 @@ class ResiliencyManager(RedundancyController):
         # Line 18: Δl_old is updated every measured period, whichever branch ran.
         self._delta_old = latency_ms - self.policy.latency_bound_ms
         self._probed = probe
-        if direction == HOLD:
+        floor = self.floor
+        if direction == HOLD and before >= floor:
             return self._record(at_s, latency_ms, before, HOLD, f"{why}: hold at {_r(before)}")
-        self._direction = direction
-        self._ratio = self._stepped(latency_ms, direction, probe)
+        if direction == DECREASE and self._required and latency_ms < p.latency_bound_ms:
+            # under the bound, the exposure says how many copies are enough: go there
+            # instead of walking down to it a step a period
+            self._direction = direction
+            self._ratio = min(before, floor)
+        elif direction != HOLD:
+            self._direction = direction
+            self._ratio = self._stepped(latency_ms, direction, probe)
+        if self._ratio < floor:
+            self._ratio = floor
+            why = f"{why}; the exposure floor is {_r(floor)}"
+            if self._ratio > before:
+                self._direction = INCREASE
+                return self._record(at_s, latency_ms, before, INCREASE,
+                                    f"{why} ({_r(before)} -> {_r(self._ratio)})")
         if self._ratio == before:
             edge = "floor" if direction == DECREASE else "ceiling"
             return self._record(at_s, latency_ms, before, HOLD,
@@ -333,6 +483,12 @@ class ResiliencyManager(RedundancyController):
                 # add redundancy while meeting the bound.
                 return HOLD, f"{seen} under {bound}, within the {p.perf_margin:.0%} margin", False
             if hidden_ms is not None and hidden_ms > p.latency_bound_ms:
+                if self._required:
+                    # the exposure says how many copies are enough: no need to probe
+                    return DECREASE, (f"{seen} under {bound}, late copies' "
+                                      f"p{p.hidden_percentile:g} {_ms(hidden_ms)} ms over "
+                                      "it (faults hidden): decrease towards the "
+                                      "exposure floor"), False
                 return self._probe(seen, bound, hidden_ms)
             # calm: nothing over the bound is hidden, the full step of lines 21-22
             self._probe_interval = self._probe_in = p.probe_periods
