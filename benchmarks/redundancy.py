@@ -393,8 +393,8 @@ def managed_section(args: argparse.Namespace, storage: str) -> dict[str, Any]:
           f"δmin {policy.step_min:g}, margin {policy.perf_margin:.0%}, ceiling "
           f"{policy.max_ratio:g}, noise {policy.noise_share:.0%} of B, late copies' "
           f"p{policy.hidden_percentile:g}, probes every {policy.probe_periods}-"
-          f"{policy.max_probe_periods} periods; a stall in progress raises it to "
-          f"{policy.stall_ratio:g} at once; exposure floor at "
+          f"{policy.max_probe_periods} periods; a stall in progress raises it at once to "
+          f"{policy.stall_ratio:g} per stalled instance; exposure floor at "
           f"{policy.exposure_share:.0%} of the {100 - policy.percentile:g}% the p"
           f"{policy.percentile:g} allows over the bound, the largest of "
           f"{policy.exposure_periods} periods")

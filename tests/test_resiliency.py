@@ -529,6 +529,9 @@ def test_a_stall_in_progress_raises_the_ratio_at_once_and_only_once():
     assert decision is not None and decision.movement == "increase"
     assert manager.ratio == 1.0 and "at once" in decision.reason
     assert manager.on_stall(3.35, 220.0) is None and manager.ratio == 1.0
+    # two stalled at once: a copy more for each, up to the ceiling
+    two = manager.on_stall(3.45, 320.0, stalled=2)
+    assert two is not None and manager.ratio == 1.6 and "2 copied tasks" in two.reason
     off = ResiliencyManager(ResiliencyPolicy(latency_bound_ms=35.0, stall_ratio=None))
     assert off.on_stall(3.25, 120.0) is None and off.ratio == 0.0
 

@@ -1230,7 +1230,8 @@ class JobMaster:
         latency = LatencyHistogram()
         late = LatencyHistogram()   # of the copies dropped as late
         by_query = {q.name: [0, LatencyHistogram()] for q in self.queries}
-        busy_s = 0.0   # the longest a task with copies in its input has been on one frame
+        # how long the tasks with copies in their input have been on their frame
+        busy: list[float] = []
         for reply in replies:
             if isinstance(reply, BaseException):
                 continue
@@ -1257,7 +1258,7 @@ class JobMaster:
                     seen if seen_attempt == stamp else {}))
                 self._late_seen[task_id] = (stamp, p["late_copies"])
                 if task_id in self._copied_tasks:
-                    busy_s = max(busy_s, p["busy_s"])
+                    busy.append(p["busy_s"])
                 lag += p["source_lag"]
         for k, v in gained.items():
             self._totals[k] += v
@@ -1280,7 +1281,7 @@ class JobMaster:
         if self.plan.topology.has_feedback():
             await self._check_loops(replies)
         if self.redundancy is not None and self.started_s is not None:
-            self._manage_redundancy(latency, late, busy_s)
+            self._manage_redundancy(latency, late, busy)
         if self.started_s is not None:
             self.query_points.append({"t_s": time.time() - self.started_s, "queries": {
                 name: (records, None if h.percentile(50) is None else h.percentile(50) * 1000)
@@ -1301,7 +1302,7 @@ class JobMaster:
                                   "latency_p99_ms": None if p99 is None else p99 * 1000})
 
     def _manage_redundancy(self, latency: LatencyHistogram, late: LatencyHistogram,
-                           busy_s: float) -> None:
+                           busy_s: list[float]) -> None:
         """Add what sinks saw since the last poll, and the late copies tasks dropped,
         to the manager's window; tell it at once of a task with copies in its input
         that has been on one frame longer than the bound (a stall in progress); once a
@@ -1312,9 +1313,10 @@ class JobMaster:
             self._redundancy_window_s = now_s
         self._redundancy_window.merge(latency)
         self._hidden_window.merge(late)
-        if busy_s * 1000.0 > policy.latency_bound_ms:
-            self._apply_redundancy(self.redundancy.on_stall(now_s - self.started_s,
-                                                            busy_s * 1000.0))
+        stalled_ms = [b * 1000.0 for b in busy_s if b * 1000.0 > policy.latency_bound_ms]
+        if stalled_ms:
+            self._apply_redundancy(self.redundancy.on_stall(
+                now_s - self.started_s, max(stalled_ms), len(stalled_ms)))
         if now_s - self._redundancy_window_s < policy.period_s:
             return
         seen = self._redundancy_window.percentile(policy.percentile)

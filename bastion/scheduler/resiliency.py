@@ -84,8 +84,9 @@ more inputs, each optional:
 - a *stall in progress*: the job master sees, at every progress poll (0.1 s), how
   long each task of a copied operator has been on its current frame; longer than
   the bound is a fault whose tuples will be late. `on_stall` then raises the ratio
-  at once to ``stall_ratio`` (1.0: every tuple has a copy on another instance, so
-  one stalled instance is hidden), without waiting for the period to end;
+  at once to ``stall_ratio`` per stalled task (1.0: every tuple has a copy on
+  another instance, so one stalled instance is hidden; two stalled need two
+  copies), without waiting for the period to end;
 - the *exposure* of a window (`Exposure`): the share of delivered tuples over the
   bound, and of the late copies over it. If each copy of a tuple is late
   independently with probability ``s`` (its instance stalled), a tuple with ``k``
@@ -319,10 +320,11 @@ class RedundancyController(ABC):
         optionally the same window's percentile of the late copies' latency and its
         `Exposure`."""
 
-    def on_stall(self, at_s: float, busy_ms: float) -> RedundancyDecision | None:
-        """A task of a copied operator has been on one frame for ``busy_ms``, over
-        the bound: a decision taken at once, or None (the default: wait for the
-        period)."""
+    def on_stall(self, at_s: float, busy_ms: float, stalled: int = 1
+                 ) -> RedundancyDecision | None:
+        """``stalled`` tasks of a copied operator have been on one frame for up to
+        ``busy_ms``, over the bound: a decision taken at once, or None (the default:
+        wait for the period)."""
         return None
 
 
@@ -382,21 +384,25 @@ class ResiliencyManager(RedundancyController):
         """The least ratio the recent exposures require (0.0: none measured)."""
         return max(self._required, default=0.0)
 
-    def on_stall(self, at_s: float, busy_ms: float) -> RedundancyDecision | None:
-        """Raise the ratio at once to ``stall_ratio`` (or the floor, if higher) when it
-        is lower: the tuples behind the stall are late already, those routed from now
-        on get copies on another instance. None when it is high enough already."""
+    def on_stall(self, at_s: float, busy_ms: float, stalled: int = 1
+                 ) -> RedundancyDecision | None:
+        """Raise the ratio at once to ``stall_ratio`` per stalled task — each one a
+        copy more to route around it — (or the floor, if higher) when it is lower:
+        the tuples behind the stall are late already, those routed from now on get
+        copies on other instances. None when it is high enough already."""
         p = self.policy
         if p.stall_ratio is None:
             return None
-        target = max(self.floor, min(p.stall_ratio, p.max_ratio))
+        target = max(self.floor, min(p.stall_ratio * max(1, stalled), p.max_ratio))
         before = self._ratio
         if before >= target:
             return None
         self._ratio, self._direction = target, INCREASE
         self._hidden_ms = None
         return self._record(at_s, None, before, INCREASE,
-                            f"a copied task on one frame for {_ms(busy_ms)} ms, over the "
+                            f"{stalled if stalled > 1 else 'a'} copied task"
+                            f"{'s' if stalled > 1 else ''} on one frame for up to "
+                            f"{_ms(busy_ms)} ms, over the "
                             f"{_ms(p.latency_bound_ms)} ms bound (a fault in progress): "
                             f"increase at once ({_r(before)} -> {_r(target)})")
 
