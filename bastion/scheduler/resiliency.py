@@ -215,15 +215,12 @@ class ResiliencyPolicy:
         if self.hidden_percentile is not None:
             _check("hidden_percentile", self.hidden_percentile, low=0.0, high=100.0,
                    low_open=True)
-        for name in ("probe_periods", "max_probe_periods"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if self.exposure_share is not None:
             _check("exposure_share", self.exposure_share, low=0.0, high=1.0, low_open=True)
         if self.stall_ratio is not None:
             _check("stall_ratio", self.stall_ratio, low=0.0, low_open=True)
-        for name in ("exposure_periods", "min_exposure_samples"):
+        for name in ("probe_periods", "max_probe_periods", "exposure_periods",
+                     "min_exposure_samples"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")

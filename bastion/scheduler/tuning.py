@@ -64,13 +64,13 @@ the handful of records a paced source shows before the fault: under that stricte
 rule a hiccup of the restarted job just after its catch-up (a new standby process
 starts beside it) counted into the TRT, and the same recovery measured 0.5 s or 3 s.
 Another departure from the paper's single W: the warm-ups differ from recovery to
-recovery (on a shared machine, by what else runs), and the cases take that spread too — the best case uses the
-least W seen (the cold start's, or a recovery's), the average case the mean (TRT is
-linear in W, so the expected TRT is the TRT at the mean W; the median
-under-predicted it), the worst case the 90% quantile (`WORST_CASE_QUANTILE`: the
-share of recoveries it claims to cover; the largest W of a dozen runs is one burst
-of someone else's load). T and R likewise, pooled over every profiled run (a
-departure: the paper measures them per interval): the best case takes the fastest
+recovery (on a shared machine, by what else runs), and the cases take that spread
+too — the best case uses the least W seen (the cold start's, or a recovery's), the
+average case the mean (TRT is linear in W, so the expected TRT is the TRT at the
+mean W; the median under-predicted it), the worst case the 90% quantile
+(`WORST_CASE_QUANTILE`: the share of recoveries it claims to cover; the largest W
+of a dozen runs is one burst of someone else's load). T and R likewise, pooled over
+every profiled run (a departure: the paper measures them per interval): the best case takes the fastest
 restart, the average case the median T and R, the worst case the restart at the 90%
 quantile. A restart redeploys from a checkpoint whose state does not grow with the
 interval, so T and R do not depend on it — and three runs of one interval are too
