@@ -70,8 +70,8 @@ average case the mean (TRT is linear in W, so the expected TRT is the TRT at the
 mean W; the median under-predicted it), the worst case the 90% quantile
 (`WORST_CASE_QUANTILE`: the share of recoveries it claims to cover; the largest W
 of a dozen runs is one burst of someone else's load). T and R likewise, pooled over
-every profiled run (a departure: the paper measures them per interval): the best case takes the fastest
-restart, the average case the median T and R, the worst case the restart at the 90%
+every profiled run (a departure: the paper measures them per interval): the best
+case takes the fastest restart, the average case the median T and R, the worst case the restart at the 90%
 quantile. A restart redeploys from a checkpoint whose state does not grow with the
 interval, so T and R do not depend on it — and three runs of one interval are too
 few to say more than the load of the minute they ran in: the fastest of three
