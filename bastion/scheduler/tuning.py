@@ -68,16 +68,16 @@ recovery (on a shared machine, by what else runs), and the cases take that sprea
 too — the best case uses the least W seen (the cold start's, or a recovery's), the
 average case the mean (TRT is linear in W, so the expected TRT is the TRT at the
 mean W; the median under-predicted it), the worst case the 90% quantile
-(`WORST_CASE_QUANTILE`: the share of recoveries it claims to cover; the largest W
-of a dozen runs is one burst of someone else's load). T and R likewise, pooled over
+(`WORST_CASE_QUANTILE`: the share of recoveries it claims to cover; the largest W of
+a dozen runs is one burst of someone else's load). T and R likewise, pooled over
 every profiled run (a departure: the paper measures them per interval): the best
-case takes the fastest restart, the average case the median T and R, the worst case the restart at the 90%
-quantile. A restart redeploys from a checkpoint whose state does not grow with the
-interval, so T and R do not depend on it — and three runs of one interval are too
-few to say more than the load of the minute they ran in: the fastest of three
-restarts at CI 0.5 s took about 0.19 s, the validation's drills there 0.11-0.22 s,
-and two of four recovered in less than the minimum it gave (0.29 and 0.31 s against
-0.34 s).
+case takes the fastest restart, the average case the median T and R, the worst case
+the restart at the 90% quantile. A restart redeploys from a checkpoint whose state
+does not grow with the interval, so T and R do not depend on it — and three runs of
+one interval are too few to say more than the load of the minute they ran in: the
+fastest of three restarts at CI 0.5 s took about 0.19 s, the validation's drills
+there 0.11-0.22 s, and two of four recovered in less than the minimum it gave (0.29
+and 0.31 s against 0.34 s).
 `Profiler` is the interface; `RayProfiler` runs real jobs with `bastion.run`, side
 by side when asked and the cluster has room.
 
