@@ -113,7 +113,7 @@ class Router:
         self.per_record = per_record
         self.next_channel = 0
         self.memo: dict = {}
-        self.copies_sent = 0   # redundant copies of tuples (`_route_by_hash`)
+        self.copies_sent = 0   # redundant copies of tuples (`_route_with_copies`)
         self.copies = route.edge.copies  # the ratio now (`redundancy="auto"` moves it)
         self.skips_congested = skips_congested
         self.sends_skipped = 0  # sends of tuples with copies left out: congested
@@ -138,7 +138,7 @@ class Router:
         if n == 1 or edge.partition == FORWARD:
             return [channels[0]] if self._add(channels[0], batch) else []
         if self.copies or edge.by_id:
-            return self._route_by_hash(batch)
+            return self._route_with_copies(batch)
         if edge.partition != HASH and self.per_record:  # rebalance: record by record
             return self._deal(batch)
         if edge.partition != HASH:  # rebalance: whole batches, round-robin
@@ -180,22 +180,32 @@ class Router:
             ctx = self.key_ctx
             raise UDFError(ctx.name, ctx.index, batch.values[i], str(exc)) from None
 
-    def _route_by_hash(self, batch: Batch) -> list[OutputChannel]:
+    def _route_with_copies(self, batch: Batch) -> list[OutputChannel]:
         """Tuple-level redundancy (`bastion.runtime.redundancy`): the primary instance
-        by the key's hash (keyed) or the id's (unkeyed), and for a share of the keys or
+        by the key's hash (keyed), the id's (unkeyed, copies made upstream: they must
+        meet) or whole batches round-robin (rebalanced), and for a share of the keys or
         tuples a copy on the next instance, and above a ratio of 1.0 a second. Into a
         stateless operator, a tuple with copies skips the instances that cannot take
         a frame now (a stalled one), so long as one of its instances can: waiting for
         the slowest instance would undo what the copies are for."""
         n = len(self.channels)
-        if self.edge.partition == HASH:
+        edge = self.edge
+        if edge.partition == HASH:
             hashes = [self._key_hash(k, batch, i) for i, k in enumerate(batch.keys)]
         else:
             hashes = record_hashes(batch.ids)
-        parts = [h % n for h in hashes]
         ratio = self.copies
-        if not ratio:
-            return self._split(batch, parts)
+        if edge.partition == HASH or edge.by_id:
+            parts = [h % n for h in hashes]
+            if not ratio:
+                return self._split(batch, parts)
+        else:
+            # Nothing needs a rebalanced tuple on one instance: the batch goes whole
+            # (as without copies), and only its copies are picked out. Cutting it by
+            # id instead cost more per batch than the copies themselves.
+            primary = self.next_channel
+            self.next_channel = (primary + 1) % n
+            parts = None
         shares = copy_shares(hashes)
         extras = min(math.ceil(ratio), n - 1)
         congested = ([c.congested() for c in self.channels] if self.skips_congested
@@ -203,15 +213,28 @@ class Router:
         if not any(congested):
             # the common case, on the hot path: one comprehension per extra copy, no
             # list of instances per record as below
-            full = set(self._split(batch, parts))
+            if parts is None:
+                channel = self.channels[primary]
+                full = {channel} if self._add(channel, batch) else set()
+            else:
+                full = set(self._split(batch, parts))
             for extra in range(1, extras + 1):
                 bar = ratio - (extra - 1)
                 picked = [i for i, u in enumerate(shares) if u < bar]
-                if picked:
-                    self.copies_sent += len(picked)
-                    full.update(self._split(batch.take(picked),
-                                            [(parts[i] + extra) % n for i in picked], True))
+                if not picked:
+                    continue
+                self.copies_sent += len(picked)
+                copies = batch if len(picked) == len(batch) else batch.take(picked)
+                if parts is None:
+                    channel = self.channels[(primary + extra) % n]
+                    if self._add(channel, copies, True):
+                        full.add(channel)
+                else:
+                    full.update(self._split(copies, [(parts[i] + extra) % n
+                                                     for i in picked], True))
             return list(full)
+        if parts is None:
+            parts = [primary] * len(batch)
         # Each record's instances in order (primary first); those that are congested
         # are left out unless all are, and the first left is its primary now.
         targets = []

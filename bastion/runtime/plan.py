@@ -195,11 +195,13 @@ def build_plan(topology: Topology, *, chaining: bool = True, workers: int | None
             partition = _resolve(inp.partition, nodes[inp.upstream].parallelism,
                                  node.parallelism, inp.upstream, node.name)
             copies = copied.get(node.name, 0.0)
-            by_id = copies > 0 or inp.upstream in carries_copies
-            if by_id and partition == FORWARD and node.parallelism > 1:
-                # a copy goes to another instance; copies made upstream may come from
-                # any instance: a forward edge becomes one routed by id
-                partition = REBALANCE
+            # Copies made upstream may come from any instance: they meet only if the
+            # edge routes them by id. Copies this edge makes need no such rule: the
+            # copied operator's instances all take any tuple, and its own output edge
+            # brings the copies together.
+            by_id = inp.upstream in carries_copies
+            if (by_id or copies > 0) and partition == FORWARD and node.parallelism > 1:
+                partition = REBALANCE   # a copy goes to another instance
             edge = EdgePlan(len(edges), inp.upstream, node.name, src_chain, dst_chain, i,
                             partition, inp.key_fn, inp.feedback, copies,
                             by_id and partition == REBALANCE)

@@ -16,8 +16,11 @@ What makes it sound:
 - **Which tuples get copies.** A keyed edge picks whole *keys* (a share ``r`` of
   them, by a hash of the key), so the next instance sees every tuple of a replicated
   key and keeps a complete replica of its state: its results are the primary's.
-  Other edges pick tuples by a hash of their lineage id (`bastion.lineage`), as they
-  pick the primary instance, so copies of one tuple always meet downstream.
+  Other edges pick tuples by a hash of their lineage id (`bastion.lineage`). A
+  rebalanced edge into the copying operator deals whole batches round-robin, as
+  without copies, and sends the picked tuples' copies on to the next instance; an
+  edge that carries copies made upstream picks the primary instance by the id hash
+  too, so copies of one tuple always meet downstream.
 - **Where the copies meet.** An operator that receives copies never shares a chain
   with what follows it: its results cross a channel, and that edge routes an unkeyed
   tuple by its id (a keyed one by its key), so both copies of a result reach the same
