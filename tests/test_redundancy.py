@@ -396,3 +396,61 @@ def test_a_tuple_with_copies_skips_a_congested_instance_unless_state_needs_it():
     assert channels[0].records == 100 and channels[1].records == 100   # both, waiting
     assert sum(n for _, copy, n in emitted if not copy) == 100
     assert sum(n for _, copy, n in emitted if copy) == 100 and router.sends_skipped == 0
+
+
+def test_a_rebalanced_edge_deals_whole_batches_and_sends_only_the_picked_copies_on():
+    """Into a copying operator over a rebalanced edge nothing needs a tuple on one
+    instance: each batch goes whole to the next instance in turn, as without copies,
+    and the tuples whose share is under the ratio go on to the instance after it (a
+    second copy two after it above 1.0). A stalled instance is skipped only by the
+    tuples that have a copy elsewhere."""
+    from bastion.runtime.instance import Router
+    from bastion.runtime.operators import OperatorContext
+    from bastion.runtime.plan import EdgePlan, OutputRoute
+    from bastion.runtime.records import Batch
+    from bastion.lineage import record_hashes
+    from bastion.runtime.redundancy import copy_shares
+
+    from test_routing import Collecting
+
+    class Stalled(Collecting):
+        def congested(self):
+            return True
+
+    def router(ratio: float, stalled: int | None = None):
+        edge = EdgePlan(0, "src", "upper", 0, 1, 0, REBALANCE, None, False, ratio, False)
+        channels = [Stalled(c) if c == stalled else Collecting(c) for c in range(3)]
+        sent: list = []
+        return Router(OutputRoute(edge, [0, 1, 2], [0, 1, 2]), channels,
+                      OperatorContext("upper", 0, 3, False, 1, True), False,
+                      lambda batch, channel_id, copy: sent.append(
+                          (channel_id, copy, list(batch.values))),
+                      skips_congested=True), sent
+
+    def batch(first: int) -> Batch:
+        values = list(range(first, first + 200))
+        return Batch(None, values, [0.0] * 200, [0.0] * 200, IdRun(0, 0, tuple(values)))
+
+    def share(values: list[int]) -> dict[int, float]:
+        return dict(zip(values, copy_shares(record_hashes(IdRun(0, 0, tuple(values))))))
+
+    r, sent = router(1.6)
+    for k in range(3):
+        r.route(batch(200 * k))
+    for k in range(3):
+        values = list(range(200 * k, 200 * k + 200))
+        mine = [s for s in sent if s[2][0] >= 200 * k and s[2][-1] < 200 * k + 200]
+        shares = share(values)
+        assert mine[0] == (k, False, values)                 # whole, round-robin
+        assert mine[1] == ((k + 1) % 3, True, values)        # every tuple: one copy
+        second = [v for v in values if shares[v] < 0.6]
+        assert mine[2] == ((k + 2) % 3, True, second) and 80 < len(second) < 160
+    assert r.copies_sent == sum(len(values) for _, copy, values in sent if copy)
+
+    r, sent = router(0.5, stalled=0)    # the first batch's primary is stalled
+    r.route(batch(0))
+    shares = share(list(range(200)))
+    with_copy = [v for v in range(200) if shares[v] < 0.5]
+    assert sent == [(0, False, [v for v in range(200) if v not in with_copy]),
+                    (1, False, with_copy)]
+    assert r.sends_skipped == len(with_copy) and r.copies_sent == 0
