@@ -57,7 +57,7 @@ def test_lost_frames_are_each_reported_lost_by_the_drill():
     # An unpaced source and one source batch per frame: frames are cut by size alone,
     # so the same seed loses the same records.
     options = dict(protocol="coordinated", faults=[drop], seed=3, checkpoint_interval=0.3,
-                   frame_records=1024)
+                   frame_records=1024, source_batch_records=1024)
     report = bn.drill(pipeline(rate=None), **options)
     injected = report.metrics.extra["faults_injected"]
     assert injected["frames_dropped"] >= 1

@@ -26,11 +26,15 @@ class JobConfig:
     # Data plane: a frame is sent when it holds frame_records records or its oldest
     # record has waited buffer_timeout_s; at most max_inflight_frames frames per
     # channel are unacknowledged (credits); a task's inbox holds inbox_frames frames.
-    frame_records: int = 4096
+    # Sources read source_batch_records at a time. Large batches and frames make a
+    # keyed exchange cheap per record (W1 at p=2: 0.30 CPU s per million records at
+    # 4096 / 16384, 0.36-0.41 at 1024 / 4096; `benchmarks/throughput.py`); at a low
+    # rate a frame goes out by age long before it is full.
+    frame_records: int = 16384
     buffer_timeout_s: float = 0.005
     max_inflight_frames: int = 4
     inbox_frames: int = 16
-    source_batch_records: int = 1024
+    source_batch_records: int = 4096
     fail_fast: bool = False
     duration_s: float | None = None
     codecs: tuple[Codec, ...] = field(default_factory=tuple)
