@@ -438,16 +438,18 @@ def managed_section(args: argparse.Namespace, storage: str) -> dict[str, Any]:
           f"overhead over r=0 relative to static's: cpu {extra_cpu:.2f}x, tuples "
           f"{extra_recs:.2f}x (target <= 0.35x: "
           f"{verdict(extra_cpu <= 0.35 and extra_recs <= 0.35)})")
-    # Where the CPU overhead goes. A run that keeps the bound keeps the job working
-    # through the stalls, which r=0 spends idle: that part of the overhead is the same
-    # for every such run, whatever its copies; the rest is what copies cost.
+    # Where the CPU overhead goes. Under faults r=0's source is held back while an
+    # instance stalls, and that idle time is CPU it saves; a run that keeps the bound
+    # works through the stalls and pays it, whatever its copies. The runs are minutes
+    # apart, and the host's speed drifts by several percent in that time: a difference
+    # of a few seconds between two runs is within that.
     calm = runs["r=0 calm"]
     idle_s = calm.cpu_s - base.cpu_s
-    print(f"  r=0 spent {idle_s:.1f} s less CPU under faults than without ({calm.cpu_s:.1f} s): "
-          f"its source idled while an instance stalled, {ratio(idle_s, static.cpu_s - base.cpu_s):.0%}"
-          f" of static's overhead over r=0, which a run that keeps the bound cannot save; "
+    print(f"  r=0 without faults: {calm.cpu_s:.1f} s of CPU, {idle_s:+.1f} s against r=0 under "
+          f"faults (what it saves idling through stalls: "
+          f"{ratio(idle_s, static.cpu_s - base.cpu_s):.0%} of static's overhead over r=0); "
           f"over r=0 without faults, managed {m_cost.cpu_s - calm.cpu_s:+.1f} s, static "
-          f"{static.cpu_s - calm.cpu_s:+.1f} s of CPU "
+          f"{static.cpu_s - calm.cpu_s:+.1f} s "
           f"({ratio(m_cost.cpu_s - calm.cpu_s, static.cpu_s - calm.cpu_s):.2f}x)")
     managed.update(fewer=fewer, extra_cpu=extra_cpu, extra_recs=extra_recs, idle_s=idle_s)
     return out

@@ -74,7 +74,7 @@ _GIL_RELEASE_INTERVAL_S = 0.005
 # lists). A batch of a few thousand records makes that many and keeps them alive until
 # its frame leaves, so collections at the default promoted them to older generations
 # and full collections walked them (W1 at p=1: 0.26-0.28 CPU s per million records at
-# the default, 0.22 at this threshold). A worker process runs nothing but tasks.
+# the default, 0.22-0.23 at this threshold). A worker process runs nothing but tasks.
 _GC_YOUNG_THRESHOLD = 20_000
 ACKS_CHANNEL = -1  # the channel id of `Task.send_acks` messages on the data plane
 _RESET_RECANCEL_S = 0.5  # how long a reset waits for cancelled tasks before cancelling again
