@@ -445,13 +445,13 @@ def managed_section(args: argparse.Namespace, storage: str) -> dict[str, Any]:
     # of a few seconds between two runs is within that.
     calm = runs["r=0 calm"]
     idle_s = calm.cpu_s - base.cpu_s
-    print(f"  r=0 without faults: {calm.cpu_s:.1f} s of CPU, {idle_s:+.1f} s against r=0 under "
-          f"faults (what it saves idling through stalls: "
+    print(f"  r=0 without faults: {calm.cpu_s:.1f} s of CPU, {idle_s:+.1f} s against r=0 "
+          f"under faults (what it saves idling through stalls: "
           f"{ratio(idle_s, static.cpu_s - base.cpu_s):.0%} of static's overhead over r=0); "
           f"over r=0 without faults, managed {m_cost.cpu_s - calm.cpu_s:+.1f} s, static "
           f"{static.cpu_s - calm.cpu_s:+.1f} s "
           f"({ratio(m_cost.cpu_s - calm.cpu_s, static.cpu_s - calm.cpu_s):.2f}x)")
-    managed.update(fewer=fewer, extra_cpu=extra_cpu, extra_recs=extra_recs, idle_s=idle_s)
+    managed.update(fewer=fewer, extra_cpu=extra_cpu, extra_recs=extra_recs)
     return out
 
 
