@@ -28,7 +28,7 @@ class JobConfig:
     # channel are unacknowledged (credits); a task's inbox holds inbox_frames frames.
     # Sources read source_batch_records at a time. Large batches and frames make a
     # keyed exchange cheap per record (W1 at p=2: 0.31-0.32 CPU s per million records
-    # at 4096 / 16384, 0.36-0.41 at 1024 / 4096); at a low rate a frame goes out by
+    # at 4096 / 16384, 0.34-0.41 at 1024 / 4096); at a low rate a frame goes out by
     # age long before it is full.
     frame_records: int = 16384
     buffer_timeout_s: float = 0.005
