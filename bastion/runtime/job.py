@@ -1302,7 +1302,7 @@ class JobMaster:
                                   "latency_p99_ms": None if p99 is None else p99 * 1000})
 
     def _manage_redundancy(self, latency: LatencyHistogram, late: LatencyHistogram,
-                           busy_s: list[float]) -> None:
+                           busy_s_per_task: list[float]) -> None:
         """Add what sinks saw since the last poll, and the late copies tasks dropped,
         to the manager's window; tell it at once of a task with copies in its input
         that has been on one frame longer than the bound (a stall in progress); once a
@@ -1313,7 +1313,8 @@ class JobMaster:
             self._redundancy_window_s = now_s
         self._redundancy_window.merge(latency)
         self._hidden_window.merge(late)
-        stalled_ms = [b * 1000.0 for b in busy_s if b * 1000.0 > policy.latency_bound_ms]
+        stalled_ms = [b * 1000.0 for b in busy_s_per_task
+                      if b * 1000.0 > policy.latency_bound_ms]
         if stalled_ms:
             self._apply_redundancy(self.redundancy.on_stall(
                 now_s - self.started_s, max(stalled_ms), len(stalled_ms)))
