@@ -226,6 +226,34 @@ def test_exact_numbers_are_exact_ints_of_64_bits_and_exact_floats(module, column
     assert kernel(module, "exact_numbers")(column) is expected
 
 
+# Ints at the edges of CPython's digit counts (30-bit digits: one, two, three) and of
+# 64 bits: the native kernels read ints of up to two digits in place and call CPython
+# for the rest, so each side of every edge must give what the plain Python gives.
+DIGIT_EDGES = [0, 1, -1, 2**30 - 1, 2**30, -(2**30) + 1, -(2**30), 2**60 - 1, 2**60,
+               -(2**60) + 1, -(2**60), 2**62, 2**63 - 1, -(2**63)]
+
+
+@pytest.mark.parametrize("module", KERNELS)
+@pytest.mark.parametrize("edge", DIGIT_EDGES)
+def test_ints_at_every_digit_edge_pack_check_and_route_as_in_python(module, edge):
+    column = [7, edge, -3]
+    assert kernel(module, "exact_numbers")(column) is True
+    data = kernel(module, "pack_ints")(column)
+    assert data is not None and kernel(module, "unpack_ints")(data) == tuple(column)
+    assert data[0] == next(w for w in (1, 2, 4, 8)
+                           if all(-(1 << (8 * w - 1)) <= v < 1 << (8 * w - 1) for v in column))
+    for beyond in (2**63, -(2**63) - 1, 2**64, edge + 2**64):
+        assert kernel(module, "exact_numbers")([edge, beyond]) is False
+        assert kernel(module, "pack_ints")([edge, beyond]) is None
+    # a memo entry is a partition only from 0 to 255, whatever its size in digits
+    partitions = kernel(module, "partitions")
+    if 0 <= edge < 256:
+        assert partitions({"k": edge}, ["k"]) == bytes([edge])
+    else:
+        with pytest.raises(ValueError, match=r"outside 0\.\.255|range\(0, 256\)"):
+            partitions({"k": edge}, ["k"])
+
+
 def numbers_batch(values, **columns_):
     size = len(values)
     return Batch(columns_.get("keys", list(range(size))), values,

@@ -12,6 +12,33 @@
 
 #define MAX_DESTINATIONS 256
 
+/* The value of an exact int (the caller checked PyLong_CheckExact) that CPython keeps
+ * in at most two digits (one from 3.12 on): read in place, without the call to
+ * PyLong_AsLongLongAndOverflow that costs more than the rest of a column loop. 0 when
+ * the int is larger: the caller then makes that call. Every int of a column that fits
+ * in two digits fits in 64 bits. */
+static inline int
+compact_long(PyObject *o, long long *v)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    if (_PyLong_IsCompact((PyLongObject *)o)) {
+        *v = (long long)_PyLong_CompactValue((PyLongObject *)o);
+        return 1;
+    }
+    return 0;
+#else
+    const digit *d = ((PyLongObject *)o)->ob_digit;
+    switch (Py_SIZE(o)) {
+    case 0: *v = 0; return 1;
+    case 1: *v = (long long)d[0]; return 1;
+    case -1: *v = -(long long)d[0]; return 1;
+    case 2: *v = (long long)d[0] | ((long long)d[1] << PyLong_SHIFT); return 1;
+    case -2: *v = -((long long)d[0] | ((long long)d[1] << PyLong_SHIFT)); return 1;
+    default: return 0;
+    }
+#endif
+}
+
 /* partitions(memo, keys) -> bytes: memo[key] (an int 0..255) for every key. A key
  * missing from memo raises KeyError (the caller hashes it and tries again). */
 static PyObject *
@@ -52,7 +79,9 @@ partitions(PyObject *module, PyObject *args)
             goto fail;
         }
         Py_DECREF(key);
-        long p = PyLong_AsLong(part);
+        long long small;
+        long p = PyLong_CheckExact(part) && compact_long(part, &small)
+                 ? (long)small : PyLong_AsLong(part);
         if (p < 0 || p >= MAX_DESTINATIONS) {
             if (!PyErr_Occurred())
                 PyErr_Format(PyExc_ValueError, "partition %ld is outside 0..255", p);
@@ -162,7 +191,9 @@ pack_ints(PyObject *module, PyObject *column)
             Py_DECREF(seq);
             Py_RETURN_NONE;
         }
-        long long v = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+        long long v;
+        if (!compact_long(items[i], &v))
+            v = PyLong_AsLongLongAndOverflow(items[i], &overflow);
         if (overflow) {
             Py_DECREF(seq);
             Py_RETURN_NONE;
@@ -189,7 +220,10 @@ pack_ints(PyObject *module, PyObject *column)
     buf++;
     for (Py_ssize_t i = 0; i < size; i++) {
         /* items are exact ints that fit: no error here */
-        put_word(buf + i * width, (uint64_t)PyLong_AsLongLong(items[i]), width);
+        long long v;
+        if (!compact_long(items[i], &v))
+            v = PyLong_AsLongLong(items[i]);
+        put_word(buf + i * width, (uint64_t)v, width);
     }
     Py_DECREF(seq);
     return out;
@@ -323,8 +357,10 @@ exact_numbers(PyObject *module, PyObject *column)
         if (PyFloat_CheckExact(item))
             continue;
         if (PyLong_CheckExact(item)) {
+            long long v;
             int overflow = 0;
-            (void)PyLong_AsLongLongAndOverflow(item, &overflow);
+            if (!compact_long(item, &v))
+                (void)PyLong_AsLongLongAndOverflow(item, &overflow);
             exact = !overflow;
             continue;
         }
