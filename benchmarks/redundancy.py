@@ -462,11 +462,10 @@ def managed_section(args: argparse.Namespace, storage: str) -> dict[str, Any]:
           f"{per_round}), tuples {extra_recs:.2f}x (target <= 0.35x: "
           f"{verdict(extra_cpu <= 0.35 and extra_recs <= 0.35)})")
     # Where the CPU overhead goes. Under faults r=0's source is held back while an
-    # instance stalls, and that idle time is CPU it saves; a run that keeps the bound
-    # works through the stalls and pays it, whatever its copies.
-    # A run that keeps the bound cannot idle through the stalls: what r=0 without
-    # faults spends more than r=0 under faults is a floor under the CPU ratio of any
-    # such run, whatever its copies cost.
+    # instance stalls, and that idle time is CPU it saves. A run that keeps the bound
+    # cannot idle through the stalls: what r=0 without faults spends more than r=0
+    # under faults is a floor under the CPU ratio of any such run, whatever its
+    # copies cost.
     idle_s = over("r=0 calm", cpu)
     print(f"  r=0 without faults: {idle_s / len(rounds):+.1f} s of CPU a run against r=0 "
           f"under faults (what it saves idling through stalls: "
