@@ -49,9 +49,31 @@ def test_partitions_are_the_memo_entry_of_every_key(module, keys, n):
 
 
 @pytest.mark.parametrize("module", KERNELS)
+@given(keys=st.lists(st.one_of(st.integers(-3, 40), st.booleans(),
+                               st.sampled_from([2.0, 7.0, 2**70, -(2**40)]),
+                               st.text(max_size=2)), max_size=80),
+       codes=st.lists(st.integers(0, 255), min_size=1, max_size=8))
+@settings(max_examples=150, deadline=None)
+def test_the_small_key_table_gives_the_memo_entry_and_remembers_it(module, keys, codes):
+    # a table of 32 slots, so that keys fall on both sides of its end; code 255, the
+    # table's "unknown", must still route by the memo
+    memo = {k: codes[i % len(codes)] for i, k in enumerate(keys)}
+    table = bytearray(b"\xff") * 32
+    partitions = kernel(module, "partitions")
+    for _ in range(2):  # the second pass reads what the first remembered
+        assert list(partitions(memo, keys, table)) == [memo[k] for k in keys]
+    if module is not None:
+        remembered = {k: memo[k] for k in keys
+                      if type(k) is int and 0 <= k < 32 and memo[k] != 255}
+        assert {k: c for k, c in enumerate(table) if c != 255} == remembered
+
+
+@pytest.mark.parametrize("module", KERNELS)
 def test_partitions_name_a_key_missing_from_the_memo(module):
     with pytest.raises(KeyError):
         kernel(module, "partitions")({1: 0}, [1, (2, 3)])
+    with pytest.raises(KeyError):  # not yet in the table either
+        kernel(module, "partitions")({1: 0}, [1, 2], bytearray(b"\xff") * 8)
     with pytest.raises(ValueError):
         kernel(module, "partitions")({1: 256}, [1])
 

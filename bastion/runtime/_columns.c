@@ -39,13 +39,19 @@ compact_long(PyObject *o, long long *v)
 #endif
 }
 
-/* partitions(memo, keys) -> bytes: memo[key] (an int 0..255) for every key. A key
- * missing from memo raises KeyError (the caller hashes it and tries again). */
+/* partitions(memo, keys[, table]) -> bytes: memo[key] (an int 0..255) for every key.
+ * A key missing from memo raises KeyError (the caller hashes it and tries again).
+ * ``table``, a bytearray, caches the codes of the int keys 0..len(table)-1: byte k is
+ * key k's code, or 255 while unknown. Most keyed streams key by small ints, and
+ * indexing a byte costs a fraction of a dict lookup (hash, probe, compare). A key's
+ * code never changes while the number of destinations stays, so the table is never
+ * invalidated, even when the caller clears memo. */
 static PyObject *
 partitions(PyObject *module, PyObject *args)
 {
-    PyObject *memo, *keys;
-    if (!PyArg_ParseTuple(args, "O!O:partitions", &PyDict_Type, &memo, &keys))
+    PyObject *memo, *keys, *table = NULL;
+    if (!PyArg_ParseTuple(args, "O!O|O!:partitions", &PyDict_Type, &memo, &keys,
+                          &PyByteArray_Type, &table))
         return NULL;
     PyObject *seq = PySequence_Fast(keys, "keys must be a list or a tuple");
     if (seq == NULL)
@@ -65,6 +71,17 @@ partitions(PyObject *module, PyObject *args)
             goto fail;
         }
         PyObject *key = PySequence_Fast_GET_ITEM(seq, i);
+        long long cached = -1;  /* the key's slot in table, if it has one */
+        if (table != NULL && PyLong_CheckExact(key) && compact_long(key, &cached)
+                && cached >= 0 && cached < PyByteArray_GET_SIZE(table)) {
+            unsigned char code = (unsigned char)PyByteArray_AS_STRING(table)[cached];
+            if (code != 0xFF) {
+                codes[i] = code;
+                continue;
+            }
+        } else {
+            cached = -1;
+        }
         Py_INCREF(key);
         PyObject *part = PyDict_GetItemWithError(memo, key); /* borrowed */
         if (part == NULL) {
@@ -88,6 +105,10 @@ partitions(PyObject *module, PyObject *args)
             goto fail;
         }
         codes[i] = (unsigned char)p;
+        /* 255 is the table's "unknown": that destination's keys take the dict. The
+         * size is read again: the lookup may have run a colliding key's __eq__. */
+        if (cached >= 0 && p != 0xFF && cached < PyByteArray_GET_SIZE(table))
+            PyByteArray_AS_STRING(table)[cached] = (char)p;
     }
     Py_DECREF(seq);
     return out;

@@ -41,8 +41,10 @@ from operator import itemgetter
 from typing import Sequence
 
 
-def py_partitions(memo: dict, keys: Sequence) -> bytes:
-    """``memo[key]`` (0..255) for every key; KeyError for a key not in ``memo``."""
+def py_partitions(memo: dict, keys: Sequence, table: bytearray | None = None) -> bytes:
+    """``memo[key]`` (0..255) for every key; KeyError for a key not in ``memo``.
+    ``table`` caches the codes of the int keys 0..len(table)-1 (255: unknown), which
+    only the C kernel reads and fills: here it would cost more than the lookup."""
     return bytes(list(map(memo.__getitem__, keys)))
 
 

@@ -64,6 +64,7 @@ from bastion.storage import BlobRef, CheckpointStore, ObjectStore, open_store
 
 _STATELESS = ("map", "filter", "flat_map", "union")
 _ROUTE_MEMO_KEYS = 65536  # keys whose partition a router remembers before starting over
+_SMALL_KEYS = 65536  # int keys below this a router looks up by index, not by hash
 _IDLE_SOURCE_SLEEP_S = 0.001
 # A busy task loop holds the GIL; CPython's forced switching alone left the worker's
 # heartbeat thread waiting up to 2 s (measured on 2 cores), long enough for the job
@@ -120,6 +121,8 @@ class Router:
         self.per_record = per_record
         self.next_channel = 0
         self.memo: dict = {}
+        # the codes of the int keys 0.._SMALL_KEYS-1 (`columns.partitions`)
+        self.small_key_codes = bytearray(b"\xff") * _SMALL_KEYS
         self.copies_sent = 0   # redundant copies of tuples (`_route_with_copies`)
         self.copies = route.edge.copies  # the ratio now (`redundancy="auto"` moves it)
         self.skips_congested = skips_congested
@@ -168,16 +171,18 @@ class Router:
         """Each record's channel: one byte a record (`columns.partitions`), or a list
         of ints beyond 256 channels."""
         memo, keys, n = self.memo, batch.keys, len(self.channels)
-        parts = partitions if n <= MAX_CODED_DESTINATIONS else _part_list
+        coded = n <= MAX_CODED_DESTINATIONS
         try:
-            return parts(memo, keys)
+            return (partitions(memo, keys, self.small_key_codes) if coded
+                    else _part_list(memo, keys))
         except KeyError:
             if len(memo) > _ROUTE_MEMO_KEYS:
                 memo.clear()
             for i, k in enumerate(keys):
                 if k not in memo:
                     memo[k] = self._key_hash(k, batch, i) % n
-            return parts(memo, keys)
+            return (partitions(memo, keys, self.small_key_codes) if coded
+                    else _part_list(memo, keys))
 
     def _key_hash(self, key: Any, batch: Batch, i: int) -> int:
         try:
