@@ -10,7 +10,8 @@ keyed edge from a source into 2 destinations through Bastion's real `Router`,
   generator function, the key function and a keyed running count by a user function
   (`KeyedFoldOp`'s loop); less than the whole job's per-record work (no sink, no
   task loop), so the ratios below are upper bounds;
-- ``partition``: the key's destination (`columns.partitions` through the router memo);
+- ``partition``: the key's destination (`columns.partitions` through the router's
+  table of small int keys and its memo);
 - ``split``: cutting the batch for each destination (`Batch.split`);
 - ``codec``: each destination's frames on their way: destination 1 is in another
   worker (encoded and decoded), destination 0 in the same one (a frame of numbers

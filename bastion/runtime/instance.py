@@ -121,8 +121,10 @@ class Router:
         self.per_record = per_record
         self.next_channel = 0
         self.memo: dict = {}
-        # the codes of the int keys 0.._SMALL_KEYS-1 (`columns.partitions`)
-        self.small_key_codes = bytearray(b"\xff") * _SMALL_KEYS
+        # the codes of the int keys 0.._SMALL_KEYS-1 (`columns.partitions`): only a
+        # keyed edge into up to 256 instances looks keys up by code
+        coded = route.edge.partition == HASH and 1 < len(channels) <= MAX_CODED_DESTINATIONS
+        self.small_key_codes = bytearray(b"\xff") * (_SMALL_KEYS if coded else 0)
         self.copies_sent = 0   # redundant copies of tuples (`_route_with_copies`)
         self.copies = route.edge.copies  # the ratio now (`redundancy="auto"` moves it)
         self.skips_congested = skips_congested
