@@ -71,7 +71,7 @@ partitions(PyObject *module, PyObject *args)
             goto fail;
         }
         PyObject *key = PySequence_Fast_GET_ITEM(seq, i);
-        long long cached = -1;  /* the key's slot in table, if it has one */
+        long long cached = -1;  /* the key's slot in table, when in 0..len(table)-1 */
         if (table != NULL && PyLong_CheckExact(key) && compact_long(key, &cached)
                 && cached >= 0 && cached < PyByteArray_GET_SIZE(table)) {
             unsigned char code = (unsigned char)PyByteArray_AS_STRING(table)[cached];
@@ -79,8 +79,6 @@ partitions(PyObject *module, PyObject *args)
                 codes[i] = code;
                 continue;
             }
-        } else {
-            cached = -1;
         }
         Py_INCREF(key);
         PyObject *part = PyDict_GetItemWithError(memo, key); /* borrowed */
@@ -106,7 +104,8 @@ partitions(PyObject *module, PyObject *args)
         }
         codes[i] = (unsigned char)p;
         /* 255 is the table's "unknown": that destination's keys take the dict. The
-         * size is read again: the lookup may have run a colliding key's __eq__. */
+         * bounds are checked again: ``cached`` may hold a key outside the table, and
+         * the lookup may have run a colliding key's __eq__. */
         if (cached >= 0 && p != 0xFF && cached < PyByteArray_GET_SIZE(table))
             PyByteArray_AS_STRING(table)[cached] = (char)p;
     }

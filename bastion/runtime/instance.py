@@ -173,18 +173,21 @@ class Router:
         """Each record's channel: one byte a record (`columns.partitions`), or a list
         of ints beyond 256 channels."""
         memo, keys, n = self.memo, batch.keys, len(self.channels)
-        coded = n <= MAX_CODED_DESTINATIONS
         try:
-            return (partitions(memo, keys, self.small_key_codes) if coded
-                    else _part_list(memo, keys))
+            return self._remembered_parts(keys)
         except KeyError:
             if len(memo) > _ROUTE_MEMO_KEYS:
                 memo.clear()
             for i, k in enumerate(keys):
                 if k not in memo:
                     memo[k] = self._key_hash(k, batch, i) % n
-            return (partitions(memo, keys, self.small_key_codes) if coded
-                    else _part_list(memo, keys))
+            return self._remembered_parts(keys)
+
+    def _remembered_parts(self, keys: Sequence) -> bytes | list[int]:
+        """`_key_parts` from what the router remembers; KeyError for a key it does not."""
+        if len(self.channels) <= MAX_CODED_DESTINATIONS:
+            return partitions(self.memo, keys, self.small_key_codes)
+        return _part_list(self.memo, keys)
 
     def _key_hash(self, key: Any, batch: Batch, i: int) -> int:
         try:
