@@ -291,6 +291,11 @@ eight_byte_items(Py_buffer *data)
     return 1;
 }
 
+/* The ints -128..127 by their byte, made once (`PyInit__columns`): a column packed one
+ * byte an item (small keys, counts) decodes by reference to them, instead of a call
+ * per item. Ints are immutable; CPython itself shares those of -5..256. */
+static PyObject *byte_ints[256];
+
 /* unpack_ints(data) -> tuple of ints: what pack_ints packed */
 static PyObject *
 unpack_ints(PyObject *module, PyObject *args)
@@ -311,6 +316,14 @@ unpack_ints(PyObject *module, PyObject *args)
     if (out == NULL)
         goto done;
     buf++;
+    if (width == 1) {
+        for (Py_ssize_t i = 0; i < size; i++) {
+            PyObject *item = byte_ints[buf[i]];
+            Py_INCREF(item);
+            PyTuple_SET_ITEM(out, i, item);
+        }
+        goto done;
+    }
     for (Py_ssize_t i = 0; i < size; i++) {
         uint64_t u = get_word(buf + i * width, width);
         long long v;
@@ -510,5 +523,9 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__columns(void)
 {
+    for (int b = 0; b < 256; b++) {
+        if (byte_ints[b] == NULL && (byte_ints[b] = PyLong_FromLong((signed char)b)) == NULL)
+            return NULL;
+    }
     return PyModule_Create(&module);
 }

@@ -71,8 +71,10 @@ class Batch:
             return Batch(None if self.keys is None else [self.keys[i]], [self.values[i]],
                          [self.ts[i]], [self.born[i]], ids)
         get = itemgetter(*positions)  # one C-level gather per column
-        return Batch(None if self.keys is None else get(self.keys), get(self.values),
-                     _take_column(self.ts, get, n), _take_column(self.born, get, n), ids)
+        ts = _take_column(self.ts, get, n)
+        born = ts if self.born is self.ts else _take_column(self.born, get, n)
+        return Batch(None if self.keys is None else get(self.keys), get(self.values), ts,
+                     born, ids)
 
     def split(self, parts: bytes | list[int], n: int) -> list["Batch | None"]:
         """The batch cut by destination: item ``p`` holds, in order, the records whose
@@ -98,7 +100,7 @@ class Batch:
         keys = None if self.keys is None else split_column(codes, n, self.keys)
         values = split_column(codes, n, self.values)
         ts = _split_stamps(self.ts, codes, n, counts)
-        born = _split_stamps(self.born, codes, n, counts)
+        born = ts if self.born is self.ts else _split_stamps(self.born, codes, n, counts)
         ids = None
         if self.ids is not None:
             ids = [take_ids(self.ids, positions)
@@ -254,7 +256,7 @@ def passes_unencoded(elements: list) -> bool:
         if kind is Batch:
             if e.ids is not None or not (
                     (e.keys is None or exact_numbers(e.keys)) and exact_numbers(e.values)
-                    and exact_numbers(e.ts) and exact_numbers(e.born)):
+                    and exact_numbers(e.ts) and (e.born is e.ts or exact_numbers(e.born))):
                 return False
         elif kind is not Watermark and kind is not EndOfStream:
             return False
@@ -292,7 +294,8 @@ class FrameCodec:
                 keys, keys_kind = pack_column(e.keys)
                 values, values_kind = pack_column(e.values)
                 ts, ts_kind = pack_column(_constant(e.ts))
-                born, born_kind = pack_column(_constant(e.born))
+                born, born_kind = ((ts, ts_kind) if e.born is e.ts
+                                   else pack_column(_constant(e.born)))
                 packing = keys_kind | values_kind << 2 | ts_kind << 4 | born_kind << 6
                 wire.append((DATA, keys, values, ts, born, to_wire(e.ids), packing))
             else:
@@ -312,8 +315,11 @@ class FrameCodec:
                     ts = unpack_column(ts, packing >> 4 & 3)
                     born = unpack_column(born, packing >> 6 & 3)
                 n = len(values)
-                out.append(Batch(keys, values, _expand(ts, n), _expand(born, n),
-                                 from_wire(e[5])))
+                ts_column = _expand(ts, n)
+                # one list for both, as the source made them (batches are never mutated)
+                born_column = (ts_column if type(ts) is float and born == ts
+                               else _expand(born, n))
+                out.append(Batch(keys, values, ts_column, born_column, from_wire(e[5])))
             else:
                 out.append(_CONTROL_TYPES[e[1]].from_payload(e[2]))
         return out
