@@ -17,9 +17,10 @@ timeout. Then CPU seconds per million records of W1 at parallelism 1, 2 and 4
 (`RunMetrics.cpu_s`: user + system time of the job's worker processes while their
 tasks ran, summed), which depends neither on how many cores the machine has nor on
 how busy they are; its p=2 / p=1 ratio is what the keyed exchange between workers
-costs (the median over ``--cpu-repeats`` runs, default 7, of each repeat's own ratio). Then the cost of drill-grade runs: W1 at parallelism 1 and 2 with lineage ids
-(``lineage=True``) and in deterministic mode (``deterministic=True``), as ratios to
-plain W1 measured alternately in the same run. Then W1 of ``--records`` start to
+costs (the median over ``--cpu-repeats`` runs, default 7, of each repeat's own ratio;
+the table's "vs p=1" column divides medians). Then the cost of drill-grade runs: W1 at
+parallelism 1 and 2 with lineage ids (``lineage=True``) and in deterministic mode
+(``deterministic=True``), as ratios to plain W1 measured alternately in the same run. Then W1 of ``--records`` start to
 finish: the wall time of a whole `bn.run` on the warm pool (deploy and teardown
 included) against Bytewax's ``run_main``. Then what one frame costs to move between
 two processes: CPU per message of a Ray actor call and of Bastion's frame transport
