@@ -102,6 +102,56 @@ def test_split_column_refuses_codes_that_do_not_fit(module):
 
 
 @pytest.mark.parametrize("module", KERNELS)
+@given(data=st.data(), n=st.integers(1, 256), width=st.integers(1, 3))
+@settings(max_examples=150, deadline=None)
+def test_split_columns_cut_every_column_and_tell_whether_all_are_exact_numbers(
+        module, data, n, width):
+    size = data.draw(st.integers(0, 60))
+    items = st.one_of(scalars, ints64, st.floats(allow_nan=False))
+    table = [data.draw(st.lists(items, min_size=size, max_size=size)) for _ in range(width)]
+    codes = bytes(data.draw(st.lists(st.integers(0, n - 1), min_size=size, max_size=size)))
+    counts, cuts, exact = kernel(module, "split_columns")(codes, n, table)
+    assert counts == [codes.count(p) for p in range(n)]
+    for column, cut in zip(table, cuts):
+        assert len(cut) == n
+        for p in range(n):
+            expected = [v for v, c in zip(column, codes) if c == p]
+            assert len(cut[p]) == counts[p]
+            assert all(a is b for a, b in zip(cut[p], expected))  # the same objects
+    assert exact is all(type(v) is float or (type(v) is int and -(2**63) <= v < 2**63)
+                        for column in table for v in column)
+
+
+@pytest.mark.parametrize("module", KERNELS)
+def test_split_columns_refuses_columns_that_do_not_fit_the_codes(module):
+    with pytest.raises(ValueError):
+        kernel(module, "split_columns")(bytes([0, 1]), 2, ([1, 2], [1]))
+    with pytest.raises(ValueError):
+        kernel(module, "split_columns")(bytes([0, 2]), 2, ([1, 2],))
+
+
+@pytest.mark.parametrize("values, stamps, exact", [
+    ([1, 2, 3, 4], [0.5] * 4, True),
+    ([1.5, -2, 3, 2**63 - 1], [0.5, 0.5, 1.5, 1.5], True),   # stamps that are not one
+    ([1, 2, True, 4], [0.5] * 4, False),        # a bool in the other destination's piece
+    ([1, 2, 3, 2**63], [0.5] * 4, False),       # beyond 64 bits
+    ([1, 2, 3, "4"], [0.5] * 4, False),
+    ([1, 2, 3, 4], [0.5, 0.5, 1, True], False),  # a stamp that is not a number
+])
+def test_the_pieces_of_a_cut_batch_know_whether_they_may_skip_the_codec(values, stamps,
+                                                                       exact):
+    """The cut finds each piece's exactness while it touches the items; what it finds
+    must be what a scan of the piece finds, and a frame of them passes unencoded
+    exactly when it may."""
+    pieces = Batch([0, 1, 0, 1], values, stamps, stamps).split(bytes([0, 1, 0, 1]), 2)
+    for piece in pieces:
+        assert piece.exact is exact
+        scanned = Batch(piece.keys, piece.values, piece.ts, piece.born)
+        assert passes_unencoded([piece]) is passes_unencoded([scanned])
+    assert passes_unencoded(pieces) is exact
+
+
+@pytest.mark.parametrize("module", KERNELS)
 @given(values=st.lists(st.one_of(ints64, st.integers(-130, 130), st.integers(-(2**15), 2**15),
                                  st.integers(-(2**31) - 2, 2**31 + 2)), max_size=50))
 def test_int_columns_pack_to_their_narrowest_width_and_back(module, values):

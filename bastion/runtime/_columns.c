@@ -117,39 +117,64 @@ fail:
     return NULL;
 }
 
-/* split_column(codes, n, column) -> list of n lists: list p holds, in order, the
- * items of column whose code is p. */
-static PyObject *
-split_column(PyObject *module, PyObject *args)
+/* An exact float, or an exact int that fits in 64 bits: a value that a msgpack round
+ * trip gives back equal and of the same type, and that nobody can mutate. */
+static inline int
+is_exact_number(PyObject *item)
 {
-    Py_buffer codes;
-    Py_ssize_t n;
-    PyObject *column;
-    if (!PyArg_ParseTuple(args, "y*nO:split_column", &codes, &n, &column))
-        return NULL;
-    PyObject *seq = NULL, *out = NULL;
-    PyObject *dest[MAX_DESTINATIONS];
-    Py_ssize_t counts[MAX_DESTINATIONS] = {0}, filled[MAX_DESTINATIONS] = {0};
-    const unsigned char *code = (const unsigned char *)codes.buf;
+    if (PyFloat_CheckExact(item))
+        return 1;
+    if (PyLong_CheckExact(item)) {
+        long long v;
+        int overflow = 0;
+        if (!compact_long(item, &v))
+            (void)PyLong_AsLongLongAndOverflow(item, &overflow);
+        return !overflow;
+    }
+    return 0;
+}
+
+static int
+check_destinations(Py_ssize_t n)
+{
     if (n < 1 || n > MAX_DESTINATIONS) {
         PyErr_Format(PyExc_ValueError, "destinations must be 1..256, got %zd", n);
-        goto done;
+        return -1;
     }
-    seq = PySequence_Fast(column, "column must be a list or a tuple");
-    if (seq == NULL)
-        goto done;
-    Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
-    if (size != codes.len) {
-        PyErr_Format(PyExc_ValueError, "%zd codes for a column of %zd", codes.len, size);
-        goto done;
-    }
+    return 0;
+}
+
+/* counts[p] = how many codes are p; -1 (and ValueError) when a code is not below n. */
+static int
+count_codes(const unsigned char *code, Py_ssize_t size, Py_ssize_t n, Py_ssize_t *counts)
+{
     for (Py_ssize_t i = 0; i < size; i++) {
         if (code[i] >= n) {
             PyErr_Format(PyExc_ValueError, "code %d at %zd is not below %zd",
                          (int)code[i], i, n);
-            goto done;
+            return -1;
         }
         counts[code[i]]++;
+    }
+    return 0;
+}
+
+/* The list of n lists of `column` cut by code (`counts` from count_codes); when
+ * `exact` is not NULL, *exact is cleared if an item is not an exact number. */
+static PyObject *
+cut_column(const unsigned char *code, Py_ssize_t n, const Py_ssize_t *counts,
+           PyObject *column, Py_ssize_t size, int *exact)
+{
+    PyObject *dest[MAX_DESTINATIONS];
+    Py_ssize_t filled[MAX_DESTINATIONS] = {0};
+    PyObject *seq = PySequence_Fast(column, "column must be a list or a tuple");
+    if (seq == NULL)
+        return NULL;
+    PyObject *out = NULL;
+    if (PySequence_Fast_GET_SIZE(seq) != size) {
+        PyErr_Format(PyExc_ValueError, "%zd codes for a column of %zd", size,
+                     PySequence_Fast_GET_SIZE(seq));
+        goto done;
     }
     out = PyList_New(n);
     if (out == NULL)
@@ -163,12 +188,81 @@ split_column(PyObject *module, PyObject *args)
         PyList_SET_ITEM(out, p, dest[p]);
     }
     PyObject **items = PySequence_Fast_ITEMS(seq);
+    int all_exact = exact != NULL && *exact;
     for (Py_ssize_t i = 0; i < size; i++) {
         PyObject *item = items[i];
+        // checked here, where the item is being touched anyway: a later pass over a
+        // piece that waited in a channel would miss the cache on every item
+        if (all_exact)
+            all_exact = is_exact_number(item);
         Py_INCREF(item);
         PyList_SET_ITEM(dest[code[i]], filled[code[i]]++, item);
     }
+    if (exact != NULL)
+        *exact = all_exact;
 done:
+    Py_DECREF(seq);
+    return out;
+}
+
+/* split_column(codes, n, column) -> list of n lists: list p holds, in order, the
+ * items of column whose code is p. */
+static PyObject *
+split_column(PyObject *module, PyObject *args)
+{
+    Py_buffer codes;
+    Py_ssize_t n;
+    PyObject *column, *out = NULL;
+    Py_ssize_t counts[MAX_DESTINATIONS] = {0};
+    if (!PyArg_ParseTuple(args, "y*nO:split_column", &codes, &n, &column))
+        return NULL;
+    const unsigned char *code = (const unsigned char *)codes.buf;
+    if (check_destinations(n) == 0 && count_codes(code, codes.len, n, counts) == 0)
+        out = cut_column(code, n, counts, column, codes.len, NULL);
+    PyBuffer_Release(&codes);
+    return out;
+}
+
+/* split_columns(codes, n, columns) -> (counts, cuts, exact): how many codes are p for
+ * each p; for each column, what split_column gives; and whether every item of every
+ * column is an exact number (see exact_numbers). One pass over the codes for all the
+ * columns of a batch, and the exactness that decides whether a piece may skip the
+ * codec found while the items are being touched anyway. */
+static PyObject *
+split_columns(PyObject *module, PyObject *args)
+{
+    Py_buffer codes;
+    Py_ssize_t n;
+    PyObject *columns, *counts_list = NULL, *cuts = NULL, *out = NULL;
+    Py_ssize_t counts[MAX_DESTINATIONS] = {0}, ncolumns;
+    int exact = 1;
+    if (!PyArg_ParseTuple(args, "y*nO:split_columns", &codes, &n, &columns))
+        return NULL;
+    const unsigned char *code = (const unsigned char *)codes.buf;
+    PyObject *seq = PySequence_Fast(columns, "columns must be a list or a tuple");
+    if (seq == NULL || check_destinations(n) < 0
+            || count_codes(code, codes.len, n, counts) < 0)
+        goto done;
+    ncolumns = PySequence_Fast_GET_SIZE(seq);
+    if ((cuts = PyList_New(ncolumns)) == NULL || (counts_list = PyList_New(n)) == NULL)
+        goto done;
+    for (Py_ssize_t p = 0; p < n; p++) {
+        PyObject *count = PyLong_FromSsize_t(counts[p]);
+        if (count == NULL)
+            goto done;
+        PyList_SET_ITEM(counts_list, p, count);
+    }
+    for (Py_ssize_t c = 0; c < ncolumns; c++) {
+        PyObject *cut = cut_column(code, n, counts, PySequence_Fast_GET_ITEM(seq, c),
+                                   codes.len, &exact);
+        if (cut == NULL)
+            goto done;
+        PyList_SET_ITEM(cuts, c, cut);
+    }
+    out = Py_BuildValue("(OOO)", counts_list, cuts, exact ? Py_True : Py_False);
+done:
+    Py_XDECREF(counts_list);
+    Py_XDECREF(cuts);
     Py_XDECREF(seq);
     PyBuffer_Release(&codes);
     return out;
@@ -385,20 +479,8 @@ exact_numbers(PyObject *module, PyObject *column)
     Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     int exact = 1;
-    for (Py_ssize_t i = 0; i < size && exact; i++) {
-        PyObject *item = items[i];
-        if (PyFloat_CheckExact(item))
-            continue;
-        if (PyLong_CheckExact(item)) {
-            long long v;
-            int overflow = 0;
-            if (!compact_long(item, &v))
-                (void)PyLong_AsLongLongAndOverflow(item, &overflow);
-            exact = !overflow;
-            continue;
-        }
-        exact = 0;
-    }
+    for (Py_ssize_t i = 0; i < size && exact; i++)
+        exact = is_exact_number(items[i]);
     Py_DECREF(seq);
     return PyBool_FromLong(exact);
 }
@@ -505,6 +587,8 @@ done:
 static PyMethodDef methods[] = {
     {"partitions", partitions, METH_VARARGS, "memo[key] for every key, as bytes"},
     {"split_column", split_column, METH_VARARGS, "a column cut by destination code"},
+    {"split_columns", split_columns, METH_VARARGS,
+     "columns cut by destination code, with the counts and their exactness"},
     {"pack_ints", pack_ints, METH_O, "a column of exact ints as narrow words, or None"},
     {"pack_float64", pack_float64, METH_O, "a column of exact floats as float64s, or None"},
     {"unpack_ints", unpack_ints, METH_VARARGS, "packed ints back to a tuple"},

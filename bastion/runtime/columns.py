@@ -7,8 +7,8 @@ In Python each is a C-level pass per column (`map`, `itertools.compress`, msgpac
 yet each costs 30-140 machine instructions per item, because every item goes through
 the generic object protocol: together about half of what the whole chained pipeline
 costs per record. So these loops have a C implementation (`_columns.c`, built with
-the package): the partition codes of a batch in one pass, a column cut for every
-destination in one pass, and int and float columns packed as machine words: an int
+the package): the partition codes of a batch in one pass, its columns cut for every
+destination in one pass each, and int and float columns packed as machine words: an int
 column in the narrowest of 1, 2, 4 or 8 bytes that holds all of it, in a few
 instructions per item instead of msgpack's generic path. Where the extension was not
 built (no compiler), the pure-Python versions below do the same; `NATIVE` says which
@@ -17,7 +17,9 @@ is in use, and the tests check they agree.
 A frame between two tasks of one worker is not encoded at all when every column of
 every batch in it holds only such numbers (`exact_numbers`): decoding would give back
 equal values of the same types, and numbers cannot be mutated, so passing the batches
-themselves means the same and skips two passes a column.
+themselves means the same and skips two passes a column. The pieces of a cut batch
+know it already (`split_columns`): the cut checks each item while it touches it,
+where a pass over a piece whose frame leaves later would miss the cache on each.
 
 The same loops make the durable form of a batch of window results (protocol "cec"
 logs every result): one field of every result tuple as a column (`field_column`), and
@@ -55,6 +57,16 @@ def py_split_column(codes: bytes, n: int, column: Sequence) -> list[list]:
     if codes and max(codes) >= n:
         raise ValueError(f"a code is not below {n}")
     return [list(compress(column, codes.translate(_select(p)))) for p in range(n)]
+
+
+def py_split_columns(codes: bytes, n: int, columns: Sequence[Sequence]
+                     ) -> tuple[list[int], list[list[list]], bool]:
+    """How many codes are ``p`` for each ``p``; every column cut as `split_column`
+    cuts it; and whether every item of every column is an exact number
+    (`exact_numbers`)."""
+    cuts = [py_split_column(codes, n, column) for column in columns]
+    counts = [codes.count(p) for p in range(n)]
+    return counts, cuts, all(py_exact_numbers(column) for column in columns)
 
 
 def py_pack_ints(column: Sequence) -> bytes | None:
@@ -140,10 +152,12 @@ def _from_little_endian(typecode: str, data: bytes) -> array:
 try:
     from bastion.runtime._columns import (exact_numbers, field_column, float64_runs,
                                           pack_float64, pack_ints, partitions,
-                                          split_column, unpack_float64, unpack_ints)
+                                          split_column, split_columns, unpack_float64,
+                                          unpack_ints)
     NATIVE = True
 except ImportError:  # built without a C compiler: the same, slower
     partitions, split_column = py_partitions, py_split_column
+    split_columns = py_split_columns
     pack_ints, pack_float64 = py_pack_ints, py_pack_float64
     unpack_ints, unpack_float64 = py_unpack_ints, py_unpack_float64
     exact_numbers = py_exact_numbers

@@ -35,7 +35,7 @@ import msgpack
 from bastion.codecs import Codec
 from bastion.lineage import IdRun, from_wire, take_ids, to_wire
 from bastion.runtime.columns import (exact_numbers, pack_float64, pack_ints, split_column,
-                                     unpack_float64, unpack_ints)
+                                     split_columns, unpack_float64, unpack_ints)
 from bastion.runtime.durable import unserialisable
 
 DATA = 0
@@ -45,17 +45,20 @@ CONTROL = 1
 class Batch:
     """A columnar batch of records. ``keys`` and ``ids`` are None when unused. Columns
     are sequences (lists or tuples; ``ids`` may be an unbuilt `IdRun`); nobody mutates
-    a batch after building it."""
+    a batch after building it. ``exact`` is True when every item of keys, values, ts
+    and born is known to be an exact number (`columns.exact_numbers`), False when
+    unknown."""
 
-    __slots__ = ("keys", "values", "ts", "born", "ids")
+    __slots__ = ("keys", "values", "ts", "born", "ids", "exact")
 
     def __init__(self, keys: list | None, values: list, ts: list, born: list,
-                 ids: list | None = None):
+                 ids: list | None = None, exact: bool = False):
         self.keys = keys
         self.values = values
         self.ts = ts
         self.born = born
         self.ids = ids
+        self.exact = exact
 
     def __len__(self) -> int:
         return len(self.values)
@@ -93,21 +96,25 @@ class Batch:
         size = len(codes)
         if not size:
             return [None] * n
-        counts = [codes.count(p) for p in range(n)]
-        if size in counts:
-            return [self if count == size else None for count in counts]
-        # one pass per column for every destination at once (`columns.split_column`)
-        keys = None if self.keys is None else split_column(codes, n, self.keys)
-        values = split_column(codes, n, self.values)
-        ts = _split_stamps(self.ts, codes, n, counts)
-        born = ts if self.born is self.ts else _split_stamps(self.born, codes, n, counts)
+        if codes.count(codes[0]) == size:
+            return [self if p == codes[0] else None for p in range(n)]
+        # one pass per column for every destination at once (`columns.split_columns`)
+        if self.keys is None:
+            counts, (values,), exact = split_columns(codes, n, (self.values,))
+            keys = None
+        else:
+            counts, (keys, values), exact = split_columns(codes, n, (self.keys, self.values))
+        ts, ts_exact = _split_stamps(self.ts, codes, n, counts)
+        born, born_exact = ((ts, ts_exact) if self.born is self.ts
+                            else _split_stamps(self.born, codes, n, counts))
+        exact = exact and ts_exact and born_exact
         ids = None
         if self.ids is not None:
             ids = [take_ids(self.ids, positions)
                    for positions in split_column(codes, n, range(size))]
         return [None if not counts[p] else
                 Batch(None if keys is None else keys[p], values[p], ts[p], born[p],
-                      None if ids is None else ids[p]) for p in range(n)]
+                      None if ids is None else ids[p], exact) for p in range(n)]
 
     def slice(self, start: int, stop: int) -> "Batch":
         """The records from ``start`` up to ``stop``."""
@@ -133,12 +140,15 @@ def _take_column(column: Sequence, get: itemgetter, n: int) -> Sequence:
     return get(column)
 
 
-def _split_stamps(column: Sequence, codes: bytes, n: int, counts: list[int]) -> list:
+def _split_stamps(column: Sequence, codes: bytes, n: int, counts: list[int]
+                  ) -> tuple[list, bool]:
+    """The column cut like its batch, and whether its items are exact numbers."""
     # Timestamps are often one value for a whole source batch: repeat it instead.
     first = column[0]
     if column[-1] == first and column.count(first) == len(column):
-        return [[first] * count for count in counts]
-    return split_column(codes, n, column)
+        return [[first] * count for count in counts], exact_numbers((first,))
+    _, (cut,), exact = split_columns(codes, n, (column,))
+    return cut, exact
 
 
 # Batch.split cuts a batch for up to this many destinations by one code (a byte) per
@@ -254,7 +264,7 @@ def passes_unencoded(elements: list) -> bool:
     for e in elements:
         kind = type(e)
         if kind is Batch:
-            if e.ids is not None or not (
+            if e.ids is not None or not e.exact and not (
                     (e.keys is None or exact_numbers(e.keys)) and exact_numbers(e.values)
                     and exact_numbers(e.ts) and (e.born is e.ts or exact_numbers(e.born))):
                 return False
