@@ -577,7 +577,13 @@ class Task(TaskContext):
                             time.time())
                         batch = batch.take(keep)
                 if batch is not None and len(batch):
+                    # Freed once processed, while its items are still in the cache: held
+                    # with the rest of the frame until the next frame arrived, every item
+                    # of a 16k-record frame was freed after it had left the cache (W1 at
+                    # p=2: 3-4% of its CPU seconds). Nobody reads a frame once processed.
+                    elements[i] = element = None
                     await self._process(batch, 0, channel.input_index, keyed=True)
+                    batch = None
             elif kind is Watermark:
                 await self._on_watermark(channel_id, element.time)
             elif kind is EndOfStream:
