@@ -191,8 +191,8 @@ cut_column(const unsigned char *code, Py_ssize_t n, const Py_ssize_t *counts,
     int all_exact = exact != NULL && *exact;
     for (Py_ssize_t i = 0; i < size; i++) {
         PyObject *item = items[i];
-        // checked here, where the item is being touched anyway: a later pass over a
-        // piece that waited in a channel would miss the cache on every item
+        /* checked here, where the item is being touched anyway: a later pass over a
+         * piece that waited in a channel would miss the cache on every item */
         if (all_exact)
             all_exact = is_exact_number(item);
         Py_INCREF(item);

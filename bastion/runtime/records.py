@@ -99,11 +99,9 @@ class Batch:
         if codes.count(codes[0]) == size:
             return [self if p == codes[0] else None for p in range(n)]
         # one pass per column for every destination at once (`columns.split_columns`)
-        if self.keys is None:
-            counts, (values,), exact = split_columns(codes, n, (self.values,))
-            keys = None
-        else:
-            counts, (keys, values), exact = split_columns(codes, n, (self.keys, self.values))
+        columns = (self.values,) if self.keys is None else (self.values, self.keys)
+        counts, cuts, exact = split_columns(codes, n, columns)
+        values, keys = cuts[0], None if self.keys is None else cuts[1]
         ts, ts_exact = _split_stamps(self.ts, codes, n, counts)
         born, born_exact = ((ts, ts_exact) if self.born is self.ts
                             else _split_stamps(self.born, codes, n, counts))
