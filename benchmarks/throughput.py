@@ -20,19 +20,22 @@ how busy they are; its p=2 / p=1 ratio is what the keyed exchange between worker
 costs (the median over ``--cpu-repeats`` runs, default 7, of each repeat's own ratio;
 the table's "vs p=1" column divides medians). Then the cost of drill-grade runs: W1 at
 parallelism 1 and 2 with lineage ids (``lineage=True``) and in deterministic mode
-(``deterministic=True``), as ratios to plain W1 measured alternately in the same run. Then W1 of ``--records`` start to
-finish: the wall time of a whole `bn.run` on the warm pool (deploy and teardown
+(``deterministic=True``), as ratios to plain W1 measured alternately in the same run.
+Then W1 of ``--records`` start to finish: the wall time of a whole `bn.run` on the warm pool (deploy and teardown
 included) against Bytewax's ``run_main``. Then what one frame costs to move between
 two processes: CPU per message of a Ray actor call and of Bastion's frame transport
-(`bastion.runtime.transport`), each on both sides. Then job-start times, cold and
-warm. Prints figures and ratios; asserts nothing; the last line is the headline.
+(`bastion.runtime.transport`), each on both sides. Then how fast busy workers answer
+heartbeats: the driver pings W1's workers every 20 ms while W1 at parallelism 2 keeps
+their task loops busy (a task loop holds the GIL that the heartbeat thread needs:
+`instance._GIL_RELEASE_INTERVAL_S`). Then job-start times, cold and warm. Prints
+figures and ratios; asserts nothing; the last line is the headline.
 
-CPU seconds are not free of the machine: on the 2-core VMs this project runs on, a
-process busy while another is busy on the other core gets less done per CPU second
-(measured here at 1.6–1.8×: the virtual cores share a physical one). The CPU section
-therefore measures that factor in the same run — a pure-Python loop alone, then two
-copies at once — and prints the p=2 / p=1 ratio both as measured and divided by it:
-the second is what the exchange itself costs.
+CPU seconds are not always free of the machine: on some of the 2-core VMs this project
+has run on, a process busy while another was busy on the other core got less done per
+CPU second (1.6–1.8× once, when the virtual cores shared a physical one; 0.99–1.05×
+on others). The CPU section therefore measures that factor in the same run — a
+pure-Python loop alone, then two copies at once — and prints the p=2 / p=1 ratio both
+as measured and divided by it: the second is what the exchange itself costs.
 
     .venv/bin/python benchmarks/throughput.py [--records N] [--repeats K] [--cpu-repeats K]
         [--no-bytewax] [--cpu-only]
@@ -347,6 +350,48 @@ def thread_cpu_figures(n: int) -> None:
                     print(f"    {name:<20} {cpu_s:>6.2f}")
 
 
+def heartbeat_figures(n: int, interval_s: float = 0.02) -> float:
+    """Print how long W1's busy workers take to answer a ping (`Worker.ping`, which
+    runs on a thread of its own) while W1 at parallelism 2 runs: the driver pings each
+    worker of the pool every ``interval_s`` during the run. Return the slowest, in
+    seconds."""
+    import threading
+
+    import ray
+
+    from bastion.scheduler.pool import POOL_NAME, POOL_NAMESPACE
+
+    bn.run(w1(n, 2))  # the pool now holds the processes the next run takes
+    pool = ray.get_actor(POOL_NAME, namespace=POOL_NAMESPACE)
+    workers = [worker for worker, _ in ray.get(pool.idle.remote())]
+    answers_s: list[float] = []
+    running = threading.Event()
+    running.set()
+
+    def ping() -> None:
+        while running.is_set():
+            for worker in workers:
+                t0 = time.perf_counter()
+                ray.get(worker.ping.remote())
+                answers_s.append(time.perf_counter() - t0)
+            time.sleep(interval_s)
+
+    pinger = threading.Thread(target=ping)
+    pinger.start()
+    try:
+        busy_s = bn.run(w1(10 * n, 2)).metrics.duration_s
+    finally:
+        running.clear()
+        pinger.join()
+    answers_s.sort()
+    print(f"\nHeartbeats during W1 p=2 ({10 * n:,} tuples, {busy_s:.1f} s): "
+          f"{len(answers_s)} pings of {len(workers)} workers, answered in "
+          f"p50 {answers_s[len(answers_s) // 2] * 1e3:.1f} ms, "
+          f"p99 {answers_s[int(len(answers_s) * 0.99)] * 1e3:.1f} ms, "
+          f"max {answers_s[-1] * 1e3:.1f} ms")
+    return answers_s[-1]
+
+
 def startup_figures(warm_repeats: int = 7) -> None:
     """Print `bn.run` wall time, start to finish, of a 10- and a 10,000-record W0:
     cold (the first job in a fresh local Ray: the pool starts its processes, not
@@ -482,13 +527,15 @@ def main() -> None:
     print(f"\nMoving one {20_000:,}-byte frame between two processes, CPU ms per frame")
     print(f"{'how':<10} {'sender':>9} {'receiver':>9} {'both':>9}")
     exchange = exchange_cost_figures()
+    slowest_answer_s = heartbeat_figures(n)
     startup_figures()
     print(f"W1 p=2 vs plain: lineage {ratios[2]['lineage']:.2f}x, deterministic "
           f"{ratios[2]['deterministic']:.2f}x, both {ratios[2]['both']:.2f}x; "
           f"{end_to_end}CPU s per million records p=2 / p=1: {cpu_ratio:.2f}x "
           f"({adjusted_ratio}); a frame costs "
           f"{exchange['transport']:.3f} ms of CPU by the transport, "
-          f"{exchange['ray call']:.3f} ms by a Ray call")
+          f"{exchange['ray call']:.3f} ms by a Ray call; busy workers answer pings "
+          f"within {slowest_answer_s * 1e3:.0f} ms")
 
 
 if __name__ == "__main__":
