@@ -71,6 +71,7 @@ def workload(stage: str, exchange: str, records: int) -> None:
     if before:  # Python-level passes, msgpack for every column
         instance.partitions = columns.py_partitions
         recs.split_column = columns.py_split_column
+        recs.split_columns = columns.py_split_columns
         recs.pack_ints = recs.pack_float64 = lambda column: None
 
     class Buffer(OutputChannel):
