@@ -294,6 +294,9 @@ class FaultOutcome:
     restart_s: float | None = None
     recovery_s: float | None = None
     trt_s: float | None = None
+    # the operator instances the recovery restarted ("op[index]"): all of them when
+    # the job restarted whole, fewer when only the failure's region did
+    restarted_tasks: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         def secs(v: float | None) -> str:
@@ -305,7 +308,15 @@ class FaultOutcome:
         text = (f"{head}: landed (killed {', '.join(self.killed)}); "
                 f"detection {secs(self.detection_s)}, restart {secs(self.restart_s)}, "
                 f"recovery {secs(self.recovery_s)}, total recovery {secs(self.trt_s)}")
+        if self.restarted_tasks:
+            text += f"; restarted {_restarted_summary(self.restarted_tasks)}"
         return text + (f" ({self.note})" if self.note else "")
+
+
+def _restarted_summary(names: Sequence[str], shown: int = 6) -> str:
+    """``names`` of restarted operator instances, the first ``shown`` of them named."""
+    listed = ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+    return f"{len(names)} operator instance{'s' if len(names) != 1 else ''} ({listed})"
 
 
 def _caught_up_at(timeline: list[dict[str, Any]], fault_s: float, restart_s: float
@@ -368,6 +379,7 @@ def fault_outcomes(kills: Sequence[ScheduledKill], events: Sequence[dict[str, An
                 outcome.note = "the job never restarted after it"
             continue
         outcome.restart_s = restarted["t"] - (detected or fault)["t"]
+        outcome.restarted_tasks = list(restarted.get("tasks") or [])
         recovered = rate_recovered_at(timeline, fault["t_s"], restarted["t_s"])
         if recovered is not None:
             outcome.recovery_s = recovered - fault["t_s"]

@@ -40,6 +40,7 @@ from bastion.runtime.outputs import read_committed
 from bastion.runtime.plan import PhysicalPlan, build_plan
 from bastion.runtime.redundancy import resolve as resolve_redundancy
 from bastion.scheduler.pool import get_pool
+from bastion.scheduler.failover import check_failover
 from bastion.scheduler.recovery import RecoveryPolicy, recovery_policy
 from bastion.scheduler.resiliency import ResiliencyPolicy
 from bastion.storage import ObjectStore, open_store
@@ -165,8 +166,8 @@ def run(topology: Topology, *, protocol: str = "none",
         redundancy: float | Mapping[str, float] | str | None = None,
         dedup_window_s: float | None = None, latency_bound_ms: float | None = None,
         resiliency: ResiliencyPolicy | None = None,
-        recovery: str | RecoveryPolicy | None = None, cluster: Any = None,
-        export_metrics: bool = True) -> RunResult:
+        recovery: str | RecoveryPolicy | None = None, failover: str = "local",
+        cluster: Any = None, export_metrics: bool = True) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
 
     ``protocol`` picks the fault-tolerance protocol (``"none"``, ``"acks"``,
@@ -206,7 +207,11 @@ def run(topology: Topology, *, protocol: str = "none",
     correlated failure, and with a capacity model (``task_slots_per_cpu``) lost tasks
     wait for task slots — all of them (blocking) or whole queries by priority as slots
     arrive (progressive); per query availability is in
-    ``RunResult.metrics.extra["queries"]``. ``cluster`` is a simulated
+    ``RunResult.metrics.extra["queries"]``. ``failover`` says which tasks a failure
+    restarts (`bastion.scheduler.failover`): ``"local"`` (the default) only those
+    the protocol's recovery needs — the failed tasks' pipelined regions under
+    ``coordinated`` — while every other task runs on; ``"global"`` every task, from
+    the recovery line. ``cluster`` is a simulated
     `ray.cluster_utils.Cluster` the driver adds `bn.faults.AddNode` nodes to.
     ``lineage`` gives every record a lineage id (`bastion.lineage`) and fills
     ``RunResult.output_ids``; ``deterministic`` merges every multi-input task's
@@ -310,6 +315,7 @@ def run(topology: Topology, *, protocol: str = "none",
         dedup_window_s=dedup_window_s,
         resiliency=policy,
         recovery=None if recovery is None else recovery_policy(recovery),
+        failover=check_failover(failover),
         export_metrics=export_metrics,
     )
     additions = fault_injection.node_additions(config.faults)

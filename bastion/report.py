@@ -204,7 +204,8 @@ def render_html(report: Any, title: str = "Bastion recovery drill",
     ]
     faults = [(f.what, _secs(f.scheduled_s), "yes" if f.landed else "NO",
                ", ".join(f.killed) or "-", _secs(f.detection_s), _secs(f.restart_s),
-               _secs(f.recovery_s), _secs(f.trt_s), f.note or "")
+               _secs(f.recovery_s), _secs(f.trt_s), ", ".join(f.restarted_tasks) or "-",
+               f.note or "")
               for f in report.faults]
     proto = getattr(report.metrics, "protocol", None)
     checkpoints = []
@@ -221,7 +222,8 @@ def render_html(report: Any, title: str = "Bastion recovery drill",
              else f"{proto.state_bytes_last:,}"),
         ]
         checkpoints += [(f"failure {i}", f"{f.reason}: restart {_secs(f.restart_s)}, "
-                         f"recovery {_secs(f.recovery_s)}, recovery line {f.recovery_line}")
+                         f"recovery {_secs(f.recovery_s)}, recovery line {f.recovery_line}, "
+                         f"restarted {len(f.restarted_tasks)} operator instance(s)")
                         for i, f in enumerate(proto.failures, 1)]
     violations = ""
     for kind, total, items in (("lost", c.lost, report.lost_examples),
@@ -249,7 +251,7 @@ tr+tr td{{border-top:1px solid #ddd}}
 <h2>Summary</h2>{_table(summary)}
 <h2>Runs</h2>{_table(runs)}
 <h2>Faults</h2>{_table(faults, ("fault", "due", "landed", "killed", "detection", "restart",
-                                 "recovery", "total recovery", "note"))
+                                 "recovery", "total recovery", "restarted", "note"))
                 if faults else "<p>none scheduled</p>"}
 <h2>Checkpoints</h2>{_table(checkpoints) if checkpoints else "<p>-</p>"}
 {violations}

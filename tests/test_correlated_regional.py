@@ -32,11 +32,17 @@ import pytest
 
 from bastion.errors import PeerLostError
 from bastion.runtime.channel import OutputChannel, ReplayableOutputChannel
-from bastion.scheduler.recovery import failed_region
+from bastion.scheduler.failover import RestartDownstream, TaskGraph
 from bastion.storage import open_store
 
 
 # -- the failed region -----------------------------------------------------------------
+
+
+def failed_region(lost: set[int], channels: dict[int, tuple[int, int]]) -> set[int]:
+    """What the strategy of a capacity model restarts when ``lost`` tasks fail."""
+    tasks = frozenset(lost | {t for pair in channels.values() for t in pair})
+    return set(RestartDownstream().tasks_to_restart(lost, TaskGraph(tasks, channels)))
 
 
 def reaches(channels: dict[int, tuple[int, int]], src: int, dst: int) -> bool:

@@ -62,6 +62,9 @@ class JobConfig:
     # How failures are recovered: the `bastion.scheduler.recovery.RecoveryPolicy`
     # (None: blocking, no capacity model)
     recovery: Any = None
+    # Which tasks a failure restarts (`bastion.scheduler.failover`): "local", only
+    # what the protocol's recovery needs; "global", every task.
+    failover: str = "local"
     # Live metrics for Prometheus through Ray's metrics agent (`bastion.runtime.export`)
     export_metrics: bool = True
 

@@ -58,7 +58,7 @@ from bastion.runtime.records import (MAX_CODED_DESTINATIONS, Batch, ControlRecor
                                      FrameCodec, UnstableKeyError, Watermark, stable_hash)
 from bastion.runtime.redundancy import FirstCopies, copy_shares
 from bastion.runtime.transport import FrameServer, PeerLinks, node_address, pusher
-from bastion.scheduler.recovery import restarts_regions
+from bastion.scheduler.failover import failover_strategy
 from bastion.sinks import SinkWriter
 from bastion.storage import BlobRef, CheckpointStore, ObjectStore, open_store
 
@@ -1261,8 +1261,9 @@ class Worker:
         config = self.config
         dst_worker = _worker_of(plan, assignment, dst)
         if backed is None:
-            backed = restarts_regions(config.recovery,
-                                      get_protocol(config.protocol).restarts_regions)
+            backed = failover_strategy(config.failover,
+                                       get_protocol(config.protocol).restarts_regions,
+                                       config.recovery).backs_up_channels
         if backed:
             recovery = config.recovery
             return ReplayableOutputChannel(

@@ -82,10 +82,10 @@ from bastion.runtime.outputs import FINAL_COMMIT, committed_blobs, marker_key
 from bastion.runtime.plan import PhysicalPlan
 from bastion.scheduler import detector, injector, placement
 from bastion.scheduler.detector import CorrelatedFailures, Failure, within
+from bastion.scheduler.failover import TaskGraph, failover_strategy
 from bastion.scheduler.recovery import (BlockingRecovery, Capacity, QueryNeeds,
                                        RecoveryPlanError, RecoveryPlanner, check_plan,
-                                       failed_region, queries_needs, recovery_policy,
-                                       replacement_slots, restarts_regions)
+                                       queries_needs, recovery_policy, replacement_slots)
 from bastion.scheduler.resiliency import Exposure, RedundancyDecision, ResiliencyManager
 from bastion.storage import CheckpointStore, open_store
 
@@ -297,10 +297,13 @@ class JobMaster:
                               for t in plan.tasks}
         self.query_points: list[dict[str, Any]] = []  # per poll: per query output, latency
         self._restore: Any = None   # what joining tasks restore from (`_join`)
-        # Regional restarts (`_restart_region`): the incarnation of every task (a
-        # regional restart bumps those it rebuilds), the channel positions its line
-        # resumes from, and how many regional restarts the job made.
-        self.regional = restarts_regions(self.recovery, self.protocol.restarts_regions)
+        # Regional restarts (`_restart_region`): which tasks a failure restarts (the
+        # failover strategy), the incarnation of every task (a regional restart bumps
+        # those it rebuilds), the channel positions its line resumes from, and how
+        # many regional restarts the job made.
+        self.failover = failover_strategy(config.failover, self.protocol.restarts_regions,
+                                          self.recovery)
+        self.regional = self.failover.partial
         self.incarnations = [0] * len(plan.tasks)
         self._resume: dict[int, int] = {}
         self._retake: tuple[int, ...] = ()  # checkpoints joining sources take again
@@ -395,6 +398,13 @@ class JobMaster:
             return False
         await self.commit_outputs(attempt, commit)
         return True
+
+    def _task_names(self, task_ids: Any) -> list[str]:
+        """The operator instances the tasks ``task_ids`` run, as ``op[index]``, in
+        plan order (a chained task runs several operators)."""
+        plan = self.plan
+        return [f"{op}[{plan.tasks[t].index}]" for t in sorted(task_ids)
+                for op in plan.chains[plan.tasks[t].chain_id].ops]
 
     def _sinks_of(self, slots: list[int]) -> list[str]:
         """The sink instances the workers of ``slots`` run, as ``'name' [index]``."""
@@ -563,7 +573,8 @@ class JobMaster:
             self._borrow_standby()
         if self.attempt:
             self.record_event("restarted", at=running_s, attempt=self.attempt,
-                              checkpoint=_line_summary(restore))
+                              checkpoint=_line_summary(restore),
+                              tasks=self._task_names(range(len(self.plan.tasks))))
             if self.redundancy is not None:  # new tasks start from the configured ratio
                 self._send_redundancy(self.redundancy.ratio)
         self.coordinator.start(self.attempt)
@@ -599,14 +610,15 @@ class JobMaster:
                                         f"{self.config.max_restarts} restarts)"})
         self.phase = "recover"
         try:
+            lost = (await self._lost_workers(failure) if self.config.recovery is None
+                    else await self._collect_losses(failure))
+            if regional:
+                if await self._restart_region(lost):
+                    return self._restore, False
+                await self.coordinator.stop()
             if self.config.recovery is None:
-                await self._replace_workers(failure)
+                await self._replace_workers(failure, lost)
             else:
-                lost = await self._collect_losses(failure)
-                if regional:
-                    if await self._restart_region(lost):
-                        return self._restore, False
-                    await self.coordinator.stop()
                 await self._recover_with_policy(failure, lost)
         except RecoveryPlanError as exc:
             raise _JobEnded({"failure": str(exc)}) from None
@@ -717,7 +729,8 @@ class JobMaster:
                 restart_s=restarted["t_s"] - detected["t_s"],
                 recovery_s=None if recovered_at_s is None
                 else recovered_at_s - detected["t_s"],
-                recovery_line=restarted["checkpoint"])
+                recovery_line=restarted["checkpoint"],
+                restarted_tasks=list(restarted.get("tasks", ())))
             self.record_event("recovery", **dataclasses.asdict(failure))
             failures.append(failure)
         return failures
@@ -766,35 +779,46 @@ class JobMaster:
         return workers
 
     async def _replace_workers(self, failure: Failure, lost: list[int] | None = None) -> None:
-        """Without a capacity model: replace every dead worker at once — the standby
-        takes the first lost slot, fresh workers the others — and restart every slot
-        (the survivors are reset by the next deploy). A new standby is only started
-        once the job runs again (`_ensure_standby`): starting a process costs a core
-        for about a second, which the restart needs more."""
+        """Without a capacity model: replace every dead worker at once (`_refill`)
+        and restart every slot (the survivors are reset by the next deploy). A new
+        standby is only started once the job runs again (`_ensure_standby`):
+        starting a process costs a core for about a second, which the restart needs
+        more."""
+        alive = await asyncio.gather(*[detector.answers(w, self.config.heartbeat_timeout_s)
+                                       for w in self.workers])
+        lost = sorted(set(lost or []) | {i for i, ok in enumerate(alive)
+                                         if not ok or i == failure.worker})
+        await self._refill(lost, restart=list(range(len(self.workers))))
+        # a worker that dies meanwhile fails the deploy, which starts another recovery
+        await asyncio.gather(*[w.ping.remote() for w in self.workers], return_exceptions=True)
+
+    async def _refill(self, lost: list[int], restart: list[int]) -> None:
+        """Without a capacity model: the ``lost`` slots get new workers in place, each
+        bound to its slot — the standby (when it is alive and idle) takes the first,
+        so a restart costs a deploy and not a process start, fresh workers the
+        others; every task keeps its slot. ``restart``: the slots whose tasks
+        restart (for the event)."""
         await self._standby_lent()
-        spare = self._spare()
-        timeout_s = self.config.heartbeat_timeout_s
-        alive = await asyncio.gather(*[detector.answers(w, timeout_s)
-                                       for w in self.workers + spare])
-        standby_alive = bool(spare) and alive[-1]
-        if spare and not standby_alive:
+        standby_alive = self.standby is not None and await detector.answers(
+            self.standby, self.config.heartbeat_timeout_s)
+        if self.standby is not None and not standby_alive:
             ray.kill(self.standby, no_restart=True)  # lost with the others (a node)
             self.standby = None
-        lost = sorted(set(lost or []) | {i for i, ok in enumerate(alive[:len(self.workers)])
-                                         if not ok or i == failure.worker})
         to_standby, to_fresh = replacement_slots(lost, standby_alive)
         self.record_event("recovery_planned", lost=lost, to_standby=list(to_standby),
-                          to_fresh=list(to_fresh), restart=list(range(len(self.workers))))
+                          to_fresh=list(to_fresh), restart=restart)
         for i in lost:
             ray.kill(self.workers[i], no_restart=True)
         await self._await_repairs(lost)
         for i in to_standby:
             self.workers[i], self.standby = self.standby, None
+            # bound as the standby: it serves slot i from now on (a death is a failure
+            # the next call to it reports)
+            await asyncio.gather(self.workers[i].bind.remote(self.config, i),
+                                 return_exceptions=True)
         for i, worker in zip(to_fresh, await self._new_workers(list(to_fresh))):
             self.workers[i] = worker
         self.worker_nodes = await self._nodes_of(self.workers)
-        # a worker that dies meanwhile fails the deploy, which starts another recovery
-        await asyncio.gather(*[w.ping.remote() for w in self.workers], return_exceptions=True)
 
     # -- recovery under a policy (`bastion.scheduler.recovery`) ------------------------
 
@@ -856,10 +880,11 @@ class JobMaster:
                           free_task_slots=self._planned_free)
 
     async def _restart_region(self, lost: list[int]) -> bool:
-        """Restart only the failed region: the tasks of the ``lost`` workers and every
-        task downstream of them (`recovery.failed_region`), from the coordinator's
-        `region_line`; every other task keeps running. False (nothing done) when the
-        protocol cannot restart a region now: the job then restarts whole.
+        """Restart only the failed region: the tasks of the ``lost`` workers and those
+        the failover strategy restarts with them (`bastion.scheduler.failover`), from
+        the coordinator's `region_line`; every other task keeps running. False when
+        the protocol cannot restart a region now, or the region is the whole job: the
+        job then restarts whole (the ``lost`` workers may be dead by then).
 
         Survivors stop forwarding into the region and the region's tasks that ran on
         live workers stop (`Worker.restart_region`); each task of the region gets a
@@ -870,7 +895,14 @@ class JobMaster:
         upstream backup, what they must see again (`_join`). The others stay pending
         and join as capacity arrives (`_bring_back`)."""
         lost_tasks = {t for t, w in enumerate(self.assignment) if w in lost}
-        region = failed_region(lost_tasks, _CoordinatorContext(self).channels())
+        graph = TaskGraph(frozenset(range(len(self.plan.tasks))),
+                          _CoordinatorContext(self).channels())
+        region = set(self.failover.tasks_to_restart(lost_tasks, graph))
+        if region == graph.tasks and not self.capacity_model:
+            # Restarting every task within the attempt gains nothing over a restart
+            # of the job (under a capacity model the regional path is what lets
+            # tasks wait for capacity while the attempt runs on).
+            return False
         # The region takes the checkpoint in progress again, under the same id: a lost
         # worker that only missed its heartbeat must be dead before, or a blob it
         # stores late would replace its next incarnation's.
@@ -903,18 +935,23 @@ class JobMaster:
                              return_exceptions=True)  # a death is the detector's
         self.finished_tasks -= region
         self.restarting = set(region)
-        await self._drop_workers(lost)
-        plan = await self._place(sorted(lost_tasks), self.planner)
-        self.pending &= region  # a task outside the region never stopped
         self._restore, self._resume, self._retake = line, line.resume, line.retake
-        self.record_event("recovery_planned", lost=lost, lost_tasks=sorted(lost_tasks),
-                          region=sorted(region), recover=list(plan.recover),
-                          pending=sorted(self.pending), queries=list(plan.queries),
-                          planner=type(self.planner).__name__,
-                          free_task_slots=self._planned_free)
+        if self.capacity_model:
+            await self._drop_workers(lost)
+            plan = await self._place(sorted(lost_tasks), self.planner)
+            self.pending &= region  # a task outside the region never stopped
+            self.record_event("recovery_planned", lost=lost, lost_tasks=sorted(lost_tasks),
+                              region=sorted(region), recover=list(plan.recover),
+                              pending=sorted(self.pending), queries=list(plan.queries),
+                              planner=type(self.planner).__name__,
+                              free_task_slots=self._planned_free)
+        else:
+            await self._refill(lost, restart=sorted({self.assignment[t] for t in region}))
+            # the standby went to a lost slot: a new one once the region caught up
+            self._standby_after_catch_up = True
         await self._join(sorted(region - self.pending))
         self.record_event("restarted", attempt=self.attempt, checkpoint=line.line,
-                          region=sorted(region))
+                          region=sorted(region), tasks=self._task_names(region))
 
     async def _drop_workers(self, lost: list[int]) -> list[int]:
         """Kill the ``lost`` workers (and the standby) and forget them; the tasks they

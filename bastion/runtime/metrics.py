@@ -245,6 +245,9 @@ class FailureRecovery:
     restart_s: float              # detection -> every task running from the recovery line
     recovery_s: float | None      # detection -> output rate back to normal (None: never)
     recovery_line: Any = None     # what the tasks restored (checkpoint id(s))
+    # the operator instances that restarted, as "op[index]": every one after a
+    # restart of the job, fewer when only the failure's region restarted
+    restarted_tasks: list[str] = field(default_factory=list)
 
 
 @dataclass

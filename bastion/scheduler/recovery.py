@@ -32,21 +32,22 @@ Two planners (Su & Zhou, "progressive recovery of correlated failures"):
   query stay *pending*: not running, their inputs held upstream (adaptive buffering,
   `bastion.runtime.channel.HeldOutputChannel`) until a later plan brings them back.
 
-**Which tasks restart.** Under a capacity model and a protocol that can
-(`restarts_regions`: ``coordinated``), only the *failed region* restarts
-(`failed_region`): the lost tasks and every task downstream of them, to the sinks.
-Every other task keeps running — the queries the failure did not hit never stop —
-since nothing it received came from the region. The region's tasks restore the
-protocol's `region_line` (the last completed checkpoint and where it cut each
-channel), each with a new *incarnation* (frames and acknowledgments addressed to the
-one before are dropped), and the senders at the region's upstream boundary send
-again, out of their *upstream backup* (`bastion.runtime.channel.ReplayableOutputChannel`:
-every frame sent since the last completed checkpoint, trimmed as checkpoints
-complete), everything the restored tasks have not seen. The region's sinks discard
-what they staged since the checkpoint, as in any restart. Otherwise — another
-protocol, no checkpoint completed yet in the attempt, a failure while tasks wait for
-capacity — every running task restarts from the recovery line: the runtime numbers
-channel frames by attempt, and the protocol's recovery line rewinds every task.
+**Which tasks restart** is the failover strategy's answer
+(`bastion.scheduler.failover`). Under a capacity model and a protocol that can
+restart a subset of tasks (``coordinated``) it is `RestartDownstream`: the lost tasks
+and every task downstream of them, to the sinks. Every other task keeps running — the
+queries the failure did not hit never stop — since nothing it received came from the
+region. The region's tasks restore the protocol's `region_line` (the last completed
+checkpoint and where it cut each channel), each with a new *incarnation* (frames and
+acknowledgments addressed to the one before are dropped), and the senders at the
+region's upstream boundary send again, out of their *upstream backup*
+(`bastion.runtime.channel.ReplayableOutputChannel`: every frame sent since the last
+completed checkpoint, trimmed as checkpoints complete), everything the restored tasks
+have not seen. The region's sinks discard what they staged since the checkpoint, as in
+any restart. When no region can restart alone — another protocol, no checkpoint
+completed yet in the attempt, a failure while tasks wait for capacity — every running
+task restarts from the recovery line: the runtime numbers channel frames by attempt,
+and the protocol's recovery line rewinds every task.
 
 Either way a plan that brings pending tasks back later restarts nothing else: the
 pending tasks join the attempt that is running, restored from the same line, and
@@ -264,34 +265,6 @@ def profit_densities(queries: Sequence[QueryNeeds], lost: set[int]) -> dict[str,
         cost = sum(1.0 / sharing[task] for task in q.tasks & lost)
         densities[q.name] = math.inf if cost == 0 else q.priority / cost
     return densities
-
-
-def restarts_regions(policy: "RecoveryPolicy | None", protocol_can: bool) -> bool:
-    """Does a job restart failed regions only (see "which tasks restart" above)?
-    Under a capacity model (``policy``), with a protocol that can (``protocol_can``:
-    `Protocol.restarts_regions`). Its channels then keep an upstream backup
-    (`bastion.runtime.channel.ReplayableOutputChannel`)."""
-    return policy is not None and policy.task_slots_per_cpu is not None and protocol_can
-
-
-def failed_region(lost_tasks: Iterable[int], channels: Mapping[int, tuple[int, int]]
-                  ) -> set[int]:
-    """The tasks a failure that lost ``lost_tasks`` restarts, under a regional
-    restart: the lost tasks and every task downstream of them, to the sinks
-    (``channels``: channel id -> (sending task, receiving task)). What a restarted
-    task sent is produced again, so every task that received it restarts too; a task
-    outside the region received nothing from inside it, and keeps running."""
-    downstream: dict[int, set[int]] = {}
-    for src, dst in channels.values():
-        downstream.setdefault(src, set()).add(dst)
-    region: set[int] = set()
-    stack = list(lost_tasks)
-    while stack:
-        task = stack.pop()
-        if task not in region:
-            region.add(task)
-            stack.extend(downstream.get(task, ()))
-    return region
 
 
 def queries_needs(queries: Mapping[str, tuple[float, Iterable[str]]],

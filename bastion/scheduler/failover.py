@@ -1,0 +1,146 @@
+"""Failover strategies: after a failure, which tasks restart.
+
+A failure takes down the tasks of a worker process (or of every worker on a node).
+The simplest answer to "what now?" is to restart every task of the job from the
+protocol's recovery line. That is always correct, and it is what a job does when
+nothing better is known — but it stops queries the failure never touched, and it
+makes a restart cost the whole job's size instead of the failure's.
+
+A *failover strategy* answers the one question Flink's ``FailoverStrategy`` answers:
+given the tasks that failed and the shape of the job, which tasks restart? Every
+task outside that set keeps running, with its state. Which positions the restarted
+tasks restore is the protocol's answer (`bastion.protocols.base.Coordinator.region_line`);
+the job master carries both out as its *recover* phase (`bastion.runtime.job`).
+
+Three strategies, each correct under a condition:
+
+- `RestartAll` restarts every task. Always correct; ``bn.run(failover="global")``
+  asks for it, and it is what a protocol whose recovery line rewinds every task gets.
+- `RestartPipelinedRegion` restarts the *pipelined regions* of the failed tasks
+  (Flink's ``RestartPipelinedRegionFailoverStrategy``): the tasks connected to them
+  through channels, either way. No channel crosses a region's edge, so a region can
+  restore a checkpoint on its own — its sources rewind, its sinks discard what they
+  staged since — and nothing outside it sent it anything or got anything from it. A
+  job of independent branches, or of forward-only pipelines (instance *i* of every
+  operator feeding only instance *i*), has several regions; a keyed exchange joins
+  everything it connects into one, so a keyed job still restarts whole.
+- `RestartDownstream` restarts the failed tasks and everything downstream of them, to
+  the sinks. What a restarted task sent is produced again, so every task that received
+  it restarts too; a task upstream keeps running, and sends the restarted ones again
+  what they must see, out of its *upstream backup*
+  (`bastion.runtime.channel.ReplayableOutputChannel`). Smaller than a region when
+  several queries share their sources (Su & Zhou), at the price of that backup on
+  every channel — which is why it is only chosen under a capacity model, where lost
+  tasks may wait for capacity while the queries they do not feed run on
+  (`bastion.scheduler.recovery`).
+
+`failover_strategy` picks one from what the run asked for and what the protocol's
+coordinator can restore a subset of tasks from (`Protocol.restarts_regions`).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, AbstractSet, Mapping
+
+if TYPE_CHECKING:
+    from bastion.scheduler.recovery import RecoveryPolicy
+
+FAILOVER_MODES = ("local", "global")
+
+
+@dataclass(frozen=True)
+class TaskGraph:
+    """The job's shape as a failover strategy sees it: every task id, and every
+    channel as (sending task, receiving task)."""
+
+    tasks: frozenset[int]
+    channels: Mapping[int, tuple[int, int]]
+
+
+class FailoverStrategy(abc.ABC):
+    """Decides which tasks restart after ``failed`` tasks were lost."""
+
+    # May restart fewer tasks than the job has: the job master then restarts them
+    # within the running attempt, and the others never stop.
+    partial: bool = True
+    # Senders outside the restarted set keep what they sent since the receivers'
+    # last durable state, to send it again (an upstream backup on every channel).
+    backs_up_channels: bool = False
+
+    @abc.abstractmethod
+    def tasks_to_restart(self, failed: AbstractSet[int], graph: TaskGraph) -> frozenset[int]:
+        """The tasks that restart: ``failed`` and whatever must roll back with them."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+
+class RestartAll(FailoverStrategy):
+    """Every task restarts, from the protocol's recovery line."""
+
+    partial = False
+
+    def tasks_to_restart(self, failed: AbstractSet[int], graph: TaskGraph) -> frozenset[int]:
+        return graph.tasks
+
+
+class RestartPipelinedRegion(FailoverStrategy):
+    """The failed tasks' pipelined regions restart: the connected components of the
+    task graph (channels taken both ways) that hold a failed task."""
+
+    def tasks_to_restart(self, failed: AbstractSet[int], graph: TaskGraph) -> frozenset[int]:
+        neighbours: dict[int, set[int]] = {}
+        for src, dst in graph.channels.values():
+            neighbours.setdefault(src, set()).add(dst)
+            neighbours.setdefault(dst, set()).add(src)
+        return _closure(failed, neighbours)
+
+
+class RestartDownstream(FailoverStrategy):
+    """The failed tasks and every task downstream of them restart; senders upstream
+    resend from their backup."""
+
+    backs_up_channels = True
+
+    def tasks_to_restart(self, failed: AbstractSet[int], graph: TaskGraph) -> frozenset[int]:
+        downstream: dict[int, set[int]] = {}
+        for src, dst in graph.channels.values():
+            downstream.setdefault(src, set()).add(dst)
+        return _closure(failed, downstream)
+
+
+def _closure(start: AbstractSet[int], edges: Mapping[int, set[int]]) -> frozenset[int]:
+    reached: set[int] = set()
+    stack = list(start)
+    while stack:
+        task = stack.pop()
+        if task not in reached:
+            reached.add(task)
+            stack.extend(edges.get(task, ()))
+    return frozenset(reached)
+
+
+def check_failover(failover: str) -> str:
+    """``bn.run``'s ``failover`` argument, checked."""
+    if failover not in FAILOVER_MODES:
+        raise ValueError(f"failover must be one of {FAILOVER_MODES} ('local': restart "
+                         f"only what the failure needs; 'global': every task), got "
+                         f"{failover!r}")
+    return failover
+
+
+def failover_strategy(failover: str, protocol_restarts_regions: bool,
+                      recovery: "RecoveryPolicy | None") -> FailoverStrategy:
+    """The strategy of a run: ``failover`` (`FAILOVER_MODES`) as the run asked,
+    whether its protocol's coordinator can restore a subset of tasks
+    (`Protocol.restarts_regions`), and its recovery policy — under a capacity model
+    (`RecoveryPolicy.task_slots_per_cpu`) lost tasks may wait for capacity while the
+    queries they do not feed run on."""
+    if check_failover(failover) == "global" or not protocol_restarts_regions:
+        return RestartAll()
+    if recovery is not None and recovery.task_slots_per_cpu is not None:
+        return RestartDownstream()
+    return RestartPipelinedRegion()

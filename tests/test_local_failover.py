@@ -1,0 +1,168 @@
+"""A failure restarts only what it must (`bastion.scheduler.failover`).
+
+The strategies first, against brute force on random task graphs: a pipelined region
+is a connected component of the channels taken both ways; downstream is what a path
+of channels reaches. Then end to end, with real Ray workers and a real kill: a job
+of two independent branches under ``coordinated``, one of whose instances dies. Only
+that instance's pipelined region restarts — the report names it — and the other
+branch never rolls back: its sink receives each record it commits exactly once
+(a sink restarted from a checkpoint receives again what it had received since, so
+over the run it receives more than it commits). The same drill with
+``failover="global"`` restarts every task, and that measure sees it: the check can
+fail."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+import bastion as bn
+from bastion.drills import reference_runs
+from bastion.scheduler.failover import (FailoverStrategy, RestartAll, RestartDownstream,
+                                        RestartPipelinedRegion, TaskGraph, check_failover,
+                                        failover_strategy)
+from bastion.scheduler.recovery import RecoveryPolicy
+
+
+# -- the strategies ----------------------------------------------------------------------
+
+
+def random_graph(rng: random.Random) -> TaskGraph:
+    tasks = rng.randint(1, 9)
+    pairs = [(s, d) for s, d in itertools.product(range(tasks), repeat=2) if s != d]
+    channels = dict(enumerate(rng.sample(pairs, rng.randint(0, min(len(pairs), 12)))))
+    return TaskGraph(frozenset(range(tasks)), channels)
+
+
+def reaches(edges: set[tuple[int, int]], src: int, dst: int) -> bool:
+    seen, frontier = {src}, {src}
+    while frontier:
+        frontier = {d for s, d in edges if s in frontier} - seen
+        seen |= frontier
+    return dst in seen
+
+
+def test_a_pipelined_region_is_every_task_connected_to_a_failed_one_either_way():
+    rng = random.Random(34)
+    for _ in range(300):
+        graph = random_graph(rng)
+        failed = set(rng.sample(sorted(graph.tasks), rng.randint(1, len(graph.tasks))))
+        both_ways = set(graph.channels.values()) | {(d, s) for s, d in graph.channels.values()}
+        want = {t for t in graph.tasks if any(reaches(both_ways, f, t) for f in failed)}
+        assert RestartPipelinedRegion().tasks_to_restart(failed, graph) == want
+        # the region is closed: no channel crosses its edge
+        assert all((s in want) == (d in want) for s, d in graph.channels.values())
+
+
+def test_downstream_is_what_a_path_of_channels_reaches_and_all_is_everything():
+    rng = random.Random(35)
+    for _ in range(300):
+        graph = random_graph(rng)
+        failed = set(rng.sample(sorted(graph.tasks), rng.randint(1, len(graph.tasks))))
+        edges = set(graph.channels.values())
+        want = {t for t in graph.tasks if any(reaches(edges, f, t) for f in failed)}
+        assert RestartDownstream().tasks_to_restart(failed, graph) == want
+        assert RestartAll().tasks_to_restart(failed, graph) == graph.tasks
+
+
+def test_the_strategy_follows_the_run_and_the_protocol():
+    capacity = RecoveryPolicy(task_slots_per_cpu=1.0)
+    pick = failover_strategy
+    assert isinstance(pick("local", True, None), RestartPipelinedRegion)
+    assert isinstance(pick("local", True, RecoveryPolicy()), RestartPipelinedRegion)
+    assert isinstance(pick("local", True, capacity), RestartDownstream)
+    # a protocol whose line rewinds every task, or a run that asks for it
+    assert isinstance(pick("local", False, capacity), RestartAll)
+    assert isinstance(pick("global", True, capacity), RestartAll)
+    # only a strategy whose senders survive a restart of their receivers backs up
+    assert [s.backs_up_channels for s in (RestartAll(), RestartPipelinedRegion(),
+                                          RestartDownstream())] == [False, False, True]
+    assert isinstance(pick("global", True, None), FailoverStrategy)
+    with pytest.raises(ValueError, match="failover must be one of"):
+        check_failover("regional")
+
+
+def test_bn_run_refuses_an_unknown_failover_before_it_deploys():
+    topo = bn.Topology("bad-failover")
+    topo.source("src", bn.sources.Collection([1, 2])).sink("out", bn.sinks.Collect())
+    with pytest.raises(ValueError, match="failover must be one of"):
+        bn.run(topo, failover="nearby")
+
+
+# -- end to end: two branches, one hit -----------------------------------------------------
+
+COUNT = 4000
+RATE = 1000.0  # records per second per source: the job runs about four seconds
+
+
+def two_branches() -> bn.Topology:
+    """Branch ``a`` (a keyed sum, instance 0 only) and branch ``b`` (a forward-only
+    pipeline of two instances): worker 1 runs nothing but ``b``'s instance 1."""
+    topo = bn.Topology("two-branches")
+    a = topo.source("a_src", bn.sources.Generator(lambda i: i, count=COUNT, rate=RATE),
+                    parallelism=1)
+    a.key_by(lambda v: v % 7).reduce("a_sum", lambda acc, v: acc + v, initial=0,
+                                     parallelism=1).sink("a_out", bn.sinks.Collect(),
+                                                         parallelism=1)
+    b = topo.source("b_src", bn.sources.Generator(lambda i: i, count=COUNT, rate=RATE),
+                    parallelism=2)
+    b.map("b_map", lambda v: v * 2, parallelism=2).sink("b_out", bn.sinks.Collect(),
+                                                        parallelism=2)
+    topo.query("a", outputs=["a_out"])
+    topo.query("b", outputs=["b_out"])
+    return topo
+
+
+@pytest.fixture(scope="module")
+def branches(ray_session, tmp_path_factory):
+    storage = f"local://{tmp_path_factory.mktemp('local-failover')}"
+    return storage, reference_runs(two_branches(), storage=storage)
+
+
+def drill(storage: str, reference: list, failover: str) -> bn.DrillReport:
+    return bn.drill(two_branches(), protocol="coordinated", checkpoint_interval=0.3,
+                    faults=[bn.faults.KillInstance("b_map", 1, at=1.5)],
+                    reference=reference, storage=storage, failover=failover)
+
+
+def received_and_committed(report: bn.DrillReport, query: str) -> tuple[int, int]:
+    timeline = report.metrics.extra["queries"][query]["timeline"]
+    return (sum(n for _, n, _ in timeline),
+            sum(len(report.outputs[sink]) for sink in
+                {"a": ["a_out"], "b": ["b_out"]}[query]))
+
+
+@pytest.mark.slow
+def test_a_kill_in_one_branch_restarts_its_region_alone(branches):
+    storage, reference = branches
+    report = drill(storage, reference, "local")
+    assert report.exactly_once, report.verdict_reason
+    [fault] = report.faults
+    assert fault.landed and fault.restart_s is not None
+    # only b's instance 1 restarted, within the attempt that was running
+    assert sorted(fault.restarted_tasks) == ["b_map[1]", "b_out[1]", "b_src[1]"]
+    assert report.metrics.extra["attempts"] == 1
+    [failure] = report.metrics.protocol.failures
+    assert sorted(failure.restarted_tasks) == sorted(fault.restarted_tasks)
+    # branch a never rolled back: its sink received each committed record once
+    received, committed = received_and_committed(report, "a")
+    assert received == committed == COUNT
+    # b's restarted instance did roll back: received again what it had since the line
+    received, committed = received_and_committed(report, "b")
+    assert received > committed == COUNT
+
+
+@pytest.mark.slow
+def test_a_global_failover_restarts_every_task_and_the_measure_sees_it(branches):
+    storage, reference = branches
+    report = drill(storage, reference, "global")
+    assert report.exactly_once, report.verdict_reason
+    [fault] = report.faults
+    assert sorted(fault.restarted_tasks) == ["a_out[0]", "a_src[0]", "a_sum[0]",
+                                             "b_map[0]", "b_map[1]", "b_out[0]",
+                                             "b_out[1]", "b_src[0]", "b_src[1]"]
+    assert report.metrics.extra["attempts"] == 2
+    received, committed = received_and_committed(report, "a")
+    assert received > committed == COUNT
