@@ -107,6 +107,21 @@ def test_a_kill_loses_nothing_and_the_drill_says_at_least_once(fault, tmp_path):
     # kill are there twice, and the report says so without holding it against acks
     assert report.duplicated > 0
     assert "which at-least-once allows" in report.verdict_reason
+    # Only the killed worker's instances restarted (instance i of every operator runs
+    # on worker i), within the attempt that was running: the others ran on.
+    [outcome] = report.faults
+    assert outcome.restarted_tasks, evidence(report)
+    assert all(name.endswith(f"[{fault.index}]") for name in outcome.restarted_tasks)
+    assert report.metrics.extra["attempts"] == 1
+
+
+def test_a_global_failover_restarts_every_instance(tmp_path):
+    report = acks_drill(tmp_path, [bn.faults.KillInstance("tag", 1, at=1.0)],
+                        failover="global")
+    assert report.lost == 0 and report.verdict == "at-least-once", evidence(report)
+    [outcome] = report.faults
+    assert {name[-3:] for name in outcome.restarted_tasks} == {"[0]", "[1]"}
+    assert report.metrics.extra["attempts"] == 2
 
 
 def test_lost_frames_are_replayed_after_the_ack_timeout(tmp_path):

@@ -13,14 +13,18 @@ fail."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import random
 
 import pytest
 
 import bastion as bn
+from bastion.errors import PeerLostError
+from bastion.runtime.channel import OutputChannel, ReroutableOutputChannel, first_seq
+from bastion.runtime.records import Batch, FrameCodec
 from bastion.drills import reference_runs
-from bastion.scheduler.failover import (FailoverStrategy, RestartAll, RestartDownstream,
+from bastion.scheduler.failover import (RestartAll, RestartDownstream, RestartFailed,
                                         RestartPipelinedRegion, TaskGraph, check_failover,
                                         failover_strategy)
 from bastion.scheduler.recovery import RecoveryPolicy
@@ -70,18 +74,27 @@ def test_downstream_is_what_a_path_of_channels_reaches_and_all_is_everything():
 def test_the_strategy_follows_the_run_and_the_protocol():
     capacity = RecoveryPolicy(task_slots_per_cpu=1.0)
     pick = failover_strategy
-    assert isinstance(pick("local", True, None), RestartPipelinedRegion)
-    assert isinstance(pick("local", True, RecoveryPolicy()), RestartPipelinedRegion)
-    assert isinstance(pick("local", True, capacity), RestartDownstream)
+    assert isinstance(pick("local", "region", None), RestartPipelinedRegion)
+    assert isinstance(pick("local", "region", RecoveryPolicy()), RestartPipelinedRegion)
+    assert isinstance(pick("local", "region", capacity), RestartDownstream)
+    assert isinstance(pick("local", "task", None), RestartFailed)
+    assert isinstance(pick("local", "task", capacity), RestartAll)
     # a protocol whose line rewinds every task, or a run that asks for it
-    assert isinstance(pick("local", False, capacity), RestartAll)
-    assert isinstance(pick("global", True, capacity), RestartAll)
-    # only a strategy whose senders survive a restart of their receivers backs up
-    assert [s.backs_up_channels for s in (RestartAll(), RestartPipelinedRegion(),
-                                          RestartDownstream())] == [False, False, True]
-    assert isinstance(pick("global", True, None), FailoverStrategy)
+    assert isinstance(pick("local", "job", capacity), RestartAll)
+    assert isinstance(pick("global", "region", None), RestartAll)
+    assert isinstance(pick("global", "task", None), RestartAll)
+    # what a channel into a restarted task must do while its sender runs on
+    strategies = (RestartAll(), RestartPipelinedRegion(), RestartDownstream(),
+                  RestartFailed())
+    assert [s.backs_up_channels for s in strategies] == [False, False, True, False]
+    assert [s.reroutes_channels for s in strategies] == [False, False, False, True]
+    assert [s.partial for s in strategies] == [False, True, True, True]
+    graph = TaskGraph(frozenset(range(4)), {0: (0, 1), 1: (1, 2), 2: (2, 3)})
+    assert RestartFailed().tasks_to_restart({1}, graph) == {1}
     with pytest.raises(ValueError, match="failover must be one of"):
         check_failover("regional")
+    with pytest.raises(ValueError, match="restart_scope must be one of"):
+        pick("local", "operator", None)
 
 
 def test_bn_run_refuses_an_unknown_failover_before_it_deploys():
@@ -89,6 +102,48 @@ def test_bn_run_refuses_an_unknown_failover_before_it_deploys():
     topo.source("src", bn.sources.Collection([1, 2])).sink("out", bn.sinks.Collect())
     with pytest.raises(ValueError, match="failover must be one of"):
         bn.run(topo, failover="nearby")
+
+
+# -- a channel into a task that restarts alone ----------------------------------------------
+
+
+class Receiver(OutputChannel):
+    """What reaches one incarnation of a receiver; ``gone``: its peer died."""
+
+    def __init__(self, gone: bool = False):
+        super().__init__(0, 10, 0.0)
+        self.received: list[tuple[int, bytes]] = []
+        self.gone = gone
+
+    async def transmit(self, seq, payload):
+        if self.gone:
+            raise PeerLostError("the peer died")
+        self.received.append((seq, payload))
+
+
+def test_a_reroutable_channel_drops_frames_while_its_receiver_is_down_then_starts_at_0():
+    async def scenario():
+        first, dead, again = Receiver(), Receiver(gone=True), Receiver()
+        channel = ReroutableOutputChannel(3, 10, 0.0, FrameCodec(), first)
+        channel.seq = first_seq(2)   # the sender's incarnation 2: its band shows
+        for i in range(3):
+            await channel.send([Batch(None, [i], [0.0], [0.0], None)])
+        channel.detach()                       # the job master restarts the receiver
+        await channel.flush()
+        await channel.send([Batch(None, [3], [0.0], [0.0], None)])
+        channel.attach(dead)                   # attached, but its peer is gone too
+        await channel.send([Batch(None, [4], [0.0], [0.0], None)])
+        assert not channel.attached
+        channel.attach(again)
+        await channel.send([Batch(None, [5], [0.0], [0.0], None)])
+        await channel.send([Batch(None, [6], [0.0], [0.0], None)])
+        return first, again, channel
+
+    first, again, channel = asyncio.run(scenario())
+    band = first_seq(2)
+    assert [seq for seq, _ in first.received] == [band, band + 1, band + 2]
+    assert [seq for seq, _ in again.received] == [0, 1]   # a fresh receiver's numbers
+    assert channel.frames_dropped == 2 and channel.frames_sent == 7
 
 
 # -- end to end: two branches, one hit -----------------------------------------------------

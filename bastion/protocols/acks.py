@@ -41,12 +41,19 @@ A source keeps its pending roots in columns, a block per source batch
 (`bastion.protocols.pending`): some ten acknowledgments per root, applied one entry
 (one id column) at a time with array operations, not one root at a time.
 
-**Failures.** A killed instance restarts the job's tasks, as under every protocol
-here; what they held is gone. Every source instance reports now and then its
-*frontier* — the position below which every root is complete — and the sources of the
-next attempt read on from there: the roots that were pending are read again, and
-those complete above the frontier are duplicated. Committed outputs stay. Nothing is
-lost; duplicates are allowed, and a drill reports them separately.
+**Failures.** A killed instance restarts alone (``restart_scope = "task"``, Dynamo's
+crashed instance; `bastion.scheduler.failover.RestartFailed`): every other task runs
+on with its pending roots. What the instance held is gone — the tuples in its inbox,
+what its sinks staged and had not committed, and what its senders sent it while it
+was down (dropped: `bastion.runtime.channel.ReroutableOutputChannel`) — and none of it
+is acknowledged, so the sources replay those roots when they time out; with tuple-level
+redundancy their copies, sent to another instance, are usually through already. A
+restarted source instance lost its pending roots: it reads on from its *frontier* —
+the position below which every root is complete, which each source instance reports
+now and then — so the roots that were pending are read again, and those complete above
+the frontier are duplicated. ``failover="global"`` restarts every task from the
+frontiers instead. Committed outputs stay. Nothing is lost; duplicates are allowed,
+and a drill reports them separately.
 
 **What it needs of a topology** (`AcksProtocol.check` refuses the rest, naming the
 operator): every tuple descends from exactly one root and replaying a root gives the
@@ -64,7 +71,7 @@ from typing import Any
 
 from bastion.errors import TopologyError
 from bastion.lineage import IdRun, fold, path_token, source_root, token
-from bastion.protocols.base import (Coordinator, MasterContext, Protocol,
+from bastion.protocols.base import (Coordinator, MasterContext, Protocol, RegionLine,
                                     TaskContext, TaskProtocol)
 from bastion.protocols.pending import PendingRoots, pack_positions, pack_tokens
 from bastion.runtime.records import Batch
@@ -116,6 +123,8 @@ class AcksTask(TaskProtocol):
 
     async def restore(self, recovery_line: Any) -> None:
         await self.task.reapply_commits()
+        if isinstance(recovery_line, RegionLine):  # restarted alone
+            recovery_line = recovery_line.line
         if recovery_line is not None:
             self.task.rewind_sources(recovery_line["replay_from"])
 
@@ -300,8 +309,10 @@ class AcksTask(TaskProtocol):
         # record they acknowledge is staged now.
         held, self.held = self.held, {}
         task = self.task
-        commit = ((task.attempt * 1_000_000 + self.commits) * task.task_count
-                  + task.task_id + 1)
+        # unique per attempt, incarnation and commit: a task restarted alone must not
+        # stage over what its incarnation before committed
+        commit = (((task.attempt * 1_000 + task.incarnation) * 1_000_000 + self.commits)
+                  * task.task_count + task.task_id + 1)
         self.commits += 1
         if await task.commit_sink_outputs(commit):
             self._send(held)
@@ -340,6 +351,11 @@ class AcksCoordinator(Coordinator):
         self.master.record_event("replay_from_frontier", frontier=dict(self.frontier))
         return {"replay_from": dict(self.frontier)}
 
+    async def region_line(self, tasks: set[int]) -> RegionLine:
+        # A restarted source reads on from its frontier; no channel position is kept:
+        # what the restarted tasks lost is replayed from the sources.
+        return RegionLine(await self.recovery_line(), {})
+
 
 class AcksProtocol(Protocol):
     name = "acks"
@@ -353,6 +369,7 @@ class AcksProtocol(Protocol):
     needs_checkpoint_interval = True   # how often sinks commit (and acknowledge)
     needs_lineage = True
     tolerates_copies = True
+    restart_scope = "task"
 
     def __init__(self, mode: str = "fine", ack_timeout_s: float = 5.0,
                  max_pending: int = 100_000):

@@ -114,6 +114,7 @@ class TaskContext(abc.ABC):
     job_id: str
     watermark: float             # the task's event-time watermark now
     attempt: int                 # grows with every restart of the job
+    incarnation: int             # grows each time this task restarts on its own
     task_count: int              # tasks in the job (task ids are 0..task_count-1)
     checkpoint_interval_s: float | None
     codec: FrameCodec            # encodes elements the protocol stores (channel state)
@@ -595,9 +596,11 @@ class Protocol:
     tolerates_copies: bool = False
     # A job can start from the state an earlier job left (`bn.run(resume_from=...)`).
     resumable: bool = False
-    # After a failure only the failed region restarts (`Coordinator.region_line`):
-    # the tasks not downstream of a lost one keep running.
-    restarts_regions: bool = False
+    # Which tasks a failure restarts (`bastion.scheduler.failover`): "job", every
+    # task (the recovery line rewinds them all); "region", a region no channel
+    # crosses downstream (`Coordinator.region_line` restores it); "task", a failed
+    # task alone, while its neighbours run on — what it held is replayed.
+    restart_scope: str = "job"
     # A standby worker, started ahead, takes over a dead slot without a process start.
     # A protocol that restarts the job from the beginning gains little from it and
     # would pay its start (about a core-second) in every run.

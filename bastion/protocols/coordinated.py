@@ -29,8 +29,8 @@ takes longer than its timeout is given up too, without a failure: its barriers s
 pass every task, and the sinks stage their outputs under its id, which no restore
 will produce again — they are committed with the next checkpoint that completes.
 
-**Restarting the failed region only** (`Coordinator.region_line`, under a capacity
-model: `bastion.scheduler.recovery.restarts_regions`). A barrier cuts every channel at
+**Restarting the failed region only** (`Coordinator.region_line`, whichever tasks the
+failover strategy restarts: `bastion.scheduler.failover`). A barrier cuts every channel at
 a frame: a task acknowledges checkpoint C with ``sent[channel]``, the number of the
 first frame it sent after barrier C on each output. The receiver's state at C
 reflects exactly the frames below that number (aligned: nothing crosses a barrier).
@@ -438,7 +438,7 @@ class CheckpointCoordinator(Coordinator):
 class CoordinatedProtocol(Protocol):
     name = "coordinated"
     exactly_once = True
-    restarts_regions = True
+    restart_scope = "region"
     needs_checkpoint_interval = True
     needs_standby = True
 

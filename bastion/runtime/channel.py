@@ -19,6 +19,15 @@ task to one downstream task, in order. Three mechanisms make it fast and safe:
 A channel to a task of the same worker skips the network, not the codec: it puts the
 encoded frame straight into the same bounded inbox, so a value behaves the same
 wherever its consumer runs (`LocalOutputChannel`).
+
+**A task restarted on its own** (a failover that restarts failed tasks only:
+`bastion.scheduler.failover`) meets channels that outlived it, both ways. Incarnation
+*k* of a task numbers its frames from ``first_seq(k)`` — a band of 2**40 numbers of its
+own — so a receiver that kept running sees a frame of a newer band and starts that
+channel over from it (`InputGate`); frames of the incarnation before, still on their
+way, fall below it and are dropped. A sender that kept running reaches a restarted
+receiver through a `ReroutableOutputChannel`, which numbers its frames from 0 again
+for each new receiver.
 """
 
 from __future__ import annotations
@@ -36,6 +45,14 @@ from bastion.runtime.records import (Batch, ControlRecord, FrameCodec, Watermark
                                      passes_unencoded)
 
 
+SEQ_BAND_BITS = 40  # the frames of one incarnation of a sender: 2**40 numbers
+
+
+def first_seq(incarnation: int) -> int:
+    """The first frame number of incarnation ``incarnation`` of a sending task."""
+    return incarnation << SEQ_BAND_BITS
+
+
 class OutputChannel:
     """The sending end of one channel: a buffer plus a transport with credits."""
 
@@ -43,7 +60,7 @@ class OutputChannel:
         self.channel_id = channel_id
         self.frame_records = frame_records
         self.buffer_timeout_s = buffer_timeout_s
-        self.seq = 0
+        self.seq = 0  # from `first_seq` of the sending task's incarnation
         # Batches and control records in order; batches are kept as they came (not
         # concatenated): cheaper, and their timestamps often compress to one value.
         self.elements: list = []
@@ -314,7 +331,7 @@ class ReplayableOutputChannel(HeldOutputChannel):
                 self.frames_held += 1
             await self._log(seq, payload)
             target = self._target
-            if target is not None and not await self._forward(target, seq, payload):
+            if target is not None and not await _forward(target, seq, payload):
                 self._drop(target)
 
     async def _log(self, seq: int, payload: bytes) -> None:
@@ -326,21 +343,6 @@ class ReplayableOutputChannel(HeldOutputChannel):
             self._spilled.append((key, self._held[-1][0]))
             self.frames_spilled += len(self._held)
             self._held = []
-
-    async def _forward(self, target: OutputChannel, seq: int, payload: bytes) -> bool:
-        """Send one frame to ``target``; False when the receiver is gone. Run apart
-        from the sending task, so that resetting the receiver (which cancels the
-        deliveries waiting at its gate) cancels the delivery, not the sender."""
-        sending = asyncio.ensure_future(target.transmit(seq, payload))
-        try:
-            await asyncio.wait({sending})
-        except asyncio.CancelledError:
-            sending.cancel()
-            raise
-        if sending.cancelled() or isinstance(sending.exception(), PeerLostError):
-            return False
-        sending.result()
-        return True
 
     def _drop(self, target: OutputChannel) -> None:
         if self._target is target:
@@ -368,7 +370,7 @@ class ReplayableOutputChannel(HeldOutputChannel):
                 for seq, payload in frames:
                     if generation != self._generation:
                         return  # detached meanwhile: this receiver is gone
-                    if not await self._forward(target, seq, payload):
+                    if not await _forward(target, seq, payload):
                         return  # gone again: the job master attaches it once more
                     next_seq = seq + 1
         finally:
@@ -399,6 +401,82 @@ class ReplayableOutputChannel(HeldOutputChannel):
                 await target.drain()
             except PeerLostError:
                 self._drop(target)
+
+
+class ReroutableOutputChannel(OutputChannel):
+    """A channel whose receiver may restart on its own while its sender runs on (a
+    failover that restarts failed tasks only: `bastion.scheduler.failover`).
+
+    Frames are numbered and encoded as usual, and forwarded to the *target*, the
+    channel to the receiver's current incarnation. When the receiver is gone — its
+    peer died (`PeerLostError`), its task was reset (the delivery was cancelled), or
+    the job master said it restarts (`detach`) — what the sender sends is dropped, and
+    the sender never waits on it: the protocol replays what those frames carried
+    (``acks``: every root not acknowledged in time). `attach` gives it the new
+    incarnation, whose frames are numbered from 0 again: the receiver starts fresh."""
+
+    def __init__(self, channel_id: int, frame_records: int, buffer_timeout_s: float,
+                 codec: FrameCodec, target: OutputChannel | None):
+        super().__init__(channel_id, frame_records, buffer_timeout_s)
+        self._codec = codec
+        self._target = target
+        # The frame a receiver attached later takes as its frame 0. The first
+        # receiver (None) takes the numbers as they are, so that a new incarnation
+        # of the sender shows in them (`first_seq`).
+        self._first: int | None = None
+        self.frames_dropped = 0
+
+    async def transmit(self, seq: int, payload: bytes) -> None:
+        target, first = self._target, self._first
+        if first is not None:
+            seq -= first
+        if target is None or seq < 0:  # no receiver, or meant for the one before
+            self.frames_dropped += 1
+        elif not await _forward(target, seq, payload):
+            self.frames_dropped += 1
+            if self._target is target:
+                self._target = None
+
+    @property
+    def attached(self) -> bool:
+        return self._target is not None
+
+    def detach(self) -> None:
+        """The receiver restarts: drop frames until `attach`."""
+        self._target = None
+
+    def attach(self, target: OutputChannel) -> None:
+        """The receiver's new incarnation runs: the next frame is its frame 0."""
+        self._first = self.seq
+        self._target = target
+
+    async def drain(self) -> None:
+        target = self._target
+        if target is not None:
+            try:
+                await target.drain()
+            except PeerLostError:
+                if self._target is target:
+                    self._target = None
+
+    def congested(self) -> bool:
+        return self._target is not None and self._target.congested()
+
+
+async def _forward(target: OutputChannel, seq: int, payload: bytes) -> bool:
+    """Send one frame to ``target``; False when the receiver is gone. Run apart from
+    the sending task, so that resetting the receiver (which cancels the deliveries
+    waiting at its gate) cancels the delivery, not the sender."""
+    sending = asyncio.ensure_future(target.transmit(seq, payload))
+    try:
+        await asyncio.wait({sending})
+    except asyncio.CancelledError:
+        sending.cancel()
+        raise
+    if sending.cancelled() or isinstance(sending.exception(), PeerLostError):
+        return False
+    sending.result()
+    return True
 
 
 class InputGate:
@@ -445,6 +523,10 @@ class InputGate:
 
     async def _deliver(self, channel_id: int, seq: int, frame: Any) -> None:
         expected = self._expected[channel_id]
+        band = seq >> SEQ_BAND_BITS
+        if band > expected >> SEQ_BAND_BITS:  # a new incarnation of the sender
+            expected = first_seq(band)
+            self._start_over(channel_id, expected)
         # A frame already seen, or being delivered right now (two senders of the same
         # frame: a replay that overlaps the original) is dropped.
         if seq < expected or seq in self._waiting[channel_id] \
@@ -455,17 +537,35 @@ class InputGate:
             turn = asyncio.get_running_loop().create_future()
             self._waiting[channel_id][seq] = turn
             await turn
+            if self._expected[channel_id] != seq:  # its sender started over meanwhile
+                self.duplicates_dropped += 1
+                return
         self._admitting[channel_id] = seq
         while channel_id in self._blocked:  # held back: the sender keeps its credit
             await self._blocked[channel_id].wait()
         await self.inbox.put((channel_id, seq, frame))
         if self.inbox.qsize() > self.max_queued_seen:
             self.max_queued_seen = self.inbox.qsize()
+        if self._expected[channel_id] != seq:
+            return  # its sender started over while it waited for room: the new one's turn
         self._expected[channel_id] = seq + 1
         nxt = self._waiting[channel_id].pop(seq + 1, None)
         if nxt is not None:
             self._admitting[channel_id] = seq + 1  # from now, not when it resumes
             nxt.set_result(None)
+
+    def _start_over(self, channel_id: int, seq: int) -> None:
+        """A new incarnation of the channel's sender numbers its frames from ``seq``
+        (`first_seq`, a newer band than the channel's): the channel starts over from
+        there. Frames of the incarnations before that still wait for their turn are
+        dropped (they wake up to find the channel moved on)."""
+        self._expected[channel_id] = seq
+        self._admitting.pop(channel_id, None)
+        waiting = self._waiting[channel_id]
+        for stale in [s for s in waiting if s < seq]:
+            turn = waiting.pop(stale)
+            if not turn.done():
+                turn.set_result(None)
 
     def block(self, channel_id: int) -> None:
         """Stop admitting frames of a channel (barrier alignment); its senders stall."""

@@ -41,7 +41,8 @@ from bastion.protocols.base import TaskContext
 from bastion.runtime import priority
 from bastion.runtime.channel import (HeldOutputChannel, InputGate, LocalOutputChannel,
                                      OutputChannel, RemoteOutputChannel,
-                                     ReplayableOutputChannel)
+                                     ReplayableOutputChannel, ReroutableOutputChannel,
+                                     first_seq)
 from bastion.runtime.columns import partitions
 from bastion.runtime.config import JobConfig
 from bastion.runtime.durable import DurableCodec, open_bytes, seal
@@ -58,7 +59,7 @@ from bastion.runtime.records import (MAX_CODED_DESTINATIONS, Batch, ControlRecor
                                      FrameCodec, UnstableKeyError, Watermark, stable_hash)
 from bastion.runtime.redundancy import FirstCopies, copy_shares
 from bastion.runtime.transport import FrameServer, PeerLinks, node_address, pusher
-from bastion.scheduler.failover import failover_strategy
+from bastion.scheduler.failover import FailoverStrategy, failover_strategy
 from bastion.sinks import SinkWriter
 from bastion.storage import BlobRef, CheckpointStore, ObjectStore, open_store
 
@@ -1115,6 +1116,7 @@ class Worker:
         # the incarnation of every task of the job (a regional restart bumps those of
         # the tasks it rebuilds): frames carry their destination's
         self.incarnations: list[int] | None = None
+        self.failover: FailoverStrategy | None = None  # the bound job's (`bind`)
         self.attempt = -1
         self.epoch: tuple[str, int] | None = None  # (job id, attempt) frames must carry
         # The data plane (`bastion.runtime.transport`): frames from peers arrive
@@ -1133,6 +1135,10 @@ class Worker:
         self.config = config
         self.store = open_store(config.storage_url)
         self.worker_index = worker_index
+        # which tasks a failure restarts: what the channels into them must survive
+        self.failover = failover_strategy(config.failover,
+                                          get_protocol(config.protocol).restart_scope,
+                                          config.recovery)
 
     async def release(self) -> None:
         """Forget the job: stop its tasks and drop everything it left here."""
@@ -1212,10 +1218,15 @@ class Worker:
         for task in self.tasks.values():
             task.ack_router = route_acks
             for channel, dst in zip(task.channels, task.channel_destinations):
-                if isinstance(channel, HeldOutputChannel) and not channel.attached \
+                if isinstance(channel, ReroutableOutputChannel) and not channel.attached \
+                        and assignment[dst] is not None:
+                    channel.attach(self._channel(task, plan, peers, assignment,
+                                                 channel.channel_id, dst, wrapped=False))
+                    attached += 1
+                elif isinstance(channel, HeldOutputChannel) and not channel.attached \
                         and not channel.attaching and assignment[dst] is not None:
                     target = self._channel(task, plan, peers, assignment,
-                                           channel.channel_id, dst, backed=False)
+                                           channel.channel_id, dst, wrapped=False)
                     channel.attaching = True  # now: a later attach must not start another
                     self.runners.append(asyncio.ensure_future(
                         channel.attach(target, resume.get(channel.channel_id, 0))
@@ -1241,10 +1252,11 @@ class Worker:
             task.ack_router = route_acks
         for task in added:
             for route in task.plan.routes:
-                task.connect(route, [self._channel(task, plan, peers, assignment, channel_id,
-                                                   dst)
-                                     for channel_id, dst in zip(route.channel_ids,
-                                                                route.dst_tasks)])
+                channels = [self._channel(task, plan, peers, assignment, channel_id, dst)
+                            for channel_id, dst in zip(route.channel_ids, route.dst_tasks)]
+                for channel in channels:  # a receiver that ran on sees it started over
+                    channel.seq = first_seq(task.incarnation)
+                task.connect(route, channels)
             await task.protocol.restore(restore)
         return added
 
@@ -1253,25 +1265,26 @@ class Worker:
 
     def _channel(self, task: "Task", plan: PhysicalPlan, peers: list[tuple[str, int]],
                  assignment: list[int | None] | None, channel_id: int,
-                 dst: int, backed: bool | None = None) -> OutputChannel:
+                 dst: int, wrapped: bool = True) -> OutputChannel:
         """The sending end of ``channel_id`` from ``task`` to task ``dst``: in this
-        worker, to a peer, or held while ``dst`` is pending — behind an upstream
-        backup when the job restarts failed regions only (``backed``: whether to,
-        None: as the job does)."""
+        worker, to a peer, or held while ``dst`` is pending — ``wrapped`` in what the
+        job's failover strategy needs to outlive a restart of ``dst``: an upstream
+        backup (`ReplayableOutputChannel`) or a channel that drops frames while it
+        is down (`ReroutableOutputChannel`)."""
         config = self.config
         dst_worker = _worker_of(plan, assignment, dst)
-        if backed is None:
-            backed = failover_strategy(config.failover,
-                                       get_protocol(config.protocol).restarts_regions,
-                                       config.recovery).backs_up_channels
-        if backed:
+        if wrapped and self.failover.backs_up_channels:
             recovery = config.recovery
             return ReplayableOutputChannel(
                 channel_id, config.frame_records, config.buffer_timeout_s, task.codec,
                 recovery.held_frames_in_memory, self.store,
                 f"jobs/{config.job_id}/held/{self.attempt}/{channel_id}/{task.incarnation}",
                 None if dst_worker is None else self._channel(
-                    task, plan, peers, assignment, channel_id, dst, backed=False))
+                    task, plan, peers, assignment, channel_id, dst, wrapped=False))
+        if wrapped and self.failover.reroutes_channels and dst_worker is not None:
+            return ReroutableOutputChannel(
+                channel_id, config.frame_records, config.buffer_timeout_s, task.codec,
+                self._channel(task, plan, peers, assignment, channel_id, dst, wrapped=False))
         if dst_worker is None:
             recovery = config.recovery
             return HeldOutputChannel(
@@ -1328,7 +1341,8 @@ class Worker:
         region = set(task_ids)
         for task in self.tasks.values():
             for channel, dst in zip(task.channels, task.channel_destinations):
-                if dst in region and isinstance(channel, ReplayableOutputChannel):
+                if dst in region and isinstance(channel, (ReplayableOutputChannel,
+                                                          ReroutableOutputChannel)):
                     channel.detach()
         stopping = [self.tasks.pop(t) for t in task_ids if t in self.tasks]
         stopped = {self.runner_of.pop(t.task_id, None) for t in stopping} - {None}

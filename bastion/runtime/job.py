@@ -301,7 +301,7 @@ class JobMaster:
         # failover strategy), the incarnation of every task (a regional restart bumps
         # those it rebuilds), the channel positions its line resumes from, and how
         # many regional restarts the job made.
-        self.failover = failover_strategy(config.failover, self.protocol.restarts_regions,
+        self.failover = failover_strategy(config.failover, self.protocol.restart_scope,
                                           self.recovery)
         self.regional = self.failover.partial
         self.incarnations = [0] * len(plan.tasks)

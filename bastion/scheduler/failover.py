@@ -12,7 +12,7 @@ task outside that set keeps running, with its state. Which positions the restart
 tasks restore is the protocol's answer (`bastion.protocols.base.Coordinator.region_line`);
 the job master carries both out as its *recover* phase (`bastion.runtime.job`).
 
-Three strategies, each correct under a condition:
+Four strategies, each correct under a condition:
 
 - `RestartAll` restarts every task. Always correct; ``bn.run(failover="global")``
   asks for it, and it is what a protocol whose recovery line rewinds every task gets.
@@ -34,8 +34,17 @@ Three strategies, each correct under a condition:
   tasks may wait for capacity while the queries they do not feed run on
   (`bastion.scheduler.recovery`).
 
-`failover_strategy` picks one from what the run asked for and what the protocol's
-coordinator can restore a subset of tasks from (`Protocol.restarts_regions`).
+- `RestartFailed` restarts the failed tasks alone (Dynamo's crashed instance, CEC's
+  failed instance). Correct only under a protocol that replays what a restarted task
+  lost and tolerates what it did twice (``acks``: the sources replay every root not
+  acknowledged in time). Its neighbours never stop: a sender's channel into a
+  restarted task drops what it sends while the task is down and then carries on to
+  the new incarnation (`bastion.runtime.channel.ReroutableOutputChannel`); a
+  receiver sees the restarted sender's frames numbered afresh, in a band of its own
+  (`bastion.runtime.channel.first_seq`), and starts that channel over.
+
+`failover_strategy` picks one from what the run asked for and what the protocol can
+restart (`Protocol.restart_scope`).
 """
 
 from __future__ import annotations
@@ -68,6 +77,9 @@ class FailoverStrategy(abc.ABC):
     # Senders outside the restarted set keep what they sent since the receivers'
     # last durable state, to send it again (an upstream backup on every channel).
     backs_up_channels: bool = False
+    # Senders outside the restarted set keep running into it: their channels drop
+    # what they send while the receiver is down, then carry on to its next incarnation.
+    reroutes_channels: bool = False
 
     @abc.abstractmethod
     def tasks_to_restart(self, failed: AbstractSet[int], graph: TaskGraph) -> frozenset[int]:
@@ -112,6 +124,15 @@ class RestartDownstream(FailoverStrategy):
         return _closure(failed, downstream)
 
 
+class RestartFailed(FailoverStrategy):
+    """The failed tasks restart alone; every other task runs on."""
+
+    reroutes_channels = True
+
+    def tasks_to_restart(self, failed: AbstractSet[int], graph: TaskGraph) -> frozenset[int]:
+        return frozenset(failed)
+
+
 def _closure(start: AbstractSet[int], edges: Mapping[int, set[int]]) -> frozenset[int]:
     reached: set[int] = set()
     stack = list(start)
@@ -132,15 +153,24 @@ def check_failover(failover: str) -> str:
     return failover
 
 
-def failover_strategy(failover: str, protocol_restarts_regions: bool,
+RESTART_SCOPES = ("job", "region", "task")
+
+
+def failover_strategy(failover: str, restart_scope: str,
                       recovery: "RecoveryPolicy | None") -> FailoverStrategy:
-    """The strategy of a run: ``failover`` (`FAILOVER_MODES`) as the run asked,
-    whether its protocol's coordinator can restore a subset of tasks
-    (`Protocol.restarts_regions`), and its recovery policy — under a capacity model
-    (`RecoveryPolicy.task_slots_per_cpu`) lost tasks may wait for capacity while the
-    queries they do not feed run on."""
-    if check_failover(failover) == "global" or not protocol_restarts_regions:
+    """The strategy of a run: ``failover`` (`FAILOVER_MODES`) as the run asked, what
+    its protocol can restart (`Protocol.restart_scope`, one of `RESTART_SCOPES`), and
+    its recovery policy. Under a capacity model (`RecoveryPolicy.task_slots_per_cpu`)
+    lost tasks may wait for capacity while the queries they do not feed run on: a
+    region restarts with everything downstream of it, fed again from upstream backups;
+    a protocol that restarts failed tasks alone restarts the job whole there, since
+    a task waiting for capacity could not receive what its senders drop."""
+    if restart_scope not in RESTART_SCOPES:
+        raise ValueError(f"Protocol.restart_scope must be one of {RESTART_SCOPES}, "
+                         f"got {restart_scope!r}")
+    capacity_model = recovery is not None and recovery.task_slots_per_cpu is not None
+    if check_failover(failover) == "global" or restart_scope == "job":
         return RestartAll()
-    if recovery is not None and recovery.task_slots_per_cpu is not None:
-        return RestartDownstream()
-    return RestartPipelinedRegion()
+    if restart_scope == "task":
+        return RestartAll() if capacity_model else RestartFailed()
+    return RestartDownstream() if capacity_model else RestartPipelinedRegion()
