@@ -10,6 +10,32 @@ A source is a descriptor (what to read) that opens one `SourceReader` per instan
 when nothing is due yet (a rate-limited generator) — or ``None`` when the instance has
 read all of its share.
 
+**First arrival.** Every record carries ``born``, when it first entered the job, and
+every latency figure counts from it. A replay must not make a record young again: a
+record a restart re-reads from a checkpointed offset has waited through the outage,
+and latency under failure is what a user of the job experiences. So a reader says,
+after each ``read``, when the records it returned first arrived:
+``arrivals(n, now_s)`` gives their wall-clock times — the same for a record however
+often it is read — or ``None`` for "now", the read time. Which one depends on the
+source:
+
+- ``Generator(fn, count, rate)`` with a ``rate`` has a schedule: record ``k`` of an
+  instance is due at ``started_s + (k - started_offset) / rate_per_instance``, and
+  the schedule is part of the reader's checkpointed state, so a replay from a
+  checkpoint finds the same due times. Its arrival is that due time (never later
+  than the read time). A restart that keeps no source state (protocols ``none`` and
+  ``acks``) starts a new schedule.
+- ``Log(url)``: a record arrived when it was appended; its arrival is its ``ts`` in
+  the log (``bn.sinks.Log`` stamps each record with the wall clock when its commit
+  point was appended; a log written another way should carry wall-clock seconds
+  there too).
+- Unpaced sources — ``Collection`` and ``Generator`` without a rate — have no arrival
+  schedule: all of their input is available from the start, and a record arrives
+  when it is read (``None``).
+
+Without a ``timestamp`` function the arrival is also a record's event time (the
+ingest time, `bastion.runtime.operators.SourceOp`).
+
 ``Log(url)`` reads a segmented log in an object store (`bastion.storage.log`), such
 as one ``bn.sinks.Log(url)`` wrote. Its offsets are the log's record seqs, so a
 checkpoint rewinds it exactly.
@@ -34,6 +60,12 @@ class SourceReader:
 
     def read(self, max_records: int, now_s: float) -> list | None:
         raise NotImplementedError
+
+    def arrivals(self, n: int, now_s: float) -> list[float] | None:
+        """When each of the ``n`` records the last read returned first arrived, in
+        wall-clock seconds, none later than ``now_s`` (that read's time): the same
+        times whenever a record is read again. None (the default): at ``now_s``."""
+        return None
 
     def read_backlog(self, max_records: int) -> list | None:
         """The next records at once, whatever the pacing (a replay skipping what it
@@ -126,6 +158,18 @@ class _GeneratorReader(SourceReader):
 
     def read(self, max_records: int, now_s: float) -> list | None:
         return self._read(max_records, now_s)
+
+    def arrivals(self, n: int, now_s: float) -> list[float] | None:
+        # Record k was due at started_s + (k - started_offset) / rate: one formula
+        # on checkpointed numbers, so a replay gets the very same floats.
+        started_s, rate = self.started_s, self.rate_per_instance
+        if rate is None or started_s is None:
+            return None
+        start = self.offset - n - self.started_offset
+        due = [started_s + k / rate for k in range(start, start + n)]
+        if due and due[-1] > now_s:  # only by rounding: a record is read once due
+            due = [min(t, now_s) for t in due]
+        return due
 
     def _read(self, max_records: int, now_s: float | None) -> list | None:
         if self.share is not None and self.offset >= self.share:

@@ -273,7 +273,8 @@ class LogSourceReader(SourceReader):
     State: ``(next seq per share, end seq per share)``. The end seqs are fixed when
     the reader first opens and travel with every checkpoint, so a restored instance
     reads exactly the records the failed one would have read, however much the log
-    grew meanwhile.
+    grew meanwhile. A record arrived when it was appended: `arrivals` gives the
+    records' ``ts`` in the log, which a replay reads again.
     """
 
     def __init__(self, source: LogSource, index: int, parallelism: int):
@@ -284,6 +285,7 @@ class LogSourceReader(SourceReader):
         self._shares: list[_LogShare] | None = None
         self._restored: Any = None  # state handed to restore() before opening
         self._turn = 0
+        self._arrivals: list[float] = []  # the ts of the records the last read returned
 
     @property
     def offset(self) -> tuple[int, ...] | None:  # type: ignore[override]
@@ -346,6 +348,7 @@ class LogSourceReader(SourceReader):
         shares = self._shares if self._shares is not None else self._open()
         with_ts = self.source.with_ts
         out: list = []
+        arrivals = self._arrivals = []
         n = len(shares)
         for step in range(n):
             share = shares[(self._turn + step) % n]
@@ -354,12 +357,19 @@ class LogSourceReader(SourceReader):
                 for _ in range(min(max_records - len(out), len(buffer))):
                     _, ts, value = buffer.popleft()
                     out.append((ts, value) if with_ts else value)
+                    arrivals.append(ts)
             if len(out) >= max_records:
                 break
         if self.source.follow:
             self._turn = (self._turn + 1) % n  # no sub-log starves the others
             return out
         return out if out or not all(s.done for s in shares) else None
+
+    def arrivals(self, n: int, now_s: float) -> list[float] | None:
+        arrivals = self._arrivals
+        if all(type(ts) is float and ts <= now_s for ts in arrivals):
+            return arrivals
+        return [min(float(ts), now_s) for ts in arrivals]  # a ts ahead of this clock
 
     def _fill(self, share: _LogShare, now_s: float) -> bool:
         """Fetch records into ``share.buffer``; False if none is available now."""
