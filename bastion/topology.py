@@ -136,8 +136,8 @@ class Topology:
     def source(self, name: str, source: Source, *, parallelism: int = 1,
                timestamp: Callable[[Any], float] | None = None,
                max_out_of_orderness: float = 0.0) -> "Stream":
-        """Add a source. ``timestamp(value)`` gives event time in seconds (ingest wall-clock
-        time without it); watermarks trail the largest timestamp by
+        """Add a source. ``timestamp(value)`` gives event time in seconds (without it, the
+        ingest time: when the record first arrived, `bastion.sources`); watermarks trail the largest timestamp by
         ``max_out_of_orderness`` seconds, and a record behind its source's watermark is
         late: it goes to the dead-letter output with reason ``"late"``."""
         if not isinstance(source, Source):

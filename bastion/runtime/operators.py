@@ -30,7 +30,7 @@ import math
 import struct
 import time
 import traceback
-from itertools import chain, compress, islice, repeat
+from itertools import accumulate, chain, compress, islice, repeat
 from typing import Any, Callable, Iterable, Sequence
 
 from bastion import windows as window_specs
@@ -689,12 +689,17 @@ class UnionOp(Operator):
 class SourceOp(Operator):
     """Reads its share of a source, stamps event time and ``born``, tracks the watermark.
 
-    With a ``timestamp`` function the watermark trails the largest event time seen by
-    ``max_out_of_orderness``; a record behind it (older than the watermark *before* it)
-    is late and goes to the dead-letter output with reason ``"late"``. Deciding lateness
-    here, per record in source order, makes it independent of batching and of timing,
-    so a replayed run drops exactly the same records. Without a ``timestamp`` function
-    event time is the ingest wall-clock time and nothing is late.
+    ``born`` is when a record first arrived (`SourceReader.arrivals`: a paced
+    generator's due time, a log's append time; the read time for unpaced sources), so
+    a record replayed after a failure keeps the age it had and latency counts the
+    outage. With a ``timestamp`` function the watermark trails the largest event time
+    seen by ``max_out_of_orderness``; a record behind it (older than the watermark
+    *before* it) is late and goes to the dead-letter output with reason ``"late"``.
+    Deciding lateness here, per record in source order, makes it independent of
+    batching and of timing, so a replayed run drops exactly the same records. Without
+    a ``timestamp`` function event time is the ingest time — ``born``, held to the
+    largest so far so that it never goes back — and nothing is late; a replay of a
+    source with arrival times stamps the same event times again.
     """
 
     def __init__(self, node: OpNode, ctx: OperatorContext):
@@ -711,21 +716,36 @@ class SourceOp(Operator):
 
     def poll(self, max_records: int, now_s: float) -> Batch | None:
         """The next batch (possibly empty), or None once this instance's share is read."""
-        values = self.reader.read(max_records, now_s)
+        reader = self.reader
+        values = reader.read(max_records, now_s)
         if values is None:
             return None
         n = len(values)
         ctx = self.ctx
         ids = root_ids(ctx.code, ctx.index, self.position, n) if ctx.lineage else None
         self.position += n
+        born = reader.arrivals(n, now_s) if n else None
         if self.timestamp is None:
-            if n:
-                self.max_ts = max(self.max_ts, now_s)
-            stamps = [now_s] * n  # shared: batches are never mutated
-            return Batch(None, values, stamps, stamps, ids)
-        return self._stamp(values, now_s, ids)
+            if born is None:
+                if n:
+                    self.max_ts = max(self.max_ts, now_s)
+                stamps = [now_s] * n  # shared: batches are never mutated
+                return Batch(None, values, stamps, stamps, ids)
+            return Batch(None, values, self._ingest_times(born), born, ids)
+        return self._stamp(values, now_s if born is None else born, ids)
 
-    def _stamp(self, values: list, now_s: float, ids: list | None) -> Batch:
+    def _ingest_times(self, born: list[float]) -> list[float]:
+        """Event times without a ``timestamp`` function: ``born``, never behind an
+        earlier record's (arrivals from several logs interleave); the same list when
+        ``born`` is already in order."""
+        ts = list(accumulate(born, max, initial=self.max_ts))
+        del ts[0]
+        self.max_ts = ts[-1]
+        return born if ts == born else ts
+
+    def _stamp(self, values: list, born: float | list[float], ids: list | None) -> Batch:
+        """Event times by the ``timestamp`` function, dropping late records; ``born``
+        is one read time for all or one arrival time per record."""
         fn, ctx = self.timestamp, self.ctx
         max_ts, ooo = self.max_ts, self.out_of_orderness
         kept, stamps, positions = [], [], []
@@ -747,7 +767,11 @@ class SourceOp(Operator):
         self.max_ts = max_ts
         if ids is not None and len(positions) < len(ids):
             ids = ids.take(positions)
-        return Batch(None, kept, stamps, [now_s] * len(kept), ids)
+        if not isinstance(born, list):
+            return Batch(None, kept, stamps, [born] * len(kept), ids)
+        if len(positions) < len(born):
+            born = [born[i] for i in positions]
+        return Batch(None, kept, stamps, born, ids)
 
     def skip(self, position: int, batch_records: int) -> None:
         """Read on to ``position`` at once and drop what is read (a replay that starts
@@ -759,8 +783,14 @@ class SourceOp(Operator):
             if values is None:
                 return
             self.position += len(values)
-            if self.timestamp is not None and values:
+            if not values:
+                continue
+            if self.timestamp is not None:
                 self._stamp(values, time.time(), None)
+            else:
+                born = reader.arrivals(len(values), time.time())
+                if born is not None:
+                    self._ingest_times(born)
 
     def snapshot(self) -> Any:
         return [self.reader.state(), self.max_ts, self.position]
