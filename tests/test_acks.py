@@ -294,3 +294,24 @@ def test_tokens_are_stable_and_tell_the_tuples_of_a_root_apart():
     # the same in every process and every run: fixed values, not Python's salted hash
     assert token((0, 0, 5)) == 6713187248477137048
     assert token((4, "key", 0.5, 1.0)) == 475614791476565211
+
+
+@pytest.mark.timeout(120)  # a new incarnation that never gets the end of stream hangs
+def test_a_source_that_ends_while_its_receiver_is_down_still_ends_the_new_incarnation(tmp_path):
+    """Every record has key 0, which routes to instance 0 of ``double``: instance 1
+    only ever receives watermarks and the end of stream. It crashes at 0.41 s and
+    stays down for 1.1 s (seed 6); the source's 3,000 records are through instance 0
+    by about 1 s, so the source sends its end of stream while instance 1 is down. The
+    channel gives the restarted instance that end of stream as its first frame:
+    without it, the new incarnation — and the sink behind it — would wait for ever."""
+    topo = bn.Topology("ends-while-down")
+    src = topo.source("numbers", bn.sources.Generator(lambda i: i, count=3000, rate=3000.0))
+    src.key_by(lambda v: 0).map("double", lambda v: 2 * v, parallelism=2).sink(
+        "out", bn.sinks.Collect(), parallelism=1)
+    crash = bn.faults.Crash("double", instances=(1,), mtbf_s=0.6, mttr_s=1.5,
+                            max_crashes=1, seed=6)
+    result = bn.run(topo, protocol="acks", checkpoint_interval=0.2, faults=[crash],
+                    storage=f"local://{tmp_path}")
+    assert sorted(set(result.outputs["out"])) == [2 * i for i in range(3000)]
+    [failure] = result.metrics.protocol.failures
+    assert failure.restarted_tasks == ["double[1]"]

@@ -22,7 +22,7 @@ import pytest
 import bastion as bn
 from bastion.errors import PeerLostError
 from bastion.runtime.channel import OutputChannel, ReroutableOutputChannel, first_seq
-from bastion.runtime.records import Batch, FrameCodec
+from bastion.runtime.records import Batch, EndOfStream, FrameCodec, Watermark
 from bastion.drills import reference_runs
 from bastion.scheduler.failover import (RestartAll, RestartDownstream, RestartFailed,
                                         RestartPipelinedRegion, TaskGraph, check_failover,
@@ -122,28 +122,39 @@ class Receiver(OutputChannel):
 
 
 def test_a_reroutable_channel_drops_frames_while_its_receiver_is_down_then_starts_at_0():
+    """The sender runs on: while the receiver is down its frames are dropped (the
+    protocol replays their roots), and a new incarnation gets frames numbered from 0,
+    the first holding the newest watermark and the end of stream sent meanwhile —
+    which no replay would send again."""
+    codec = FrameCodec()
+
+    def batch(i: int) -> Batch:
+        return Batch(None, [i], [0.0], [0.0], None)
+
     async def scenario():
         first, dead, again = Receiver(), Receiver(gone=True), Receiver()
-        channel = ReroutableOutputChannel(3, 10, 0.0, FrameCodec(), first)
+        channel = ReroutableOutputChannel(3, 10, 0.0, codec, first)
         channel.seq = first_seq(2)   # the sender's incarnation 2: its band shows
         for i in range(3):
-            await channel.send([Batch(None, [i], [0.0], [0.0], None)])
+            await channel.send([batch(i), Watermark(float(i))])
         channel.detach()                       # the job master restarts the receiver
-        await channel.flush()
-        await channel.send([Batch(None, [3], [0.0], [0.0], None)])
-        channel.attach(dead)                   # attached, but its peer is gone too
-        await channel.send([Batch(None, [4], [0.0], [0.0], None)])
+        await channel.send([batch(3), EndOfStream()])
+        await channel.attach(dead)             # attached, but its peer is gone too
         assert not channel.attached
-        channel.attach(again)
-        await channel.send([Batch(None, [5], [0.0], [0.0], None)])
-        await channel.send([Batch(None, [6], [0.0], [0.0], None)])
+        await channel.send([batch(4)])
+        await channel.attach(again)
+        await channel.send([batch(5)])
         return first, again, channel
 
     first, again, channel = asyncio.run(scenario())
     band = first_seq(2)
     assert [seq for seq, _ in first.received] == [band, band + 1, band + 2]
     assert [seq for seq, _ in again.received] == [0, 1]   # a fresh receiver's numbers
-    assert channel.frames_dropped == 2 and channel.frames_sent == 7
+    assert codec.decode(again.received[0][1]) == [Watermark(2.0), EndOfStream()]
+    [data] = codec.decode(again.received[1][1])
+    assert list(data.values) == [5]
+    # frame 3 (detached), the dead incarnation's frame 0, frame 4 (no receiver)
+    assert channel.frames_dropped == 3
 
 
 # -- end to end: two branches, one hit -----------------------------------------------------

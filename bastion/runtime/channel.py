@@ -41,8 +41,8 @@ import msgpack
 
 from bastion.errors import PeerLostError
 from bastion.runtime.durable import open_bytes, seal
-from bastion.runtime.records import (Batch, ControlRecord, FrameCodec, Watermark,
-                                     passes_unencoded)
+from bastion.runtime.records import (Batch, ControlRecord, EndOfStream, FrameCodec,
+                                     Watermark, passes_unencoded)
 
 
 SEQ_BAND_BITS = 40  # the frames of one incarnation of a sender: 2**40 numbers
@@ -413,7 +413,10 @@ class ReroutableOutputChannel(OutputChannel):
     the job master said it restarts (`detach`) — what the sender sends is dropped, and
     the sender never waits on it: the protocol replays what those frames carried
     (``acks``: every root not acknowledged in time). `attach` gives it the new
-    incarnation, whose frames are numbered from 0 again: the receiver starts fresh."""
+    incarnation, whose frames are numbered from 0 again: the receiver starts fresh,
+    and its frame 0 holds the newest watermark and the end of stream the channel
+    carried so far — which no replay sends again: a sender that ended while its
+    receiver was down would otherwise leave the new incarnation waiting for ever."""
 
     def __init__(self, channel_id: int, frame_records: int, buffer_timeout_s: float,
                  codec: FrameCodec, target: OutputChannel | None):
@@ -425,6 +428,13 @@ class ReroutableOutputChannel(OutputChannel):
         # of the sender shows in them (`first_seq`).
         self._first: int | None = None
         self.frames_dropped = 0
+        self._carried: dict[type, ControlRecord] = {}  # the newest of each kind sent
+
+    async def send(self, frame: list) -> None:
+        for element in frame:
+            if type(element) is Watermark or type(element) is EndOfStream:
+                self._carried[type(element)] = element
+        await super().send(frame)
 
     async def transmit(self, seq: int, payload: bytes) -> None:
         target, first = self._target, self._first
@@ -445,10 +455,15 @@ class ReroutableOutputChannel(OutputChannel):
         """The receiver restarts: drop frames until `attach`."""
         self._target = None
 
-    def attach(self, target: OutputChannel) -> None:
-        """The receiver's new incarnation runs: the next frame is its frame 0."""
-        self._first = self.seq
-        self._target = target
+    async def attach(self, target: OutputChannel) -> None:
+        """The receiver's new incarnation runs: send it, as its frame 0, the newest
+        watermark and the end of stream sent so far (or nothing), then forward."""
+        seq = self.seq
+        self.seq += 1
+        self._first, self._target = seq, target
+        carried = [self._carried[kind] for kind in (Watermark, EndOfStream)
+                   if kind in self._carried]
+        await self.transmit(seq, self._codec.encode(carried))
 
     async def drain(self) -> None:
         target = self._target

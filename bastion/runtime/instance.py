@@ -1220,8 +1220,8 @@ class Worker:
             for channel, dst in zip(task.channels, task.channel_destinations):
                 if isinstance(channel, ReroutableOutputChannel) and not channel.attached \
                         and assignment[dst] is not None:
-                    channel.attach(self._channel(task, plan, peers, assignment,
-                                                 channel.channel_id, dst, wrapped=False))
+                    await channel.attach(self._channel(task, plan, peers, assignment,
+                                                       channel.channel_id, dst, wrapped=False))
                     attached += 1
                 elif isinstance(channel, HeldOutputChannel) and not channel.attached \
                         and not channel.attaching and assignment[dst] is not None:

@@ -613,7 +613,13 @@ class JobMaster:
             lost = (await self._lost_workers(failure) if self.config.recovery is None
                     else await self._collect_losses(failure))
             if regional:
-                if await self._restart_region(lost):
+                # the tasks outside the region run on meanwhile: their progress too
+                polling = asyncio.ensure_future(self._poll_progress())
+                try:
+                    restarted_region = await self._restart_region(lost)
+                finally:
+                    await cancel(polling)
+                if restarted_region:
                     return self._restore, False
                 await self.coordinator.stop()
             if self.config.recovery is None:
