@@ -298,7 +298,30 @@ class HeldOutputChannel(OutputChannel):
         return self._target is not None and self._target.congested()
 
 
-class ReplayableOutputChannel(HeldOutputChannel):
+class _Retargeted:
+    """Half of a channel that forwards to ``_target``, the channel to its receiver's
+    current incarnation (None: there is none now), and lets go of a target whose
+    receiver turned out to be gone instead of failing the sending task."""
+
+    _target: OutputChannel | None
+
+    def _drop(self, target: OutputChannel) -> None:
+        if self._target is target:
+            self._target = None
+
+    async def drain(self) -> None:
+        target = self._target
+        if target is not None:
+            try:
+                await target.drain()
+            except PeerLostError:
+                self._drop(target)
+
+    def congested(self) -> bool:
+        return self._target is not None and self._target.congested()
+
+
+class ReplayableOutputChannel(_Retargeted, HeldOutputChannel):
     """A channel with *upstream backup*: the sender keeps every frame it sent since
     the last completed checkpoint, so that a receiver restarted from that checkpoint
     can be sent them again (a regional restart: see `bastion.runtime.job`).
@@ -343,10 +366,6 @@ class ReplayableOutputChannel(HeldOutputChannel):
             self._spilled.append((key, self._held[-1][0]))
             self.frames_spilled += len(self._held)
             self._held = []
-
-    def _drop(self, target: OutputChannel) -> None:
-        if self._target is target:
-            self._target = None
 
     def detach(self) -> None:
         """The receiver restarts: log frames only, until `attach`."""
@@ -394,16 +413,8 @@ class ReplayableOutputChannel(HeldOutputChannel):
                 await self._store.adelete(key)
             self._held = [(seq, payload) for seq, payload in self._held if seq >= below_seq]
 
-    async def drain(self) -> None:
-        target = self._target
-        if target is not None:
-            try:
-                await target.drain()
-            except PeerLostError:
-                self._drop(target)
 
-
-class ReroutableOutputChannel(OutputChannel):
+class ReroutableOutputChannel(_Retargeted, OutputChannel):
     """A channel whose receiver may restart on its own while its sender runs on (a
     failover that restarts failed tasks only: `bastion.scheduler.failover`).
 
@@ -444,8 +455,7 @@ class ReroutableOutputChannel(OutputChannel):
             self.frames_dropped += 1
         elif not await _forward(target, seq, payload):
             self.frames_dropped += 1
-            if self._target is target:
-                self._target = None
+            self._drop(target)
 
     @property
     def attached(self) -> bool:
@@ -464,18 +474,6 @@ class ReroutableOutputChannel(OutputChannel):
         carried = [self._carried[kind] for kind in (Watermark, EndOfStream)
                    if kind in self._carried]
         await self.transmit(seq, self._codec.encode(carried))
-
-    async def drain(self) -> None:
-        target = self._target
-        if target is not None:
-            try:
-                await target.drain()
-            except PeerLostError:
-                if self._target is target:
-                    self._target = None
-
-    def congested(self) -> bool:
-        return self._target is not None and self._target.congested()
 
 
 async def _forward(target: OutputChannel, seq: int, payload: bytes) -> bool:

@@ -26,10 +26,10 @@ coordinator's:
 5. **recover** (on a failure) — stop the coordinator, carry out the recovery planner's
    plan (`bastion.scheduler.recovery`: replace dead workers), ask the protocol for the
    recovery line, and go back to *deploy* with the next attempt (a worker lost during
-   *deploy* or *start* is one more failure) — or, when the protocol can restart the
-   failed region alone (`_restart_region`), restart only the lost tasks and those
-   downstream of them, within the running attempt, and go back to *watch*: the
-   other tasks never stop;
+   *deploy* or *start* is one more failure) — or, when the failover strategy
+   restarts fewer tasks than the job has (`bastion.scheduler.failover`,
+   `_restart_region`), restart only those, within the running attempt, and go back
+   to *watch*: the other tasks never stop, and neither does the progress timeline;
    a worker that hosts only tasks joining again runs at the OS's lowest CPU
    priority while they catch up on what they missed (`bastion.scheduler.catchup`),
    so that the tasks that never stopped keep the cores they need;
