@@ -40,6 +40,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) benchmarks/acks.py
 	$(PY) benchmarks/redundancy.py
 	$(PY) benchmarks/recovery.py
+	$(PY) benchmarks/local_recovery.py
 	$(PY) benchmarks/metrics_export.py
 	$(PY) benchmarks/scaling.py
 	$(PY) benchmarks/tuning.py
