@@ -20,7 +20,10 @@ failure-free reference) is printed beside its timings.
     crashing ``--crashes`` times (`bn.faults.Crash`, exponential MTBF and MTTR), at
     redundancy 0 and 1.0: the share of records whose latency, measured from the
     record's first arrival (`born`, kept across replays), missed the deadline of a
-    failure-free run (its mean + 2 sigma). Target: redundancy 1.0 misses >= 90 % fewer.
+    failure-free run without copies (its mean + 2 sigma), and of the thesis's baseline
+    trial (the crashing run without copies), with failure-free runs at both ratios
+    beside them (what the copies cost when nothing fails). Target: redundancy 1.0
+    misses >= 90 % fewer.
 
 Asserts nothing; the headline is the last line.
 
@@ -133,36 +136,43 @@ def section_per_protocol(args: argparse.Namespace, storage: str) -> dict[str, An
     return results
 
 
-def section_dynamo(args: argparse.Namespace, storage: str) -> float:
+def section_dynamo(args: argparse.Namespace, storage: str) -> dict[str, float]:
     print(f"\n(2) Dynamo failed instances: Grep p=3 under acks, match[1] crashing "
           f"{args.crashes} times (MTBF {args.mtbf_s:g} s, MTTR {args.mttr_s:g} s), latency "
           "from first arrival")
-    free = bn.run(grep(args.grep_rate, args.grep_seconds), protocol="acks",
-                  checkpoint_interval=0.2, storage=storage).metrics
-    deadline_ms = free.deadline_ms()
-    print(f"  failure-free: p50 {free.latency_ms['p50']:.1f} ms, p99 "
-          f"{free.latency_ms['p99']:.1f} ms, deadline (mean + 2 sigma) {deadline_ms:.1f} ms")
     crash = bn.faults.Crash("match", instances=(1,), mtbf_s=args.mtbf_s, mttr_s=args.mttr_s,
                             max_crashes=args.crashes, seed=args.seed)
-    missed: dict[float, float] = {}
-    print(f"  {'redundancy':>10} {'missed':>8} {'p99 ms':>9} {'failures':>8} "
-          f"{'restarted':>9} {'replayed':>8}")
-    for ratio in (0.0, 1.0):
-        result = bn.run(grep(args.grep_rate, args.grep_seconds), protocol="acks",
-                        checkpoint_interval=0.2, storage=storage, redundancy=ratio,
-                        faults=[crash])
-        m = result.metrics
-        missed[ratio] = m.missed_deadlines(deadline_ms)
+    runs: dict[tuple[float, bool], Any] = {}
+    for ratio, crashing in ((0.0, False), (1.0, False), (0.0, True), (1.0, True)):
+        runs[(ratio, crashing)] = bn.run(
+            grep(args.grep_rate, args.grep_seconds), protocol="acks",
+            checkpoint_interval=0.2, storage=storage, redundancy=ratio,
+            faults=[crash] if crashing else []).metrics
+    # Two deadlines, each mean + 2 sigma: of the failure-free run without copies (what
+    # the job promises when nothing fails), and of the crashing run without copies
+    # (the thesis's "baseline trial", section 3.2.2.4)
+    deadlines = {"failure-free": runs[(0.0, False)].deadline_ms(),
+                 "baseline trial": runs[(0.0, True)].deadline_ms()}
+    print("  deadlines: " + ", ".join(f"{name} {ms:.1f} ms" for name, ms in deadlines.items()))
+    print(f"  {'redundancy':>10} {'crashes':>7} {'p50 ms':>8} {'p99 ms':>9} "
+          f"{'missed (free)':>13} {'missed (baseline)':>17} {'restarted':>9} {'replayed':>8}")
+    for (ratio, crashing), m in runs.items():
         failures = m.protocol.failures
         restarted = sorted({name for f in failures for name in f.restarted_tasks})
         replayed = m.extra.get("protocol_counters", {}).get("roots_replayed", 0)
-        print(f"  {ratio:>10.1f} {missed[ratio]:>8.2%} {m.latency_ms['p99']:>9.1f} "
-              f"{len(failures):>8} {','.join(restarted) or '-':>9} {replayed:>8,.0f}",
-              flush=True)
-    cut = 1 - missed[1.0] / missed[0.0] if missed[0.0] else float("nan")
-    print(f"  redundancy 1.0 against 0: missed deadlines {cut:+.0%} fewer (target >= 90%: "
-          f"{'met' if cut >= 0.9 else 'missed'})")
-    return cut
+        print(f"  {ratio:>10.1f} {len(failures) if crashing else '-':>7} "
+              f"{m.latency_ms['p50']:>8.1f} {m.latency_ms['p99']:>9.1f} "
+              f"{m.missed_deadlines(deadlines['failure-free']):>13.2%} "
+              f"{m.missed_deadlines(deadlines['baseline trial']):>17.2%} "
+              f"{','.join(restarted) or '-':>9} {replayed:>8,.0f}", flush=True)
+    cuts = {}
+    for name, deadline in deadlines.items():
+        base = runs[(0.0, True)].missed_deadlines(deadline)
+        copied = runs[(1.0, True)].missed_deadlines(deadline)
+        cuts[name] = 1 - copied / base if base else float("nan")
+        print(f"  redundancy 1.0 against 0 under crashes, {name} deadline: {cuts[name]:.0%} "
+              f"fewer missed (target >= 90%: {'met' if cuts[name] >= 0.9 else 'missed'})")
+    return cuts
 
 
 def main() -> None:
@@ -174,29 +184,28 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.3, help="checkpoint interval, s")
     parser.add_argument("--kill-at", type=float, default=2.0)
     parser.add_argument("--grep-rate", type=float, default=3000.0)
-    parser.add_argument("--grep-seconds", type=float, default=12.0)
+    parser.add_argument("--grep-seconds", type=float, default=15.0)
     parser.add_argument("--crashes", type=int, default=3)
     parser.add_argument("--mtbf-s", type=float, default=3.0)
-    parser.add_argument("--mttr-s", type=float, default=0.3)
+    parser.add_argument("--mttr-s", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=5)
     args = parser.parse_args()
     args.protocols = [p for p in args.protocols.split(",") if p]
     if args.quick:
-        args.seconds, args.grep_seconds = 4.0, 8.0
+        args.seconds, args.grep_seconds = 4.0, 10.0
         args.protocols = [p for p in args.protocols if p in ("coordinated", "acks")]
     ensure_ray()
     with tempfile.TemporaryDirectory(prefix="bastion-local-recovery-") as tmp:
         storage = f"local://{tmp}"
         results = section_per_protocol(args, storage)
-        cut = section_dynamo(args, storage)
-    local = [r["restart_s"] for (p, job, f), r in results.items()
-             if job == "two-branches" and f == "local" and r["restart_s"] is not None]
-    print(f"\nheadline: unhit branch gaps within 3x failure-free under "
-          f"{sum(1 for (p, job, f), r in results.items() if job == 'two-branches' and f == 'local' and r['gap_s'] is not None and r['free_gap_s'] and r['gap_s'] <= 3 * r['free_gap_s'])}"
-          f"/{len(args.protocols)} protocols; Dynamo crashes: redundancy 1.0 misses "
-          f"{cut:+.0%} fewer deadlines than 0 (median local restart "
-          f"{sorted(local)[len(local) // 2] if local else float('nan'):.2f} s)")
-
+        cuts = section_dynamo(args, storage)
+    unhit = [r for (p, job, f), r in results.items()
+             if job == "two-branches" and f == "local" and r["free_gap_s"]]
+    within = sum(r["gap_s"] is not None and r["gap_s"] <= 3 * r["free_gap_s"] for r in unhit)
+    print(f"\nheadline: the unhit branch's largest gap within 3x failure-free under "
+          f"{within}/{len(unhit)} protocols; Dynamo's crashed instance: redundancy 1.0 misses "
+          f"{cuts['baseline trial']:.0%} fewer deadlines than 0 (thesis's baseline-trial "
+          f"deadline), {cuts['failure-free']:.0%} fewer (failure-free deadline)")
 
 if __name__ == "__main__":
     main()

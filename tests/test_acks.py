@@ -315,3 +315,27 @@ def test_a_source_that_ends_while_its_receiver_is_down_still_ends_the_new_incarn
     assert sorted(set(result.outputs["out"])) == [2 * i for i in range(3000)]
     [failure] = result.metrics.protocol.failures
     assert failure.restarted_tasks == ["double[1]"]
+
+
+def lines(i: int) -> str:
+    return f"line {i} " + ("fox" if i % 3 else "dog")
+
+
+def test_a_filter_instance_crashing_twice_restarts_alone_and_loses_nothing(tmp_path):
+    """Dynamo's failed instance: instance 1 of three crashes twice. It receives from
+    a source that runs on (its channel drops what it sends meanwhile) and sends to a
+    sink that runs on (the restarted instance's frames start that channel over), and
+    the drill finds every record, by lineage id, at least once."""
+    topo = bn.Topology("grep-crashes")
+    src = topo.source("lines", bn.sources.Generator(lines, count=6000, rate=2000.0))
+    src.filter("match", lambda s: "fox" in s, parallelism=3).sink(
+        "out", bn.sinks.Collect(), parallelism=1)
+    report = bn.drill(topo, protocol="acks", checkpoint_interval=0.2, ack_timeout_s=1.0,
+                      faults=[bn.faults.KillInstance("match", 1, at=0.8),
+                              bn.faults.KillInstance("match", 1, at=1.8)],
+                      storage=f"local://{tmp_path}", seed=3)
+    assert report.faults_landed and report.lost == 0 and report.corrupted == 0, \
+        evidence(report)
+    assert report.verdict == "at-least-once" or report.exactly_once
+    assert [f.restarted_tasks for f in report.faults] == [["match[1]"], ["match[1]"]]
+    assert report.metrics.extra["attempts"] == 1
