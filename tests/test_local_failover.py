@@ -157,6 +157,31 @@ def test_a_reroutable_channel_drops_frames_while_its_receiver_is_down_then_start
     assert channel.frames_dropped == 3
 
 
+def test_a_receiver_lost_without_a_restart_fails_the_sender_after_the_timeout():
+    """A link that broke while both ends live: nobody restarts the receiver, so the
+    channel does not drop for ever — after ``unattached_timeout_s`` its next send
+    fails the sending task (whose restart connects again). A receiver the job master
+    restarts (`detach`) is waited for as long as it takes."""
+    def batch(i: int) -> Batch:
+        return Batch(None, [i], [0.0], [0.0], None)
+
+    async def scenario(announced: bool) -> bool:
+        channel = ReroutableOutputChannel(3, 10, 0.0, FrameCodec(), Receiver(gone=True),
+                                          unattached_timeout_s=0.05)
+        await channel.send([batch(0)])          # the link is gone: dropped
+        if announced:
+            channel.detach()
+        await asyncio.sleep(0.1)
+        try:
+            await channel.send([batch(1)])
+        except PeerLostError:
+            return True
+        return False
+
+    assert asyncio.run(scenario(announced=False)) is True
+    assert asyncio.run(scenario(announced=True)) is False
+
+
 # -- end to end: two branches, one hit -----------------------------------------------------
 
 COUNT = 4000

@@ -427,13 +427,22 @@ class ReroutableOutputChannel(_Retargeted, OutputChannel):
     incarnation, whose frames are numbered from 0 again: the receiver starts fresh,
     and its frame 0 holds the newest watermark and the end of stream the channel
     carried so far — which no replay sends again: a sender that ended while its
-    receiver was down would otherwise leave the new incarnation waiting for ever."""
+    receiver was down would otherwise leave the new incarnation waiting for ever.
+
+    A receiver lost without the job master restarting it within
+    ``unattached_timeout_s`` — the link broke while both ends live — makes the next
+    send raise `PeerLostError`, as a channel without rerouting would at once: the
+    sending task fails, and its restart connects again. Dropping for ever would leave
+    the job replaying into a channel that leads nowhere."""
 
     def __init__(self, channel_id: int, frame_records: int, buffer_timeout_s: float,
-                 codec: FrameCodec, target: OutputChannel | None):
+                 codec: FrameCodec, target: OutputChannel | None,
+                 unattached_timeout_s: float = 10.0):
         super().__init__(channel_id, frame_records, buffer_timeout_s)
         self._codec = codec
         self._target = target
+        self._unattached_timeout_s = unattached_timeout_s
+        self._lost_at_s: float | None = None  # when a receiver was lost unannounced
         # The frame a receiver attached later takes as its frame 0. The first
         # receiver (None) takes the numbers as they are, so that a new incarnation
         # of the sender shows in them (`first_seq`).
@@ -453,9 +462,19 @@ class ReroutableOutputChannel(_Retargeted, OutputChannel):
             seq -= first
         if target is None or seq < 0:  # no receiver, or meant for the one before
             self.frames_dropped += 1
+            lost_at_s = self._lost_at_s
+            if lost_at_s is not None \
+                    and time.monotonic() - lost_at_s > self._unattached_timeout_s:
+                raise PeerLostError(f"channel {self.channel_id}: its receiver was lost "
+                                    f"{self._unattached_timeout_s:g} s ago and no new "
+                                    "incarnation of it was attached")
         elif not await _forward(target, seq, payload):
             self.frames_dropped += 1
             self._drop(target)
+
+    def _drop(self, target: OutputChannel) -> None:
+        if self._target is target:
+            self._target, self._lost_at_s = None, time.monotonic()
 
     @property
     def attached(self) -> bool:
@@ -463,14 +482,14 @@ class ReroutableOutputChannel(_Retargeted, OutputChannel):
 
     def detach(self) -> None:
         """The receiver restarts: drop frames until `attach`."""
-        self._target = None
+        self._target, self._lost_at_s = None, None
 
     async def attach(self, target: OutputChannel) -> None:
         """The receiver's new incarnation runs: send it, as its frame 0, the newest
         watermark and the end of stream sent so far (or nothing), then forward."""
         seq = self.seq
         self.seq += 1
-        self._first, self._target = seq, target
+        self._first, self._target, self._lost_at_s = seq, target, None
         carried = [self._carried[kind] for kind in (Watermark, EndOfStream)
                    if kind in self._carried]
         await self.transmit(seq, self._codec.encode(carried))

@@ -1282,9 +1282,12 @@ class Worker:
                 None if dst_worker is None else self._channel(
                     task, plan, peers, assignment, channel_id, dst, wrapped=False))
         if wrapped and self.failover.reroutes_channels and dst_worker is not None:
+            # a receiver lost for much longer than the job master takes to notice a
+            # death and restart it was not lost: the link to it broke
             return ReroutableOutputChannel(
                 channel_id, config.frame_records, config.buffer_timeout_s, task.codec,
-                self._channel(task, plan, peers, assignment, channel_id, dst, wrapped=False))
+                self._channel(task, plan, peers, assignment, channel_id, dst, wrapped=False),
+                unattached_timeout_s=10 * config.heartbeat_timeout_s)
         if dst_worker is None:
             recovery = config.recovery
             return HeldOutputChannel(
