@@ -212,10 +212,12 @@ def branches(ray_session, tmp_path_factory):
     return storage, reference_runs(two_branches(), storage=storage)
 
 
-def drill(storage: str, reference: list, failover: str) -> bn.DrillReport:
+def drill(storage: str, reference: list, failover: str, chaining: bool = True
+          ) -> bn.DrillReport:
     return bn.drill(two_branches(), protocol="coordinated", checkpoint_interval=0.3,
                     faults=[bn.faults.KillInstance("b_map", 1, at=1.5)],
-                    reference=reference, storage=storage, failover=failover)
+                    reference=reference, storage=storage, failover=failover,
+                    chaining=chaining)
 
 
 def received_and_committed(report: bn.DrillReport, query: str) -> tuple[int, int]:
@@ -226,9 +228,12 @@ def received_and_committed(report: bn.DrillReport, query: str) -> tuple[int, int
 
 
 @pytest.mark.slow
-def test_a_kill_in_one_branch_restarts_its_region_alone(branches):
+@pytest.mark.parametrize("chaining", [True, False], ids=["chained", "a-task-per-operator"])
+def test_a_kill_in_one_branch_restarts_its_region_alone(branches, chaining):
+    """Chained, b's instance 1 is one task; unchained, three, and the kill takes down
+    both ends of its channels: they restore the positions the checkpoint cut them at."""
     storage, reference = branches
-    report = drill(storage, reference, "local")
+    report = drill(storage, reference, "local", chaining)
     assert report.exactly_once, report.verdict_reason
     [fault] = report.faults
     assert fault.landed and fault.restart_s is not None
