@@ -339,7 +339,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                         buffer_timeout_ms=args.buffer_timeout_ms,
                         chaining=not args.no_chaining, fail_fast=args.fail_fast,
                         progress=progress, resume_from=args.resume_from,
-                        **_acks_and_redundancy_options(args))
+                        failover=args.failover, **_acks_and_redundancy_options(args))
     except (TopologyError, StorageError):
         raise  # user errors: main prints them as one line, exit 2
     except ValueError as exc:  # refused before it ran (e.g. --address ray:// without
@@ -428,7 +428,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
         report = bn.drill(topology, protocol=args.protocol, faults=faults, seed=args.seed,
                           checkpoint_interval=args.checkpoint_interval,
                           storage=store.url, address=args.address, progress=progress,
-                          **_acks_and_redundancy_options(args))
+                          failover=args.failover, **_acks_and_redundancy_options(args))
     except StorageError:
         raise  # a usage error (exit 2), printed by main
     except TopologyError as exc:  # refused (e.g. a cycle under coordinated): exit 4
@@ -547,8 +547,8 @@ def _tune(args: argparse.Namespace, topology: Topology, store: Any, *, trt_bound
                        case=case,
                        protocol=args.protocol, parallel=parallel, duration_s=duration_s,
                        seed=seed, max_rate_run_s=max_rate_run_s, progress=progress,
-                       storage=store.url,
-                       address=args.address)
+                       storage=store.url, address=args.address,
+                       failover=args.failover)
     except (TopologyError, StorageError, BastionError):
         raise
     except ValueError as exc:  # a bad option or a topology tuning cannot profile
@@ -857,6 +857,11 @@ def _common(parser: argparse.ArgumentParser, *, default_protocol: str,
                         metavar="N",
                         help="--protocol acks: pending root tuples per source instance "
                              "before it stops reading (default 100000)")
+    parser.add_argument("--failover", choices=["local", "global"], default="local",
+                        help="which tasks a failure restarts: local (default), only what "
+                             "the protocol's recovery needs — the failed tasks' regions "
+                             "under coordinated, the failed tasks alone under acks; "
+                             "global, every task")
     parser.add_argument("--redundancy", type=_redundancy, default=None, metavar="R",
                         help="send a share R (0 to 2) of the tuples into every operator "
                              "that can take copies to the next instance as well, and keep "

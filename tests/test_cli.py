@@ -107,6 +107,8 @@ def test_a_job_file_that_does_not_load_is_one_line(kind, tmp_path, capsys, nothi
     (["run", "JOB", "--redundancy", "2.5"],
      r"argument --redundancy: 2.5 is too large: a tuple gets at most two extra copies"),
     (["run", "JOB", "--redundancy", "auto"], r"--redundancy auto needs --latency-bound MS"),
+    (["drill", "JOB", "--kill", "square:0@1", "--failover", "nearby"],
+     r"argument --failover: invalid choice: 'nearby' \(choose from 'local', 'global'\)"),
     (["run", "JOB", "--redundancy", "1", "--latency-bound", "50"],
      r"--latency-bound sets the resiliency manager of --redundancy auto"),
     (["drill", "JOB", "--random-kills", "1", "--between", "a,b"],
