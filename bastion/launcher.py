@@ -40,7 +40,7 @@ from bastion.runtime.outputs import read_committed
 from bastion.runtime.plan import PhysicalPlan, build_plan
 from bastion.runtime.redundancy import resolve as resolve_redundancy
 from bastion.scheduler.pool import get_pool
-from bastion.scheduler.failover import check_failover
+from bastion.scheduler.failover import failover_strategy
 from bastion.scheduler.recovery import RecoveryPolicy, recovery_policy
 from bastion.scheduler.resiliency import ResiliencyPolicy
 from bastion.storage import ObjectStore, open_store
@@ -278,6 +278,9 @@ def run(topology: Topology, *, protocol: str = "none",
                             f"deterministic=True: {reason}")
     if pool_idle_timeout_s is not None and pool_idle_timeout_s <= 0:
         raise ValueError(f"pool_idle_timeout_s must be > 0 seconds, got {pool_idle_timeout_s}")
+    # a bad failover, or a protocol that names no restart scope, fails before deploy
+    failover_strategy(failover, proto.restart_scope,
+                      None if recovery is None else recovery_policy(recovery))
     if checkpoint_interval is None and proto.needs_checkpoint_interval:
         checkpoint_interval = 1.0
     proto.check_interval(checkpoint_interval)
@@ -315,7 +318,7 @@ def run(topology: Topology, *, protocol: str = "none",
         dedup_window_s=dedup_window_s,
         resiliency=policy,
         recovery=None if recovery is None else recovery_policy(recovery),
-        failover=check_failover(failover),
+        failover=failover,
         export_metrics=export_metrics,
     )
     additions = fault_injection.node_additions(config.faults)
