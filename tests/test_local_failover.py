@@ -217,7 +217,7 @@ def drill(storage: str, reference: list, failover: str, chaining: bool = True
     return bn.drill(two_branches(), protocol="coordinated", checkpoint_interval=0.3,
                     faults=[bn.faults.KillInstance("b_map", 1, at=1.5)],
                     reference=reference, storage=storage, failover=failover,
-                    chaining=chaining)
+                    chaining=chaining, heartbeat_timeout_s=3.0)  # see test_acks.acks_drill
 
 
 def received_and_committed(report: bn.DrillReport, query: str) -> tuple[int, int]:

@@ -1402,9 +1402,15 @@ class Worker:
             worker = _worker_of(plan, assignment, task_id)
             if worker is None:  # a pending source: it replays once it runs
                 return
-            sent = links[peers[worker]].send(
-                epoch, task_id, ACKS_CHANNEL, 0, msgpack.packb(entries))
-            # A lost link ends the attempt anyway (the detector sees the dead peer).
+            link = links.get(peers[worker])
+            if link is None:
+                # its worker was replaced, and this router not yet (`attach`): the
+                # acknowledgments are lost with the source they were for, or its
+                # roots are replayed — what acknowledgments lost on a link come to
+                return
+            sent = link.send(epoch, task_id, ACKS_CHANNEL, 0, msgpack.packb(entries))
+            # A lost link ends the attempt, or its receiver restarts: either way the
+            # roots whose acknowledgments it carried are replayed.
             sent.add_done_callback(lambda f: f.cancelled() or f.exception())
         return route
 

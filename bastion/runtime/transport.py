@@ -188,6 +188,10 @@ class PeerLinks:
     def __getitem__(self, address: tuple[str, int]) -> PeerLink:
         return self._links[address]
 
+    def get(self, address: tuple[str, int]) -> PeerLink | None:
+        """The link to ``address``; None once it was closed for a peer replaced."""
+        return self._links.get(address)
+
     def close(self) -> None:
         for link in self._links.values():
             link.close()
