@@ -391,6 +391,12 @@ class MasterContext(abc.ABC):
     async def commit_outputs(self, attempt: int, commit: int) -> None:
         """Make the sink outputs staged for commit point ``commit`` visible."""
 
+    @abc.abstractmethod
+    def trim_upstream_backups(self, below: dict[int, int]) -> None:
+        """No restart will ask for the frames below ``below[channel]`` again: the
+        senders' upstream backups, if the failover keeps them, forget them (in the
+        background; a backup that keeps them longer only holds more)."""
+
 
 @dataclass(frozen=True)
 class RegionLine:
@@ -598,8 +604,10 @@ class Protocol:
     resumable: bool = False
     # Which tasks a failure restarts (`bastion.scheduler.failover`): "job", every
     # task (the recovery line rewinds them all); "region", a region no channel
-    # crosses downstream (`Coordinator.region_line` restores it); "task", a failed
-    # task alone, while its neighbours run on — what it held is replayed.
+    # crosses downstream (`Coordinator.region_line` restores it); "downstream", the
+    # failed tasks and every task downstream of them, fed again from upstream
+    # backups; "task", a failed task alone, while its neighbours run on — what it
+    # held is replayed.
     restart_scope: str = "job"
     # A standby worker, started ahead, takes over a dead slot without a process start.
     # A protocol that restarts the job from the beginning gains little from it and

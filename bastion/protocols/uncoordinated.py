@@ -37,7 +37,7 @@ from typing import Any
 import msgpack
 
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
-                                    TaskContext, TaskProtocol, cancel)
+                                    RegionLine, TaskContext, TaskProtocol, cancel)
 from bastion.protocols.recovery_line import (INITIAL, NOTHING, CheckpointGraph,
                                              CheckpointRecord, invalid_checkpoints)
 
@@ -45,15 +45,18 @@ __all__ = ["UncoordinatedProtocol", "IndependentCheckpoints", "RecoveryLineCoord
            "FrameLog"]
 
 
-def checkpoint_number(attempt: int, local: int, task_id: int) -> int:
-    """Checkpoint numbers grow per task across attempts and are unique in the job."""
-    return (attempt << 40) | (local << 16) | task_id
+def checkpoint_number(attempt: int, incarnation: int, local: int, task_id: int) -> int:
+    """Checkpoint numbers grow per task across its restarts and are unique in the job.
+    Each restart of a task either starts a new attempt (the whole job restarts) or
+    gives the task a new incarnation (it restarts with part of the job:
+    `TaskContext.incarnation`), so their sum, the task's *generation*, grows with
+    every one; a generation numbers its checkpoints 1, 2, ... (``local``)."""
+    return ((attempt + incarnation) << 40) | (local << 16) | task_id
 
 
 def follows(previous: int | None, number: int) -> bool:
     """Is checkpoint ``number`` the one its task took right after ``previous`` (None:
-    before any)? Each attempt numbers its checkpoints 1, 2, ...; a restored task's
-    first checkpoint of an attempt follows whatever it restored."""
+    before any)? A restored task's first checkpoint follows whatever it restored."""
     local = (number >> 16) & 0xFFFFFF
     if previous is None or previous >> 40 != number >> 40:
         return local == 1
@@ -102,6 +105,8 @@ class IndependentCheckpoints(TaskProtocol):
         self.log = FrameLog()
 
     async def restore(self, recovery_line: Any) -> None:
+        if isinstance(recovery_line, RegionLine):  # restarted with part of the job
+            recovery_line = recovery_line.line
         info = None if recovery_line is None else recovery_line["tasks"].get(self.task.task_id)
         self.restored = info
         if info is None or info.checkpoint is None:
@@ -134,7 +139,7 @@ class IndependentCheckpoints(TaskProtocol):
         task = self.task
         started_s = time.monotonic()
         await task.flush_outputs()    # what the state produced is now sent
-        number = checkpoint_number(task.attempt, self.local, task.task_id)
+        number = checkpoint_number(task.attempt, task.incarnation, self.local, task.task_id)
         self.local += 1
         upload = task.checkpoint(number)
         sent = {cid: task.next_seq(cid) - 1 for cid in task.output_ids()}
@@ -186,6 +191,7 @@ class RecoveryLineCoordinator(Coordinator):
         self.interval_s = master.checkpoint_interval_s
         self.log_bytes = 0
         self.durations_s: list[float] = []
+        self.trimmed: dict[int, int] = {}  # channel -> upstream backups hold from here
 
     def start(self, attempt: int) -> None:
         self.attempt = attempt
@@ -224,8 +230,13 @@ class RecoveryLineCoordinator(Coordinator):
             await asyncio.sleep(self.interval_s)
             graph = self._graph()
             line = graph.recovery_line()
+            replay_from = graph.replay_from(line)
             await self._commit_sinks(line)
-            await self._reclaim(line, graph.replay_from(line))
+            await self._reclaim(line, replay_from)
+            # No recovery rolls a receiver back below the job's line (a regional
+            # line only lies above it), so no restart asks for what it received.
+            self.trimmed = replay_from
+            self.master.trim_upstream_backups(replay_from)
 
     async def _reclaim(self, line: dict[int, int], replay_from: dict[int, int]) -> None:
         """Delete the stored checkpoints no recovery can use any more (Wang et al.'s
@@ -286,15 +297,24 @@ class RecoveryLineCoordinator(Coordinator):
         # reclaimed ones are gone from the store, so the line is drawn without them.
         graph = self._graph(restorable_only=True)
         line = graph.recovery_line()
-        replay_from = graph.replay_from(line)  # channel -> first seq the receiver lacks
+        # A task without channels whose every checkpoint was reclaimed is not in the
+        # graph at all: like a task with channels in that state, it restarts from its
+        # initial checkpoint.
+        tasks = self._restore_tasks({t: line.get(t, INITIAL) for t in self.history},
+                                    graph.replay_from(line))
+        summary = {t: info.checkpoint for t, info in tasks.items()}
+        return {"tasks": tasks, "summary": summary}
+
+    def _restore_tasks(self, line: dict[int, int], replay_from: dict[int, int]
+                       ) -> dict[int, TaskRestore]:
+        """What each task of ``line`` restores: its line checkpoint, and on every
+        channel among them (``replay_from``: the first frame the receiver lacks) where
+        the receiver resumes and what the sender sends again from its logs. Their
+        checkpoints above the line belong to an abandoned history: forgotten."""
         tasks: dict[int, TaskRestore] = {}
         abandoned = []
-        for task_id, cps in self.history.items():
-            # A task without channels whose every checkpoint was reclaimed is not in
-            # the graph at all: like a task with channels in that state, it restarts
-            # from its initial checkpoint.
-            task_line = line.get(task_id, INITIAL)
-            # checkpoints above the line belong to an abandoned history: forget them
+        for task_id, task_line in line.items():
+            cps = self.history[task_id]
             self.history[task_id] = [cp for cp in cps if cp.record.number <= task_line]
             abandoned += [cp.record.number for cp in cps if cp.record.number > task_line]
             kept = self.history[task_id]
@@ -304,9 +324,9 @@ class RecoveryLineCoordinator(Coordinator):
         # off the restart's critical path: nothing reads an abandoned checkpoint
         asyncio.ensure_future(asyncio.to_thread(
             lambda: [self.checkpoints.discard(n) for n in abandoned]))
-        for channel_id, (src, dst) in self.channels.items():
+        for channel_id, first in replay_from.items():
+            src, dst = self.channels[channel_id]
             sent = self._sent(src, channel_id)
-            first = replay_from.get(channel_id, 0)
             tasks[dst].expected[channel_id] = first
             tasks[src].next_seq[channel_id] = sent + 1
             blobs = []
@@ -317,8 +337,53 @@ class RecoveryLineCoordinator(Coordinator):
                     blobs.append((entry[0].key, first, sent))
             if blobs:
                 tasks[src].replay[channel_id] = blobs
-        summary = {t: info.checkpoint for t, info in tasks.items()}
-        return {"tasks": tasks, "summary": summary}
+        return tasks
+
+    async def region_line(self, tasks: set[int]) -> RegionLine | None:
+        """The line of a restart of ``tasks`` alone — the failed tasks and everything
+        downstream of them: no channel leaves the region. Every task outside keeps
+        its current state, which has sent everything any checkpoint of the region
+        received, so no frame from outside is an orphan: rollback propagation runs
+        over the region's own checkpoints and channels, from each one's newest. A
+        receiver in the region resumes a channel from outside where its line
+        checkpoint received it; the sender's upstream backup sends it again from
+        there. Its line checkpoint never lies below the job's line (the outside's
+        current states constrain less than their checkpoints), so every frame a
+        backup forgot (`trim_upstream_backups`) stays forgotten — unless a damaged
+        checkpoint (`exclude`) put the line below: then the whole job restarts."""
+        channels = self.master.channels()
+        if any(src in tasks and dst not in tasks for src, dst in channels.values()):
+            return None
+        inner = {cid: ends for cid, ends in channels.items() if ends[0] in tasks}
+        records = [
+            CheckpointRecord(task_id, cp.record.number,
+                             {c: s for c, s in cp.record.sent.items() if c in inner},
+                             {c: r for c, r in cp.record.received.items() if c in inner})
+            for task_id in tasks for cp in self.history[task_id]
+            if cp.record.number not in self.reclaimed]
+        line = CheckpointGraph(records, inner).recovery_line()
+        chosen = {t: line.get(t, INITIAL) for t in tasks}
+        received = {t: self._restored_record(t, chosen[t]) for t in tasks}
+        resume = {cid: (received[dst].get(cid, NOTHING) + 1
+                        if dst in received else 0)
+                  for cid, (src, dst) in channels.items() if dst in tasks}
+        if any(seq < self.trimmed.get(cid, 0) for cid, seq in resume.items()):
+            return None
+        restore = self._restore_tasks(chosen, {c: resume[c] for c in inner})
+        for cid, (src, dst) in channels.items():
+            if dst in tasks and src not in tasks:
+                restore[dst].expected[cid] = resume[cid]
+        summary = {t: info.checkpoint for t, info in restore.items()}
+        return RegionLine({"tasks": restore, "summary": summary},
+                          {c: resume[c] for c, (src, _) in channels.items()
+                           if src not in tasks and c in resume})
+
+    def _restored_record(self, task_id: int, number: int) -> dict[int, int]:
+        """What the checkpoint ``number`` of ``task_id`` had received, per channel."""
+        for cp in self.history[task_id]:
+            if cp.record.number == number:
+                return dict(cp.record.received)
+        return {}
 
     def exclude(self, checkpoint_id: int) -> None:
         """Its task can restore neither it nor a later checkpoint of its own: those
@@ -376,6 +441,7 @@ class RecoveryLineCoordinator(Coordinator):
 class UncoordinatedProtocol(Protocol):
     name = "uncoordinated"
     exactly_once = True
+    restart_scope = "downstream"
     needs_checkpoint_interval = True
     needs_standby = True
 

@@ -1273,11 +1273,12 @@ class Worker:
         is down (`ReroutableOutputChannel`)."""
         config = self.config
         dst_worker = _worker_of(plan, assignment, dst)
+        recovery = config.recovery
+        held_frames_in_memory = 64 if recovery is None else recovery.held_frames_in_memory
         if wrapped and self.failover.backs_up_channels:
-            recovery = config.recovery
             return ReplayableOutputChannel(
                 channel_id, config.frame_records, config.buffer_timeout_s, task.codec,
-                recovery.held_frames_in_memory, self.store,
+                held_frames_in_memory, self.store,
                 f"jobs/{config.job_id}/held/{self.attempt}/{channel_id}/{task.incarnation}",
                 None if dst_worker is None else self._channel(
                     task, plan, peers, assignment, channel_id, dst, wrapped=False))
@@ -1289,10 +1290,9 @@ class Worker:
                 self._channel(task, plan, peers, assignment, channel_id, dst, wrapped=False),
                 unattached_timeout_s=10 * config.heartbeat_timeout_s)
         if dst_worker is None:
-            recovery = config.recovery
             return HeldOutputChannel(
                 channel_id, config.frame_records, config.buffer_timeout_s, task.codec,
-                64 if recovery is None else recovery.held_frames_in_memory, self.store,
+                held_frames_in_memory, self.store,
                 f"jobs/{config.job_id}/held/{self.attempt}/{channel_id}")
         if dst_worker == self.worker_index and dst in self.tasks:
             gate = self.tasks[dst].gate
@@ -1436,6 +1436,17 @@ class Worker:
                     and checkpoint_id > task.triggered_up_to:
                 task.triggered_up_to = checkpoint_id
                 task.triggers.append(checkpoint_id)
+
+    async def trim_upstream_backups(self, epoch: tuple[str, int], below: dict[int, int]
+                                    ) -> None:
+        """The upstream backups of this worker's tasks forget the frames below
+        ``below[channel]`` (`MasterContext.trim_upstream_backups`)."""
+        if epoch != self.epoch:
+            return
+        for task in list(self.tasks.values()):
+            for channel_id in task.output_ids():
+                if channel_id in below:
+                    await task.trim_sent(channel_id, below[channel_id])
 
     async def apply_commit(self, epoch: tuple[str, int], commit: int) -> None:
         """Commit point ``commit`` is complete: sinks with outside effects apply it."""

@@ -176,6 +176,9 @@ class _CoordinatorContext(MasterContext):
     async def commit_outputs(self, attempt: int, commit: int) -> None:
         await self._master.commit_outputs(attempt, commit)
 
+    def trim_upstream_backups(self, below: dict[int, int]) -> None:
+        self._master.trim_upstream_backups(below)
+
 
 @dataclass(frozen=True)
 class MasterLink:
@@ -390,6 +393,14 @@ class JobMaster:
                               sinks=self._sinks_of(slots), error=str(error))
             self._end_job(error)
             raise error
+
+    def trim_upstream_backups(self, below: dict[int, int]) -> None:
+        """Have every worker's upstream backups forget the frames below ``below``,
+        when the failover keeps backups; a worker that misses it holds more."""
+        if self.failover.backs_up_channels:
+            epoch = self._epoch(self.attempt)
+            for worker in self.workers:
+                worker.trim_upstream_backups.remote(epoch, below)
 
     async def commit_now(self, attempt: int, commit: int) -> bool:
         """Commit ``commit`` for a task of ``attempt`` (`TaskContext.commit_sink_outputs`);
@@ -956,7 +967,7 @@ class JobMaster:
             # the standby went to a lost slot: a new one once the region caught up
             self._standby_after_catch_up = True
         await self._join(sorted(region - self.pending))
-        self.record_event("restarted", attempt=self.attempt, checkpoint=line.line,
+        self.record_event("restarted", attempt=self.attempt, checkpoint=_line_summary(line.line),
                           region=sorted(region), tasks=self._task_names(region))
 
     async def _drop_workers(self, lost: list[int]) -> list[int]:

@@ -30,9 +30,16 @@ Four strategies, each correct under a condition:
   what they must see, out of its *upstream backup*
   (`bastion.runtime.channel.ReplayableOutputChannel`). Smaller than a region when
   several queries share their sources (Su & Zhou), at the price of that backup on
-  every channel — which is why it is only chosen under a capacity model, where lost
+  every channel. A coordinated job chooses it only under a capacity model, where lost
   tasks may wait for capacity while the queries they do not feed run on
-  (`bastion.scheduler.recovery`).
+  (`bastion.scheduler.recovery`); elsewhere its pipelined regions need no backup.
+  Uncoordinated checkpoints (``uncoordinated``, ``cic``) always choose it. Their
+  recovery line rolls back the failed tasks and every task that received a frame
+  they sent after the checkpoints they restore, and so on downstream: the *rollback
+  set* (CheckMate). It lies within the failed tasks' downstream, and is all of it
+  whenever each of them sent downstream since its checkpoint, as a running job does.
+  Every task upstream keeps its state: a receiver's rollback orphans nothing a
+  sender did.
 
 - `RestartFailed` restarts the failed tasks alone (Dynamo's crashed instance, CEC's
   failed instance). Correct only under a protocol that replays what a restarted task
@@ -153,7 +160,7 @@ def check_failover(failover: str) -> str:
     return failover
 
 
-RESTART_SCOPES = ("job", "region", "task")
+RESTART_SCOPES = ("job", "region", "downstream", "task")
 
 
 def failover_strategy(failover: str, restart_scope: str,
@@ -164,7 +171,9 @@ def failover_strategy(failover: str, restart_scope: str,
     lost tasks may wait for capacity while the queries they do not feed run on: a
     region restarts with everything downstream of it, fed again from upstream backups;
     a protocol that restarts failed tasks alone restarts the job whole there, since
-    a task waiting for capacity could not receive what its senders drop."""
+    a task waiting for capacity could not receive what its senders drop. A protocol
+    whose line rolls back what a failed task fed (``"downstream"``) restarts that,
+    fed again from upstream backups, with or without a capacity model."""
     if restart_scope not in RESTART_SCOPES:
         raise ValueError(f"Protocol.restart_scope must be one of {RESTART_SCOPES}, "
                          f"got {restart_scope!r}")
@@ -173,4 +182,6 @@ def failover_strategy(failover: str, restart_scope: str,
         return RestartAll()
     if restart_scope == "task":
         return RestartAll() if capacity_model else RestartFailed()
+    if restart_scope == "downstream":
+        return RestartDownstream()
     return RestartDownstream() if capacity_model else RestartPipelinedRegion()
