@@ -56,6 +56,14 @@ inside the task that runs the instance (`bastion.runtime.faults`):
   instance's outgoing links go down for periods exponential with mean ``mttr_s``,
   separated by up-times exponential with mean ``mtbf_s``; frames wait for the link
   (as TCP retransmits), so an outage delays, it does not lose;
+- ``DropConnection(op, at_s=(...) | mtbf_s)``: a *dropped connection* — at those
+  seconds after the task started (or at exponential times of mean ``mtbf_s``), the
+  next frame the instance's task sends over TCP to another worker is cut: part of it
+  is written, then the connection is aborted, so the receiver reads a torn frame. The
+  link heals (`bastion.runtime.transport`): it reconnects and resends what was not
+  acknowledged, and nothing is lost, duplicated or restarted. Only channels to another
+  worker go over TCP, and only a channel without upstream backup or rerouting (those
+  wrap theirs: protocols ``acks`` and ``uncoordinated`` under local failover) asks;
 - ``Crash(op, mtbf_s, mttr_s, max_crashes)``: an *instance* fault — the instance's
   worker is killed at exponential times, and its replacement may start only after a
   repair time exponential with mean ``mttr_s``.
@@ -344,6 +352,35 @@ class LinkOutage:
 
 
 @dataclass(frozen=True)
+class DropConnection:
+    op: str
+    instances: tuple[int, ...] | None = None
+    at_s: tuple[float, ...] | None = None   # (1.0,) when mtbf_s is not given either
+    mtbf_s: float | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "instances", _as_instances(self.instances))
+        _check_target("DropConnection", self.op, self.instances)
+        if self.at_s is not None and self.mtbf_s is not None:
+            raise ValueError("DropConnection.mtbf_s must be None when at_s is given: the "
+                             "drops come at given times or at random ones, not both")
+        if self.mtbf_s is not None:
+            _number("DropConnection", "mtbf_s", self.mtbf_s, above=0)
+        else:
+            at_s = (1.0,) if self.at_s is None else self.at_s
+            if isinstance(at_s, (int, float)) and not isinstance(at_s, bool):
+                at_s = (at_s,)
+            if not isinstance(at_s, (tuple, list)) or not at_s:
+                raise ValueError("DropConnection.at_s must be a non-empty tuple of seconds "
+                                 f"after the task started, got {self.at_s!r}")
+            for i, value in enumerate(at_s):
+                _number("DropConnection", f"at_s[{i}]", value, minimum=0)
+            object.__setattr__(self, "at_s", tuple(sorted(at_s)))
+        _check_seed("DropConnection", self.seed)
+
+
+@dataclass(frozen=True)
 class Crash:
     op: str
     instances: tuple[int, ...] | None = None
@@ -381,8 +418,9 @@ class Crash:
         return sorted(kills)[:self.max_crashes]
 
 
-Injected = Timing | DropFrames | LinkOutage
-INJECTED_KINDS = (Timing, DropFrames, LinkOutage)  # carried out inside the tasks
+Injected = Timing | DropFrames | LinkOutage | DropConnection
+# carried out inside the tasks
+INJECTED_KINDS = (Timing, DropFrames, LinkOutage, DropConnection)
 
 
 def fault_rng(seed: int | None, *what: Any) -> random.Random:
@@ -434,7 +472,7 @@ def validate(faults: Any, plan: Any) -> list[ScheduledKill]:
         if not hasattr(fault, "schedule"):
             raise ValueError(f"not a fault: {fault!r}; use bn.faults.KillInstance, "
                              "KillWorker, KillNode, AddNode, RandomKills, Crash, Timing, "
-                             "DropFrames or LinkOutage")
+                             "DropFrames, LinkOutage or DropConnection")
         try:
             kills.extend(fault.schedule(plan))
         except KeyError as exc:
@@ -480,12 +518,13 @@ def resolve_node(node: int | str, nodes: list[str]) -> str:
 #                      magnitude: {constant: {value: 0.15}}}
 #           - drop_frames: {probability: 0.01}
 #           - link_outage: {mtbf_s: 5.0, mttr_s: 0.5}
+#           - drop_connection: {at_s: [1.0, 2.5]}      # or {mtbf_s: 2.0}
 #           - crash: {mtbf_s: 10.0, mttr_s: 1.0, max_crashes: 1}
 
 _FILE_KEYS = ("seed", "operators")
 _OPERATOR_KEYS = ("instances", "faults")
 _FAULT_KINDS = {"timing": Timing, "drop_frames": DropFrames, "link_outage": LinkOutage,
-                "crash": Crash}
+                "drop_connection": DropConnection, "crash": Crash}
 
 
 class FaultFileError(ValueError):

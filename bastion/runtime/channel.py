@@ -179,7 +179,13 @@ class RemoteOutputChannel(OutputChannel):
     async def transmit(self, seq: int, payload: bytes) -> None:
         while len(self._inflight) >= self._max_inflight:
             await self._inflight.popleft()
-        self._inflight.append(self._push(self.channel_id, seq, payload))
+        # An injected `DropConnection` due now tears this frame: part of it is written,
+        # then the connection is aborted; the link heals and resends it
+        # (`bastion.runtime.transport`). Asked here, where a frame goes over TCP.
+        if self.faults is not None and self.faults.tear_due():
+            self._inflight.append(self._push(self.channel_id, seq, payload, tear=True))
+        else:
+            self._inflight.append(self._push(self.channel_id, seq, payload))
         if len(self._inflight) > self.max_inflight_seen:
             self.max_inflight_seen = len(self._inflight)
 

@@ -1,9 +1,10 @@
-"""Faults a task carries out itself: stalls, lost frames and link outages.
+"""Faults a task carries out itself: stalls, lost frames, link outages and dropped
+connections.
 
 Kills come from outside (`bastion.scheduler.injector` terminates processes). The other
 fault classes of `bastion.faults` act inside the instance they hit, so each task builds
 a `TaskFaults` from the faults that name one of its chain's operators at its index,
-and its loop asks it at three points:
+and its loop asks it at four points:
 
 - after an operator processed a batch, before the task sends a frame, and before it
   sends an acknowledgment message (protocol ``acks``), how long to stall (`stall_s`).
@@ -26,7 +27,11 @@ and its loop asks it at three points:
   by size, from an unpaced source — lose the same records in every run;
 - before a frame is sent, how long its links stay down (`link_down_for_s`): a
   `bastion.faults.LinkOutage` lays out up and down periods from its seed, timed from
-  the task's start.
+  the task's start;
+- before a frame goes over TCP to another worker, whether to tear its connection
+  (`tear_due`): a `bastion.faults.DropConnection` is due at its ``at_s`` (or at
+  exponential times from its seed), timed from the task's start; the first such frame
+  after that time is cut, and the link heals (`bastion.runtime.transport`).
 
 A task without such faults has no `TaskFaults` at all: the loop pays one ``is None``
 test. What was injected is counted (`report`) and lands in `RunResult.metrics`.
@@ -39,7 +44,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bastion.faults import DropFrames, LinkOutage, Timing, fault_rng, injections
+from bastion.faults import (DropConnection, DropFrames, LinkOutage, Timing, fault_rng,
+                            injections)
 
 
 @dataclass
@@ -110,6 +116,36 @@ class _Outages:
 
 
 @dataclass
+class _Tears:
+    """One DropConnection: when it is next due, in seconds since the task started."""
+    fault: DropConnection
+    rng: Any
+    next_s: float = 0.0
+    _given: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.fault.mtbf_s is None:
+            self._given = list(self.fault.at_s)
+            self.next_s = self._given.pop(0)
+        else:
+            self.next_s = self.rng.expovariate(1.0 / self.fault.mtbf_s)
+
+    def due(self, elapsed_s: float) -> bool:
+        """Is a drop due at ``elapsed_s``? Occurrences that came due together (no frame
+        went over TCP meanwhile) make one drop."""
+        if self.next_s > elapsed_s:
+            return False
+        while self.next_s <= elapsed_s:
+            if self.fault.mtbf_s is not None:
+                self.next_s += self.rng.expovariate(1.0 / self.fault.mtbf_s)
+            elif self._given:
+                self.next_s = self._given.pop(0)
+            else:
+                self.next_s = float("inf")
+        return True
+
+
+@dataclass
 class TaskFaults:
     """The injected faults of one task (see the module docstring)."""
 
@@ -118,6 +154,7 @@ class TaskFaults:
     ack: list[_Stalls] = field(default_factory=list)
     drops: list[tuple[int, DropFrames]] = field(default_factory=list)
     outages: list[_Outages] = field(default_factory=list)
+    tears: list[_Tears] = field(default_factory=list)
     ident: str = ""
     started_s: float = field(default_factory=time.monotonic)  # outages count from here
     emitted_records: int = 0
@@ -129,6 +166,7 @@ class TaskFaults:
     records_dropped: int = 0
     outage_waits: int = 0
     outage_waited_s: float = 0.0
+    connections_dropped: int = 0
 
     @classmethod
     def for_task(cls, faults: Any, ops: list[str], index: int) -> "TaskFaults | None":
@@ -147,9 +185,12 @@ class TaskFaults:
                         found.ack.append(stalls)
                 elif isinstance(fault, DropFrames):
                     found.drops.append((number, fault))
+                elif isinstance(fault, DropConnection):
+                    found.tears.append(_Tears(fault, rng))
                 else:
                     found.outages.append(_Outages(fault, rng))
-        if not (found.execute or found.emit or found.ack or found.drops or found.outages):
+        if not (found.execute or found.emit or found.ack or found.drops or found.outages
+                or found.tears):
             return None
         return found
 
@@ -208,9 +249,21 @@ class TaskFaults:
             self.outage_waited_s += wait_s
         return wait_s
 
+    def tear_due(self) -> bool:
+        """Should the frame about to go over TCP tear its connection? (Asked by a
+        channel to another worker only: a channel inside the worker has no connection.)"""
+        if not self.tears:
+            return False
+        elapsed_s = time.monotonic() - self.started_s
+        if not [tear for tear in self.tears if tear.due(elapsed_s)]:  # each one consumed
+            return False
+        self.connections_dropped += 1
+        return True
+
     def report(self) -> dict[str, Any]:
         return {"stalls": self.stalls, "stalled_s": round(self.stalled_s, 6),
                 "frames_dropped": self.frames_dropped,
                 "records_dropped": self.records_dropped,
                 "outage_waits": self.outage_waits,
-                "outage_waited_s": round(self.outage_waited_s, 6)}
+                "outage_waited_s": round(self.outage_waited_s, 6),
+                "connections_dropped": self.connections_dropped}
