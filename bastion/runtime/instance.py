@@ -1408,9 +1408,13 @@ class Worker:
                 # acknowledgments are lost with the source they were for, or its
                 # roots are replayed — what acknowledgments lost on a link come to
                 return
-            sent = link.send(epoch, task_id, ACKS_CHANNEL, 0, msgpack.packb(entries))
-            # A lost link ends the attempt, or its receiver restarts: either way the
-            # roots whose acknowledgments it carried are replayed.
+            # Not resent when the connection heals: the protocol XORs ids, so a copy
+            # would corrupt its ledger.
+            sent = link.send(epoch, task_id, ACKS_CHANNEL, 0, msgpack.packb(entries),
+                             resend=False)
+            # A lost link ends the attempt, or its receiver restarts, or the connection
+            # dropped with it on the way: the roots whose acknowledgments it carried
+            # are replayed.
             sent.add_done_callback(lambda f: f.cancelled() or f.exception())
         return route
 
