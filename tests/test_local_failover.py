@@ -212,9 +212,9 @@ def branches(ray_session, tmp_path_factory):
     return storage, reference_runs(two_branches(), storage=storage)
 
 
-def drill(storage: str, reference: list, failover: str, chaining: bool = True
-          ) -> bn.DrillReport:
-    return bn.drill(two_branches(), protocol="coordinated", checkpoint_interval=0.3,
+def drill(storage: str, reference: list, failover: str, chaining: bool = True,
+          protocol: str = "coordinated") -> bn.DrillReport:
+    return bn.drill(two_branches(), protocol=protocol, checkpoint_interval=0.3,
                     faults=[bn.faults.KillInstance("b_map", 1, at=1.5)],
                     reference=reference, storage=storage, failover=failover,
                     chaining=chaining, heartbeat_timeout_s=3.0)  # see test_acks.acks_drill
@@ -251,6 +251,25 @@ def test_a_kill_in_one_branch_restarts_its_region_alone(branches, chaining):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["uncoordinated", "cic"])
+def test_uncoordinated_checkpoints_restart_the_rollback_set_alone(branches, protocol):
+    """Unchained, the kill takes ``b_map[1]``'s worker: its line rolls back it and
+    what it fed (``b_out[1]``); ``b_src[1]``, upstream, keeps running unless it died
+    with it, and sends ``b_map[1]`` again what its line checkpoint lacks, from its
+    upstream backup. Branch ``a`` never rolls back."""
+    storage, reference = branches
+    report = drill(storage, reference, "local", chaining=False, protocol=protocol)
+    assert report.exactly_once, report.verdict_reason
+    [fault] = report.faults
+    assert fault.landed and fault.restart_s is not None
+    assert report.metrics.extra["attempts"] == 1
+    assert {"b_map[1]", "b_out[1]"} <= set(fault.restarted_tasks) \
+        <= {"b_map[1]", "b_out[1]", "b_src[1]"}
+    received, committed = received_and_committed(report, "a")
+    assert received == committed == COUNT
+
+
+@pytest.mark.slow
 def test_a_global_failover_restarts_every_task_and_the_measure_sees_it(branches):
     storage, reference = branches
     report = drill(storage, reference, "global")
@@ -262,3 +281,44 @@ def test_a_global_failover_restarts_every_task_and_the_measure_sees_it(branches)
     assert report.metrics.extra["attempts"] == 2
     received, committed = received_and_committed(report, "a")
     assert received > committed == COUNT
+
+
+# -- end to end: a keyed exchange, survivors upstream -----------------------------------------
+
+
+def keyed_stages() -> bn.Topology:
+    """A source and map (one task per instance), a keyed sum and its sink, at p=2."""
+    topo = bn.Topology("keyed-stages")
+    src = topo.source("src", bn.sources.Generator(lambda i: i, count=COUNT, rate=RATE),
+                      parallelism=2)
+    src.map("map", lambda v: v * 3, parallelism=2).key_by(lambda v: v % 101).reduce(
+        "keyed", lambda acc, v: acc + v, initial=0, parallelism=2).sink(
+        "out", bn.sinks.Collect(), parallelism=2)
+    return topo
+
+
+@pytest.fixture(scope="module")
+def keyed(ray_session, tmp_path_factory):
+    storage = f"local://{tmp_path_factory.mktemp('keyed-failover')}"
+    return storage, reference_runs(keyed_stages(), storage=storage)
+
+
+@pytest.mark.slow
+def test_a_killed_receiver_of_a_keyed_exchange_is_fed_again_by_senders_that_ran_on(keyed):
+    """The kill takes the worker of ``keyed[1]``: every keyed instance received what
+    it sent since its line checkpoint, so the rollback set is the keyed sums and the
+    sinks, with what died beside them. The source instance that survived keeps its
+    state and position, and sends each keyed instance again, from its upstream
+    backup, what the checkpoint the instance restored lacked: nothing is lost or
+    counted twice, by identity."""
+    storage, reference = keyed
+    report = bn.drill(keyed_stages(), protocol="uncoordinated", checkpoint_interval=0.3,
+                      faults=[bn.faults.KillInstance("keyed", 1, at=1.5)],
+                      reference=reference, storage=storage, heartbeat_timeout_s=3.0)
+    assert report.exactly_once, report.verdict_reason
+    [fault] = report.faults
+    assert report.metrics.extra["attempts"] == 1
+    restarted = set(fault.restarted_tasks)
+    assert {"keyed[0]", "keyed[1]", "out[0]", "out[1]"} <= restarted
+    # one source instance ran on: the backup path fed the restarted sums
+    assert len(restarted & {"src[0]", "src[1]"}) == 1

@@ -14,7 +14,7 @@ import pytest
 
 from bastion.protocols.recovery_line import (
     CheckpointGraph, CheckpointRecord, find_recovery_line, invalid_checkpoints,
-    is_consistent, replay_from)
+    is_consistent, region_recovery_line, replay_from)
 
 
 def record(process, number, sent=None, received=None):
@@ -131,8 +131,9 @@ def test_record_numbers_start_at_one():
 
 # -- random executions against brute force ----------------------------------------------
 
-def random_execution(rng: random.Random):
-    """Records of a random run: FIFO channels, random sends, receives and checkpoints."""
+def random_execution(rng: random.Random, final: bool = False):
+    """Records of a random run: FIFO channels, random sends, receives and checkpoints
+    (``final``: and what every process had sent and received at the end, apart)."""
     n = rng.randint(2, 4)
     procs = [("op", i) for i in range(n)]
     pairs = [(p, q) for p in procs for q in procs if p != q]
@@ -156,6 +157,13 @@ def random_execution(rng: random.Random):
                 p, taken[p],
                 {c: sent[c] for c, (src, _) in channels.items() if src == p},
                 {c: received[c] for c, (_, dst) in channels.items() if dst == p}))
+    if final:
+        now = [CheckpointRecord(
+            p, taken[p] + 1,
+            {c: sent[c] for c, (src, _) in channels.items() if src == p},
+            {c: received[c] for c, (_, dst) in channels.items() if dst == p})
+            for p in procs]
+        return records, channels, now
     return records, channels
 
 
@@ -182,10 +190,51 @@ def test_algorithm_1_matches_brute_force_on_random_executions():
     assert dominoes > 10   # the random runs do exercise invalid checkpoints
 
 
+def test_a_region_rolls_back_alone_to_the_latest_line_with_the_rest_running_on():
+    """A failure restarts some processes and everything downstream of them; the rest
+    keep their current state — a checkpoint of their own, taken now, that cannot
+    roll back. Against brute force over every combination of the region's
+    checkpoints, with the others pinned at now: the line is the latest consistent
+    one, and a region that many lines fit rolls back less than the whole job does."""
+    rolled_back_less = 0
+    for seed in range(300):
+        rng = random.Random(seed)
+        records, channels, now = random_execution(rng, final=True)
+        procs = sorted(CheckpointGraph(records, channels).processes)
+        downstream = {p: {d for s, d in channels.values() if s == p} for p in procs}
+        region, todo = set(), [rng.choice(procs)]
+        while todo:
+            p = todo.pop()
+            if p not in region:
+                region.add(p)
+                todo.extend(downstream[p])
+        outside = [p for p in procs if p not in region]
+        full = CheckpointGraph(records + [r for r in now if r.process in outside], channels)
+        pinned = {r.process: r.number for r in now if r.process in outside}
+        members = sorted(region)
+        consistent = []
+        for combo in itertools.product(*(full.checkpoints(p) for p in members)):
+            line = {**dict(zip(members, combo)), **pinned}
+            if full.is_consistent(line):
+                consistent.append(dict(zip(members, combo)))
+        latest = {p: max(line[p] for line in consistent) for p in members}
+        assert latest in consistent, seed
+        assert region_recovery_line(records, channels, region) == latest, seed
+        whole = find_recovery_line(records, channels)
+        assert all(latest[p] >= whole[p] for p in members), seed  # never below the job's
+        rolled_back_less += any(latest[p] > whole[p] for p in members)
+    assert rolled_back_less > 10
+    with pytest.raises(ValueError, match="leave the region"):
+        region_recovery_line([], {"ab": ("a", "b")}, {"a"})
+
+
 def test_sink_commits_wait_for_a_late_acknowledgment():
     """Checkpoints of one task are committed in the order taken: a gap in the numbers
     (an acknowledgment still on its way) holds the later ones back."""
-    from bastion.protocols.uncoordinated import checkpoint_number as number, follows
+    from bastion.protocols.uncoordinated import checkpoint_number, follows
+
+    def number(attempt, local, task, incarnation=0):
+        return checkpoint_number(attempt, incarnation, local, task)
 
     assert follows(None, number(0, 1, 5)) and not follows(None, number(0, 2, 5))
     assert follows(number(0, 1, 5), number(0, 2, 5))
@@ -193,3 +242,9 @@ def test_sink_commits_wait_for_a_late_acknowledgment():
     # a restored task numbers the checkpoints of its new attempt from 1 again
     assert follows(number(0, 7, 5), number(1, 1, 5))
     assert not follows(number(0, 7, 5), number(1, 2, 5))
+    # and so does a task restarted alone, in a new incarnation of the same attempt;
+    # its numbers never meet those of the incarnation before
+    assert follows(number(0, 7, 5), number(0, 1, 5, incarnation=1))
+    assert number(0, 1, 5, incarnation=1) > number(0, 7, 5)
+    # a restart of the job after one of the task alone still moves it on
+    assert number(2, 1, 5, incarnation=1) > number(1, 9, 5, incarnation=1)

@@ -321,6 +321,34 @@ class CheckpointGraph:
         return self._received[cid][self._position[(dst, line[dst])]]
 
 
+def region_recovery_line(records: Iterable[CheckpointRecord],
+                         channels: Mapping[ChannelId, tuple[Process, Process]],
+                         region: Iterable[Process]) -> dict[Process, int]:
+    """The most recent consistent line in which only the processes of ``region``
+    roll back, every other process keeping its current state: ``{process: checkpoint
+    number}`` for the processes of ``region``. No channel may leave ``region``.
+
+    A process outside has sent, by now, everything any checkpoint of the region
+    recorded as received from it, so no message from outside is an orphan, whatever
+    the region restores: rollback propagation runs over the region's own checkpoints
+    and the channels among them. (A channel out of the region could make an orphan
+    of what a process outside received; this refuses it.)"""
+    region = set(region)
+    leaving = [cid for cid, (src, dst) in channels.items()
+               if src in region and dst not in region]
+    if leaving:
+        raise ValueError(f"channels {leaving!r} leave the region: a process outside "
+                         "may have received what the region rolls back")
+    inner = {cid: ends for cid, ends in channels.items() if ends[0] in region}
+    kept = [CheckpointRecord(r.process, r.number,
+                             {c: n for c, n in r.sent.items() if c in inner},
+                             {c: n for c, n in r.received.items() if c in inner})
+            for r in records if r.process in region]
+    line = CheckpointGraph(kept, inner).recovery_line()
+    assert line is not None   # nothing pinned: the all-initial line is always reachable
+    return {p: line.get(p, INITIAL) for p in region}
+
+
 def find_recovery_line(records: Iterable[CheckpointRecord],
                        channels: Mapping[ChannelId, tuple[Process, Process]]
                        ) -> dict[Process, int]:

@@ -39,7 +39,8 @@ import msgpack
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
                                     RegionLine, TaskContext, TaskProtocol, cancel)
 from bastion.protocols.recovery_line import (INITIAL, NOTHING, CheckpointGraph,
-                                             CheckpointRecord, invalid_checkpoints)
+                                             CheckpointRecord, invalid_checkpoints,
+                                             region_recovery_line)
 
 __all__ = ["UncoordinatedProtocol", "IndependentCheckpoints", "RecoveryLineCoordinator",
            "FrameLog"]
@@ -355,14 +356,9 @@ class RecoveryLineCoordinator(Coordinator):
         if any(src in tasks and dst not in tasks for src, dst in channels.values()):
             return None
         inner = {cid: ends for cid, ends in channels.items() if ends[0] in tasks}
-        records = [
-            CheckpointRecord(task_id, cp.record.number,
-                             {c: s for c, s in cp.record.sent.items() if c in inner},
-                             {c: r for c, r in cp.record.received.items() if c in inner})
-            for task_id in tasks for cp in self.history[task_id]
-            if cp.record.number not in self.reclaimed]
-        line = CheckpointGraph(records, inner).recovery_line()
-        chosen = {t: line.get(t, INITIAL) for t in tasks}
+        chosen = region_recovery_line(
+            [cp.record for t in tasks for cp in self.history[t]
+             if cp.record.number not in self.reclaimed], channels, tasks)
         received = {t: self._restored_record(t, chosen[t]) for t in tasks}
         resume = {cid: (received[dst].get(cid, NOTHING) + 1
                         if dst in received else 0)
