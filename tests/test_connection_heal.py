@@ -18,9 +18,12 @@ from typing import Callable
 
 import pytest
 
+import bastion as bn
+from bastion.drills import reference_runs
 from bastion.errors import PeerLostError
 from bastion.runtime import transport
 from bastion.runtime.channel import InputGate
+from bastion.runtime.plan import build_plan
 from bastion.runtime.transport import FrameServer, PeerLink, PeerLinks, pusher
 
 EPOCH = ("job-heal", 0)
@@ -327,3 +330,77 @@ async def test_a_receiver_that_does_not_deduplicate_is_caught_duplicating(monkey
     assert len(problems["duplicated"]) == 40, problems
     assert problems["lost"] == []
     await shutdown(server, link)
+
+
+# -- drills: real jobs, sender and receiver on different workers ---------------------------
+
+RECORDS = 4000
+
+
+def two_worker_pipeline() -> bn.Topology:
+    """Two source+map instances, then one sink. With two workers (the default: the
+    largest parallelism) the sink shares worker 0 with ``double[0]``; ``double[1]``
+    runs on worker 1 and reaches it over TCP — the connection the fault drops."""
+    topo = bn.Topology("heal-pipeline")
+    nums = topo.source("nums", bn.sources.Generator(lambda i: i, count=RECORDS, rate=2000),
+                       parallelism=2)
+    nums.map("double", lambda i: 2 * i, parallelism=2).sink("out", bn.sinks.Collect(),
+                                                            parallelism=1)
+    return topo
+
+
+DROPS = bn.faults.DropConnection("double", instances=(1,), at_s=(0.4, 1.0))
+
+
+@pytest.fixture(scope="module")
+def drill_storage(tmp_path_factory) -> str:
+    return f"local://{tmp_path_factory.mktemp('heal')}"
+
+
+@pytest.fixture(scope="module")
+def reference(ray_session, drill_storage):
+    plan = build_plan(two_worker_pipeline())
+    sender, receiver = plan.task_of("double", 1), plan.task_of("out", 0)
+    assert sender.worker != receiver.worker, "the drill needs its channel to cross workers"
+    return reference_runs(two_worker_pipeline(), storage=drill_storage)
+
+
+@pytest.fixture(scope="module")
+def coordinated_drill(reference, drill_storage):
+    return bn.drill(two_worker_pipeline(), protocol="coordinated", faults=[DROPS],
+                    checkpoint_interval=0.3, reference=reference, storage=drill_storage)
+
+
+def assert_healed_without_restart(report) -> None:
+    injected = report.metrics.extra["faults_injected"]
+    assert injected["connections_dropped"] == len(DROPS.at_s), injected
+    # by identity: every record of the reference committed once, with its value
+    assert (report.lost, report.duplicated, report.corrupted) == (0, 0, 0), (
+        report.lost_examples, report.duplicated_examples, report.corrupted_examples)
+    assert sum(map(len, report.outputs.values())) == RECORDS
+    # and healed, not recovered: one attempt, no failure seen, nothing restarted
+    assert report.metrics.extra["attempts"] == 1
+    kinds = [e["kind"] for e in report.events]
+    assert "failure_detected" not in kinds and "restarted" not in kinds, kinds
+
+
+def test_a_drill_that_drops_connections_mid_frame_loses_and_duplicates_nothing(
+        coordinated_drill):
+    assert_healed_without_restart(coordinated_drill)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "bastion/drills.py (DrillReport._injected) counts stalls, lost frames and outage "
+    "waits as injected faults, not faults_injected['connections_dropped']: a drill "
+    "whose only fault is DropConnection says 'no declared fault occurred' though it "
+    "did. Remove this mark once drills.py counts it."))
+def test_the_drill_verdict_of_dropped_connections_is_exactly_once(coordinated_drill):
+    assert coordinated_drill.verdict == "exactly-once", coordinated_drill.verdict_reason
+
+
+def test_a_drill_that_drops_connections_under_cec_loses_nothing(reference, drill_storage):
+    # cec restarts the whole job (its channels have no upstream backup to wrap): the
+    # frame goes over a plain TCP channel, and heals the same way
+    report = bn.drill(two_worker_pipeline(), protocol="cec", faults=[DROPS],
+                      checkpoint_interval=0.3, reference=reference, storage=drill_storage)
+    assert_healed_without_restart(report)

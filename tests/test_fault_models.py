@@ -6,6 +6,7 @@ declared means. Pure Python: no Ray."""
 from __future__ import annotations
 
 import random
+import re
 import statistics
 import time
 from dataclasses import dataclass
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 import pytest
 
 import bastion as bn
-from bastion.faults import Constant, Crash, DropFrames, Gaussian, LinkOutage, Timing
+from bastion.faults import (Constant, Crash, DropConnection, DropFrames, Gaussian,
+                            LinkOutage, Timing)
 from bastion.runtime.faults import TaskFaults
 
 
@@ -31,6 +33,12 @@ from bastion.runtime.faults import TaskFaults
     (lambda: DropFrames("op", probability=1.5), "DropFrames.probability must be <= 1"),
     (lambda: DropFrames("op", probability=0), "DropFrames.probability must be > 0"),
     (lambda: LinkOutage("op", mttr_s=-1), "LinkOutage.mttr_s must be > 0"),
+    (lambda: DropConnection("op", at_s=(1.0,), mtbf_s=2.0),
+     "DropConnection.mtbf_s must be None when at_s is given"),
+    (lambda: DropConnection("op", at_s=()), "DropConnection.at_s must be a non-empty tuple"),
+    (lambda: DropConnection("op", at_s=(0.5, -1)), "DropConnection.at_s[1] must be >= 0"),
+    (lambda: DropConnection("op", mtbf_s=0), "DropConnection.mtbf_s must be > 0"),
+    (lambda: DropConnection("", at_s=(1,)), "DropConnection.op must name an operator"),
     (lambda: Crash("op", max_crashes=0), "Crash.max_crashes must be an int >= 1"),
     (lambda: Crash("op", seed="x"), "Crash.seed must be an int or None"),
     (lambda: Gaussian(0.1, -1), "Gaussian.stddev must be >= 0"),
@@ -40,7 +48,7 @@ from bastion.runtime.faults import TaskFaults
     (lambda: Constant(float("nan")), "Constant.value must be a number"),
 ])
 def test_a_malformed_declaration_names_its_field(make, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         make()
 
 
@@ -118,6 +126,19 @@ def test_the_same_document_as_a_dict_reads_the_same_and_names_its_source():
     doc["operators"]["op"]["faults"][0]["drop_frames"]["probability"] = -1
     with pytest.raises(bn.faults.FaultFileError,
                        match=r"^<dict>: operators\.op\.faults\[0\]\.drop_frames\.probability"):
+        bn.faults.from_dict(doc)
+
+
+def test_a_dropped_connection_reads_from_a_file_with_its_times():
+    doc = {"seed": 3, "operators": {"op": {"instances": [1], "faults": [
+        {"drop_connection": {"at_s": [2.5, 1.0]}}, {"drop_connection": {"mtbf_s": 4}}]}}}
+    assert bn.faults.from_dict(doc) == [DropConnection("op", (1,), (1.0, 2.5), seed=3),
+                                        DropConnection("op", (1,), None, 4, seed=3)]
+    assert DropConnection("op").at_s == (1.0,)  # once, a second in, unless told
+    doc["operators"]["op"]["faults"][0]["drop_connection"]["at_s"] = [1.0, -2]
+    with pytest.raises(bn.faults.FaultFileError,
+                       match=r"operators\.op\.faults\[0\]\.drop_connection: "
+                             r"DropConnection\.at_s\[1\] must be >= 0"):
         bn.faults.from_dict(doc)
 
 
@@ -264,6 +285,30 @@ def test_links_are_down_for_the_declared_share_of_the_time():
     again = TaskFaults.for_task([outage], ["op"], 0)
     assert [again.link_down_for_s(t / 10) for t in range(300)] == \
         [TaskFaults.for_task([outage], ["op"], 0).link_down_for_s(t / 10) for t in range(300)]
+
+
+def test_connections_drop_once_at_each_given_time_and_at_the_declared_rate():
+    faults = TaskFaults.for_task([DropConnection("op", at_s=(1.0, 2.0, 2.1))], ["op"], 0)
+    now = time.monotonic()
+
+    def tear_at(elapsed_s: float) -> bool:
+        faults.started_s = now - elapsed_s
+        return faults.tear_due()
+
+    assert [tear_at(t) for t in (0.5, 1.2, 1.3, 5.0, 6.0)] == [False, True, False, True,
+                                                               False]
+    # the two times that came due together (no frame went over TCP between them) made
+    # one drop
+    assert faults.report()["connections_dropped"] == 2
+
+    def drops(seed: int) -> list[float]:
+        [tears] = TaskFaults.for_task([DropConnection("op", mtbf_s=0.5, seed=seed)],
+                                      ["op"], 0).tears
+        return [t / 100 for t in range(100_000) if tears.due(t / 100)]  # 1,000 s
+
+    times = drops(5)
+    assert len(times) == pytest.approx(1000 / 0.5, rel=0.1)
+    assert times == drops(5) and times != drops(6)
 
 
 # -- crashes, against a plan ------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The frame transport between worker processes (`bastion.runtime.transport`), over
 real sockets on 127.0.0.1: frames arrive with their address, the acknowledgment is the
 credit (it comes only once the frame is delivered), one blocked channel does not hold
-up the others on the same link, and a broken connection fails every frame waiting for
-its acknowledgment — and every later send — with `PeerLostError`."""
+up the others on the same link, and a peer that is gone fails every frame waiting for
+its acknowledgment — and every later send — with `PeerLostError` (a connection that
+merely dropped heals instead: tests/test_connection_heal.py)."""
 
 from __future__ import annotations
 
@@ -65,14 +66,15 @@ async def test_the_acknowledgment_waits_for_delivery_and_a_held_channel_holds_on
     links.close()
 
 
-async def test_a_broken_link_fails_waiting_and_later_frames_with_peer_lost():
+async def test_a_lost_peer_fails_waiting_and_later_frames_with_peer_lost():
     receiver = Receiver()
     receiver.held[1] = asyncio.Event()  # never set: the frame waits for ever
     server, links, address = await connected(receiver)
     link = links[address]
     waiting = pusher(link, 0, EPOCH)(1, 0, b"never delivered")
     await asyncio.sleep(0.05)
-    # the peer's end goes away, as when its process dies: its connections close
+    # the peer's end goes away, as when its process dies: its connections close, and
+    # reconnecting is refused (nothing listens there any more)
     server._server.close()
     for task in [t for t in asyncio.all_tasks() if "FrameServer._serve" in repr(t)]:
         task.cancel()
