@@ -30,7 +30,9 @@ does Bastion: a write to a socket costs tens of microseconds.
   unacknowledged data message in its original order, before anything sent meanwhile.
   The receiver drops a frame it already has by (channel, seq) (`InputGate`) and
   acknowledges it all the same, and a frame half-read when the connection died is never
-  delivered, so the resend neither loses nor duplicates. Acknowledgment messages of
+  delivered, so the resend neither loses nor duplicates. (A copy whose first is still
+  waiting at the gate is acknowledged at once: that frame's credit comes back early,
+  once per heal at most.) Acknowledgment messages of
   the ``acks`` protocol (``resend=False``) are not resent: a duplicate would corrupt its
   ledger (it XORs ids), and the protocol replays what a lost one held. Only a peer that
   stays unreachable for ``heal_timeout_s`` — or refuses the connection: its server
