@@ -399,8 +399,10 @@ def test_the_drill_verdict_of_dropped_connections_is_exactly_once(coordinated_dr
 
 
 def test_a_drill_that_drops_connections_under_cec_loses_nothing(reference, drill_storage):
-    # cec restarts the whole job (its channels have no upstream backup to wrap): the
-    # frame goes over a plain TCP channel, and heals the same way
+    # Under local failover cec wraps its channels in upstream backups, whose inner TCP
+    # channel carries no faults (see `bastion.faults.DropConnection`): a global
+    # failover keeps them plain, and the frame heals the same way.
     report = bn.drill(two_worker_pipeline(), protocol="cec", faults=[DROPS],
-                      checkpoint_interval=0.3, reference=reference, storage=drill_storage)
+                      checkpoint_interval=0.3, reference=reference, storage=drill_storage,
+                      failover="global")
     assert_healed_without_restart(report)

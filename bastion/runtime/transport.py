@@ -23,23 +23,24 @@ does Bastion: a write to a socket costs tens of microseconds.
   therefore holds back its own sender only: the link is read continuously, so the
   other channels on it keep moving.
 - **A dropped connection heals; a lost peer is a failure like a dead actor.** A link
-  keeps every message until its acknowledgment arrives. When its connection breaks (the
-  acknowledgment stream ends or resets, or the link tore it: `DropConnection`), the
-  frames waiting for their acknowledgment stay waiting: the link reconnects to the same
-  address — backoff from 50 ms, doubling, at most 1 s apart — and resends every
+  keeps every message until its acknowledgment arrives. When its connection breaks
+  (the acknowledgment stream ends or resets, or the link tore it: `DropConnection`),
+  the frames waiting for their acknowledgment stay waiting: the link reconnects to the
+  same address — backoff from 50 ms, doubling, at most 1 s apart — and resends every
   unacknowledged data message in its original order, before anything sent meanwhile.
   The receiver drops a frame it already has by (channel, seq) (`InputGate`) and
-  acknowledges it all the same, and a frame half-read when the connection died is never
-  delivered, so the resend neither loses nor duplicates. (A copy whose first is still
-  waiting at the gate is acknowledged at once: that frame's credit comes back early,
-  once per heal at most.) Acknowledgment messages of
-  the ``acks`` protocol (``resend=False``) are not resent: a duplicate would corrupt its
-  ledger (it XORs ids), and the protocol replays what a lost one held. Only a peer that
-  stays unreachable for ``heal_timeout_s`` — or refuses the connection: its server
-  lives as long as its process, so nothing listening there means the process is gone —
-  breaks the link: every frame waiting for its acknowledgment, and every later send,
-  raises `PeerLostError`; the task ends with it and the failure detector recovers the
-  job as from the peer's death. The link is dropped and the next deploy connects again.
+  acknowledges it all the same, and a frame half-read when the connection died is
+  never delivered, so the resend neither loses nor duplicates. (A copy whose first is
+  still waiting at the gate is acknowledged at once: that frame's credit comes back
+  early, once per heal at most.) Acknowledgment messages of the ``acks`` protocol
+  (``resend=False``) are not resent: a duplicate would corrupt its ledger (it XORs
+  ids), and the protocol replays what a lost one held. Only a peer that stays
+  unreachable for ``heal_timeout_s`` — or refuses the connection: its server lives as
+  long as its process, so nothing listening there means the process is gone — breaks
+  the link: every frame waiting for its acknowledgment, and every later send, raises
+  `PeerLostError`; the task ends with it and the failure detector recovers the job as
+  from the peer's death. The link is dropped and the next deploy connects again. A
+  link counts its heals (`PeerLink.heals`, `PeerLinks.heals`).
 
 Wire format, little-endian: ``u32 header length, u32 payload length, header, payload``
 from sender to receiver, the header a msgpack array ``[message id, job id, attempt,
