@@ -12,6 +12,7 @@ sit on different workers and tear the connection between them mid-run."""
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import time
 from typing import Callable
@@ -284,6 +285,35 @@ async def test_a_peer_that_takes_no_frames_breaks_the_link_after_the_heal_time()
     assert accepted >= 2  # it did reconnect, more than once
     dropping.cancel()
     listener.close()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_many_tears_under_load_lose_and_duplicate_nothing(seed):
+    """Four channels, each with its credits (8 frames unacknowledged), frames of random
+    sizes, and about one frame in a hundred torn — often while the link is still
+    catching up from the tear before."""
+    rng = random.Random(seed)
+    receiver = GatedReceiver()
+    server, link = await started(receiver)
+    sent: list[tuple[int, int, bytes]] = []
+
+    async def channel(channel_id: int) -> None:
+        inflight: list[asyncio.Future] = []
+        for seq in range(1000):
+            data = f"{channel_id}:{seq};".encode() * rng.randint(1, 3000)
+            while len(inflight) >= 8:
+                await inflight.pop(0)
+            sent.append((channel_id, seq, data))
+            inflight.append(link.send(EPOCH, 0, channel_id, seq, data,
+                                      tear=rng.random() < 0.01))
+            if rng.random() < 0.1:
+                await asyncio.sleep(0)
+        await asyncio.gather(*inflight)
+
+    await asyncio.wait_for(asyncio.gather(*(channel(c) for c in range(4))), 60)
+    assert exactly_once(sent, receiver.received) == CLEAN
+    assert link.tears >= 10 and link.heals == link.tears and link.broken is None
+    await shutdown(server, link)
 
 
 # -- the checks can fail: each new path, broken on purpose, is caught -----------------------
