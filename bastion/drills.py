@@ -454,7 +454,8 @@ class DrillReport:
     def _injected(self) -> float:
         injected = self.metrics.extra.get("faults_injected") if self.metrics else None
         return sum((injected or {}).get(k, 0) for k in
-                   ("stalls", "frames_dropped", "outage_waits"))
+                   ("stalls", "frames_dropped", "outage_waits",
+                    "connections_dropped"))
 
     def _nothing_injected(self) -> bool:
         """Faults were declared to be injected, and none occurred: nothing was proved."""
@@ -489,8 +490,9 @@ class DrillReport:
                 return "; ".join(f"{f.what} at {f.scheduled_s:.2f} s did not land: {f.note}"
                                  for f in missed)
             if self._nothing_injected():
-                return ("no declared fault occurred during the run (stalls, lost frames "
-                        "and outages all 0): make them more frequent or the run longer")
+                return ("no declared fault occurred during the run (stalls, lost frames, "
+                        "outages and dropped connections all 0): make them more frequent "
+                        "or the run longer")
             return self._unverifiable() or ""
         landed = len(self.faults)
         if self._injected():

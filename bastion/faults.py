@@ -62,10 +62,8 @@ inside the task that runs the instance (`bastion.runtime.faults`):
   is written, then the connection is aborted, so the receiver reads a torn frame. The
   link heals (`bastion.runtime.transport`): it reconnects and resends what was not
   acknowledged, and nothing is lost, duplicated or restarted. Only channels to another
-  worker go over TCP, and only a plain one carries the fault: a channel that keeps an
-  upstream backup or reroutes around a restarted receiver (local failover of a
-  protocol that restarts less than a pipelined region) wraps its TCP channel, which
-  does not — drill those with ``failover="global"``;
+  worker go over TCP, so only those carry the fault (inside an upstream backup or a
+  rerouting channel too);
 - ``Crash(op, mtbf_s, mttr_s, max_crashes)``: an *instance* fault — the instance's
   worker is killed at exponential times, and its replacement may start only after a
   repair time exponential with mean ``mttr_s``.

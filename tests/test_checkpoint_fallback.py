@@ -168,6 +168,9 @@ class _Master:
     def record_event(self, kind, **fields):
         pass
 
+    def trim_upstream_backups(self, below):
+        pass
+
 
 def test_a_fallback_behind_reclaimed_checkpoints_restores_none_of_them(tmp_path):
     """Reclamation deletes the checkpoints below the line, which only moves forward
@@ -179,7 +182,7 @@ def test_a_fallback_behind_reclaimed_checkpoints_restores_none_of_them(tmp_path)
         numbers = {}
         for local in (1, 2):
             for task in (0, 1):
-                number = numbers[task, local] = checkpoint_number(0, local, task)
+                number = numbers[task, local] = checkpoint_number(0, 0, local, task)
                 ref = checkpoints.put_state(number, "op", task, b"state")
                 channels = {}
                 if task == 0:   # the sender logs the frames it sent since its last one

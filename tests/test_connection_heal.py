@@ -419,20 +419,16 @@ def test_a_drill_that_drops_connections_mid_frame_loses_and_duplicates_nothing(
     assert_healed_without_restart(coordinated_drill)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "bastion/drills.py (DrillReport._injected) counts stalls, lost frames and outage "
-    "waits as injected faults, not faults_injected['connections_dropped']: a drill "
-    "whose only fault is DropConnection says 'no declared fault occurred' though it "
-    "did. Remove this mark once drills.py counts it."))
 def test_the_drill_verdict_of_dropped_connections_is_exactly_once(coordinated_drill):
     assert coordinated_drill.verdict == "exactly-once", coordinated_drill.verdict_reason
 
 
-def test_a_drill_that_drops_connections_under_cec_loses_nothing(reference, drill_storage):
-    # Under local failover cec wraps its channels in upstream backups, whose inner TCP
-    # channel carries no faults (see `bastion.faults.DropConnection`): a global
-    # failover keeps them plain, and the frame heals the same way.
-    report = bn.drill(two_worker_pipeline(), protocol="cec", faults=[DROPS],
-                      checkpoint_interval=0.3, reference=reference, storage=drill_storage,
-                      failover="global")
+@pytest.mark.parametrize("protocol", ["cec", "uncoordinated"])
+def test_a_drill_that_drops_connections_under_upstream_backups_loses_nothing(
+        reference, drill_storage, protocol):
+    # These protocols wrap every channel in an upstream backup (a failure restarts the
+    # failed tasks and their downstream alone): the TCP channel inside it is torn.
+    report = bn.drill(two_worker_pipeline(), protocol=protocol, faults=[DROPS],
+                      checkpoint_interval=0.3, reference=reference, storage=drill_storage)
     assert_healed_without_restart(report)
+    assert report.exactly_once, report.verdict_reason

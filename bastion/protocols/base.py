@@ -145,6 +145,15 @@ class TaskContext(abc.ABC):
         they arrive again, and count ``seq - 1`` as the last received."""
 
     @abc.abstractmethod
+    def resync(self, channel_id: int) -> None:
+        """The input's next frame, whatever its number, is the first this task takes
+        (`InputGate.resync`): its sender's upstream backup resends what it kept."""
+
+    @abc.abstractmethod
+    def sender_of(self, channel_id: int) -> int:
+        """The task that sends on input ``channel_id``."""
+
+    @abc.abstractmethod
     def next_seq(self, channel_id: int) -> int:
         """The sequence number the next frame sent on an output gets."""
 
@@ -355,6 +364,11 @@ class MasterContext(abc.ABC):
     @abc.abstractmethod
     def channels(self) -> dict[int, tuple[int, int]]:
         """Every channel: ``{channel id: (sending task, receiving task)}``."""
+
+    @abc.abstractmethod
+    def instances(self) -> dict[int, list[tuple[str, int]]]:
+        """Per task, the operator instances its chain runs, ``(operator, index)``, in
+        chain order."""
 
     @abc.abstractmethod
     def source_tasks(self) -> set[int]: ...

@@ -81,8 +81,8 @@ from bastion.lineage import IdRun
 from bastion.protocols import eventual
 from bastion.protocols.eventual import eventual_prefix, log_prefix
 from bastion.protocols.base import (Coordinator, MasterContext, PartedOperator, Protocol,
-                                    ProtocolStats, TaskContext, TaskProtocol)
-from bastion.runtime.records import Batch
+                                    ProtocolStats, RegionLine, TaskContext, TaskProtocol)
+from bastion.runtime.records import Batch, EndOfStream
 from bastion.storage import LogReader, LogWriter, StorageError
 from bastion.storage.log import gc_paused
 from bastion.topology import AUTO, BROADCAST, FORWARD, HASH
@@ -178,6 +178,11 @@ class CecOperator:
         self.dropped = 0
         self.checks_written = 0
         self.next_period_s = time.monotonic() + policy.period_s
+        # The position each burst of footprints carried, by the log seq its parts
+        # note (`footprints`), and the newest control tuple's: what a recovery from
+        # the log as it stands would replay after (`replay_position`).
+        self.burst_positions: dict[int, dict[str, int]] = {}
+        self.newest_control: dict[str, int] | None = None
 
     # the operator interface the task calls
     parted = False
@@ -254,8 +259,9 @@ class CecOperator:
                     footprints.pop(part, None)
                 self._track_closings()
                 # one control tuple for all of them (N once they are all gone)
+                bound = self.newest_control = self._bound()
                 records.append(eventual.closed(self._pack_many(closing), len(footprints),
-                                               self._bound(), self.task_watermark()))
+                                               bound, self.task_watermark()))
         self._append(records)
         return out
 
@@ -318,6 +324,7 @@ class CecOperator:
             keys, states = self._pack_many(parts), self._pack_many([part_state(p)
                                                                    for p in parts])
         seq, records_in, footprinted = self.log.next_seq, self.records_in, self.footprints
+        self.burst_positions[seq] = self.newest_control = self.position
         for part in parts:
             footprinted.pop(part, None)
             footprinted[part] = (seq, records_in)
@@ -359,6 +366,30 @@ class CecOperator:
         if self.log.durable_seq < self.log.next_seq - 1:
             self.log.flush()
 
+    def replay_position(self) -> dict[str, int] | None:
+        """Per source instance, the offset a recovery would replay after if the
+        instance failed now, with its log durable up to here: the eventual
+        checkpoint's ``replay_from`` (`eventual.EventualCheckpoint.replay_from`). A
+        position only grows along the log, so the minimum over the parts'
+        footprints and the newest control tuple is the oldest footprint's, or the
+        newest control tuple's when it is older or no part has one. None while the
+        log holds no control tuple, or a loaded footprint's position is not known
+        here: a recovery then replays more than this instance can say."""
+        newest = self.newest_control
+        if newest is None or self.log.durable_seq < self.log.next_seq - 1:
+            return None
+        positions = [newest]
+        if self.footprints:
+            oldest_seq = next(iter(self.footprints.values()))[0]
+            oldest = self.burst_positions.get(oldest_seq)
+            if oldest is None:
+                return None
+            for seq in [s for s in self.burst_positions if s < oldest_seq]:
+                del self.burst_positions[seq]  # no footprint notes it any more
+            positions.append(oldest)
+        return {s: min(p.get(s, -1) for p in positions)
+                for s in set().union(*positions) if "/" in s}
+
     # -- a restored instance -------------------------------------------------------------------
 
     def load(self, ec: eventual.EventualCheckpoint, replay_from: dict[str, int]) -> None:
@@ -370,6 +401,8 @@ class CecOperator:
                 self.inner.load_part(part, state)
                 parts[part] = fp.position
                 self.footprints[part] = (fp.seq, 0)
+                self.burst_positions.setdefault(fp.seq, fp.position)
+        self.newest_control = ec.newest_position
         self._track_closings()
         closed = set(self.codec.unpack_many(list(ec.closed), "eventual checkpoint part"))
         self.position = {s: p for s, p in replay_from.items() if "/" in s}
@@ -460,6 +493,13 @@ class CecTask(TaskProtocol):
     def __init__(self, task: TaskContext, policy: CecPolicy):
         super().__init__(task)
         self.policy = policy
+        # Upstream backups (kept when a failure restarts part of the job): per input,
+        # the frames taken since the last trim, (seq, newest source position in it),
+        # and the trim last sent to the input's sender.
+        self.frames_in: dict[int, deque[tuple[int, int, str | None]]] = {}
+        self.trimmed: dict[int, int] = {}
+        self.trims: set[asyncio.Future] = set()
+        self.next_trim_s = time.monotonic()
         self.operator: CecOperator | None = None
         self.operator_name: str | None = None
         self.drop_below: dict[str, int] | None = None  # before the merge, on restore
@@ -471,6 +511,10 @@ class CecTask(TaskProtocol):
 
     async def restore(self, recovery_line: Any) -> None:
         task = self.task
+        if isinstance(recovery_line, RegionLine):  # restarted with part of the job
+            recovery_line = recovery_line.line
+            for channel_id in recovery_line["resync"].get(task.task_id, ()):
+                task.resync(channel_id)
         found = task.parted_operator()
         if found is not None:
             name, inner = found
@@ -528,6 +572,8 @@ class CecTask(TaskProtocol):
             await self.task.emit_after(self.operator_name, batch)
 
     async def on_frame(self, channel_id: int, seq: int, frame: list) -> None:
+        if self.operator is not None:
+            self._note_frame(channel_id, seq, frame)
         drop_below = self.drop_below
         if drop_below is None:
             return
@@ -540,6 +586,57 @@ class CecTask(TaskProtocol):
                 if ids.positions[0] <= below:
                     keep = [j for j, p in enumerate(ids.positions) if p > below]
                     frame[i] = element.take(keep)
+
+    def _note_frame(self, channel_id: int, seq: int, frame: list) -> None:
+        """Remember the newest source position a frame of an input carried (a frame
+        with an end of stream counts as never reflected: a restored instance must
+        get it again)."""
+        newest, source = -1, None
+        for element in frame:
+            if type(element) is Batch:
+                ids = element.ids
+                if type(ids) is IdRun and len(element):
+                    newest, source = ids.positions[-1], f"{ids.source}/{ids.instance}"
+            elif type(element) is EndOfStream:
+                newest = math.inf
+        self.frames_in.setdefault(channel_id, deque()).append((seq, newest, source))
+
+    def _trim_senders(self) -> None:
+        """Tell each input's sender which frames no restart of this task will ask
+        for again, so its upstream backup forgets them. A stateful instance needs
+        again the frames that hold records after the offsets its log would replay
+        after (`CecOperator.replay_position`); a task without state restarts only
+        with what feeds it, so it needs none it took."""
+        task = self.task
+        trims: dict[int, list] = {}
+        if self.operator is None:
+            for channel_id in task.input_ids():
+                below = task.last_received(channel_id) + 1
+                if below > self.trimmed.get(channel_id, 0):
+                    self.trimmed[channel_id] = below
+                    trims.setdefault(task.sender_of(channel_id), []).append(
+                        [channel_id, below])
+        else:
+            replay = self.operator.replay_position()
+            if replay is None:
+                return
+            for channel_id, frames in self.frames_in.items():
+                below = None
+                while frames and frames[0][1] <= replay.get(frames[0][2], -1):
+                    below = frames.popleft()[0] + 1
+                if below is not None and below > self.trimmed.get(channel_id, 0):
+                    self.trimmed[channel_id] = below
+                    trims.setdefault(task.sender_of(channel_id), []).append(
+                        [channel_id, below])
+        for sender, entries in trims.items():
+            task.send_acks(sender, entries)
+
+    def on_acks(self, entries: list) -> None:
+        # Trims from this task's receivers (`_trim_senders`).
+        for channel_id, below in entries:
+            trim = asyncio.ensure_future(self.task.trim_sent(channel_id, below))
+            self.trims.add(trim)
+            trim.add_done_callback(self.trims.discard)
 
     def on_batch(self, channel_id: int, batch: Batch) -> Batch | None:
         if self.operator is not None:
@@ -554,13 +651,18 @@ class CecTask(TaskProtocol):
     async def between_frames(self) -> None:
         if self.operator is not None:
             self.operator.check()
-        interval_s = self.task.checkpoint_interval_s
         now_s = time.monotonic()
+        if now_s >= self.next_trim_s:
+            self.next_trim_s = now_s + self.policy.period_s
+            self._trim_senders()
+        interval_s = self.task.checkpoint_interval_s
         if interval_s is not None and now_s - self.last_commit_s >= interval_s:
             self.last_commit_s = now_s
             task = self.task
-            # Unique per task and attempt: sinks commit on their own, no alignment.
-            commit = ((task.attempt * 1_000_000 + self.commits) * task.task_count
+            # Unique per task and generation (attempt + incarnation: each restart of
+            # the task moves one on): sinks commit on their own, no alignment.
+            generation = task.attempt + task.incarnation
+            commit = ((generation * 1_000_000 + self.commits) * task.task_count
                       + task.task_id + 1)
             self.commits += 1
             if await task.stage_sink_outputs(commit):
@@ -640,22 +742,64 @@ class CecCoordinator(Coordinator):
     async def recovery_line(self) -> Any:
         return await self._line(self.master.job_id)
 
-    async def _line(self, state_job: str) -> dict[str, Any]:
-        """Where the sources replay from so that every stateful instance, restored
-        from its eventual checkpoint in ``state_job``, gets what it lacks."""
+    async def region_line(self, tasks: set[int]) -> RegionLine | None:
+        """The line of a restart of ``tasks`` alone: the failed tasks and everything
+        downstream of them. Each restored stateful instance loads its eventual
+        checkpoint as after any failure; what feeds it from outside — its sources,
+        which keep running — is sent again out of their upstream backups, which
+        hold every frame after the offsets its log replays after
+        (`CecTask._trim_senders`), and it drops what it reflects by position. A
+        source in the region rewinds to what the region's stateful instances need,
+        and the region's sinks drop what they committed. None — the whole job
+        restarts, its sources rewinding — when something outside feeds a task of
+        the region that has no state to rebuild (the backup is trimmed as its
+        receiver takes frames, not as sinks commit them), or when a restored
+        instance's log is damaged or incomplete (its backup may hold less than the
+        older position its log now needs)."""
+        master = self.master
+        kinds = {name: kind for name, (kind, _) in master.operators().items()}
+        instances = master.instances()
+        resync: dict[int, list[int]] = {}
+        for channel_id, (src, dst) in master.channels().items():
+            if dst in tasks and src not in tasks:
+                if kinds[instances[dst][0][0]] not in _STATEFUL:
+                    return None
+                resync.setdefault(dst, []).append(channel_id)
+        # A commit under way completes first: the region's sinks read what is
+        # committed when they restore, and drop it.
+        await self._settle_commits()
+        line = await self._line(master.job_id, {i for t in tasks for i in instances[t]})
+        if line["damaged"] or line["replay_everything"]:
+            return None
+        await self._settle_commits()
+        line["resync"] = resync
+        return RegionLine(line, {})
+
+    async def _settle_commits(self) -> None:
+        while self.pending:
+            await asyncio.gather(*self.pending, return_exceptions=True)
+
+    async def _line(self, state_job: str, only: set[tuple[str, int]] | None = None
+                    ) -> dict[str, Any]:
+        """Where the sources replay from so that every stateful instance (of
+        ``only``, if given), restored from its eventual checkpoint in ``state_job``,
+        gets what it lacks."""
         master = self.master
         store = master.object_store()
         started_s = time.monotonic()
         positions: list[dict[str, int]] = []
-        everything = False
+        everything = damaged = False
         extent = 0
         for name, (kind, parallelism) in master.operators().items():
             if kind not in _STATEFUL:
                 continue
             for index in range(parallelism):
+                if only is not None and (name, index) not in only:
+                    continue
                 ec = await asyncio.to_thread(instance_ec, store, state_job, name, index,
                                              state_job != master.job_id)
                 if ec.skipped:
+                    damaged = True
                     master.record_event("log_damaged", operator=name, instance=index,
                                         skipped=len(ec.skipped))
                 if ec.seq < 0 or ec.replay_from is None:
@@ -676,7 +820,8 @@ class CecCoordinator(Coordinator):
                             replay_everything=everything)
         dedup_jobs = [master.job_id] + ([master.resume_from] if master.resume_from else [])
         return {"replay_from": replay_from, "state_job": state_job,
-                "dedup_jobs": dedup_jobs, "summary": "eventual"}
+                "dedup_jobs": dedup_jobs, "summary": "eventual", "damaged": damaged,
+                "replay_everything": everything}
 
     def stats(self, final_counters: Any = None) -> ProtocolStats:
         return ProtocolStats(checkpoints_completed=len(self.committed))
@@ -689,6 +834,7 @@ class CecProtocol(Protocol):
     name = "cec"
     exactly_once = True
     resumable = True
+    restart_scope = "downstream"
     needs_checkpoint_interval = True   # how often sinks commit
     needs_lineage = True
 

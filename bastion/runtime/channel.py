@@ -529,6 +529,7 @@ class InputGate:
         self.duplicates_dropped = 0
         self.max_queued_seen = 0
         self._delivering: set[asyncio.Task] = set()  # deliveries still waiting
+        self._resyncing: set[int] = set()  # channels whose next frame is the first
 
     async def deliver(self, channel_id: int, seq: int, frame: Any) -> None:
         """Enqueue frame ``seq`` of a channel once every earlier frame is enqueued.
@@ -560,6 +561,9 @@ class InputGate:
             delivery.cancel()
 
     async def _deliver(self, channel_id: int, seq: int, frame: Any) -> None:
+        if channel_id in self._resyncing:
+            self._resyncing.discard(channel_id)
+            self._expected[channel_id] = seq
         expected = self._expected[channel_id]
         band = seq >> SEQ_BAND_BITS
         if band > expected >> SEQ_BAND_BITS:  # a new incarnation of the sender
@@ -618,3 +622,10 @@ class InputGate:
         """Frames of the channel below ``seq`` are already reflected in the restored
         state: drop them when a replay sends them again."""
         self._expected[channel_id] = seq
+
+    def resync(self, channel_id: int) -> None:
+        """The channel's next frame, whatever its number, comes first: its sender
+        resends what its upstream backup kept, oldest first, one frame at a time
+        (`ReplayableOutputChannel.attach`), and the receiver's protocol drops what
+        its restored state reflects by content, not by number."""
+        self._resyncing.add(channel_id)

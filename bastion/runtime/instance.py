@@ -920,6 +920,12 @@ class Task(TaskContext):
         self.gate.expect(channel_id, seq)
         self.received_seq[channel_id] = seq - 1
 
+    def resync(self, channel_id: int) -> None:
+        self.gate.resync(channel_id)
+
+    def sender_of(self, channel_id: int) -> int:
+        return self.inputs[channel_id].src_task
+
     def next_seq(self, channel_id: int) -> int:
         return self.outputs[channel_id].seq
 
@@ -1298,10 +1304,14 @@ class Worker:
             gate = self.tasks[dst].gate
             return LocalOutputChannel(channel_id, config.frame_records, config.buffer_timeout_s,
                                       gate.deliver, task.codec, gate.inbox.full)
-        return RemoteOutputChannel(channel_id, config.frame_records, config.buffer_timeout_s,
-                                   pusher(self.links[peers[dst_worker]], dst, self.epoch,
-                                          self._incarnation(dst)),
-                                   task.codec, config.max_inflight_frames)
+        remote = RemoteOutputChannel(channel_id, config.frame_records, config.buffer_timeout_s,
+                                     pusher(self.links[peers[dst_worker]], dst, self.epoch,
+                                            self._incarnation(dst)),
+                                     task.codec, config.max_inflight_frames)
+        # Inside a wrapper too: a connection dropped by an injected fault is this
+        # channel's (its stalls and lost frames are the wrapper's `send`'s).
+        remote.faults = task.faults
+        return remote
 
     async def reset(self) -> None:
         """Stop every task of the current attempt (their state is discarded)."""

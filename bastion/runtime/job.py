@@ -152,6 +152,11 @@ class _CoordinatorContext(MasterContext):
     def channels(self) -> dict[int, tuple[int, int]]:
         return dict(self._channels)
 
+    def instances(self) -> dict[int, list[tuple[str, int]]]:
+        plan = self._master.plan
+        return {t.task_id: [(op, t.index) for op in plan.chains[t.chain_id].ops]
+                for t in plan.tasks}
+
     def source_tasks(self) -> set[int]:
         return set(self._master.source_tasks)
 
@@ -911,6 +916,11 @@ class JobMaster:
         restored from the line, and every sender into them sends again, out of its
         upstream backup, what they must see again (`_join`). The others stay pending
         and join as capacity arrives (`_bring_back`)."""
+        if self.plan.topology.has_feedback():
+            # Loops end when every frame sent on every channel was processed
+            # (`_check_loops`): a restarted receiver counts afresh what its senders
+            # kept counting, so the counts would never meet again.
+            return False
         lost_tasks = {t for t, w in enumerate(self.assignment) if w in lost}
         graph = TaskGraph(frozenset(range(len(self.plan.tasks))),
                           _CoordinatorContext(self).channels())

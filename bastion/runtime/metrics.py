@@ -377,4 +377,5 @@ def describe_injected(injected: dict[str, float]) -> str:
             f"{injected['frames_dropped']:,.0f} frames lost "
             f"({injected['records_dropped']:,.0f} records), "
             f"{injected['outage_waits']:,.0f} waits for a link "
-            f"({injected['outage_waited_s']:.2f} s)")
+            f"({injected['outage_waited_s']:.2f} s), "
+            f"{injected.get('connections_dropped', 0):,.0f} connections dropped")
