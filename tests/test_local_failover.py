@@ -24,6 +24,9 @@ from bastion.errors import PeerLostError
 from bastion.runtime.channel import OutputChannel, ReroutableOutputChannel, first_seq
 from bastion.runtime.records import Batch, EndOfStream, FrameCodec, Watermark
 from bastion.drills import reference_runs
+from bastion.protocols.base import RegionLine
+from bastion.protocols.cec import CecProtocol, CecTask
+from bastion.protocols.uncoordinated import RecoveryLineCoordinator, UncoordinatedProtocol
 from bastion.scheduler.failover import (RestartAll, RestartDownstream, RestartFailed,
                                         RestartPipelinedRegion, TaskGraph, check_failover,
                                         failover_strategy)
@@ -322,3 +325,126 @@ def test_a_killed_receiver_of_a_keyed_exchange_is_fed_again_by_senders_that_ran_
     assert {"keyed[0]", "keyed[1]", "out[0]", "out[1]"} <= restarted
     # one source instance ran on: the backup path fed the restarted sums
     assert len(restarted & {"src[0]", "src[1]"}) == 1
+
+
+# -- the drills catch a regional restart that is broken ----------------------------------------
+
+
+class _ShiftedLine(RecoveryLineCoordinator):
+    """Moves where the restarted receivers resume a channel from outside, and where
+    its sender resends from, by ``shift`` frames; keeps every frame backed up."""
+
+    shift = 0
+
+    def _trim(self, replay_from):
+        pass
+
+    async def region_line(self, tasks):
+        line = await super().region_line(tasks)
+        if line is None:
+            return None
+        resume = {c: max(0, seq + self.shift) for c, seq in line.resume.items()}
+        for info in line.line["tasks"].values():
+            for channel_id in info.expected.keys() & resume.keys():
+                info.expected[channel_id] = resume[channel_id]
+        return RegionLine(line.line, resume, line.retake)
+
+
+class SkipsFrames(_ShiftedLine):
+    """A sender that does not send again what the receiver's checkpoint lacks."""
+    shift = 3
+
+
+class TakesFramesAgain(_ShiftedLine):
+    """A receiver that takes again frames its checkpoint reflects."""
+    shift = -3
+
+
+class BrokenUncoordinated(UncoordinatedProtocol):
+    def __init__(self, coordinator):
+        self.broken = coordinator
+
+    def coordinator(self, master):
+        return self.broken(master)
+
+
+class TrimsWhatItStillNeeds(CecTask):
+    """A stateful instance that lets its senders forget every frame it took, as if
+    its state were durable the moment it changed."""
+
+    def _trim_senders(self):
+        operator, self.operator = self.operator, None
+        try:
+            super()._trim_senders()
+        finally:
+            self.operator = operator
+
+
+class BrokenCec(CecProtocol):
+    def task_protocol(self, task):
+        return TrimsWhatItStillNeeds(task, self.policy)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broken,violation", [(SkipsFrames, "lost"),
+                                              (TakesFramesAgain, "corrupted")])
+def test_the_drill_says_violated_when_the_upstream_backup_is_misused(keyed, broken,
+                                                                     violation):
+    storage, reference = keyed
+    report = bn.drill(keyed_stages(), protocol=BrokenUncoordinated(broken),
+                      checkpoint_interval=0.3,
+                      faults=[bn.faults.KillInstance("keyed", 1, at=1.5)],
+                      reference=reference, storage=storage, heartbeat_timeout_s=3.0)
+    assert report.metrics.extra["attempts"] == 1  # the regional path ran
+    assert report.verdict == "violated"
+    assert getattr(report, violation) > 0, report.verdict_reason
+
+
+# -- cec: the failed stateful instance alone ---------------------------------------------------
+
+
+def keyed_three() -> bn.Topology:
+    """Two source instances, a keyed sum and its sink at p=3: worker 2 (of three) runs
+    ``sum[2]`` and ``out[2]`` and nothing else."""
+    topo = bn.Topology("keyed-three")
+    src = topo.source("src", bn.sources.Generator(lambda i: i, count=COUNT, rate=RATE),
+                      parallelism=2)
+    src.map("map", lambda v: v * 3, parallelism=2).key_by(lambda v: v % 101).reduce(
+        "sum", lambda acc, v: acc + v, initial=0, parallelism=3).sink(
+        "out", bn.sinks.Collect(), parallelism=3)
+    return topo
+
+
+@pytest.fixture(scope="module")
+def three(ray_session, tmp_path_factory):
+    storage = f"local://{tmp_path_factory.mktemp('cec-failover')}"
+    return storage, reference_runs(keyed_three(), storage=storage)
+
+
+def cec_kill(three, protocol="cec") -> bn.DrillReport:
+    storage, reference = three
+    return bn.drill(keyed_three(), protocol=protocol, checkpoint_interval=0.3,
+                    faults=[bn.faults.KillInstance("sum", 2, at=1.5)],
+                    reference=reference, storage=storage, heartbeat_timeout_s=3.0)
+
+
+@pytest.mark.slow
+def test_cec_restarts_the_failed_instance_alone_fed_from_upstream_backups(three):
+    """The sum instance that died loads its eventual checkpoint from its log; both
+    source instances run on and resend it what they kept since the offsets its log
+    replays after; it drops what its parts reflect. Nothing else restarts."""
+    report = cec_kill(three)
+    assert report.exactly_once, report.verdict_reason
+    [fault] = report.faults
+    assert sorted(fault.restarted_tasks) == ["out[2]", "sum[2]"]
+    assert report.metrics.extra["attempts"] == 1
+    loaded = [e for e in report.events if e["kind"] == "eventual_checkpoint_loaded"]
+    assert loaded and not loaded[0]["replay_everything"]
+
+
+@pytest.mark.slow
+def test_the_drill_says_lost_when_a_cec_backup_forgets_what_a_restart_needs(three):
+    report = cec_kill(three, BrokenCec())
+    assert report.metrics.extra["attempts"] == 1
+    assert report.verdict == "violated"
+    assert report.lost > 0, report.verdict_reason

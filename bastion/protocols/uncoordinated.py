@@ -234,10 +234,13 @@ class RecoveryLineCoordinator(Coordinator):
             replay_from = graph.replay_from(line)
             await self._commit_sinks(line)
             await self._reclaim(line, replay_from)
-            # No recovery rolls a receiver back below the job's line (a regional
-            # line only lies above it), so no restart asks for what it received.
-            self.trimmed = replay_from
-            self.master.trim_upstream_backups(replay_from)
+            self._trim(replay_from)
+
+    def _trim(self, replay_from: dict[int, int]) -> None:
+        """No recovery rolls a receiver back below the job's line (a regional line
+        only lies above it), so no restart asks again for what it received there."""
+        self.trimmed = replay_from
+        self.master.trim_upstream_backups(replay_from)
 
     async def _reclaim(self, line: dict[int, int], replay_from: dict[int, int]) -> None:
         """Delete the stored checkpoints no recovery can use any more (Wang et al.'s
