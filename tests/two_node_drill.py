@@ -37,7 +37,7 @@ def main(protocol: str, storage_dir: str) -> None:
                           storage=f"local://{storage_dir}")
         fault = next(e for e in report.events if e["kind"] == "fault")
         print(json.dumps({"nodes": len(live_nodes()), "killed": fault["killed"],
-                          "attempts": report.metrics.extra["attempts"],
+                          "failures": len(report.metrics.protocol.failures),
                           "lost": report.lost, "duplicated": report.duplicated,
                           "exactly_once": report.exactly_once}))
     finally:
