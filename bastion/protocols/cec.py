@@ -27,7 +27,8 @@ records' lineage ids; and, for the deterministic merge, the records merged per i
 channel (``"#<channel>"``) and the channels that had ended (``"!<channel>"``). A
 footprint's state reflects exactly the inputs at or below its position.
 
-**Recovery** (every task restarts, as after any failure here):
+**Recovery** (of every stateful instance when the whole job restarts; of the failed
+ones alone, with what they feed, otherwise — see *Restarting the failed instance* below):
 
 1. The coordinator reads every stateful instance's log backwards until the newest
    footprint of each of the N parts open at the failure is found (the *EC-load*) and
@@ -47,6 +48,18 @@ footprint's state reflects exactly the inputs at or below its position.
 Sinks commit on their own, every `checkpoint_interval_s`: a commit point holds what a
 sink staged, and the lineage ids in it are what a restarted sink drops (it keeps them
 in memory: a set of every id it committed).
+
+**Restarting the failed instance** (`CecCoordinator.region_line`). A failed stateful
+instance restarts with what it feeds, everything else runs on: it loads its eventual
+checkpoint as in step 2, sends its logged results again (3), and its region's sinks
+drop what they committed (4). Its sources keep their positions; each keeps an
+*upstream backup* of its channel into it, and resends what the backup holds — the
+restored instance takes the first resent frame as the channel's first and drops what
+it reflects by position. The instance itself trims the backups: once a period, the
+frames that hold only records at or below the offsets its flushed log would replay
+after (`CecOperator.replay_position`) are no longer needed by any restart. A failure
+that would need more — a failed source (every instance it feeds), a task without
+state fed from outside the region, a damaged or incomplete log — restarts the job.
 
 **Resuming** (`bn.run(..., resume_from=JOB)`): the first attempt of a new job restores
 as above from an earlier job's state — the EC `bastion reconstruct` stored for it, else

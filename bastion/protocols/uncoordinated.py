@@ -18,6 +18,16 @@ frame its own line checkpoint sent; receivers drop frames they already have, by
 sequence number. Checkpoints above the line are abandoned (and counted *invalid* when
 no consistent line can ever contain them).
 
+**Restarting the rollback set only** (`RecoveryLineCoordinator.region_line`). The
+failed tasks roll back, and with them what received their frames since: the tasks
+downstream of them. Every task upstream keeps its current state — it sent everything
+any checkpoint downstream received, so nothing it did is orphaned — and keeps an
+*upstream backup* of each output channel, from which it resends, from where each
+restarted receiver's line checkpoint stopped, what it sent since. Inside the region the
+line is drawn as above, over its own checkpoints only (`region_recovery_line`), and the
+restarted tasks replay their logs to each other. Backups are trimmed below the job's
+recovery line, which a region's line never lies below.
+
 Sink outputs staged at a sink's checkpoint are committed once that checkpoint is in
 the current recovery line — the line only moves forward as checkpoints accumulate, so
 a committed output is never rolled back. Feedback cycles are allowed: nothing waits

@@ -33,7 +33,9 @@ Four strategies, each correct under a condition:
   every channel. A coordinated job chooses it only under a capacity model, where lost
   tasks may wait for capacity while the queries they do not feed run on
   (`bastion.scheduler.recovery`); elsewhere its pipelined regions need no backup.
-  Uncoordinated checkpoints (``uncoordinated``, ``cic``) always choose it. Their
+  Uncoordinated checkpoints (``uncoordinated``, ``cic``) and CEC always choose it (a
+  failed CEC instance rebuilds its state from its log, and what it feeds restarts with
+  it). Their
   recovery line rolls back the failed tasks and every task that received a frame
   they sent after the checkpoints they restore, and so on downstream: the *rollback
   set* (CheckMate). It lies within the failed tasks' downstream, and is all of it
