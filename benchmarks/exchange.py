@@ -151,10 +151,10 @@ def job_workload(parallelism: int, records: int) -> None:
                                buffer_timeout_s=JobConfig.buffer_timeout_s * CALLGRIND_SLOWDOWN)
             workers = [worker_class() for _ in range(plan.workers)]
             for index, worker in enumerate(workers):
-                worker.bind(config, index)
+                worker.bind(config, index, None)
             peers = [await worker.frame_address() for worker in workers]
             for index, worker in enumerate(workers):
-                await worker.deploy(plan, peers, None, 0, None, index)
+                await worker.deploy(plan, peers, 0, None, index)
             for worker in workers:
                 await worker.start()
             for worker in workers:

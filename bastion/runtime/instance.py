@@ -1115,6 +1115,7 @@ class Worker:
         self.worker_index: int | None = None
         self.config: JobConfig | None = None
         self.store: ObjectStore | None = None
+        self.master: Any = None  # the bound job's `MasterLink`
         self.tasks: dict[int, Task] = {}
         self.runners: list[asyncio.Task] = []
         self.runner_of: dict[int, asyncio.Task] = {}  # task id -> its loop
@@ -1135,10 +1136,14 @@ class Worker:
         """Where peers send this worker frames (its server starts on first call)."""
         return await self.frames.start(node_address())
 
-    def bind(self, config: JobConfig, worker_index: int) -> None:
+    def bind(self, config: JobConfig, worker_index: int, master: Any) -> None:
         """Serve job ``config.job_id`` as slot ``worker_index`` (`placement.STANDBY`:
-        its standby) until `release`."""
+        its standby) until `release`; its tasks reach the job master through
+        ``master`` (a `MasterLink`). Taken here, not at deploy: the first time a
+        process unpacks an actor handle, Ray looks the actor up (tens of ms), which
+        a standby should have done before it takes over a slot."""
         self.config = config
+        self.master = master
         self.store = open_store(config.storage_url)
         self.worker_index = worker_index
         # which tasks a failure restarts: what the channels into them must survive
@@ -1149,7 +1154,7 @@ class Worker:
     async def release(self) -> None:
         """Forget the job: stop its tasks and drop everything it left here."""
         await self.reset()
-        self.worker_index = self.config = self.store = self.epoch = None
+        self.worker_index = self.config = self.store = self.epoch = self.master = None
         self.attempt = -1
 
     @ray.method(concurrency_group="liveness")
@@ -1163,7 +1168,7 @@ class Worker:
         """The Ray node this worker runs on (what `KillNode` matches)."""
         return ray.get_runtime_context().get_node_id()
 
-    async def deploy(self, plan: PhysicalPlan, peers: list[tuple[str, int]], master: Any,
+    async def deploy(self, plan: PhysicalPlan, peers: list[tuple[str, int]],
                      attempt: int, restore: Any, worker_index: int,
                      assignment: list[int | None] | None = None,
                      incarnations: list[int] | None = None) -> None:
@@ -1178,12 +1183,12 @@ class Worker:
         self.attempt = attempt
         self.epoch = (self.config.job_id, attempt)
         self.incarnations = incarnations
-        await self._add_tasks(plan, peers, master, restore, assignment,
+        await self._add_tasks(plan, peers, restore, assignment,
                               [t.task_id for t in plan.tasks
                                if _worker_of(plan, assignment, t.task_id) == worker_index])
 
     async def join(self, epoch: tuple[str, int], plan: PhysicalPlan,
-                   peers: list[tuple[str, int]], master: Any, restore: Any,
+                   peers: list[tuple[str, int]], restore: Any,
                    assignment: list[int | None], task_ids: list[int],
                    incarnations: list[int] | None = None) -> None:
         """Pending tasks ``task_ids`` join the running attempt on this worker,
@@ -1197,7 +1202,7 @@ class Worker:
             return
         self.incarnations = incarnations
         self.unstarted.extend(
-            await self._add_tasks(plan, peers, master, restore, assignment, task_ids))
+            await self._add_tasks(plan, peers, restore, assignment, task_ids))
 
     async def attach(self, epoch: tuple[str, int], plan: PhysicalPlan,
                      peers: list[tuple[str, int]], assignment: list[int | None],
@@ -1242,14 +1247,14 @@ class Worker:
         return attached
 
     async def _add_tasks(self, plan: PhysicalPlan, peers: list[tuple[str, int]],
-                         master: Any, restore: Any, assignment: list[int | None] | None,
+                         restore: Any, assignment: list[int | None] | None,
                          task_ids: list[int]) -> list["Task"]:
         config = self.config
         # Links to every other worker: frames go to the workers downstream, and a
         # protocol that acknowledges tuples sends to the workers of their sources.
         await self.links.connect([address for slot, address in enumerate(peers)
                                   if slot != self.worker_index])
-        added = [Task(plan.tasks[t], plan, config, self.store, master, self.attempt,
+        added = [Task(plan.tasks[t], plan, config, self.store, self.master, self.attempt,
                       self._incarnation(t))
                  for t in task_ids]
         self.tasks.update((task.task_id, task) for task in added)

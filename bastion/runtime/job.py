@@ -318,6 +318,7 @@ class JobMaster:
         self.region_restarts = 0
         # a failure interrupted a regional restart: the next recovery is of the job
         self._region_broken = False
+        self._frame_addresses: dict[Any, tuple[str, int]] = {}  # by worker (`_peers`)
         # the tasks that restarted at the last failure: only they can be pending
         self.restarting: set[int] = set(range(len(plan.tasks)))
         self._planned_free = 0  # free task slots left after the last placement
@@ -455,7 +456,8 @@ class JobMaster:
             await self.coordinator.stop()
             await cancel(self._injector)
             released_at_s = await self._release_workers()
-            if self.capacity_model:  # frames a failed attempt held and spilled
+            # frames held for a pending task, or an upstream backup, spilled
+            if self.capacity_model or self.failover.backs_up_channels:
                 await asyncio.gather(*[self.store.adelete(key) for key in await
                                        self.store.alist(f"jobs/{self.config.job_id}/held/")],
                                      return_exceptions=True)
@@ -533,18 +535,29 @@ class JobMaster:
     async def _deploy(self, restore: Any) -> None:
         """Every worker builds this attempt's tasks, restored from ``restore``."""
         self.phase = "deploy"
-        peers = await asyncio.gather(*[w.frame_address.remote() for w in self.workers],
-                                     return_exceptions=True)
-        self._raise_call_failures(peers)
+        peers = await self._peers()
         self._restore, self._resume, self._retake = restore, {}, ()
         self._lowered.clear()  # every worker resets, its priority with it
         assignment = self._running_assignment()
-        outcomes = await asyncio.gather(*[w.deploy.remote(self.plan, peers, self.link,
-                                                          self.attempt, restore, i, assignment,
+        outcomes = await asyncio.gather(*[w.deploy.remote(self.plan, peers, self.attempt,
+                                                          restore, i, assignment,
                                                           self.incarnations)
                                           for i, w in enumerate(self.workers)],
                                         return_exceptions=True)
         self._raise_call_failures(outcomes)
+
+    async def _peers(self) -> list[tuple[str, int]]:
+        """Every worker's frame address, by slot. A worker keeps its address for its
+        lifetime: only workers not asked before are asked (a round trip saved on
+        every restart). A worker that died meanwhile is a failure (`_phases`
+        recovers from it)."""
+        known = self._frame_addresses
+        asking = [w for w in self.workers if w._actor_id not in known]
+        answers = await asyncio.gather(*[w.frame_address.remote() for w in asking],
+                                       return_exceptions=True)
+        self._raise_call_failures(answers)
+        known.update((w._actor_id, address) for w, address in zip(asking, answers))
+        return [known[w._actor_id] for w in self.workers]
 
     def _epoch(self, attempt: int) -> tuple[str, int]:
         """What a worker checks a call against: this job's id and the attempt."""
@@ -796,7 +809,7 @@ class JobMaster:
         self.lent.extend(workers)
         # Awaited: an async actor may run one caller's calls out of order. A worker
         # that died meanwhile fails the next call made to it, a failure like any other.
-        await asyncio.gather(*[w.bind.remote(self.config, slot)
+        await asyncio.gather(*[w.bind.remote(self.config, slot, self.link)
                                for slot, w in zip(slots, workers)], return_exceptions=True)
         return workers
 
@@ -836,11 +849,19 @@ class JobMaster:
             self.workers[i], self.standby = self.standby, None
             # bound as the standby: it serves slot i from now on (a death is a failure
             # the next call to it reports)
-            await asyncio.gather(self.workers[i].bind.remote(self.config, i),
+            await asyncio.gather(self.workers[i].bind.remote(self.config, i, self.link),
                                  return_exceptions=True)
         for i, worker in zip(to_fresh, await self._new_workers(list(to_fresh))):
             self.workers[i] = worker
-        self.worker_nodes = await self._nodes_of(self.workers)
+        # Only the new workers' nodes are news; their frame addresses are asked now,
+        # in the same round trip, for the deploy that follows (`_peers`).
+        new = [self.workers[i] for i in lost]
+        nodes, _ = await asyncio.gather(self._nodes_of(new), self._peers(),
+                                        return_exceptions=True)
+        if isinstance(nodes, BaseException):
+            raise nodes
+        for i, node in zip(lost, nodes):
+            self.worker_nodes[i] = node
 
     # -- recovery under a policy (`bastion.scheduler.recovery`) ------------------------
 
@@ -957,13 +978,19 @@ class JobMaster:
         for t in region:
             self.incarnations[t] += 1
         epoch = self._epoch(self.attempt)
-        await asyncio.gather(*[w.restart_region.remote(epoch, sorted(region))
-                               for i, w in enumerate(self.workers) if i not in lost],
-                             return_exceptions=True)  # a death is the detector's
+        # The survivors stop the region's tasks while the lost slots are refilled
+        # (no capacity model: in place, the standby first) — two round trips in one.
+        stopping = asyncio.gather(*[w.restart_region.remote(epoch, sorted(region))
+                                    for i, w in enumerate(self.workers) if i not in lost],
+                                  return_exceptions=True)  # a death is the detector's
         self.finished_tasks -= region
         self.restarting = set(region)
         self._restore, self._resume, self._retake = line, line.resume, line.retake
-        if self.capacity_model:
+        if not self.capacity_model:
+            await asyncio.gather(stopping, self._refill(
+                lost, restart=sorted({self.assignment[t] for t in region})))
+        else:
+            await stopping
             await self._drop_workers(lost)
             plan = await self._place(sorted(lost_tasks), self.planner)
             self.pending &= region  # a task outside the region never stopped
@@ -972,11 +999,12 @@ class JobMaster:
                               pending=sorted(self.pending), queries=list(plan.queries),
                               planner=type(self.planner).__name__,
                               free_task_slots=self._planned_free)
-        else:
-            await self._refill(lost, restart=sorted({self.assignment[t] for t in region}))
-            # the standby went to a lost slot: a new one once the region caught up
-            self._standby_after_catch_up = True
         await self._join(sorted(region - self.pending))
+        if not self.capacity_model:
+            # The standby went to a lost slot: a new one once the region caught up —
+            # not before it joined (the tasks outside it may look caught up at once),
+            # or the process start would take the cores the restart needs.
+            self._standby_after_catch_up = True
         self.record_event("restarted", attempt=self.attempt, checkpoint=_line_summary(line.line),
                           region=sorted(region), tasks=self._task_names(region))
 
@@ -1098,10 +1126,7 @@ class JobMaster:
 
     async def _join_now(self, joining: list[int]) -> list[int]:
         epoch = self._epoch(self.attempt)
-        # a worker that died meanwhile is a failure (`_phases` recovers from it)
-        peers = await asyncio.gather(*[w.frame_address.remote() for w in self.workers],
-                                     return_exceptions=True)
-        self._raise_call_failures(peers)
+        peers = await self._peers()
         assignment = self._running_assignment()
         by_worker: dict[int, list[int]] = {}
         for t in joining:
@@ -1110,7 +1135,7 @@ class JobMaster:
         lowered = await self._lower_catching_up(set(joining), list(by_worker))
         try:
             self._raise_call_failures(await asyncio.gather(*[self.workers[w].join.remote(
-                epoch, self.plan, peers, self.link, self._restore, assignment, tasks,
+                epoch, self.plan, peers, self._restore, assignment, tasks,
                 self.incarnations) for w, tasks in by_worker.items()], return_exceptions=True))
             # Triggered once built and before they start, in order: a checkpoint the
             # trigger loop starts from now on comes after these at every source.
