@@ -289,15 +289,21 @@ def test_a_global_failover_restarts_every_task_and_the_measure_sees_it(branches)
 # -- end to end: a keyed exchange, survivors upstream -----------------------------------------
 
 
-def keyed_stages() -> bn.Topology:
-    """A source and map (one task per instance), a keyed sum and its sink, at p=2."""
-    topo = bn.Topology("keyed-stages")
+def keyed_sum(name: str, total: str, parallelism: int) -> bn.Topology:
+    """Two source instances chained with a map, then a keyed sum (named ``total``) and
+    its sink at ``parallelism``: worker *i* runs instance *i* of each."""
+    topo = bn.Topology(name)
     src = topo.source("src", bn.sources.Generator(lambda i: i, count=COUNT, rate=RATE),
                       parallelism=2)
     src.map("map", lambda v: v * 3, parallelism=2).key_by(lambda v: v % 101).reduce(
-        "keyed", lambda acc, v: acc + v, initial=0, parallelism=2).sink(
-        "out", bn.sinks.Collect(), parallelism=2)
+        total, lambda acc, v: acc + v, initial=0, parallelism=parallelism).sink(
+        "out", bn.sinks.Collect(), parallelism=parallelism)
     return topo
+
+
+def keyed_stages() -> bn.Topology:
+    """A keyed sum at p=2: each worker runs a source, a map, a sum and a sink."""
+    return keyed_sum("keyed-stages", "keyed", 2)
 
 
 @pytest.fixture(scope="module")
@@ -404,15 +410,9 @@ def test_the_drill_says_violated_when_the_upstream_backup_is_misused(keyed, brok
 
 
 def keyed_three() -> bn.Topology:
-    """Two source instances, a keyed sum and its sink at p=3: worker 2 (of three) runs
-    ``sum[2]`` and ``out[2]`` and nothing else."""
-    topo = bn.Topology("keyed-three")
-    src = topo.source("src", bn.sources.Generator(lambda i: i, count=COUNT, rate=RATE),
-                      parallelism=2)
-    src.map("map", lambda v: v * 3, parallelism=2).key_by(lambda v: v % 101).reduce(
-        "sum", lambda acc, v: acc + v, initial=0, parallelism=3).sink(
-        "out", bn.sinks.Collect(), parallelism=3)
-    return topo
+    """The keyed sum at p=3: worker 2 (of three) runs ``sum[2]`` and ``out[2]`` and
+    nothing else."""
+    return keyed_sum("keyed-three", "sum", 3)
 
 
 @pytest.fixture(scope="module")
