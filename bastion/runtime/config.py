@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +14,21 @@ from bastion.codecs import Codec
 # record a part is a few MB: its store write costs little next to its bytes, and a
 # sink under protocol ``none`` (one commit point, at the end) holds no more than that.
 SINK_SPILL_RECORDS = 50_000
+
+# The data plane's bounds (`bastion.runtime.transport`, docs/security.md). A frame holds
+# at most ``frame_records`` records; what a record weighs is the user's business, so
+# the largest frame a link accepts is derived from ``frame_records`` at a generous
+# ``FRAME_BYTES_PER_RECORD`` (a few times a typical record of tens to hundreds of
+# bytes), never below ``MIN_FRAME_BYTES``: 64 MiB at the default 16,384 records. A
+# sender refuses to send a larger frame with an error that names the knob, so a job
+# with big records fails clearly instead of having its links closed under it.
+FRAME_BYTES_PER_RECORD = 4096
+MIN_FRAME_BYTES = 16 * 1024 * 1024
+# Frames a receiver delivers at once per link before it stops reading from it
+# (backpressure): well above what well-behaved senders have in flight
+# (``max_inflight_frames`` per channel crossing the link), so a channel blocked by
+# barrier alignment never holds up the other channels sharing its link.
+LINK_INFLIGHT_FRAMES = 1024
 
 
 @dataclass
@@ -67,10 +84,27 @@ class JobConfig:
     failover: str = "local"
     # Live metrics for Prometheus through Ray's metrics agent (`bastion.runtime.export`)
     export_metrics: bool = True
+    # Data-plane bounds (see ``FRAME_BYTES_PER_RECORD`` above): the largest frame
+    # payload a link carries (None: derived from frame_records), and the frames a
+    # receiver delivers at once per link.
+    max_frame_bytes: int | None = None
+    link_inflight_frames: int = LINK_INFLIGHT_FRAMES
+    # The job's data-plane key (docs/security.md): made fresh by the job master
+    # (`with_frame_key`), it reaches the workers only inside this config, through Ray's
+    # authenticated control plane; never printed.
+    frame_key: bytes | None = field(default=None, repr=False)
+
+    @property
+    def frame_bytes_limit(self) -> int:
+        """The largest frame payload a link of this job carries, in bytes."""
+        if self.max_frame_bytes is not None:
+            return self.max_frame_bytes
+        return max(MIN_FRAME_BYTES, FRAME_BYTES_PER_RECORD * self.frame_records)
 
     def __post_init__(self) -> None:
         for name in ("frame_records", "max_inflight_frames", "inbox_frames",
-                     "source_batch_records", "retained_checkpoints", "sink_spill_records"):
+                     "source_batch_records", "retained_checkpoints", "sink_spill_records",
+                     "link_inflight_frames"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -85,4 +119,17 @@ class JobConfig:
             raise ValueError(f"dedup_window_s must be > 0 seconds, got {self.dedup_window_s!r}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ValueError(f"duration_s must be > 0 seconds, got {self.duration_s}")
+        if self.max_frame_bytes is not None and (
+                not isinstance(self.max_frame_bytes, int) or self.max_frame_bytes < 1024):
+            raise ValueError(f"max_frame_bytes must be an int >= 1024, got "
+                             f"{self.max_frame_bytes!r}")
+        if self.frame_key is not None and (not isinstance(self.frame_key, bytes)
+                                           or len(self.frame_key) < 16):
+            raise ValueError("frame_key must be at least 16 random bytes")
+
+
+def with_frame_key(config: JobConfig) -> JobConfig:
+    """``config`` with a fresh random data-plane key: the job master calls it once per
+    job, so a key never outlives its job and the driver never holds one."""
+    return dataclasses.replace(config, frame_key=secrets.token_bytes(32))
 

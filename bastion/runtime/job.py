@@ -73,7 +73,7 @@ from bastion import faults as fault_injection
 from bastion.errors import JobFailedError, NoUsableCheckpointError, SinkCommitError
 from bastion.protocols import get_protocol
 from bastion.protocols.base import MasterContext, cancel
-from bastion.runtime.config import JobConfig
+from bastion.runtime.config import JobConfig, with_frame_key
 from bastion.runtime import export
 from bastion.runtime.events import EventLimits, EventLog
 from bastion.runtime.metrics import (FailureRecovery, LatencyHistogram, query_availability,
@@ -253,7 +253,9 @@ class JobMaster:
     def __init__(self, plan: PhysicalPlan, config: JobConfig,
                  limits: MasterLimits | None, link: MasterLink, pool: Any):
         self.plan = plan
-        self.config = config
+        # a fresh data-plane key per job (docs/security.md): the workers get it with
+        # the config they are bound with, through Ray only
+        self.config = with_frame_key(config)
         self.limits = limits or MasterLimits()
         self.link = link
         self.pool = pool
