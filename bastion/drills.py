@@ -25,7 +25,19 @@ mode (`DrillReport.verified_by`):
   (`bn.run(deterministic=True)`: every multi-input task merges its inputs in a fixed
   order), reference and faulty run both do, and every id's value must match (under
   ``acks``, which cannot merge in order, only the reference does: it runs stateless
-  topologies only, whose values do not depend on the order);
+  topologies only, whose values do not depend on the order). A fixed order makes a
+  run reproducible only if the functions are pure, and functions that read the clock
+  (a processing-time stamp) or draw at random (sampling) are everyday code. So when
+  the faulty run lost or corrupted a record, the drill runs the reference a second
+  time before it judges: values are then compared only for the operators whose
+  values the two references reproduced, and where the references committed
+  different records (a random sample) only duplicates are checked. Lost and
+  duplicated records are still found where only values differed. What was not
+  compared is named (`DrillReport.not_reproduced`): "values not compared: stamp in
+  stamped — not reproducible between two failure-free runs". The second reference
+  costs one more failure-free run, as long as the first, and only in a drill that
+  found a difference: the second run can only take records out of the comparison,
+  never add a violation, so a drill that found none needs none;
 - ``"ids"``: otherwise (a feedback edge, windows on ingest time, ...) the reference
   runs twice. Ids present in both references must be committed — except ids that
   derive from a window or join on ingest time, which depend on when a run happened
@@ -37,6 +49,11 @@ mode (`DrillReport.verified_by`):
   evidence either — a correct faulty run that saw another interleaving differs
   there (measured: ~800 of 3,600 records of such a sum, in every correct run). The
   report says how much was comparable.
+
+A drill sees values only at sinks. A sink's records carry the id of the operator
+that made them, so a disagreement is pinned to that operator and sink; when the
+records passed through an operator that another sink shows disagreeing by itself,
+the report names that one (`not_reproduced`).
 
 The reference runs under protocol ``"none"`` (no checkpoints, one commit at the end):
 a reference produced by the protocol under test would share that protocol's bugs,
@@ -137,13 +154,32 @@ class Violation:
     unexpected: bool = False  # the faulty run committed an id the reference never did
 
 
+@dataclass(frozen=True)
+class Disagreement:
+    """Where two failure-free references disagreed, one per sink, producer and
+    ``what``: ``"values"`` (an id committed with different values) or ``"records"``
+    (deterministic mode: an id only one reference committed). ``record_id`` is the
+    first such id, ``first`` and ``second`` what each reference committed under it
+    (``()``: nothing)."""
+
+    sink: str
+    producer: Any
+    what: Literal["values", "records"]
+    record_id: Any
+    first: tuple
+    second: tuple
+
+
 @dataclass
 class Comparison:
     """The verifier's counts. ``comparable_ids``: reference records whose presence
-    was checked (all of them in deterministic mode; in ids mode those whose id both
-    references committed); ``comparable_values``: those whose value was checked too;
-    ``unstable``: ids mode, ``(sink, producer)`` pairs whose values the references
-    did not reproduce (producer: the code of the operator that made the id)."""
+    was checked (all of them in deterministic mode, unless two references disagreed
+    on which records exist; in ids mode those whose id both references committed);
+    ``comparable_values``: those whose value was checked too; ``unstable``:
+    ``(sink, producer)`` pairs whose values the two references did not reproduce
+    (producer: the code of the operator that made the id); ``disagreements``: every
+    such pair, and in deterministic mode every pair whose records they did not
+    reproduce, with an example."""
 
     lost: int = 0
     duplicated: int = 0
@@ -151,9 +187,10 @@ class Comparison:
     reference_records: int = 0
     comparable_ids: int = 0
     comparable_values: int = 0
-    unverified: int = 0            # ids mode: faulty ids neither reference had both times
+    unverified: int = 0            # faulty-run records no check applies to
     reference_duplicates: int = 0  # ids a failure-free run committed twice (an engine bug)
     unstable: list[tuple[str, Any]] = field(default_factory=list)
+    disagreements: list[Disagreement] = field(default_factory=list)
     examples: dict[str, list[Violation]] = field(
         default_factory=lambda: {kind: [] for kind in KINDS})
 
@@ -212,41 +249,45 @@ def _by_id(committed: Committed, sink: str) -> dict[Any, list]:
 
 def compare(reference: Committed, faulty: Committed,
             second_reference: Committed | None = None, *, examples: int = EXAMPLES,
-            clocked: Callable[[Any], bool] = lambda record_id: False) -> Comparison:
+            clocked: Callable[[Any], bool] = lambda record_id: False,
+            deterministic: bool | None = None) -> Comparison:
     """Compare a faulty run's committed records with the reference's, id by id.
 
-    Without ``second_reference`` the reference is taken as reproducible
-    (deterministic mode): every id it committed must be committed once with the same
-    value, and an id it never committed counts as corrupted (a record that should
-    not exist). With ``second_reference`` (ids mode) only ids both references
-    committed are checked for presence, ids neither reference had both times are
-    counted as ``unverified``, and values are only checked for producers (see
-    `producer`) whose every value the two references agreed on. An id ``clocked``
-    says derives from a window on ingest time is never required (ids mode): which
-    window a record falls in depends on when the run happened, so two references
-    that ran within one window share ids no later run can make.
+    ``deterministic`` (default: without ``second_reference``): the runs merged in a
+    fixed order, so ids are reproducible: every id the reference committed must be
+    committed once with the same value, and an id it never committed counts as
+    corrupted (a record that should not exist).
+
+    With ``second_reference`` values are only checked for producers (see `producer`)
+    whose every value the two references agreed on, per sink. In deterministic mode
+    that discounts functions that are not pure (a map that stamps ``time.time()``):
+    their ids are still checked; and where the references committed different ids
+    of a producer (a filter that samples at random), only duplicates are checked for
+    it. In ids mode (not ``deterministic``) only ids both references committed are
+    checked for presence, and faulty ids not both had are counted as ``unverified``.
+    An id ``clocked`` says derives from a window on ingest time is never required
+    (ids mode): which window a record falls in depends on when the run happened, so
+    two references that ran within one window share ids no later run can make.
     """
     result = Comparison()
-    deterministic = second_reference is None
+    if deterministic is None:
+        deterministic = second_reference is None
     sinks = list(dict.fromkeys([*reference.outputs, *faulty.outputs]))
     for sink in sinks:
         want = _by_id(reference, sink)
-        other = want if deterministic else _by_id(second_reference, sink)
+        other = want if second_reference is None else _by_id(second_reference, sink)
         got = _by_id(faulty, sink)
         result.reference_records += len(reference.outputs.get(sink, []))
         result.reference_duplicates += sum(len(v) - 1 for v in want.values())
-        unstable: set = set()
-        if not deterministic:
+        unstable: set = set()    # producers whose values the references disagree on
+        unrecorded: set = set()  # deterministic: producers whose ids they disagree on
+        if second_reference is not None:
             result.reference_duplicates += sum(len(v) - 1 for v in other.values())
-            for rid, expected_values in want.items():
-                second = other.get(rid)
-                if second is not None and not (len(expected_values) == len(second) == 1
-                                               and same_value(expected_values[0], second[0])):
-                    unstable.add(producer(rid))
-            result.unstable += [(sink, code) for code in sorted(unstable, key=repr)]
+            unstable, unrecorded = _disagreements(result, sink, want, other, deterministic)
         for rid, expected_values in want.items():
-            if rid not in other or (not deterministic and clocked(rid)):
-                continue  # ids mode: this id is not reproducible, nothing to check
+            if (rid not in other or producer(rid) in unrecorded
+                    or (not deterministic and clocked(rid))):
+                continue  # this id is not reproducible, nothing to check
             result.comparable_ids += 1
             expected = expected_values[0]
             values_agree = producer(rid) not in unstable
@@ -265,15 +306,49 @@ def compare(reference: Committed, faulty: Committed,
                 expected = want[rid][0] if rid in want else None
                 result._note(Violation("duplicated", sink, rid, expected, tuple(committed),
                                        unexpected=rid not in want), examples)
-            if rid in want and rid in other and (deterministic or not clocked(rid)):
+            reproducible = producer(rid) not in unrecorded
+            if rid in want and rid in other and reproducible and (
+                    deterministic or not clocked(rid)):
                 continue
-            if deterministic:
+            if deterministic and reproducible:
                 result.corrupted += 1
                 result._note(Violation("corrupted", sink, rid, None, tuple(committed),
                                        unexpected=True), examples)
             else:
                 result.unverified += 1
     return result
+
+
+def _disagreements(result: Comparison, sink: str, want: dict[Any, list],
+                   other: dict[Any, list], deterministic: bool) -> tuple[set, set]:
+    """The producers whose values, and (deterministic mode) whose ids, two references
+    of ``sink`` disagree on; notes the first disagreement of each in ``result``.
+
+    One disagreement disqualifies the producer: its values (or ids) depend on
+    something besides the input — the clock, a random draw, the interleaving — and
+    then one that two references happen to share is no evidence either."""
+    unstable: dict[Any, Disagreement] = {}
+    unrecorded: dict[Any, Disagreement] = {}
+    for rid, first in want.items():
+        second = other.get(rid)
+        code = producer(rid)
+        if second is None:
+            if deterministic and code not in unrecorded:
+                unrecorded[code] = Disagreement(sink, code, "records", rid, tuple(first), ())
+        elif code not in unstable and not (len(first) == len(second) == 1
+                                           and same_value(first[0], second[0])):
+            unstable[code] = Disagreement(sink, code, "values", rid, tuple(first),
+                                          tuple(second))
+    if deterministic:
+        for rid, second in other.items():
+            if rid not in want and producer(rid) not in unrecorded:
+                unrecorded[producer(rid)] = Disagreement(sink, producer(rid), "records", rid,
+                                                         (), tuple(second))
+    values = [d for code, d in unstable.items() if code not in unrecorded]
+    noted = sorted([*values, *unrecorded.values()], key=lambda d: repr(d.producer))
+    result.disagreements += noted
+    result.unstable += [(sink, d.producer) for d in noted if d.what == "values"]
+    return set(unstable), set(unrecorded)
 
 
 # -- did every fault land? ----------------------------------------------------------------
@@ -392,6 +467,44 @@ def fault_outcomes(kills: Sequence[ScheduledKill], events: Sequence[dict[str, An
 # -- the report --------------------------------------------------------------------------
 
 
+NOT_REPRODUCIBLE = "not reproducible between two failure-free runs"
+
+
+@dataclass(frozen=True)
+class NotReproduced:
+    """What a drill did not compare because two failure-free runs of the topology
+    disagreed on it (`DrillReport.not_reproduced`).
+
+    ``what`` is ``"values"`` — the sink's records made by ``operator`` came with
+    other values (lost and duplicated records are still found there) — or
+    ``"records"`` — the references committed different records of it (a filter that
+    samples at random; only duplicates are found there). ``operator`` made the
+    records (their lineage ids name it); ``suspects`` are the operators where the
+    difference can have started, upstream first: ``(operator,)`` when it is the only
+    one; one upstream operator when another sink shows that operator's own records
+    differing; else every operator the records passed through, sources excepted (a
+    drill replays the same input). ``record_id`` is one id the references disagreed
+    on, ``first`` and ``second`` what each committed under it (``()``: nothing)."""
+
+    sink: str
+    operator: str
+    what: Literal["values", "records"]
+    suspects: tuple[str, ...]
+    record_id: Any
+    first: tuple
+    second: tuple
+
+    def describe(self) -> str:
+        """``stamp in stamped``, or ``double in out (from stamp)`` when the difference
+        comes from upstream."""
+        text = f"{self.operator} in {self.sink}"
+        if self.suspects == (self.operator,):
+            return text
+        if len(self.suspects) == 1:
+            return f"{text} (from {self.suspects[0]})"
+        return f"{text} (from one of {', '.join(self.suspects)})"
+
+
 @dataclass
 class DrillReport:
     """What a drill found. ``verdict`` is the answer (see the module docstring);
@@ -419,6 +532,10 @@ class DrillReport:
     injections_declared: int = 0
     # what the protocol promises: "exactly-once", or "at-least-once" (duplicates allowed)
     guarantee: str = "exactly-once"
+    # what two failure-free references disagreed on, so was not compared: the values
+    # of an operator that reads the clock or draws at random (deterministic mode),
+    # or that depend on the interleaving (ids mode)
+    not_reproduced: list[NotReproduced] = field(default_factory=list)
 
     # -- the verdict ----------------------------------------------------------------
 
@@ -558,25 +675,42 @@ class DrillReport:
 
     def verification(self) -> str:
         c = self.comparison
-        if self.verified_by == "deterministic":
-            return (f"deterministic runs: ids and values of all "
+        if self.verified_by != "deterministic":
+            text = (f"ids: {c.comparable_ids:,} of {c.reference_records:,} reference "
+                    f"records committed by both reference runs, values compared for "
+                    f"{c.comparable_values:,}")
+        elif c.comparable_ids == c.comparable_values == c.reference_records:
+            text = (f"deterministic runs: ids and values of all "
                     f"{c.reference_records:,} reference records")
-        text = (f"ids: {c.comparable_ids:,} of {c.reference_records:,} reference records "
-                f"committed by both reference runs, values compared for "
-                f"{c.comparable_values:,}")
-        if c.unstable:
-            text += ("; values not reproduced by the references, so not compared: "
-                     + ", ".join(f"{self._op_name(code)} in {sink}"
-                                 for sink, code in c.unstable))
+        else:
+            text = (f"deterministic runs: ids of {c.comparable_ids:,} and values of "
+                    f"{c.comparable_values:,} of {c.reference_records:,} reference records")
+        if self.not_reproduced:
+            text += f"; {self.not_compared()}"
         if c.unverified:
             text += f"; {c.unverified:,} faulty-run records not verifiable"
         return text + (f" (not deterministic: {self.nondeterminism})"
                        if self.nondeterminism else "")
 
-    def _op_name(self, code: Any) -> str:
-        if isinstance(code, int) and 0 <= code < len(self.op_names):
-            return self.op_names[code]
-        return repr(code)
+    def not_compared(self) -> str:
+        """What was not compared, for one line: ``values not compared: stamp in
+        stamped — not reproducible between two failure-free runs`` ("" if nothing)."""
+        parts = []
+        for what, heading in (("values", "values not compared"),
+                              ("records", "records not compared, only duplicates")):
+            named = [n.describe() for n in self.not_reproduced if n.what == what]
+            if named:
+                parts.append(f"{heading}: {', '.join(named)} — {NOT_REPRODUCIBLE}")
+        return "; ".join(parts)
+
+    def describe_not_reproduced(self, entry: NotReproduced) -> str:
+        """One disagreement of the references, with its example id and values."""
+
+        def committed(values: tuple) -> str:
+            return ", ".join(map(repr, values)) if values else "nothing"
+
+        return (f"{entry.describe()}: {self.format_id(entry.record_id)}: "
+                f"{committed(entry.first)} in one run, {committed(entry.second)} in the other")
 
     def checkpoint_summary(self) -> str:
         proto = getattr(self.metrics, "protocol", None)
@@ -633,7 +767,10 @@ def reference_runs(topology: Topology, *, runs: int | None = None,
     """The failure-free runs a drill of ``topology`` compares with: one in
     deterministic mode, or two when the topology cannot be deterministic (``runs``
     overrides the count). Pass them to `drill` as ``reference=`` to drill the same
-    topology several times for the price of one reference."""
+    topology several times for the price of one reference. A deterministic drill
+    that finds a record lost or corrupted runs a second reference itself (see the
+    module); ``runs=2`` makes it up front, for a topology whose functions are known
+    to read the clock or draw at random."""
     deterministic = nondeterminism(topology) is None
     runs = runs if runs is not None else (1 if deterministic else 2)
     return [run(topology, protocol=protocol, lineage=True, deterministic=deterministic,
@@ -658,7 +795,8 @@ def drill(topology: Topology, *, protocol: str | Protocol = "coordinated",
     ``seed`` seeds `RandomKills` that have none of their own. ``reference``: runs from
     `reference_runs` (or one `RunResult` made with ``lineage=True`` and, if the
     topology allows it, ``deterministic=True``) to compare with instead of running
-    the reference again; the input must be the same. ``progress`` is called about
+    the reference again; the input must be the same (in deterministic mode a second
+    one, if given, is used too). ``progress`` is called about
     twice a second during every run with the job's progress and ``"run"`` naming the
     run. Other keyword arguments go to `bastion.run` (for every run; the protocol's
     own, such as ``cec`` or ``acks_mode``, for the faulty run only). Bad fault
@@ -694,7 +832,7 @@ def drill(topology: Topology, *, protocol: str | Protocol = "coordinated",
     if len(references) < needed:
         references += reference_runs(topology, runs=needed - len(references),
                                      progress=progress, **run_options)
-    references = references[:needed]
+    references = references[:2]
 
     # A protocol that cannot merge deterministically (acks) runs only stateless
     # topologies, whose ids carry the same values in any order: the deterministic
@@ -706,9 +844,25 @@ def drill(topology: Topology, *, protocol: str | Protocol = "coordinated",
                  faults=faults, lineage=True, deterministic=merge_in_order,
                  progress=_labelled(progress, "faulty"), **protocol_options, **run_options)
     committed = [Committed.of(r) for r in references]
-    comparison = compare(committed[0], Committed.of(result),
-                         None if deterministic else committed[1],
-                         clocked=_clock_dependence(topology))
+    faulty = Committed.of(result)
+
+    def verify() -> Comparison:
+        return compare(committed[0], faulty, committed[1] if len(committed) > 1 else None,
+                       clocked=_clock_dependence(topology), deterministic=deterministic)
+
+    comparison = verify()
+    if len(committed) == 1 and (comparison.lost or comparison.corrupted):
+        # A deterministic reference is trusted to be reproducible, but a function that
+        # reads the clock or draws at random makes it differ from any other run. Only
+        # a second failure-free run tells the topology's difference from the
+        # recovery's; it can only take records out of the comparison, so a drill
+        # that found nothing needs none.
+        references.append(run(topology, protocol=REFERENCE_PROTOCOL, lineage=True,
+                              deterministic=True,
+                              progress=_labelled(progress, "second reference"),
+                              **run_options))
+        committed.append(Committed.of(references[-1]))
+        comparison = verify()
     outcomes = fault_outcomes(kills, result.details["events"], result.details["timeline"],
                               result.metrics.duration_s)
     return DrillReport(
@@ -723,7 +877,61 @@ def drill(topology: Topology, *, protocol: str | Protocol = "coordinated",
         injections_declared=sum(isinstance(f, fault_injection.INJECTED_KINDS)
                                 for f in faults),
         guarantee="at-least-once" if get_protocol(protocol).at_least_once
-        else "exactly-once")
+        else "exactly-once",
+        not_reproduced=not_reproduced(comparison.disagreements, topology))
+
+
+def not_reproduced(disagreements: Sequence[Disagreement], topology: Topology
+                   ) -> list[NotReproduced]:
+    """The references' disagreements with operator names, each with the operators
+    where it can have started (`NotReproduced.suspects`).
+
+    A drill sees values only at sinks, so an operator's own output is seen where it
+    made a sink's records. The operators a disagreeing record passed through are
+    its id's ancestry (sources excepted: a drill replays the same input); if one of
+    them, upstream of the record's maker, is itself seen disagreeing at some sink,
+    it is where the difference started. For ``records`` the filters between the
+    maker and the sink count too: they decide which records exist but leave no mark
+    in the id."""
+    names = list(topology.nodes)
+    kinds = [node.kind for node in topology.nodes.values()]
+    seen = {d.producer for d in disagreements}
+    found = []
+    for d in disagreements:
+        maker = names[d.producer] if isinstance(d.producer, int) else repr(d.producer)
+        path = sorted(code for code in ancestry(d.record_id, kinds)
+                      if kinds[code] != "source")  # codes go upstream first
+        started = [code for code in path if code in seen and code != d.producer]
+        if started:
+            suspects = [names[started[0]]]
+        else:
+            suspects = [names[code] for code in path]
+            if d.what == "records" and maker in topology.nodes:
+                suspects += _filters_between(topology, maker, d.sink)
+        found.append(NotReproduced(d.sink, maker, d.what, tuple(suspects or [maker]),
+                                   d.record_id, d.first, d.second))
+    return found
+
+
+def _filters_between(topology: Topology, start: str, sink: str) -> list[str]:
+    """The filters on the paths from operator ``start`` to ``sink``, upstream first."""
+    nodes = topology.nodes
+    downstream, stack = set(), [start]
+    while stack:
+        name = stack.pop()
+        for node in nodes.values():
+            if node.name not in downstream and any(i.upstream == name for i in node.inputs):
+                downstream.add(node.name)
+                stack.append(node.name)
+    upstream, stack = set(), [sink]
+    while stack:
+        name = stack.pop()
+        for i in nodes[name].inputs if name in nodes else ():
+            if i.upstream not in upstream:
+                upstream.add(i.upstream)
+                stack.append(i.upstream)
+    return [name for name in nodes if name in downstream & upstream
+            and nodes[name].kind == "filter"]
 
 
 def _clock_dependence(topology: Topology) -> Callable[[Any], bool]:
@@ -745,5 +953,6 @@ def _id_formatter(topology: Topology) -> Callable[[Any], str]:
     return fmt
 
 
-__all__ = ["Committed", "Comparison", "DrillReport", "FaultOutcome", "Verdict", "Violation",
-           "compare", "drill", "fault_outcomes", "producer", "reference_runs", "same_value"]
+__all__ = ["Committed", "Comparison", "Disagreement", "DrillReport", "FaultOutcome",
+           "NotReproduced", "Verdict", "Violation", "compare", "drill", "fault_outcomes",
+           "not_reproduced", "producer", "reference_runs", "same_value"]

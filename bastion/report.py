@@ -6,8 +6,9 @@ matplotlib into PNG bytes and embedded as base64 ``data:`` URIs; the style sheet
 inline. The page records what is needed to reproduce and to trust the run: the
 verdict and how it was verified (``deterministic`` or ``ids``), the seed, the date,
 the job ids of the reference and faulty runs, every fault with its detection,
-restart and recovery, the checkpoint statistics, and the first lost, duplicated and
-corrupted records with their lineage ids.
+restart and recovery, the checkpoint statistics, what was not compared because two
+failure-free runs disagreed on it (a map that reads the clock), and the first lost,
+duplicated and corrupted records with their lineage ids.
 
 Each plot marks the faults (red), their detection (orange) and the restart from the
 recovery line (green), so a reader sees how long the job was down and how long it
@@ -202,6 +203,8 @@ def render_html(report: Any, title: str = "Bastion recovery drill",
         ("lost", f"{c.lost:,}"), ("duplicated", f"{c.duplicated:,}"),
         ("corrupted", f"{c.corrupted:,}"),
     ]
+    if report.not_reproduced:
+        summary.append(("not compared", report.not_compared()))
     faults = [(f.what, _secs(f.scheduled_s), "yes" if f.landed else "NO",
                ", ".join(f.killed) or "-", _secs(f.detection_s), _secs(f.restart_s),
                _secs(f.recovery_s), _secs(f.trt_s), ", ".join(f.restarted_tasks) or "-",
@@ -236,6 +239,19 @@ def render_html(report: Any, title: str = "Bastion recovery drill",
             violations += (f"<h2>First {len(items)} of {total:,} {kind} records</h2>"
                            + _table(rows, ("sink", "lineage id", "reference value",
                                            "committed values")))
+    not_compared = ""
+    if report.not_reproduced:
+        rows = [(n.sink, n.operator, n.what, ", ".join(n.suspects),
+                 report.format_id(n.record_id), ", ".join(map(repr, n.first)) or "(none)",
+                 ", ".join(map(repr, n.second)) or "(none)") for n in report.not_reproduced]
+        not_compared = (
+            "<h2>Not compared: not reproducible between two failure-free runs</h2>"
+            "<p>The two failure-free reference runs disagreed here, so the faulty run's "
+            "values (records: which records exist) are not held against it. Lost and "
+            "duplicated records are still found where only values differed; duplicates "
+            "where records differed.</p>"
+            + _table(rows, ("sink", "made by", "what", "from", "example id",
+                            "reference 1", "reference 2")))
     colour = _VERDICT_COLOURS[verdict]
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -254,6 +270,7 @@ tr+tr td{{border-top:1px solid #ddd}}
                                  "recovery", "total recovery", "restarted", "note"))
                 if faults else "<p>none scheduled</p>"}
 <h2>Checkpoints</h2>{_table(checkpoints) if checkpoints else "<p>-</p>"}
+{not_compared}
 {violations}
 <h2>Throughput</h2>{_img(_plot_png(report, "sink_records", "sink records / s"),
                           "throughput over time")}
