@@ -58,7 +58,8 @@ from bastion.runtime.outputs import (FINAL_COMMIT, committed_blobs, encode_part,
 from bastion.runtime.records import (MAX_CODED_DESTINATIONS, Batch, ControlRecord, EndOfStream,
                                      FrameCodec, UnstableKeyError, Watermark, stable_hash)
 from bastion.runtime.redundancy import FirstCopies, copy_shares
-from bastion.runtime.transport import FrameServer, PeerLinks, node_address, pusher
+from bastion.runtime.transport import (FrameServer, JobKey, LinkLimits, PeerLinks,
+                                       node_address, pusher, tls_from_env)
 from bastion.scheduler.failover import FailoverStrategy, failover_strategy
 from bastion.sinks import SinkWriter
 from bastion.storage import BlobRef, CheckpointStore, ObjectStore, open_store
@@ -1128,9 +1129,11 @@ class Worker:
         self.epoch: tuple[str, int] | None = None  # (job id, attempt) frames must carry
         # The data plane (`bastion.runtime.transport`): frames from peers arrive
         # through the server, frames to peers leave through the links. Both outlive
-        # jobs, like the process.
-        self.frames = FrameServer(self._deliver)
-        self.links = PeerLinks()
+        # jobs, like the process. The server takes only links that prove the bound
+        # job's key (docs/security.md); TLS between hosts if the environment says so.
+        tls = tls_from_env()
+        self.frames = FrameServer(self._deliver, authenticate=True, tls=tls)
+        self.links = PeerLinks(tls=tls)
 
     async def frame_address(self) -> tuple[str, int]:
         """Where peers send this worker frames (its server starts on first call)."""
@@ -1146,6 +1149,11 @@ class Worker:
         self.master = master
         self.store = open_store(config.storage_url)
         self.worker_index = worker_index
+        # The job's key (a fresh one per job, from its master): the server takes links
+        # of this job only from now on, and links of the job before are not reused.
+        key, limits = JobKey(config.job_id, config.frame_key), LinkLimits.of(config)
+        self.frames.bind(key, limits)
+        self.links.bind(key, limits)
         # which tasks a failure restarts: what the channels into them must survive
         self.failover = failover_strategy(config.failover,
                                           get_protocol(config.protocol).restart_scope,
