@@ -36,7 +36,7 @@ from bastion.runtime.job import JobHost, MasterLimits
 from bastion.runtime.merge import nondeterminism
 from bastion.runtime.metrics import (LatencyHistogram, OperatorCounts, ProtocolMetrics,
                                      RunMetrics)
-from bastion.runtime.outputs import read_committed
+from bastion.runtime.outputs import committed_outputs, read_committed
 from bastion.runtime.plan import PhysicalPlan, build_plan
 from bastion.runtime.redundancy import resolve as resolve_redundancy
 from bastion.scheduler.pool import get_pool
@@ -55,15 +55,22 @@ class RunResult:
     """What a run produced: committed sink outputs, metrics and dead letters. With
     ``lineage=True``, ``output_ids[sink]`` lists the lineage id of every committed
     record, parallel to ``outputs[sink]`` (empty without lineage). ``warnings`` says
-    what went wrong without failing the job, e.g. run events the store did not take."""
+    what went wrong without failing the job, e.g. run events the store did not take.
+
+    ``outputs[sink]`` is a list for sinks that keep records in memory (``Collect``).
+    For a sink whose records leave the job (``File``, ``Log``: `Sink.lazy_outputs`)
+    it is a `CommittedOutputs`, and so is ``output_ids[sink]``: a read-only sequence
+    with the length of the committed records, which streams them from the job's
+    store when it is iterated or indexed — the driver never holds them all, however
+    many the job wrote."""
 
     job_id: str
-    outputs: dict[str, list]
+    outputs: dict[str, Sequence[Any]]
     metrics: RunMetrics
     dead_letters: list = field(default_factory=list)
     plan: str = ""
     details: dict[str, Any] = field(default_factory=dict)
-    output_ids: dict[str, list] = field(default_factory=dict)
+    output_ids: dict[str, Sequence[Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -490,7 +497,7 @@ def _summed(tasks: list[dict[str, Any]], field: str) -> dict[str, float]:
 def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
             store: ObjectStore, lend_host_s: float) -> RunResult:
     tasks = report["tasks"]
-    outputs: dict[str, list] = {}
+    outputs: dict[str, Sequence[Any]] = {}
     latency = LatencyHistogram()
     timeline: dict[int, int] = {}
     latency_windows: dict[int, LatencyHistogram] = {}
@@ -509,12 +516,21 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
                 latency_windows.setdefault(second, LatencyHistogram()).merge(
                     LatencyHistogram(buckets))
         dead_letters.extend(task["dead_letters"])
-    output_ids: dict[str, list] = {}
+    output_ids: dict[str, Sequence[Any]] = {}
     for name, node in plan.topology.nodes.items():
-        if node.kind == "sink":
-            outputs[name], ids = read_committed(store, config.job_id, name, config.codecs)
+        if node.kind != "sink":
+            continue
+        if node.params["sink"].lazy_outputs:
+            # Records that left the job stay in the store: a job that wrote 100 GB to
+            # a log must not need 100 GB in the driver. Only their count is read now.
+            outputs[name], lazy_ids = committed_outputs(store, config.job_id, name,
+                                                        config.codecs)
             if config.lineage:
-                output_ids[name] = ids or []
+                output_ids[name] = lazy_ids
+            continue
+        outputs[name], ids = read_committed(store, config.job_id, name, config.codecs)
+        if config.lineage:
+            output_ids[name] = ids or []
     duration_s = max(report["finished_s"] - report["started_s"], 1e-9)
     source_records = sum(c.records_out for n, c in operators.items()
                          if plan.topology.nodes[n].kind == "source")

@@ -15,6 +15,13 @@ again by the replay (see `bastion.runtime.outputs`).
 - ``Log(url)`` appends committed values to a segmented log in an object store
   (`bastion.storage.log`), which ``bn.sources.Log(url)`` reads back.
 
+What `RunResult.outputs[name]` holds depends on where the records go. A ``Collect``
+sink's are a list, in the driver's memory. A ``File`` or ``Log`` sink's records live
+outside the job, perhaps far more of them than the driver could hold, so its outputs
+are *lazy* (``lazy_outputs``): a `bastion.runtime.outputs.CommittedOutputs`, a
+read-only sequence whose ``len()`` comes from the commit records and whose records
+are streamed from the job's store as they are iterated or indexed.
+
 The classes here are descriptions, part of the DSL: building one does no I/O and
 imports nothing of storage. The writers that touch files and stores are connectors
 (`bastion.connectors`), which ``prepare`` and ``open`` load when a job runs.
@@ -52,6 +59,11 @@ class SinkWriter:
 
 
 class Sink:
+    # True for sinks whose records leave the job (files, logs): `bn.run` then does not
+    # read their committed records into the driver, and `RunResult.outputs[name]` is a
+    # lazy view of them in the store (`bastion.runtime.outputs.CommittedOutputs`).
+    lazy_outputs = False
+
     def prepare(self, parallelism: int) -> None:
         """Called once per job before any instance opens (e.g. to truncate old output)."""
 
@@ -90,6 +102,8 @@ class File(Sink):
     """Append committed values to a JSON-lines file (one file per instance), each
     commit point exactly once (see `bastion.connectors.files.FileWriter`);
     ``<path>.commit`` beside it is the sink's commit marker."""
+
+    lazy_outputs = True
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path).absolute()
@@ -157,6 +171,8 @@ class Log(Sink):
     log, as ``File`` truncates its file. It refuses to touch a URL holding objects that
     are not part of a log, so a typo cannot wipe unrelated data.
     """
+
+    lazy_outputs = True
 
     def __init__(self, url: str):
         self.url = _normalise_log_url(url, "bn.sinks.Log")
