@@ -22,10 +22,23 @@ operator.
 
 Cycles are allowed only through ``topo.feedback(from_op, to_op)``: a declared back edge,
 which only protocols that can checkpoint cyclic graphs accept.
+
+**Names are store keys.** The topology's name starts its job id
+(``jobs/<topology>-<8 hex digits>/``), and operator and sink names are folders in the
+store (``checkpoints/<id>/<operator>/``, ``outputs/<sink>/``, ``logs/<operator>/``),
+beside keys the layout itself uses. So every name — topology, operator, sink, query —
+follows one rule (`check_name`): ASCII letters, digits, ``_``, ``-`` and ``.``, at most
+`MAX_NAME_LENGTH` characters, not ``.`` or ``..``, and none of `RESERVED_NAMES` in any
+case (a sink named ``COMMITTED`` would land among the commit markers). A local store
+on a case-insensitive file system (macOS, Windows) keeps ``Out`` and ``out`` in one
+folder, so two operator names that differ only in case are refused too. Names are
+checked as the graph is built and again by `Topology.validate`, before anything is
+deployed.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -78,6 +91,47 @@ class Query:
     priority: float
 
 
+# The rule for names (see the module docstring). ASCII only: file systems fold case
+# and normalise Unicode in ways that could make two different names one folder.
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+MAX_NAME_LENGTH = 100
+# Fixed key segments of the store layout that sit beside names, and what they are
+# (`bastion.runtime.outputs`, `bastion.storage.checkpoints`). Refused in any case: a
+# local store on a case-insensitive file system maps ``committed`` onto ``COMMITTED``.
+RESERVED_NAMES = {
+    "COMMITTED": "jobs/<job>/outputs/COMMITTED/ holds the commit markers, beside each "
+                 "sink's outputs/<sink>/",
+    "MANIFEST": "jobs/<job>/checkpoints/<id>/MANIFEST is a checkpoint's manifest, beside "
+                "each operator's checkpoints/<id>/<operator>/",
+    "channels": "jobs/<job>/checkpoints/<id>/channels/ holds channel state, beside each "
+                "operator's checkpoints/<id>/<operator>/",
+}
+_RESERVED = {name.lower(): name for name in RESERVED_NAMES}
+_NAME_RULE = (f"Names become keys in the store, so a name holds only ASCII letters, "
+              f"digits, '_', '-' and '.' (at most {MAX_NAME_LENGTH}), is not '.' or '..', "
+              f"and is none of {', '.join(RESERVED_NAMES)} in any case; rename it")
+
+
+def check_name(what: str, name: Any) -> str:
+    """``name`` if it may name ``what`` (e.g. ``"sink"``, ``"topology"``); else a
+    `TopologyError` naming it, what is wrong with it, and the rule."""
+    if not isinstance(name, str) or not name:
+        problem = "it is empty" if name == "" else f"it is a {type(name).__name__}, not a str"
+    elif name in (".", ".."):
+        problem = f"{name!r} means a folder of the store, not a name"
+    elif not _NAME.fullmatch(name):
+        bad = sorted({c for c in name if not _NAME.fullmatch(c)})
+        problem = f"it contains {', '.join(map(repr, bad))}"
+    elif len(name) > MAX_NAME_LENGTH:
+        problem = f"it is {len(name)} characters long"
+    elif name.lower() in _RESERVED:
+        reserved = _RESERVED[name.lower()]
+        problem = f"{reserved!r} is reserved (in any case): {RESERVED_NAMES[reserved]}"
+    else:
+        return name
+    raise TopologyError(f"{what} name {name!r}: {problem}. {_NAME_RULE}")
+
+
 def _check_callable(op: str, what: str, fn: Any) -> None:
     if not callable(fn):
         raise TopologyError(f"operator {op!r}: {what} must be callable, got {fn!r}")
@@ -87,9 +141,7 @@ class Topology:
     """A named dataflow graph. Build it with `source` and the `Stream` methods."""
 
     def __init__(self, name: str):
-        if not isinstance(name, str) or not name:
-            raise TopologyError(f"a topology needs a non-empty name, got {name!r}")
-        self.name = name
+        self.name = check_name("topology", name)
         self.nodes: dict[str, OpNode] = {}
         self.queries: dict[str, Query] = {}
         self.codecs: list[Codec] = []
@@ -116,13 +168,13 @@ class Topology:
 
     def _add(self, name: str, kind: str, parallelism: int | None, inputs: list[Input],
              **params: Any) -> OpNode:
-        if not isinstance(name, str) or not name:
-            raise TopologyError(f"every {kind} operator needs a non-empty name, got {name!r}")
+        check_name("sink" if kind == "sink" else f"{kind} operator", name)
         if name in self.nodes:
             raise TopologyError(
                 f"operator name {name!r} is used twice (a {self.nodes[name].kind} and a "
                 f"{kind}); names must be unique in topology {self.name!r}"
             )
+        self._check_case(name, kind)
         if parallelism is None:
             parallelism = max((self.nodes[i.upstream].parallelism for i in inputs), default=1)
         if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1:
@@ -159,6 +211,7 @@ class Topology:
     def query(self, name: str, outputs: Iterable[str], priority: float = 1) -> None:
         """Name a set of sinks as a query; recovery can restore queries by priority."""
         outputs = tuple(outputs)
+        check_name("query", name)
         if name in self.queries:
             raise TopologyError(f"query name {name!r} is used twice")
         if not outputs:
@@ -195,10 +248,38 @@ class Topology:
             _check_callable(to_op, "key", key)
         dst.inputs.append(Input(src, HASH if key else AUTO, key, feedback=feedback))
 
+    def _check_case(self, name: str, kind: str, others: Iterable[str] | None = None) -> None:
+        """Refuse operator ``name`` if another operator's name differs from it only in
+        case: a case-insensitive store would keep both in one folder."""
+        for other in self.nodes if others is None else others:
+            if other != name and other.lower() == name.lower():
+                raise TopologyError(
+                    f"operator names {other!r} and {name!r} (a {kind}) differ only in "
+                    "case: a store on a case-insensitive file system (macOS, Windows) "
+                    "would keep their checkpoints and outputs in one folder; rename one")
+
+    def _check_names(self) -> None:
+        """Every name against the rule (`check_name`), again: a name may have been
+        changed since it was added (``topo.name = ...``)."""
+        check_name("topology", self.name)
+        for key, node in self.nodes.items():
+            what = "sink" if node.kind == "sink" else f"{node.kind} operator"
+            check_name(what, node.name)
+            if key != node.name:
+                raise TopologyError(f"{what} {node.name!r} is registered as {key!r}; "
+                                    "rename operators when adding them, not afterwards")
+        seen: list[str] = []
+        for name, node in self.nodes.items():
+            self._check_case(name, node.kind, seen)
+            seen.append(name)
+        for name in self.queries:
+            check_name("query", name)
+
     # -- validation -----------------------------------------------------------------
 
     def validate(self) -> None:
         """Check the whole graph; raise `TopologyError` naming the first bad operator."""
+        self._check_names()
         if not any(n.kind == "source" for n in self.nodes.values()):
             raise TopologyError(f"topology {self.name!r} has no source")
         sinks = [n.name for n in self.nodes.values() if n.kind == "sink"]
