@@ -135,6 +135,11 @@ class CecPolicy:
         return cls(extent_target=math.inf, replay_target=math.inf)
 
 
+#: Log bytes a task may hold not yet durable before it waits for the store: two open
+#: segments' worth, what a blocking writer held at most.
+MAX_UNDURABLE_BYTES = 16 * 1024 * 1024
+
+
 # -- the stateful operator, wrapped ---------------------------------------------------------
 
 
@@ -375,9 +380,11 @@ class CecOperator:
         if stale:
             self._append([self._footprints(eventual.G_CHECK, stale, keys, states)])
         # What the log holds becomes durable once a period: a recovery finds the
-        # footprints written up to here (and replays what came after).
+        # footprints written up to here (and replays what came after). Stored in the
+        # background: the task's loop runs every task of its worker, and the store
+        # may take seconds (`CecTask.between_frames` waits when it falls behind).
         if self.log.durable_seq < self.log.next_seq - 1:
-            self.log.flush()
+            self.log.flush_in_background()
 
     def replay_position(self) -> dict[str, int] | None:
         """Per source instance, the offset a recovery would replay after if the
@@ -541,7 +548,8 @@ class CecTask(TaskProtocol):
                 logged = await asyncio.to_thread(logged_results, store, state_job, name,
                                                  task.index, ec)
             log = await asyncio.to_thread(LogWriter, store,
-                                          log_prefix(task.job_id, name, task.index))
+                                          log_prefix(task.job_id, name, task.index),
+                                          blocking=False)
             self.operator = CecOperator(inner, task, self.policy, log)
             self.operator_name = name
             task.replace_operator(name, self.operator)
@@ -664,6 +672,12 @@ class CecTask(TaskProtocol):
     async def between_frames(self) -> None:
         if self.operator is not None:
             self.operator.check()
+            log = self.operator.log
+            if log.undurable_bytes > MAX_UNDURABLE_BYTES:
+                # The store fell behind the task: this task waits for its upload (its
+                # coroutine, not the loop — other tasks and heartbeats go on), so
+                # what a crash would lose stays bounded.
+                await asyncio.to_thread(log.wait_uploaded)
         now_s = time.monotonic()
         if now_s >= self.next_trim_s:
             self.next_trim_s = now_s + self.policy.period_s
@@ -681,15 +695,22 @@ class CecTask(TaskProtocol):
             if await task.stage_sink_outputs(commit):
                 task.acknowledge(commit, None, {"commit": True})
 
+    async def on_finished(self) -> None:
+        if self.operator is not None:
+            # Durable, not sealed: a flush stores only what came since the last
+            # period (and waits for a seal under way), where a close rewrote the
+            # whole open segment (up to 8 MiB) in the task's last moment — a fixed
+            # cost of tens of ms on every run (benchmarks/cec.py (d)). Readers and the
+            # next writer take the parts as they are. In a thread: the task's loop
+            # runs the worker's other tasks.
+            await asyncio.to_thread(self.operator.log.flush)
+
     def on_stop(self) -> None:
         if self.operator is not None:
             try:
-                # Durable, not sealed: a flush stores only what came since the last
-                # period (and waits for a seal under way), where a close rewrote the
-                # whole open segment (up to 8 MiB) in the task's last moment — a
-                # fixed cost of tens of ms on every run (benchmarks/cec.py (d)).
-                # Readers and the next writer take the parts as they are.
-                self.operator.log.flush()
+                # Failed or cancelled: what was appended is stored if nothing is in
+                # flight, without waiting (finished: `on_finished` stored it all).
+                self.operator.log.flush_in_background()
             except StorageError:
                 # The tail stays not durable: a recovery replays from an older
                 # footprint. The task is ending already; its own error (if any) is

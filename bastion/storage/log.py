@@ -549,6 +549,19 @@ class _Sealing:
     info: SegmentInfo | None = None  # set once the segment and the index are stored
 
 
+@dataclass
+class _PartUpload:
+    """The records appended since the last flush, on their way to the store as one
+    part, in a thread of their own (`LogWriter.flush_in_background`)."""
+
+    key: str
+    data: bytes  # a copy: the open segment's buffer goes on growing meanwhile
+    end_len: int  # the length of the open segment's buffer the part covers
+    last_seq: int
+    thread: threading.Thread | None = None
+    error: BaseException | None = None
+
+
 class LogWriter:
     """Appends records to one log; see the module docstring for the design.
 
@@ -558,12 +571,21 @@ class LogWriter:
     in flight. Memory is thus bounded by two segments (``max_segment_bytes`` plus one
     append call's batch each). Not thread-safe: one caller at a time (the async twins
     run the same calls in a worker thread, one after another).
+
+    A caller on an event loop (a task that logs as it processes) must not wait for
+    the store: :meth:`flush_in_background` starts the flush in a thread and returns,
+    and :attr:`durable_seq` moves on when a later call of the writer finds it done.
+    One upload (a part or a sealed segment) is in flight per log, in order. Such a
+    writer is made with ``blocking=False``: an append that fills a segment while an
+    upload is in flight does not wait for it, and the segment is sealed by a later
+    call once it landed — the caller bounds memory by :attr:`undurable_bytes`.
     """
 
     def __init__(self, store: ObjectStore, prefix: str, *,
                  max_segment_bytes: int = 8 * _MIB, max_segment_age_s: float = 60.0,
                  block_bytes: int = 64 * _KIB,
-                 on_durable: Callable[[int], None] | None = None) -> None:
+                 on_durable: Callable[[int], None] | None = None,
+                 blocking: bool = True) -> None:
         if max_segment_bytes <= 0 or block_bytes <= 0 or max_segment_age_s <= 0:
             raise ValueError("max_segment_bytes, block_bytes and max_segment_age_s "
                              "must be positive")
@@ -576,6 +598,8 @@ class LogWriter:
         self._packer = msgpack.Packer(use_bin_type=True)
         self._closed = False
         self._sealing: _Sealing | None = None
+        self._part: _PartUpload | None = None  # `flush_in_background`'s, in flight
+        self._blocking = blocking
         # Records are encoded in slices; a block can start only between slices, which
         # keeps the per-record work free of bookkeeping. Slices are sized to about a
         # quarter block (from the last slice's record size), so blocks overshoot
@@ -661,7 +685,8 @@ class LogWriter:
         else:
             self._min_ts, self._max_ts = min(self._min_ts, lo), max(self._max_ts, hi)
         self._next_seq = seq
-        if len(buf) >= self._max_segment_bytes or self._too_old():
+        if ((len(buf) >= self._max_segment_bytes or self._too_old())
+                and (self._blocking or not self._must_wait())):
             self._seal(background=True)
         return seq - 1
 
@@ -686,6 +711,88 @@ class LogWriter:
             self._durable_len = len(self._buf)
             self._set_durable(self._next_seq - 1)
         return self._durable_seq
+
+    @property
+    def undurable_bytes(self) -> int:
+        """Bytes appended and not yet durable, counting an upload in flight."""
+        sealing = self._sealing
+        return (len(self._buf) - self._durable_len
+                + (len(sealing.data) if sealing is not None and sealing.info is None else 0))
+
+    def flush_in_background(self) -> bool:
+        """Start making every appended record durable, and return at once: the store
+        calls run in a thread. False, with nothing started, while an earlier upload
+        is still in flight (:meth:`wait_uploaded` waits for it). A failed upload is
+        raised by a later call (of this method or another), and its records stay
+        appended and not durable: the next flush stores them again."""
+        if self._upload_in_flight():
+            return False
+        self._settle_part()
+        sealing = self._sealing
+        if sealing is not None:
+            if sealing.thread is None and sealing.info is None:
+                # failed before (and raised): stored again, in the background
+                sealing.thread = threading.Thread(target=self._seal_in_background,
+                                                  args=(sealing,),
+                                                  name=f"bastion-log-seal {sealing.key}")
+                sealing.thread.start()
+                return True
+            self._settle()  # landed: takes its result, raising a failure once
+        if self._too_old() or len(self._buf) >= self._max_segment_bytes:
+            self._seal(background=True)
+        elif self._durable_len < len(self._buf):
+            part = _PartUpload(self._prefix + _seq_name("part", self._durable_seq + 1),
+                               bytes(memoryview(self._buf)[self._durable_len:]),
+                               len(self._buf), self._next_seq - 1)
+            part.thread = threading.Thread(target=self._upload_part, args=(part,),
+                                           name=f"bastion-log-part {part.key}")
+            self._part = part
+            part.thread.start()
+        return True
+
+    def wait_uploaded(self) -> None:
+        """Block until no upload is in flight (safe from another thread: it only
+        waits; the writer's next call takes the result)."""
+        for job in (self._part, self._sealing):
+            if job is not None and job.thread is not None:
+                job.thread.join()
+
+    def _must_wait(self) -> bool:
+        """Would sealing now wait for the store: an upload in flight, or a failed
+        seal to store again?"""
+        sealing = self._sealing
+        return self._upload_in_flight() or (
+            sealing is not None and sealing.info is None and sealing.thread is None)
+
+    def _upload_in_flight(self) -> bool:
+        sealing = self._sealing
+        return self._part_in_flight() or (
+            sealing is not None and sealing.thread is not None and sealing.thread.is_alive())
+
+    def _part_in_flight(self) -> bool:
+        part = self._part
+        return part is not None and part.thread is not None and part.thread.is_alive()
+
+    def _upload_part(self, part: _PartUpload) -> None:
+        try:
+            self._store.put(part.key, part.data)
+        except BaseException as e:  # handed to the writer's thread by _settle_part
+            part.error = e
+
+    def _settle_part(self) -> None:
+        """Take the result of the part upload in flight (waiting for it): its records
+        are durable, or its error is raised and they stay appended."""
+        part = self._part
+        if part is None:
+            return
+        if part.thread is not None:
+            part.thread.join()
+        self._part = None
+        if part.error is not None:
+            raise part.error
+        self._part_keys.append(part.key)
+        self._durable_len = part.end_len
+        self._set_durable(part.last_seq)
 
     def _seal(self, *, background: bool) -> None:
         self._settle()  # one segment in flight at a time, stored in order
@@ -732,6 +839,7 @@ class LogWriter:
     def _settle(self) -> None:
         """Finish the segment in flight: wait for the background seal, or retry one
         that failed earlier; raise if it fails (it stays pending)."""
+        self._settle_part()  # a part precedes any seal: a seal waits for it
         job = self._sealing
         if job is None:
             return
