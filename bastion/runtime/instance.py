@@ -314,6 +314,7 @@ class Task(TaskContext):
         self.counts = [OperatorCounts() for _ in self.ops]
         self.source: SourceOp | None = self.ops[0] if isinstance(self.ops[0], SourceOp) else None
         self.sinks: list[SinkOp] = [op for op in self.ops if isinstance(op, SinkOp)]
+        self._applying = asyncio.Lock()  # one commit applied at a time, in order
         self.parts_written = 0  # numbers this attempt's spilled parts
         self.inputs: dict[int, InputChannel] = {c.channel_id: c for c in plan.inputs}
         self.channel_watermarks = {c.channel_id: -math.inf for c in plan.inputs
@@ -990,19 +991,25 @@ class Task(TaskContext):
 
     async def reapply_commits(self, only: int | None = None) -> None:
         """Sinks with an outside effect apply committed outputs they may have missed
-        (each writer skips what it already applied); ``only``: just that commit."""
-        for sink in self.sinks:
-            if type(sink.writer).apply is SinkWriter.apply:
-                continue
-            if only is not None:
-                key = staged_key(self.config.job_id, sink.ctx.name, self.index, only)
-                if await self.store.aexists(key):
-                    sink.writer.apply(only, (await self._read_staged(key))[0])
-                continue
-            blobs = await asyncio.to_thread(committed_blobs, self.store, self.config.job_id,
-                                            sink.ctx.name, self.index)
-            for _, commit, key in blobs:
-                sink.writer.apply(commit, (await self._read_staged(key))[0])
+        (each writer skips what it already applied); ``only``: just that commit.
+        Applied in a thread, one at a time: a writer stores what it applies (a Log
+        sink's records), and the store may take seconds, which the loop running the
+        worker's tasks and the job's progress polls must not wait for."""
+        async with self._applying:
+            for sink in self.sinks:
+                if type(sink.writer).apply is SinkWriter.apply:
+                    continue
+                if only is not None:
+                    key = staged_key(self.config.job_id, sink.ctx.name, self.index, only)
+                    if await self.store.aexists(key):
+                        await asyncio.to_thread(sink.writer.apply, only,
+                                                (await self._read_staged(key))[0])
+                    continue
+                blobs = await asyncio.to_thread(committed_blobs, self.store,
+                                                self.config.job_id, sink.ctx.name, self.index)
+                for _, commit, key in blobs:
+                    await asyncio.to_thread(sink.writer.apply, commit,
+                                            (await self._read_staged(key))[0])
 
     async def _read_staged(self, key: str) -> tuple[list, list | None]:
         return await asyncio.to_thread(read_staged, self.store, self.durable, key)
