@@ -20,7 +20,10 @@ from typing import Any
 import pytest
 
 import bastion as bn
-from bastion.runtime.outputs import CommittedOutputs, committed_outputs, read_committed
+from bastion.runtime.durable import DurableCodec
+from bastion.runtime.outputs import (CommittedOutputs, committed_outputs, encode_part,
+                                     encode_staged, marker_key, part_key, part_ref,
+                                     read_committed, staged_key)
 from bastion.storage import open_store
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -105,6 +108,32 @@ def test_length_comes_from_the_commit_records_not_from_the_parts(tmp_path):
              if "/part-" in k]
     assert len(parts) > 1
     assert sorted(store.read) == sorted(set(store.read)) and len(store.read) == len(parts) + 1
+
+
+def test_counts_blobs_written_by_hand_and_part_references_without_counts(tmp_path):
+    """Commit blobs as a worker writes them, with tuples (durable blobs mark them) and
+    lineage ids; a part reference of the older form ``(key, crc)`` is counted by
+    reading the header of its part."""
+    store = open_store(f"local://{tmp_path}")
+    codec = DurableCodec()
+    refs = []
+    for n, chunk in enumerate([[(i, "x") for i in range(5)], [(i, "y") for i in range(3)]]):
+        key = part_key("job", "out", 0, 0, n)
+        blob = encode_part(codec, chunk, [("id", i) for i in range(len(chunk))])
+        store.put(key, blob)
+        refs.append(part_ref(key, blob) if n == 0 else part_ref(key, blob)[:2])
+    store.put(staged_key("job", "out", 0, 7),
+              encode_staged(codec, [(9, "z")], [("id", 9)], refs))
+    store.put(staged_key("job", "out", 0, 8), encode_staged(codec, [(10, "u")], None, []))
+    store.put(staged_key("job", "out", 0, 9), encode_staged(codec, [(99, "never")], None, []))
+    for commit in (7, 8):  # commit point 9 never completed
+        store.put(marker_key("job", commit), b"")
+    values, ids = committed_outputs(store, "job", "out")
+    assert len(values) == 10 and values[-1] == (10, "u") and values[5] == (0, "y")
+    assert values == read_committed(store, "job", "out")[0]
+    assert list(ids[:9]) == [("id", i) for i in (0, 1, 2, 3, 4, 0, 1, 2, 9)]
+    with pytest.raises(ValueError, match="stored without lineage ids"):
+        ids[9]
 
 
 # -- the driver's memory -------------------------------------------------------------------

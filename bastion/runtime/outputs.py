@@ -98,8 +98,14 @@ def _part_records(blob: bytes, key: str) -> int:
     """How many values part ``blob`` (``[values, ids]``) holds: the header of its value
     array, read without decoding a value."""
     _, payload = open_blob(blob, key)
+    return _values_count(payload)
+
+
+def _values_count(payload: bytes | memoryview) -> int:
+    """How many values a part's or commit blob's payload (``[values, ids, ...]``)
+    holds: the header of its value array, read without the values."""
     unpacker = msgpack.Unpacker()
-    unpacker.feed(payload[:16])  # two array headers: at most 1 + 5 bytes
+    unpacker.feed(payload[:16])  # two array headers: at most 5 + 5 bytes
     unpacker.read_array_header()
     return unpacker.read_array_header()
 
@@ -206,9 +212,8 @@ def _scan_commit_blob(data: bytes, key: str) -> tuple[int, list[tuple[str, int, 
     unpacker.feed(payload)
     try:
         fields = unpacker.read_array_header()
-        own = unpacker.read_array_header()
-        for _ in range(own):
-            unpacker.skip()
+        own = _values_count(payload)
+        unpacker.skip()  # the values: one call, however many
         unpacker.skip()  # the ids, or None
         refs = unpacker.unpack() if fields >= 3 else []
     except (ValueError, msgpack.UnpackException) as exc:
