@@ -57,6 +57,9 @@ class SourceReader:
     """One instance's cursor over its share of a source."""
 
     offset: int
+    #: Whether `read` may call the object store: its task then reads in a thread, so
+    #: that a slow store never holds up the loop running the worker's other tasks.
+    reads_store: bool = False
 
     def read(self, max_records: int, now_s: float) -> list | None:
         raise NotImplementedError

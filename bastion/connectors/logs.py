@@ -277,6 +277,8 @@ class LogSourceReader(SourceReader):
     records' ``ts`` in the log, which a replay reads again.
     """
 
+    reads_store = True
+
     def __init__(self, source: LogSource, index: int, parallelism: int):
         self.source = source
         self.index = index

@@ -402,8 +402,9 @@ class MasterContext(abc.ABC):
         """Ask every source task of ``attempt`` to start checkpoint ``checkpoint_id``."""
 
     @abc.abstractmethod
-    async def commit_outputs(self, attempt: int, commit: int) -> None:
-        """Make the sink outputs staged for commit point ``commit`` visible."""
+    async def commit_outputs(self, commit: int) -> None:
+        """Make the sink outputs staged for commit point ``commit`` visible: final
+        once made, whichever attempt staged them."""
 
     @abc.abstractmethod
     def trim_upstream_backups(self, below: dict[int, int]) -> None:

@@ -756,7 +756,7 @@ class CecCoordinator(Coordinator):
         async with self.committing:
             if attempt != self.attempt:
                 return
-            await self.master.commit_outputs(attempt, commit)
+            await self.master.commit_outputs(commit)
             self.committed.add(commit)
 
     async def on_job_finished(self, task_reports: list[dict[str, Any]]) -> None:
@@ -766,7 +766,7 @@ class CecCoordinator(Coordinator):
         staged = set().union(*(r["staged_commits"] for r in task_reports))
         async with self.committing:
             for commit in sorted(staged - self.committed):
-                await self.master.commit_outputs(self.master.attempt, commit)
+                await self.master.commit_outputs(commit)
                 self.committed.add(commit)
 
     async def initial_line(self) -> Any:

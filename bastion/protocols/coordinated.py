@@ -309,16 +309,19 @@ class CheckpointCoordinator(Coordinator):
             cp["sent"].update(meta["sent"])
         if not cp["waiting"]:
             del self.in_progress[checkpoint_id]
-            completing = asyncio.ensure_future(self._complete(checkpoint_id, cp))
+            completing = asyncio.ensure_future(self._complete(checkpoint_id, cp, attempt))
             self.completions.add(completing)
             completing.add_done_callback(self.completions.discard)
 
-    async def _complete(self, checkpoint_id: int, cp: dict[str, Any]) -> None:
+    async def _complete(self, checkpoint_id: int, cp: dict[str, Any], attempt: int) -> None:
         async with self.completing:
-            await self._complete_in_order(checkpoint_id, cp)
+            await self._complete_in_order(checkpoint_id, cp, attempt)
 
-    async def _complete_in_order(self, checkpoint_id: int, cp: dict[str, Any]) -> None:
-        attempt = self.attempt
+    async def _complete_in_order(self, checkpoint_id: int, cp: dict[str, Any],
+                                 attempt: int) -> None:
+        # ``attempt``: the one the acknowledgments came in, not the one running when
+        # the turn of this checkpoint comes (on a slow store, after a failure or the
+        # job's end — then recovery or `on_job_finished` commits it).
         refs = [ref for task_refs in cp["refs"].values() for ref in task_refs]
         await asyncio.to_thread(self.checkpoints.commit, checkpoint_id, refs,
                                 {"attempt": attempt})
@@ -338,9 +341,9 @@ class CheckpointCoordinator(Coordinator):
         # again: commit them first, in order.
         for aborted in sorted(c for c in self.timed_out if c < checkpoint_id):
             self.timed_out.remove(aborted)
-            await self.master.commit_outputs(attempt, aborted)
+            await self.master.commit_outputs(aborted)
             self.committed.add(aborted)
-        await self.master.commit_outputs(attempt, checkpoint_id)
+        await self.master.commit_outputs(checkpoint_id)
         self.committed.add(checkpoint_id)
         # Older checkpoints are never restored again: keep the newest few, delete the rest.
         await asyncio.to_thread(self.checkpoints.gc, self.master.retained_checkpoints)
@@ -361,7 +364,7 @@ class CheckpointCoordinator(Coordinator):
             for checkpoint_id in sorted(set(complete) | staged):
                 # an excluded checkpoint's records were replayed after it: never commit it
                 if checkpoint_id > newest_committed and checkpoint_id not in self.unusable:
-                    await self.master.commit_outputs(self.master.attempt, checkpoint_id)
+                    await self.master.commit_outputs(checkpoint_id)
                     self.committed.add(checkpoint_id)
                     newest_committed = checkpoint_id
             await asyncio.to_thread(self.checkpoints.gc, self.master.retained_checkpoints)
@@ -389,7 +392,7 @@ class CheckpointCoordinator(Coordinator):
                                          key=getattr(exc, "key", None),
                                          reason=f"{type(exc).__name__}: {exc}")
                 continue
-            await self.master.commit_outputs(self.master.attempt, checkpoint_id)
+            await self.master.commit_outputs(checkpoint_id)
             self.committed.add(checkpoint_id)
             return checkpoint_id
 

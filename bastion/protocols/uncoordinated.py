@@ -274,7 +274,6 @@ class RecoveryLineCoordinator(Coordinator):
         the order the sink took them. Sinks with an outside effect skip a commit older
         than one they applied, so a checkpoint whose acknowledgment is still on its way
         holds back the later ones of its task."""
-        attempt = self.attempt
         for task_id in self.sink_tasks:
             previous = None
             for cp in self.history[task_id]:
@@ -288,7 +287,7 @@ class RecoveryLineCoordinator(Coordinator):
                     continue
                 # Marked only once made: a commit cut short (the loop is cancelled when
                 # a failure is detected) is made again by the next attempt.
-                await self.master.commit_outputs(attempt, number)
+                await self.master.commit_outputs(number)
                 self.committed.add(number)
 
     async def on_job_finished(self, task_reports: list[dict[str, Any]]) -> None:
@@ -302,7 +301,7 @@ class RecoveryLineCoordinator(Coordinator):
             if report["task_id"] in self.sink_tasks:
                 for number in sorted(report["acknowledged"]):
                     if number not in self.committed:
-                        await self.master.commit_outputs(self.attempt, number)
+                        await self.master.commit_outputs(number)
                         self.committed.add(number)
 
     async def recovery_line(self) -> Any:

@@ -445,6 +445,7 @@ class Task(TaskContext):
         source, batch_records = self.source, self.config.source_batch_records
         counts = self.counts[0]
         protocol = self.protocol
+        reads_store = source.reader.reads_store
         while not self.stop_requested:
             while self.triggers:
                 await protocol.on_trigger(self.triggers.pop(0))
@@ -454,7 +455,11 @@ class Task(TaskContext):
                 await protocol.between_frames()
                 await asyncio.sleep(_IDLE_SOURCE_SLEEP_S)
                 continue
-            batch = source.poll(min(batch_records, room), time.time())  # receive
+            if reads_store:                                                 # receive
+                batch = await asyncio.to_thread(source.poll, min(batch_records, room),
+                                                time.time())
+            else:
+                batch = source.poll(min(batch_records, room), time.time())
             if batch is None:
                 break
             if len(batch):

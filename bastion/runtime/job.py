@@ -178,8 +178,8 @@ class _CoordinatorContext(MasterContext):
     async def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
         await self._master.trigger_sources(attempt, checkpoint_id)
 
-    async def commit_outputs(self, attempt: int, commit: int) -> None:
-        await self._master.commit_outputs(attempt, commit)
+    async def commit_outputs(self, commit: int) -> None:
+        await self._master.commit_outputs(commit)
 
     def trim_upstream_backups(self, below: dict[int, int]) -> None:
         self._master.trim_upstream_backups(below)
@@ -366,18 +366,24 @@ class JobMaster:
             self.workers[w].trigger_checkpoint.remote(self._epoch(attempt), task_ids,
                                                      checkpoint_id)
 
-    async def commit_outputs(self, attempt: int, commit: int) -> None:
+    async def commit_outputs(self, commit: int) -> None:
         """Make the sink outputs staged for ``commit`` visible (the second phase).
         Commits are applied one at a time, in the order they are made. A worker whose
         sinks fail to apply it is asked again, with backoff; `SinkCommitError` when
-        they still fail (the job then ends)."""
+        they still fail (the job then ends).
+
+        Once its marker is stored a commit is final, whichever attempt staged it: the
+        workers running now apply it (a worker deployed later applies it when it
+        restores). Sent under an attempt that had ended, the workers would ignore
+        it, and a commit the coordinator completes after the job's end (a slow
+        store) would never reach a sink with an outside effect."""
         async with self._committing:
             await self.store.aput(marker_key(self.config.job_id, commit), b"")
             slots = list(range(len(self.workers)))
             delay_s = self.limits.commit_backoff_s
             for tries in range(1, self.limits.commit_attempts + 1):
                 results = await asyncio.gather(
-                    *[self.workers[i].apply_commit.remote(self._epoch(attempt), commit)
+                    *[self.workers[i].apply_commit.remote(self._epoch(self.attempt), commit)
                       for i in slots],
                     return_exceptions=True)
                 # A dead worker is the detector's: its replacement re-applies commits.
@@ -415,7 +421,7 @@ class JobMaster:
         False when that attempt is no longer the one running, or the job has ended."""
         if attempt != self.attempt or self.job_error is not None or self.phase == "done":
             return False
-        await self.commit_outputs(attempt, commit)
+        await self.commit_outputs(commit)
         return True
 
     def _task_names(self, task_ids: Any) -> list[str]:
@@ -721,7 +727,7 @@ class JobMaster:
         tasks = [task for worker in reports for task in worker]
         self.phase = "commit"
         await self.coordinator.on_job_finished(tasks)
-        await self.commit_outputs(self.attempt, FINAL_COMMIT)
+        await self.commit_outputs(FINAL_COMMIT)
         self.phase = "done"
         failures = self._failures()
         return {
