@@ -134,7 +134,7 @@ def job_workload(parallelism: int, records: int) -> None:
     import asyncio
 
     from bastion.runtime import instance, transport
-    from bastion.runtime.config import JobConfig
+    from bastion.runtime.config import JobConfig, with_frame_key
     from bastion.runtime.plan import build_plan
     from throughput import w1
 
@@ -146,9 +146,9 @@ def job_workload(parallelism: int, records: int) -> None:
     async def run() -> None:
         plan = build_plan(w1(records, parallelism), workers=parallelism)
         with tempfile.TemporaryDirectory() as tmp:
-            config = JobConfig(job_id=f"exchange-p{parallelism}",
-                               storage_url=f"local://{tmp}",
-                               buffer_timeout_s=JobConfig.buffer_timeout_s * CALLGRIND_SLOWDOWN)
+            config = with_frame_key(JobConfig(
+                job_id=f"exchange-p{parallelism}", storage_url=f"local://{tmp}",
+                buffer_timeout_s=JobConfig.buffer_timeout_s * CALLGRIND_SLOWDOWN))
             workers = [worker_class() for _ in range(plan.workers)]
             for index, worker in enumerate(workers):
                 worker.bind(config, index, None)

@@ -1176,6 +1176,10 @@ class Worker:
         await self.reset()
         self.worker_index = self.config = self.store = self.epoch = self.master = None
         self.attempt = -1
+        # An idle process proves no job's key: links of the job it served close now,
+        # not when the next job binds it.
+        self.frames.bind(None)
+        self.links.bind(None)
 
     @ray.method(concurrency_group="liveness")
     def ping(self) -> int | None:
