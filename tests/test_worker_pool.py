@@ -215,3 +215,19 @@ def test_after_a_node_died_no_worker_of_it_is_lent(tmp_path):
     assert outcome["lost_worker"] in outcome["before"]
     assert outcome["lost_worker"] not in outcome["after"]
     assert len(outcome["after"]) == 2
+
+
+def test_a_host_whose_loop_is_busy_still_answers_its_ping():
+    """The pool pings the job host before it lends it (2 s): a host busy with the
+    calls of its job masters must not look dead, or every job it hosts would end with
+    it. Sharing their thread, the ping waited 2.5 s behind a 3-s call."""
+    host = JobHost.remote()
+    ray.get(host.ping.remote())
+    busy = host.__ray_call__.remote(lambda self: time.sleep(3.0))  # holds its calls' thread
+    time.sleep(0.5)
+    began_s = time.monotonic()
+    ray.get(host.ping.remote(), timeout=10)
+    waited_s = time.monotonic() - began_s
+    ray.get(busy)
+    ray.kill(host)
+    assert waited_s < 1.0, f"the ping waited {waited_s:.2f} s for the busy loop"

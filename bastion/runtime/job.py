@@ -202,7 +202,7 @@ class MasterLink:
         return await self.host.commit_now.remote(self.job_id, attempt, commit)
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, concurrency_groups={"liveness": 1})
 class JobHost:
     """The process job masters run in, lent by the pool to one job after another (and
     to several at once: each job is a `JobMaster` of its own, found by its id)."""
@@ -210,8 +210,11 @@ class JobHost:
     def __init__(self) -> None:
         self.masters: dict[str, JobMaster] = {}
 
+    @ray.method(concurrency_group="liveness")
     def ping(self) -> None:
-        """Liveness, for the pool."""
+        """Liveness, for the pool. On a thread of its own: a host busy with the calls
+        of its job masters (a burst of acknowledgments) is alive, and declaring it
+        dead would end every job it hosts."""
 
     async def run(self, plan: PhysicalPlan, config: JobConfig, limits: MasterLimits | None,
                   pool: Any) -> dict[str, Any]:
