@@ -696,3 +696,27 @@ def test_a_restart_ends_when_the_tasks_run_not_when_the_job_master_hears_of_it(t
     kinds = [e["kind"] for e in run.details["events"]]
     assert kinds.index("failure_detected") < kinds.index("restarted")
     assert sorted(run.outputs["out"]) == list(range(3000))
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_profiling_runs_write_outputs_of_their_own_and_delete_them(tmp_path):
+    """A profiling run truncates its sinks when it starts: on the user's File and Log
+    sinks it wiped the user's outputs, and two runs side by side (or two tunings of
+    one job) wiped each other's."""
+    user_file = tmp_path / "out.jsonl"
+    user_file.write_text('"kept"\n')
+    log_url = f"local://{tmp_path}/log"
+    topo = bn.Topology("own-outputs")
+    src = topo.source("src", bn.sources.Generator(lambda i: i, count=400, rate=400))
+    src.sink("file", bn.sinks.File(user_file))
+    src.sink("log", bn.sinks.Log(log_url))
+    own = tm.own_outputs(topo, "tune-x")
+    assert own.nodes["file"].params["sink"].path == tmp_path / "out.tune-x.jsonl"
+    assert own.nodes["log"].params["sink"].url == f"{log_url}.tune-x"
+    assert topo.nodes["file"].params["sink"].path == user_file  # the original is untouched
+    profiler = tm.RayProfiler(topo, run_options={"storage": f"local://{tmp_path}/store"})
+    measurement = profiler.profile(0.5, seed=1)
+    assert measurement.ingest_avg_per_s > 0
+    assert user_file.read_text() == '"kept"\n'
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["out.jsonl", "store"], left  # nothing of the run's own outputs is left

@@ -120,9 +120,12 @@ arithmetic, importable and testable without Ray; only `RayProfiler` runs jobs.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import os
 import statistics
+import uuid
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol, Sequence
@@ -960,6 +963,53 @@ def unthrottled(topology: "Topology") -> "Topology":
     return clone
 
 
+def own_outputs(topology: "Topology", tag: str) -> "Topology":
+    """A copy of ``topology`` whose File and Log sinks write beside the user's, under
+    names of their own (``out.<tag>.jsonl``, ``<log url>.<tag>``): a profiling run
+    truncates its sinks when it starts, and must neither wipe the user's outputs nor
+    those of a run beside it (``parallel``, or another tuning of the same job)."""
+    from bastion.sinks import File, Log
+
+    clone = copy.copy(topology)
+    clone.nodes = {}
+    for name, node in topology.nodes.items():
+        sink = node.params.get("sink") if node.kind == "sink" else None
+        if isinstance(sink, (File, Log)):
+            node = copy.copy(node)
+            node.params = dict(node.params)
+            if isinstance(sink, File):
+                path = sink.path
+                node.params["sink"] = File(path.with_name(f"{path.stem}.{tag}{path.suffix}"))
+            else:
+                base, query = (sink.url.split("?", 1) + [""])[:2]
+                node.params["sink"] = Log(f"{base.rstrip('/')}.{tag}"
+                                          + (f"?{query}" if query else ""))
+        clone.nodes[name] = node
+    return clone
+
+
+def discard_outputs(topology: "Topology") -> None:
+    """Delete what the File and Log sinks of ``topology`` (an `own_outputs` copy)
+    wrote: a profiling run's outputs are only ever measured."""
+    from bastion.connectors.files import remove_outputs
+    from bastion.sinks import File, Log
+    from bastion.storage import LocalStore, open_store
+
+    for node in topology.nodes.values():
+        sink = node.params.get("sink") if node.kind == "sink" else None
+        if isinstance(sink, File):
+            remove_outputs(sink.path_for(i, node.parallelism)
+                           for i in range(node.parallelism))
+        elif isinstance(sink, Log):
+            store = open_store(sink.url)
+            for key in store.list(""):
+                store.delete(key)
+            if isinstance(store, LocalStore):  # and the folders it made, once empty
+                for folder in (os.path.join(store.root, ".tmp"), store.root):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(folder)
+
+
 @dataclass
 class RayProfiler:
     """Profiles ``topology`` with real `bastion.run` jobs under ``protocol``.
@@ -1004,7 +1054,11 @@ class RayProfiler:
     def _run(self, topology: "Topology", **options: Any) -> "RunResult":
         from bastion.launcher import run
 
-        return run(topology, protocol=self.protocol, **{**self.run_options, **options})
+        own = own_outputs(topology, f"tune-{uuid.uuid4().hex[:8]}")
+        try:
+            return run(own, protocol=self.protocol, **{**self.run_options, **options})
+        finally:
+            discard_outputs(own)
 
     def capacity(self) -> Capacity:
         options: dict[str, Any] = {"duration_s": self.max_rate_run_s}
