@@ -340,6 +340,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                         chaining=not args.no_chaining, fail_fast=args.fail_fast,
                         progress=progress, resume_from=args.resume_from,
                         failover=args.failover, **_acks_and_redundancy_options(args))
+        # Only the count and the first --show records of each sink, read before
+        # retention may delete this job's folder: a File or Log sink's outputs stay
+        # in the store (`CommittedOutputs`), however many the job committed.
+        shown = [(sink, len(values), list(values[: args.show]))
+                 for sink, values in result.outputs.items()]
     except (TopologyError, StorageError):
         raise  # user errors: main prints them as one line, exit 2
     except ValueError as exc:  # refused before it ran (e.g. --address ray:// without
@@ -357,10 +362,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print()
     print(table([(name, f"{c.records_in:,}", f"{c.records_out:,}")
                  for name, c in m.operators.items()], header=("operator", "in", "out")))
-    for sink, values in result.outputs.items():
-        print(f"\n{sink}: {len(values):,} committed records"
-              + (", first ones:" if values else ""))
-        for value in values[: args.show]:
+    for sink, count, first in shown:
+        print(f"\n{sink}: {count:,} committed records" + (", first ones:" if count else ""))
+        for value in first:
             print(f"  {value!r}")
     if result.dead_letters:
         print(f"\ndead letters: {m.dead_letters:,}, first ones:")
@@ -378,9 +382,17 @@ def drill_exit_code(report: Any) -> int:
 
 
 def print_drill(report: Any, show: int, stream: Any = None) -> None:
-    """The drill's summary table, then the first violations with their ids."""
+    """The drill's summary table, what it did not compare (the two failure-free
+    references disagreed), then the first violations with their ids."""
     stream = stream or sys.stdout
     print(table(report.summary_rows(), numbers=False), file=stream)
+    if report.not_reproduced and show > 0:
+        # the evidence beside the table's one line: what the two failure-free runs
+        # committed, so a user sees why a value was not held against the protocol
+        print("\nnot compared, the first disagreement of the failure-free runs on each:",
+              file=stream)
+        for entry in report.not_reproduced[:show]:
+            print(f"  {report.describe_not_reproduced(entry)}", file=stream)
     for kind, total, items in (("lost", report.lost, report.lost_examples),
                                ("duplicated", report.duplicated, report.duplicated_examples),
                                ("corrupted", report.corrupted, report.corrupted_examples)):
