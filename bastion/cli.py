@@ -66,8 +66,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import importlib.util
 import logging
+import os
+import re
 import sys
 import time
 import traceback
@@ -122,7 +125,10 @@ def load_topology(path: str) -> Topology:
     if not file.is_file():
         raise UsageError(f"no such file: {path}; pass the Python file that builds the "
                          "topology")
-    name = file.stem.replace("-", "_").replace(".", "_")
+    # A name of its own: a job file called like an installed module (ray.py, json.py)
+    # must not replace that module for everything imported after it.
+    digest = hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:8]
+    name = f"_bastion_job_{re.sub(r'[^0-9A-Za-z_]', '_', file.stem)}_{digest}"
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
         raise UsageError(f"cannot load {path} as a Python module; pass a .py file")
@@ -239,6 +245,30 @@ def _megabytes(n: int) -> str:
 # -- the store: open it early, keep it bounded ---------------------------------------------
 
 
+def check_report_path(path: str) -> None:
+    """Refuse, before a run of minutes, a report path that cannot be written."""
+    page = Path(path)
+    folder = page.parent if str(page.parent) else Path(".")
+    if page.is_dir():
+        raise UsageError(f"--html {path} is a directory; name the report file")
+    if not folder.is_dir():
+        raise UsageError(f"--html {path}: no folder {folder}; create it or choose another "
+                         "path")
+    if not os.access(folder, os.W_OK) or (page.exists() and not os.access(page, os.W_OK)):
+        raise UsageError(f"--html {path}: not writable; choose another path")
+
+
+def write_page(write: Any, *args: Any, **kwargs: Any) -> Path:
+    """``write(*args, **kwargs)`` (a report's ``write_html``); a failure to write the
+    page after the run (a full disk) is one line, exit 2 — the run's summary above it
+    stands."""
+    try:
+        return write(*args, **kwargs)
+    except OSError as exc:
+        raise UsageError(f"could not write the report {args[1]}: "
+                         f"{exc.strerror or exc}") from exc
+
+
 def open_storage(url: str) -> Any:
     """The store at ``url``, opened before anything runs: a bad URL, missing
     credentials or an unreachable endpoint is a usage error, not a failed job."""
@@ -251,12 +281,13 @@ def open_storage(url: str) -> Any:
 
 
 def retain(store: Any, keep: int) -> None:
-    """After a run: a local store keeps its ``keep`` newest jobs (0: all of them) and
-    any job written in the last hour. A bucket is left alone — it may be shared,
-    and `bastion gc` prunes it on request."""
+    """After a run: a local store keeps its ``keep`` newest jobs (0: none, as for
+    ``bastion gc --keep 0``) and any job written in the last hour — the one just run
+    among them. A bucket is left alone — it may be shared, and `bastion gc` prunes it
+    on request."""
     from bastion.storage import LocalStore, prune_jobs
 
-    if keep <= 0 or not isinstance(store, LocalStore):
+    if not isinstance(store, LocalStore):
         return
     try:
         prune_jobs(store, keep=keep, min_age_s=RETENTION_MIN_AGE_S)
@@ -431,6 +462,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
     if not faults:
         raise UsageError("a drill needs faults: --kill OP[:I]@S, --kill-node N@S, "
                          "--random-kills N or --faults FILE")
+    check_report_path(args.html)
     topology = load_topology(args.file)
     store = open_storage(args.storage)
     _warn_local_storage_on_a_cluster(args)
@@ -463,7 +495,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
         progress.close()
         retain(store, args.keep_jobs)
     print_drill(report, args.show)
-    page = write_html(report, args.html, title=f"Drill: {topology.name} ({args.protocol})")
+    page = write_page(write_html, report, args.html,
+                      title=f"Drill: {topology.name} ({args.protocol})")
     print(f"\nreport: {page}")
     return drill_exit_code(report)
 
@@ -484,6 +517,7 @@ def _drill_scenario(args: argparse.Namespace) -> int:
         raise UsageError("--scenario runs on a simulated cluster of this machine: use a "
                          "local:// --storage")
     storage_dir = args.storage[len("local://"):]
+    check_report_path(args.html)
     progress = ProgressLine()
     try:
         reference = correlated.references(storage_dir=storage_dir)
@@ -508,7 +542,8 @@ def _drill_scenario(args: argparse.Namespace) -> int:
         print(f"\nfirst-query availability progressive/blocking = "
               f"{times['progressive'] / times['blocking']:.2f}")
     main_report = reports["progressive"]
-    page = write_html(main_report, args.html, title="Drill: correlated failure (progressive)",
+    page = write_page(write_html, main_report, args.html,
+                      title="Drill: correlated failure (progressive)",
                       compared={k: v for k, v in reports.items() if k != "progressive"})
     print(f"\nreport: {page}")
     codes = [drill_exit_code(r) for r in reports.values()]
@@ -595,6 +630,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if _acks_and_redundancy_options(args):
         raise UsageError("--redundancy and --latency-bound are options of protocols none "
                          "and acks, which take no checkpoints; tune does not use them")
+    check_report_path(args.html)
     topology = load_topology(args.file)
     store = open_storage(args.storage)
     _warn_local_storage_on_a_cluster(args)
@@ -612,7 +648,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     finally:
         retain(store, args.keep_jobs)
     print_tuning(result)
-    page = write_html(result, args.html, title=f"Tuning: {topology.name} ({args.protocol})")
+    page = write_page(write_html, result, args.html,
+                      title=f"Tuning: {topology.name} ({args.protocol})")
     print(f"report: {page}")
     if result.interval_s is None:
         return EXIT_VIOLATED
@@ -852,7 +889,7 @@ def _common(parser: argparse.ArgumentParser, *, default_protocol: str,
                         default=DEFAULT_KEEP_JOBS, metavar="N",
                         help="after the run, delete jobs of a local store beyond the N "
                              "newest, except those written in the last hour (default "
-                             f"{DEFAULT_KEEP_JOBS}; 0 keeps every job)")
+                             f"{DEFAULT_KEEP_JOBS}; 0 keeps none older, as gc --keep 0)")
     parser.add_argument("--faults", default=None, metavar="FILE",
                         help="inject the faults a YAML fault file describes (operator -> "
                              "instances -> timing / drop_frames / link_outage / crash; "

@@ -395,3 +395,47 @@ def test_gc_deletes_old_jobs_and_keeps_recent_ones(tmp_path, capsys):
     assert sorted(j.job for j in list_jobs(store)) == ["c", "recent"]
     assert cli("gc", "--storage", url, "--keep", "0", "--min-age", "0") == EXIT_OK
     assert list_jobs(store) == []
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_keep_jobs_0_keeps_none_but_the_last_hours_as_gc_keep_0_does(tmp_path, capsys):
+    store = LocalStore(tmp_path / "store")
+    for i in range(2):
+        store.put(f"jobs/old-{i}/events/job-master", b"x")
+    age_jobs(store, ["old-0", "old-1"], time.time() - 7200)
+    job = write_job(tmp_path, count=200, rate=2000)
+    assert cli("run", str(job), "--storage", f"local://{store.root}",
+               "--keep-jobs", "0") == EXIT_OK
+    assert "out: 200 committed records" in capsys.readouterr().out
+    [left] = list_jobs(store)  # the old ones went; the run just made is an hour young
+    assert left.job.startswith("cli-job-")
+
+
+def test_a_job_file_named_like_a_module_does_not_replace_it(tmp_path, nothing_runs):
+    import json
+
+    path = tmp_path / "json.py"
+    path.write_text(JOB.format(count=10, rate=100))
+    from bastion.cli import load_topology
+
+    topology = load_topology(str(path))
+    assert topology.name == "cli-job"
+    assert sys.modules["json"] is json and json.dumps([1]) == "[1]"
+
+
+def test_a_report_that_cannot_be_written_is_one_line(tmp_path, capsys, nothing_runs):
+    job = write_job(tmp_path)
+    missing = tmp_path / "no-such-folder" / "r.html"
+    assert cli("drill", str(job), "--kill", "square@0.3", "--html", str(missing)) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"--html {missing}: no folder" in err and "Traceback" not in err
+    assert cli("tune", str(job), "--trt-bound", "10", "--html", str(tmp_path)) == EXIT_USAGE
+    assert "is a directory" in capsys.readouterr().err
+
+    from bastion.cli import UsageError, write_page
+
+    def full_disk(report, path, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(UsageError, match=r"could not write the report r\.html: No space"):
+        write_page(full_disk, object(), "r.html", title="t")
