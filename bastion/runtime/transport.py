@@ -478,6 +478,12 @@ class FrameServer:
         self.rejected_links += 1
         self.rejections[violation.reason] += 1
         host = str(peer[0]) if peer else "?"
+        if violation.reason == "no_job":
+            # Expected as a job ends: its peers' links heal towards a worker already
+            # released. Counted; a warning would reach the user's terminal.
+            logger.debug("frame port %s closed a link from %s: %s",
+                         _name(self.address) if self.address else "?", host, violation)
+            return
         if host not in self._logged_peers and len(self._logged_peers) < _LOGGED_PEERS_MAX:
             self._logged_peers.add(host)
             logger.warning("frame port %s closed a link from %s: %s (further links from "
