@@ -818,7 +818,7 @@ class SinkOp(Operator):
         self.staged_ids: list = []
         self.staged_records = 0     # records held in memory since the last commit or part
         self.max_staged_records = 0
-        self.parts: list[tuple[str, int]] = []  # parts of the current commit point
+        self.parts: list[tuple[str, int, int]] = []  # the current commit point's (`part_ref`)
         self.spilled_parts = 0      # parts written in this attempt
         # Lineage ids this sink committed or staged, when a protocol has it drop a
         # record it already has (`deduplicate`); None: keep every record.
@@ -840,13 +840,13 @@ class SinkOp(Operator):
         self.staged_records = 0
         return self.writer.take_staged(), ids
 
-    def add_part(self, ref: tuple[str, int]) -> None:
+    def add_part(self, ref: tuple[str, int, int]) -> None:
         """Values taken by `take_staged` are stored as a part: the commit point's blob
         will list it."""
         self.parts.append(ref)
         self.spilled_parts += 1
 
-    def take_parts(self) -> list[tuple[str, int]]:
+    def take_parts(self) -> list[tuple[str, int, int]]:
         """The parts of the current commit point, stored before what `take_staged`
         returns now; the next commit point starts without any."""
         parts, self.parts = self.parts, []
