@@ -42,11 +42,12 @@ import io
 import logging
 import os
 import random
+import re
 import threading
 import time
 import uuid
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from .errors import (
@@ -507,9 +508,7 @@ class MinioStore(ObjectStore):
             http.clear()
 
     def _scrub(self, text: str) -> str:
-        for secret in (self._secret_key.value, self._access_key.value):
-            text = text.replace(secret, "***")
-        return text
+        return scrub_secrets(text, (self._secret_key.value, self._access_key.value))
 
     def _retryable(self, exc: BaseException) -> bool:
         import urllib3
@@ -666,6 +665,16 @@ def _describe(exc: BaseException) -> str:
 
 
 # --------------------------------------------------------------------------- URLs
+
+
+def scrub_secrets(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every whole occurrence of a secret hidden, character for
+    character. Whole: not inside a longer run of letters and digits — a short test
+    key ``x`` must not turn ``s3://bucket/prefix`` into ``s3://bucket/prefi***``."""
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])",
+                      "*" * len(secret), text)
+    return text
 
 
 def _redact(url: str) -> str:

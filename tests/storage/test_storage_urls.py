@@ -145,3 +145,16 @@ def test_a_storage_error_is_a_bastion_error(tmp_path) -> None:
         open_store(f"local://{blocker}/sub")
     assert isinstance(info.value, StorageError)
     assert issubclass(InvalidStoreURLError, bastion.BastionError)
+
+
+def test_secrets_are_hidden_whole_and_the_rest_stays_readable():
+    from bastion.storage.store import scrub_secrets
+
+    # a short key inside a longer word is not the key
+    assert scrub_secrets("s3://bucket/prefix failed", ["x", "bo"]) == \
+        "s3://bucket/prefix failed"
+    # a key where it stands alone is hidden, character for character
+    assert scrub_secrets("denied for AKIA123 with secret s3cr/et+K", ["AKIA123", "s3cr/et+K"]) \
+        == "denied for ******* with secret *********"
+    assert scrub_secrets("key=AKIA123&x=1", ["AKIA123"]) == "key=*******&x=1"
+    assert scrub_secrets("nothing here", [""]) == "nothing here"
