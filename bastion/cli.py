@@ -1060,8 +1060,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "--min-age seconds (they may still be running).")
     gc.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
                     help=f"the store to prune (default {DEFAULT_STORAGE})")
-    gc.add_argument("--keep", type=_number(int, minimum=0), default=10, metavar="N",
-                    help="newest jobs to keep (default 10)")
+    gc.add_argument("--keep", type=_number(int, minimum=0), default=DEFAULT_KEEP_JOBS,
+                    metavar="N", help="newest jobs to keep (default "
+                                      f"{DEFAULT_KEEP_JOBS}, as run's --keep-jobs)")
     gc.add_argument("--min-age", type=_number(float, minimum=0), default=RETENTION_MIN_AGE_S,
                     metavar="S", help="never delete a job written in the last S seconds "
                                       f"(default {RETENTION_MIN_AGE_S:.0f})")
