@@ -72,6 +72,7 @@ import logging
 import os
 import re
 import sys
+import textwrap
 import time
 import traceback
 from pathlib import Path
@@ -215,11 +216,17 @@ class ProgressLine:
         self.last, self.printed, self.printed_at, self.width = None, None, None, 0
 
 
+TERMINAL_COLUMNS = 80
+
+
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None,
           numbers: bool = True) -> str:
     """Aligned columns; the first is left-aligned, the others right-aligned as
-    numbers, or left-aligned too when they hold text (``numbers=False``)."""
+    numbers, or left-aligned too when they hold text (``numbers=False``). Text in the
+    last column wraps onto lines of its own so that the table fits 80 columns."""
     cells = [list(map(str, r)) for r in ([header] if header else []) + list(rows)]
+    if cells and len(cells[0]) > 1:
+        cells = _wrap_last_column(cells)
     widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 or not numbers else c.rjust(w)
                        for i, (c, w) in enumerate(zip(row, widths))).rstrip()
@@ -227,6 +234,21 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None,
     if header:
         lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def _wrap_last_column(cells: list[list[str]]) -> list[list[str]]:
+    """Rows whose last cell would end past `TERMINAL_COLUMNS` continue it on rows
+    of their own, the other cells blank."""
+    lead = sum(max(len(r[i]) for r in cells) + 2 for i in range(len(cells[0]) - 1))
+    room = TERMINAL_COLUMNS - lead
+    if room < 20 or all(len(r[-1]) <= room for r in cells):
+        return cells  # it fits, or the other columns take the line
+    wrapped = []
+    for row in cells:
+        lines = textwrap.wrap(row[-1], room) or [""]
+        wrapped.append(row[:-1] + [lines[0]])
+        wrapped.extend([""] * (len(row) - 1) + [line] for line in lines[1:])
+    return wrapped
 
 
 def one_line(text: object) -> str:
@@ -883,8 +905,11 @@ def _common(parser: argparse.ArgumentParser, *, default_protocol: str,
                              f"(default {DEFAULT_STORAGE}; credentials from "
                              "BASTION_S3_ACCESS_KEY/BASTION_S3_SECRET_KEY)")
     parser.add_argument("--address", default=None, metavar="ADDR",
-                        help="Ray cluster to use: ray://HEAD:10001 or auto (default: "
-                             "start a local Ray on 127.0.0.1)")
+                        help="Ray cluster to join: its head's GCS address HOST:PORT "
+                             "(the --port of `ray start --head`, e.g. 127.0.0.1:6390), "
+                             "auto (the cluster this machine is a node of) or "
+                             "ray://HEAD:10001 (Ray's client, needs ray[client]) "
+                             "(default: start a local Ray on 127.0.0.1)")
     parser.add_argument("--keep-jobs", type=_number(int, minimum=0),
                         default=DEFAULT_KEEP_JOBS, metavar="N",
                         help="after the run, delete jobs of a local store beyond the N "

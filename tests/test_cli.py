@@ -439,3 +439,17 @@ def test_a_report_that_cannot_be_written_is_one_line(tmp_path, capsys, nothing_r
 
     with pytest.raises(UsageError, match=r"could not write the report r\.html: No space"):
         write_page(full_disk, object(), "r.html", title="t")
+
+
+def test_summary_tables_wrap_their_text_within_80_columns():
+    from bastion.cli import table
+
+    rows = [("duration", "1.00 s"),
+            ("faults injected", "3 stalls (0.60 s), 12 frames lost (1,200 records), 4 "
+                                "waits for a link (0.40 s), 2 connections dropped")]
+    for numbers in (True, False):
+        text = table(rows, numbers=numbers)
+        assert max(map(len, text.splitlines())) <= 80, text
+        assert " ".join(text.split()).endswith("2 connections dropped")
+    narrow = [("a", "1"), ("b", "22")]
+    assert table(narrow) == "a   1\nb  22"  # what fits is left as it was

@@ -358,7 +358,9 @@ nums.map("double", lambda i: i * 2, parallelism=2).sink("out", bn.sinks.Collect(
     assert main(["run", str(job), "--storage", f"local://{tmp_path}/store",
                  "--redundancy", "1"]) == EXIT_OK
     out = capsys.readouterr().out
-    assert re.search(r"redundancy\s+double 1; 2,000 copies sent, 2,000 dropped", out), out
+    assert re.search(r"redundancy\s+double 1; 2,000 copies sent, 2,000 repeated\s+arrivals "
+                     r"dropped", out), out
+    assert max(map(len, out.splitlines())) <= 80, out
 
 
 def test_a_tuple_with_copies_skips_a_congested_instance_unless_state_needs_it():

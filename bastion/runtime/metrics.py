@@ -365,17 +365,28 @@ class RunMetrics:
             ratio = (f"auto, {len(decisions)} decisions, last ratio "
                      f"{decisions[-1]['ratio']:.2f}" if decisions else
                      ", ".join(f"{op} {r:g}" for op, r in copied["ratios"].items()))
+            # A receiver drops every arrival of a tuple it has processed already: the
+            # later of a tuple and its copy, and replays (acks re-sends) — so more can
+            # be dropped than copies were sent.
             rows.append(("redundancy", f"{ratio}; {copied['copies_sent']:,} copies sent, "
-                                       f"{copied['copies_dropped']:,} dropped"))
+                                       f"{copied['copies_dropped']:,} repeated arrivals "
+                                       "dropped"))
         return rows
 
 
 def describe_injected(injected: dict[str, float]) -> str:
-    """What the tasks injected (`bastion.runtime.faults`), in words: counts from the
-    last attempt's tasks (an attempt that failed took its counts with it)."""
-    return (f"{injected['stalls']:,.0f} stalls ({injected['stalled_s']:.2f} s), "
-            f"{injected['frames_dropped']:,.0f} frames lost "
-            f"({injected['records_dropped']:,.0f} records), "
-            f"{injected['outage_waits']:,.0f} waits for a link "
-            f"({injected['outage_waited_s']:.2f} s), "
-            f"{injected.get('connections_dropped', 0):,.0f} connections dropped")
+    """What the tasks injected (`bastion.runtime.faults`), in words — the kinds that
+    happened: counts from the last attempt's tasks (an attempt that failed took its
+    counts with it)."""
+    parts = []
+    if injected["stalls"]:
+        parts.append(f"{injected['stalls']:,.0f} stalls ({injected['stalled_s']:.2f} s)")
+    if injected["frames_dropped"]:
+        parts.append(f"{injected['frames_dropped']:,.0f} frames lost "
+                     f"({injected['records_dropped']:,.0f} records)")
+    if injected["outage_waits"]:
+        parts.append(f"{injected['outage_waits']:,.0f} waits for a link "
+                     f"({injected['outage_waited_s']:.2f} s)")
+    if injected.get("connections_dropped", 0):
+        parts.append(f"{injected['connections_dropped']:,.0f} connections dropped")
+    return ", ".join(parts) or "none took effect (no stall, lost frame or outage)"
