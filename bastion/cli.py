@@ -185,14 +185,17 @@ class ProgressLine:
             self.close()
             self.run, self.last, self.phase = run, None, None
         now, read = self.clock(), progress["source_records"]
-        rate = 0.0
+        rate: float | None = 0.0
         if self.last is not None and now > self.last[0]:
-            rate = (read - self.last[1]) / (now - self.last[0])
+            # fewer read than before: a restart rolled the sources back, and their
+            # counts with them — no rate until the next report, never a negative one
+            rate = (None if read < self.last[1]
+                    else (read - self.last[1]) / (now - self.last[0]))
         self.last = (now, read)
         label = f"{run}: " if run else ""
         counts = (f"{label}[{progress['phase']:>7}] {progress['elapsed_s']:6.1f} s  "
                   f"in {read:>12,}  out {progress['sink_records']:>12,}")
-        line = f"{counts}  {rate:>12,.0f} rec/s"
+        line = f"{counts}  {'-' if rate is None else f'{rate:,.0f}':>12} rec/s"
         if self.enabled:
             # pad: a shorter line must cover the end of the previous one
             self.stream.write("\r" + line.ljust(self.width))
