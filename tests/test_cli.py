@@ -453,3 +453,15 @@ def test_summary_tables_wrap_their_text_within_80_columns():
         assert " ".join(text.split()).endswith("2 connections dropped")
     narrow = [("a", "1"), ("b", "22")]
     assert table(narrow) == "a   1\nb  22"  # what fits is left as it was
+
+
+def test_progress_after_a_restart_shows_no_negative_rate():
+    """A restart rolls the sources' counts back: the rate then restarts, it never
+    reads -2,009 rec/s."""
+    stream, now = FakeStream(), [0.0]
+    line = ProgressLine(stream, tty=False, every_s=0.0, clock=lambda: now[0])
+    for read in (0, 1000, 2000, 500, 1500):  # the third report comes after a restart
+        line(report("watch", now[0], read))
+        now[0] += 1.0
+    rates = [l.split("out")[1].split()[1] for l in stream.text.splitlines()]
+    assert rates == ["0", "1,000", "1,000", "-", "1,000"], stream.text
