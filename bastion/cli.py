@@ -97,6 +97,8 @@ RETENTION_MIN_AGE_S = 3600.0
 PIPE_PROGRESS_EVERY_S = 5.0
 #: The range `run --checkpoint-interval auto` tunes over (`bastion tune` sets its own).
 TUNE_MIN_INTERVAL_S, TUNE_MAX_INTERVAL_S, TUNE_POINTS = 0.5, 8.0, 6
+# `run --checkpoint-interval auto` tunes intervals up to this share of the run's length
+AUTO_MAX_INTERVAL_SHARE = 0.25
 
 
 class UsageError(Exception):
@@ -294,11 +296,18 @@ def write_page(write: Any, *args: Any, **kwargs: Any) -> Path:
                          f"{exc.strerror or exc}") from exc
 
 
-def open_storage(url: str) -> Any:
+def open_storage(url: str, *, existing: bool = False) -> Any:
     """The store at ``url``, opened before anything runs: a bad URL, missing
-    credentials or an unreachable endpoint is a usage error, not a failed job."""
+    credentials or an unreachable endpoint is a usage error, not a failed job.
+    ``existing``: a command that only reads (analyze, gc, reconstruct) refuses a
+    local path that does not exist, where opening would create it."""
     from bastion.storage import open_store
 
+    if existing and url.startswith("local://"):
+        path = Path(url[len("local://"):].split("?", 1)[0]).expanduser()
+        if not path.is_dir():
+            raise UsageError(f"--storage {url}: no such folder {path}; name the store "
+                             "the jobs ran in")
     try:
         return open_store(url)
     except StorageError as exc:  # its message names the URL and what to check
@@ -607,7 +616,7 @@ class TuneProgress:
 def _tune(args: argparse.Namespace, topology: Topology, store: Any, *, trt_bound_s: float,
           min_interval_s: float, max_interval_s: float, points: int, case: str = "max",
           parallel: int = 1, duration_s: float | None = None, seed: int = 0,
-          max_rate_run_s: float = 4.0, repeats: int = 1) -> Any:
+          max_rate_run_s: float = 4.0, repeats: int = 1, keep_profiles: bool = False) -> Any:
     """Run `bastion.tune` for a command, with its progress bar; a refused option is a
     usage error, a failed profiling job a `BastionError` for the caller."""
     import bastion as bn
@@ -620,7 +629,7 @@ def _tune(args: argparse.Namespace, topology: Topology, store: Any, *, trt_bound
                        protocol=args.protocol, parallel=parallel, duration_s=duration_s,
                        seed=seed, max_rate_run_s=max_rate_run_s, progress=progress,
                        storage=store.url, address=args.address,
-                       failover=args.failover)
+                       failover=args.failover, keep_profiles=keep_profiles)
     except (TopologyError, StorageError, BastionError):
         raise
     except ValueError as exc:  # a bad option or a topology tuning cannot profile
@@ -664,7 +673,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                        min_interval_s=args.min, max_interval_s=args.max, points=args.points,
                        case=args.case, parallel=args.parallel, duration_s=args.duration,
                        seed=args.seed, max_rate_run_s=args.max_rate_run,
-                       repeats=args.repeats)
+                       repeats=args.repeats, keep_profiles=args.keep_profiles)
     except (TopologyError, StorageError):
         raise  # user errors: main prints them as one line, exit 2
     except BastionError as exc:  # a profiling job failed
@@ -693,10 +702,24 @@ def _auto_interval(args: argparse.Namespace) -> float:
     if args.protocol == "acks":
         raise UsageError("--protocol acks takes no checkpoints; --checkpoint-interval auto "
                          "needs a checkpointing protocol")
+    from bastion.scheduler.tuning import expected_run_s
+
     topology = load_topology(args.file)
+    length_s = args.duration or expected_run_s(topology)
+    max_interval_s = TUNE_MAX_INTERVAL_S
+    if length_s is not None:
+        # an interval longer than this share of the run completes too few checkpoints
+        # in it to be worth having (8 s was once chosen for a 6.7-s job)
+        max_interval_s = min(max_interval_s, AUTO_MAX_INTERVAL_SHARE * length_s)
+        if max_interval_s < 2 * TUNE_MIN_INTERVAL_S:
+            raise UsageError(
+                f"--checkpoint-interval auto: the job reads its input in {length_s:.1f} s, "
+                f"too short to tune (an interval must be at most "
+                f"{AUTO_MAX_INTERVAL_SHARE:.0%} of it, and the shortest tuned is "
+                f"{TUNE_MIN_INTERVAL_S:g} s); pass --checkpoint-interval S")
     store = open_storage(args.storage)
     result = _tune(args, topology, store, trt_bound_s=args.trt_bound,
-                   min_interval_s=TUNE_MIN_INTERVAL_S, max_interval_s=TUNE_MAX_INTERVAL_S,
+                   min_interval_s=TUNE_MIN_INTERVAL_S, max_interval_s=max_interval_s,
                    points=TUNE_POINTS, duration_s=args.duration)
     print_tuning(result)
     if result.interval_s is None:
@@ -708,7 +731,7 @@ def _auto_interval(args: argparse.Namespace) -> float:
 def cmd_gc(args: argparse.Namespace) -> int:
     from bastion.storage import prune_jobs
 
-    store = open_storage(args.storage)
+    store = open_storage(args.storage, existing=True)
     report = prune_jobs(store, keep=args.keep, min_age_s=args.min_age, dry_run=args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
     for job in report.deleted:
@@ -727,7 +750,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         find_java()  # seconds before Spark would fail on it, with a clearer message
     except SparkSetupError as exc:
         raise UsageError(str(exc)) from exc
-    store = open_storage(args.storage)
+    store = open_storage(args.storage, existing=True)
     try:
         logs = find_event_logs(store, args.job)
     except AnalyzeError as exc:
@@ -777,7 +800,7 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
         find_java()  # seconds before Spark would fail on it, with a clearer message
     except SparkSetupError as exc:
         raise UsageError(str(exc)) from exc
-    store = open_storage(args.storage)
+    store = open_storage(args.storage, existing=True)
     try:
         find_instances(store, args.job, args.operator)  # a wrong name before Spark starts
     except ReconstructError as exc:
@@ -1079,6 +1102,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--html", default="tuning-report.html", metavar="PATH",
                       help="where to write the page with the fitted curves (default "
                            "tuning-report.html)")
+    tune.add_argument("--keep-profiles", action="store_true",
+                      help="keep the profiling jobs in the store (about 100 MB); by "
+                           "default they are deleted once measured")
     tune.set_defaults(handler=cmd_tune)
 
     gc = sub.add_parser(

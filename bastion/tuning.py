@@ -82,7 +82,8 @@ def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.
          kill_between_s: tuple[float, float] | None = None, max_rate_run_s: float = 4.0,
          stop_term_s: float = DEFAULT_STOP_TERM_S, seed: int = 0,
          progress: Callable[[dict[str, Any]], None] | None = None,
-         profiler: Profiler | None = None, **run_options: Any) -> TuningResult:
+         profiler: Profiler | None = None, keep_profiles: bool = False,
+         **run_options: Any) -> TuningResult:
     """Profile ``topology`` at ``points`` checkpoint intervals from ``min_interval_s``
     to ``max_interval_s``, model its TRT and latency, and choose the interval.
 
@@ -96,7 +97,9 @@ def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.
     length. ``progress`` gets ``{"done", "total", "what"}`` after every run. Other
     keyword arguments go to every `bastion.run` (``storage``, ``heartbeat_timeout_s``,
     ``address``, ...). ``profiler`` replaces the Ray profiler (what it measures is
-    modelled the same way)."""
+    modelled the same way). The profiling jobs are deleted from the store once
+    measured (about 100 MB for a default tuning), unless ``keep_profiles``: the
+    result's job ids then name folders that still exist."""
     if trt_bound_s is None or trt_bound_s <= 0:
         raise ValueError(f"trt_bound_s must be > 0 seconds, got {trt_bound_s}")
     if case not in CASES:
@@ -120,6 +123,9 @@ def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.
             parallel = room_for_copies(topology, run_options, parallel)
     capacity, measurements = profile_all(profiler, intervals, parallel=parallel,
                                          repeats=repeats, progress=progress)
+    if isinstance(profiler, RayProfiler) and not keep_profiles:
+        _delete_profiles(run_options.get("storage"),
+                         [capacity.job_id, *(m.job_id for m in measurements)])
     model = build_model(measurements, capacity, stop_term_s)
     choice: Choice = optimise(model, trt_bound_s, min_interval_s, max_interval_s, case)
     return TuningResult(
@@ -129,6 +135,19 @@ def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.
         latency_ms=choice.latency_ms, trt_bound_s=trt_bound_s, case=case,
         reason=choice.reason, measurements=tuple(measurements), capacity=capacity,
         model=model, parallel=parallel)
+
+
+def _delete_profiles(storage: str | None, job_ids: list[str]) -> None:
+    """Delete the profiling jobs (a measurement of repeated runs names them all,
+    space-separated) from ``storage`` (None: `bastion.run`'s default)."""
+    import inspect
+
+    from bastion.launcher import run
+    from bastion.storage import delete_job, open_store
+
+    store = open_store(storage or inspect.signature(run).parameters["storage"].default)
+    for job_id in {j for ids in job_ids for j in ids.split()}:
+        delete_job(store, job_id)
 
 
 # -- the HTML page ----------------------------------------------------------------------------

@@ -465,3 +465,22 @@ def test_progress_after_a_restart_shows_no_negative_rate():
         now[0] += 1.0
     rates = [l.split("out")[1].split()[1] for l in stream.text.splitlines()]
     assert rates == ["0", "1,000", "1,000", "-", "1,000"], stream.text
+
+
+def test_read_only_commands_do_not_create_a_missing_store(tmp_path, capsys):
+    missing = tmp_path / "no-store"
+    for argv in (["gc", "--storage", f"local://{missing}"],
+                 ["analyze", "--job", "some-job", "--out", str(tmp_path / "out"),
+                  "--storage", f"local://{missing}"]):
+        assert cli(*argv) == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert f"no such folder {missing}" in err and len(err.splitlines()) == 1, err
+        assert not missing.exists()
+
+
+def test_auto_interval_refuses_a_job_too_short_to_tune(tmp_path, capsys, nothing_runs):
+    job = write_job(tmp_path, count=1000, rate=1000)  # reads its input in 1 s
+    assert cli("run", str(job), "--checkpoint-interval", "auto", "--trt-bound", "5",
+               "--storage", f"local://{tmp_path}/s") == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "too short to tune" in err and "--checkpoint-interval S" in err, err

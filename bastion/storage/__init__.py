@@ -37,7 +37,7 @@ _EXPORTS = {
     "log": ("LogReader", "LogRecord", "LogWriter", "RecoveryInfo", "SegmentInfo",
             "TornTailReport", "recover_log"),
     "store": ("LocalStore", "MinioStore", "ObjectStore", "open_store"),
-    "retention": ("JobFolder", "PruneReport", "list_jobs", "prune_jobs"),
+    "retention": ("JobFolder", "PruneReport", "delete_job", "list_jobs", "prune_jobs"),
 }
 
 if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__ loads
@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
                          StorageError, StoreUnavailableError)
     from .log import (LogReader, LogRecord, LogWriter, RecoveryInfo, SegmentInfo,
                       TornTailReport, recover_log)
-    from .retention import JobFolder, PruneReport, list_jobs, prune_jobs
+    from .retention import JobFolder, PruneReport, delete_job, list_jobs, prune_jobs
     from .store import LocalStore, MinioStore, ObjectStore, open_store
 
 

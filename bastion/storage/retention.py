@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from .store import ObjectStore
 
-__all__ = ["JOBS_PREFIX", "JobFolder", "PruneReport", "list_jobs", "prune_jobs"]
+__all__ = ["JOBS_PREFIX", "JobFolder", "PruneReport", "delete_job", "list_jobs", "prune_jobs"]
 
 #: Where every job's folder lives in a store.
 JOBS_PREFIX = "jobs/"
@@ -90,11 +90,12 @@ def prune_jobs(store: ObjectStore, *, keep: int, min_age_s: float = 3600.0,
             continue
         report.deleted.append(folder)
         if not dry_run:
-            _delete_job(store, folder.job)
+            delete_job(store, folder.job)
     return report
 
 
-def _delete_job(store: ObjectStore, job: str) -> None:
+def delete_job(store: ObjectStore, job: str) -> None:
+    """Delete every object of job ``job`` (a job that is over)."""
     times = store.list_modified(f"{JOBS_PREFIX}{job}/")
     # Newest first: the objects that vouch for others (manifests, commit markers)
     # were written last and go first; see the module docstring.
