@@ -78,7 +78,9 @@ recovery already in progress, which the restart then covered). The verdict:
 For every fault the report gives detection (kill → job master notices), restart
 (detection → every task runs again from the recovery line), recovery (kill → sink
 output rate back to 90% of its rate before the kill) and total recovery time (kill →
-sources caught up with the input that arrived meanwhile).
+output rate back and sources caught up with the input that arrived meanwhile), as
+`bastion.runtime.recovery_times` defines them for every command; docs/metrics.md
+lists every figure the summary prints.
 
 `compare` and `fault_outcomes` are plain functions over run outputs and events:
 unit-testable without Ray.
@@ -98,8 +100,9 @@ from bastion.launcher import RunResult, ensure_ray, run
 from bastion.lineage import ancestry, format_id, op_codes
 from bastion.protocols import Protocol, get_protocol
 from bastion.runtime.merge import clock_dependent_operators, nondeterminism
-from bastion.runtime.metrics import describe_injected, rate_recovered_at
+from bastion.runtime.metrics import describe_injected
 from bastion.runtime.plan import build_plan
+from bastion.runtime.recovery_times import RecoveryTimes, recovery_times
 from bastion.runtime.redundancy import resolve as resolve_redundancy
 from bastion.topology import Topology
 
@@ -109,6 +112,7 @@ KINDS = ("lost", "duplicated", "corrupted")
 GOOD = ("exactly-once", "at-least-once")  # verdicts that keep the protocol's promise
 EXAMPLES = 5  # violations of each kind kept as examples
 REFERENCE_PROTOCOL = "none"
+GLOSSARY = "docs/metrics.md"   # what each printed figure means, one meaning each
 # `bastion.run` options that configure the protocol under test (not the reference's)
 PROTOCOL_OPTIONS = ("cec", "acks_mode", "ack_timeout_s", "max_pending", "redundancy",
                     "dedup_window_s")
@@ -357,7 +361,8 @@ def _disagreements(result: Comparison, sink: str, want: dict[Any, list],
 @dataclass
 class FaultOutcome:
     """One scheduled kill: whether it landed, and how the job came back from it.
-    Times in seconds; ``at_s`` since the job started, the others since the kill."""
+    Times in seconds; ``at_s`` since the job started, ``restart_s`` since the
+    detection, the others since the kill (`bastion.runtime.recovery_times`)."""
 
     what: str
     scheduled_s: float
@@ -372,6 +377,14 @@ class FaultOutcome:
     # the operator instances the recovery restarted ("op[index]"): all of them when
     # the job restarted whole, fewer when only the failure's region did
     restarted_tasks: list[str] = field(default_factory=list)
+
+    def times(self) -> RecoveryTimes | None:
+        """The recovery figures, to check their laws (`RecoveryTimes.violations`);
+        None when the kill was not carried out."""
+        if self.at_s is None:
+            return None
+        return RecoveryTimes(self.at_s, self.detection_s, self.restart_s, self.recovery_s,
+                             self.trt_s)
 
     def describe(self) -> str:
         def secs(v: float | None) -> str:
@@ -392,18 +405,6 @@ def _restarted_summary(names: Sequence[str], shown: int = 6) -> str:
     """``names`` of restarted operator instances, the first ``shown`` of them named."""
     listed = ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
     return f"{len(names)} operator instance{'s' if len(names) != 1 else ''} ({listed})"
-
-
-def _caught_up_at(timeline: list[dict[str, Any]], fault_s: float, restart_s: float
-                  ) -> float | None:
-    """When the sources caught up after a restart: their backlog of input due but not
-    read is back to its steady level before the fault (a paced source is never at 0)."""
-    steady_lag = max((p["source_lag"] for p in timeline
-                      if fault_s - 1.5 <= p["t_s"] < fault_s), default=0)
-    for p in timeline:
-        if p["t_s"] >= restart_s and p["source_lag"] <= steady_lag and p["sink_records"] > 0:
-            return p["t_s"]
-    return None
 
 
 def fault_outcomes(kills: Sequence[ScheduledKill], events: Sequence[dict[str, Any]],
@@ -447,20 +448,18 @@ def fault_outcomes(kills: Sequence[ScheduledKill], events: Sequence[dict[str, An
                 continue
             detected = after[at]
             restarted = next((e for e in after[at + 1:] if e["kind"] == "restarted"), None)
-            outcome.detection_s = detected["t"] - fault["t"]
         outcome.landed = detected is not None or restarted is not None
+        times = recovery_times(timeline, fault["t_s"],
+                               None if detected is None else detected["t_s"],
+                               None if restarted is None else restarted["t_s"])
+        outcome.detection_s = times.detection_s
         if restarted is None:
             if not outcome.landed:
                 outcome.note = "the job never restarted after it"
             continue
-        outcome.restart_s = restarted["t"] - (detected or fault)["t"]
+        outcome.restart_s, outcome.recovery_s, outcome.trt_s = (
+            times.restart_s, times.recovery_s, times.trt_s)
         outcome.restarted_tasks = list(restarted.get("tasks") or [])
-        recovered = rate_recovered_at(timeline, fault["t_s"], restarted["t_s"])
-        if recovered is not None:
-            outcome.recovery_s = recovered - fault["t_s"]
-        caught_up = _caught_up_at(timeline, fault["t_s"], restarted["t_s"])
-        if caught_up is not None:
-            outcome.trt_s = caught_up - fault["t_s"]
     return outcomes
 
 
@@ -743,6 +742,7 @@ class DrillReport:
             ("duplicated", f"{c.duplicated:,}"),
             ("corrupted", f"{c.corrupted:,}"),
             ("checkpoints", self.checkpoint_summary()),
+            ("figures", f"defined in {GLOSSARY}"),
             # shouted unless it is good news
             ("verdict", f"{self.verdict if self.verdict in GOOD else self.verdict.upper()}: "
                         f"{self.verdict_reason}"),

@@ -8,7 +8,7 @@
    range), runs the job with one kill each at a random phase of a checkpoint
    interval (`kill_times`: stratified, seeded), with the same run options as the
    profiling runs, in rounds over the intervals, and measures the actual total
-   recovery time (kill -> sources caught up; `bastion.scheduler.tuning.caught_up_at`)
+   recovery time (kill -> sources caught up; `bastion.runtime.recovery_times`)
    and the average latency in failure-free operation (after the recovery, as the
    profiling runs measure it: `bastion.scheduler.tuning.steady_latency_ms`). The
    drills are plain `bn.run` jobs with a kill, not `bn.drill`: a drill's lineage ids

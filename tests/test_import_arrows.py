@@ -14,7 +14,9 @@ fails on an arrow that points the wrong way:
 - storage imports nothing of ours outside ``bastion.storage``;
 - the Spark jobs (``bastion.spark_jobs``) read the store and nothing else of a running
   engine: storage, the wire types of ``bastion.runtime.records`` and the event-log
-  format of ``bastion.runtime.events``, and the CEC control-tuple format and
+  format of ``bastion.runtime.events``, the recovery-time definitions of
+  ``bastion.runtime.recovery_times`` (the figures every command reports), and the
+  CEC control-tuple format and
   reconstruction of ``bastion.protocols.eventual`` (pure logic the Spark job must share
   with the in-process recovery) — their Python workers must not load Ray, the
   runtime or the drills;
@@ -101,8 +103,11 @@ def wrong_arrows(modules: dict[str, set[str]]) -> list[str]:
                         "bastion.windows")
     # bastion.protocols.eventual: the CEC control-tuple format and the reconstruction,
     # pure logic over log records; the Spark reconstruction must run that very code
+    # bastion.runtime.recovery_times: what a recovery time is, pure logic over events
+    # and progress points; analyze must report the figures drill and tune report
     spark_jobs_may_use = ("bastion.spark_jobs", "bastion.storage", "bastion.runtime.records",
-                          "bastion.runtime.events", "bastion.protocols.eventual")
+                          "bastion.runtime.events", "bastion.runtime.recovery_times",
+                          "bastion.protocols.eventual")
     wrong = []
     for module, imported in modules.items():
         for target in sorted(imported):

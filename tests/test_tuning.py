@@ -27,6 +27,7 @@ import pytest
 
 import bastion as bn
 from bastion import cli
+from bastion.runtime.recovery_times import caught_up_at
 from bastion.scheduler import tuning as tm
 from bastion.scheduler.tuning import (Capacity, Measurement, build_model, catch_up_s,
                                       catch_up_terms, fit_quadratic, grid, optimise,
@@ -298,7 +299,7 @@ def test_catching_up_counts_only_samples_every_worker_answered():
                 point(3.0, 200), point(3.5, 4)]
     # killed at 1.6 s, restarted at 2.0 s: the lone-worker sample at 2.5 s shows no
     # backlog only because the busy source did not answer; caught up at 3.5 s
-    assert tm.caught_up_at(timeline, 1.6, 2.0) == 3.5
+    assert caught_up_at(timeline, 1.6, 2.0) == 3.5
 
 
 def test_caught_up_once_the_backlog_is_within_one_samples_input():
@@ -315,10 +316,10 @@ def test_caught_up_once_the_backlog_is_within_one_samples_input():
     # came after the catch-up and does not lengthen it. The 5 records above the
     # steady level (4) drain at the fastest rate the catch-up showed (768 records
     # in the 0.1 s after the restart) less the 1,400 arriving per second.
-    assert tm.caught_up_at(before + after, 1.05, 1.3) == pytest.approx(1.5 + 5 / 6280)
+    assert caught_up_at(before + after, 1.05, 1.3) == pytest.approx(1.5 + 5 / 6280)
     # a backlog of more than one sample's input is still being caught up
     after[1] = point(1.5, 200, 470)
-    assert tm.caught_up_at(before + after, 1.05, 1.3) == pytest.approx(1.6 + 136 / 6280)
+    assert caught_up_at(before + after, 1.05, 1.3) == pytest.approx(1.6 + 136 / 6280)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -351,7 +352,7 @@ def test_caught_up_where_a_draining_backlog_meets_its_steady_level(seed):
                          "source_records": round(point[1]), "sink_records": 1,
                          "workers_answering": point[2]})
         previous = t
-    caught = tm.caught_up_at(timeline, fault_s, restarted_s)
+    caught = caught_up_at(timeline, fault_s, restarted_s)
     assert caught == pytest.approx(truth, abs=0.004)
 
 

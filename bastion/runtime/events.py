@@ -26,8 +26,8 @@ the store as it goes:
   ``max_restarts``); and the first ``examples_per_kind`` events of any other kind.
   Of the timeline: the first ``first_points`` points, and around each failure the
   ``context_points`` points before it and after it (`Timeline.mark`) — what
-  `rate_recovered_at` compares. So a ten-minute run holds no more than a five-minute
-  one plus a constant per failure.
+  `bastion.runtime.recovery_times` compares. So a ten-minute run holds no more than a
+  five-minute one plus a constant per failure.
 
 Writing is retried with backoff (``store_attempts``); an object that still cannot be
 stored is counted (`EventLog.not_stored`) and the job goes on: losing the event log

@@ -41,9 +41,10 @@ bastion_checkpoints_aborted         counter   checkpoints given up
 bastion_failures                    counter   failures detected (a dead or silent worker)
 bastion_restarts                    counter   restarts from a recovery line
 bastion_restart_seconds             histogram failure detected -> every task runs again
-bastion_recovery_seconds            histogram failure detected -> sink rate back to 90%
+bastion_recovery_seconds            histogram failure (its injected fault, else its
+                                              detection) -> sink rate back to 90%
                                               (known once the job ends; see
-                                              `bastion.runtime.metrics.FailureRecovery`)
+                                              `bastion.runtime.recovery_times`)
 bastion_attempt                     gauge     the job's current attempt (0: no restart)
 =================================== ========= ============================================
 
@@ -160,7 +161,8 @@ class MetricsExporter:
             boundaries=DURATION_BOUNDARIES_S, tag_keys=job)
         self.recovery_seconds = metrics.Histogram(
             "bastion_recovery_seconds",
-            "from a failure's detection until the sink rate is back to 90%",
+            "from a failure (its injected fault, else its detection) until the sink "
+            "rate is back to 90%",
             boundaries=DURATION_BOUNDARIES_S, tag_keys=job)
         self.attempt = metrics.Gauge("bastion_attempt", "the job's current attempt", job)
         self._job_tags = {"job": job_id}

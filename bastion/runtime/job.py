@@ -76,8 +76,8 @@ from bastion.protocols.base import MasterContext, cancel
 from bastion.runtime.config import JobConfig, with_frame_key
 from bastion.runtime import export
 from bastion.runtime.events import EventLimits, EventLog
-from bastion.runtime.metrics import (FailureRecovery, LatencyHistogram, query_availability,
-                                     rate_recovered_at)
+from bastion.runtime.metrics import FailureRecovery, LatencyHistogram, query_availability
+from bastion.runtime.recovery_times import failures_in, recovery_times
 from bastion.runtime.outputs import FINAL_COMMIT, committed_blobs, marker_key
 from bastion.runtime.plan import PhysicalPlan
 from bastion.scheduler import detector, injector, placement
@@ -756,27 +756,22 @@ class JobMaster:
                 "event_counts": dict(self.log.counts)}
 
     def _failures(self) -> list[FailureRecovery]:
-        """Restart and recovery time of every failure, from the events and the progress
-        timeline; each is also recorded as a ``recovery`` event."""
+        """Detection, restart, recovery and total recovery time of every failure
+        (`bastion.runtime.recovery_times`, the one definition every command uses), from
+        the events and the progress timeline; each is also recorded as a ``recovery``
+        event."""
         failures = []
-        pairs = []
-        detected = None  # a failure during a recovery extends that recovery
-        for event in self.log.events:
-            if event["kind"] == "failure_detected" and detected is None:
-                detected = event
-            elif event["kind"] == "restarted" and detected is not None:
-                pairs.append((detected, event))
-                detected = None
-        for detected, restarted in pairs:
-            recovered_at_s = rate_recovered_at(self.log.timeline.points(), detected["t_s"],
-                                               restarted["t_s"])
+        timeline = self.log.timeline.points()
+        for fault, detected, restarted in failures_in(self.log.events):
+            times = recovery_times(timeline, (fault or detected)["t_s"], detected["t_s"],
+                                   restarted["t_s"])
             failure = FailureRecovery(
                 reason=detected["reason"], detected_at_s=detected["t_s"],
-                restart_s=restarted["t_s"] - detected["t_s"],
-                recovery_s=None if recovered_at_s is None
-                else recovered_at_s - detected["t_s"],
+                restart_s=times.restart_s, recovery_s=times.recovery_s,
                 recovery_line=restarted["checkpoint"],
-                restarted_tasks=list(restarted.get("tasks", ())))
+                restarted_tasks=list(restarted.get("tasks", ())),
+                failed_at_s=times.failed_at_s, detection_s=times.detection_s,
+                trt_s=times.trt_s)
             self.record_event("recovery", **dataclasses.asdict(failure))
             failures.append(failure)
         return failures

@@ -117,32 +117,6 @@ class OperatorCounts:
     records_out: int = 0
 
 
-RECOVERED_RATE_SHARE = 0.9   # "normal execution again": this share of the rate before
-
-
-def rate_recovered_at(timeline: list[dict[str, Any]], failed_at_s: float,
-                      restarted_at_s: float) -> float | None:
-    """When (seconds since the job started) the sinks' output rate, over three
-    consecutive progress samples after the restart, is back to `RECOVERED_RATE_SHARE`
-    of its rate in the 1.5 s before the failure; None when it never is, or when
-    nothing was written before the failure to compare with."""
-    before = [p for p in timeline if failed_at_s - 1.5 <= p["t_s"] < failed_at_s
-              and p["t_s"] > 0.3]
-    if not before:
-        return None
-    span_s = max(before[-1]["t_s"] - before[0]["t_s"], 1e-9) + 0.1
-    rate_before = sum(p["sink_records"] for p in before) / span_s
-    if rate_before <= 0:
-        return None
-    after = [p for p in timeline if p["t_s"] >= restarted_at_s]
-    for i in range(len(after) - 2):
-        window = after[i:i + 3]
-        span_s = max(window[-1]["t_s"] - window[0]["t_s"], 1e-9) + 0.1
-        if sum(p["sink_records"] for p in window) / span_s >= RECOVERED_RATE_SHARE * rate_before:
-            return window[0]["t_s"]
-    return None
-
-
 AVAILABLE_RELATIVE_LATENCY = 1.2  # a query is available again under this (Su & Zhou)
 
 
@@ -243,11 +217,15 @@ class FailureRecovery:
     reason: str
     detected_at_s: float          # since the job started
     restart_s: float              # detection -> every task running from the recovery line
-    recovery_s: float | None      # detection -> output rate back to normal (None: never)
+    recovery_s: float | None      # failure -> output rate back to normal (None: never)
     recovery_line: Any = None     # what the tasks restored (checkpoint id(s))
     # the operator instances that restarted, as "op[index]": every one after a
     # restart of the job, fewer when only the failure's region restarted
     restarted_tasks: list[str] = field(default_factory=list)
+    # the failure: its injected fault, or its detection (`bastion.runtime.recovery_times`)
+    failed_at_s: float | None = None
+    detection_s: float | None = None   # fault -> detected (None: no injected fault)
+    trt_s: float | None = None         # failure -> output rate back and sources caught up
 
 
 @dataclass
@@ -332,6 +310,9 @@ class RunMetrics:
         def ms(v: float | None) -> str:
             return "-" if v is None else f"{v:.2f} ms"
 
+        def secs(v: float | None) -> str:   # docs/metrics.md defines each figure
+            return "never" if v is None else f"{v:.2f} s"
+
         rows = [
             ("duration", f"{self.duration_s:.2f} s"),
             ("source records", f"{self.source_records:,}"),
@@ -353,9 +334,8 @@ class RunMetrics:
                 ("message overhead", f"{proto.message_overhead:.2%}"),
             ]
         for failure in proto.failures if proto is not None else []:
-            rows.append(("recovery", f"restart {failure.restart_s:.2f} s, recovered "
-                         + ("never" if failure.recovery_s is None
-                            else f"after {failure.recovery_s:.2f} s")))
+            rows.append(("recovery", f"restart {failure.restart_s:.2f} s, recovery "
+                         f"{secs(failure.recovery_s)}, total recovery {secs(failure.trt_s)}"))
         injected = self.extra.get("faults_injected")
         if injected:
             rows.append(("faults injected", describe_injected(injected)))

@@ -57,12 +57,13 @@ restored checkpoint was);
 one more run with the source's pacing removed measures I_max and a cold-start W.
 The warm-up after a *restart* is what eq 2 needs, and each profiling run shows it:
 eq 5 solved for W with the run's observed TRT (`recovery_warmup_s`). The observed
-TRT ends where the backlog is back to its level before the fault, found from the
-first progress sample (every 0.1 s) whose backlog is within one sample's input and
-the drain rate that sample shows (`caught_up_at`) — not at the first sample back to
-the handful of records a paced source shows before the fault: under that stricter
-rule a hiccup of the restarted job just after its catch-up (a new standby process
-starts beside it) counted into the TRT, and the same recovery measured 0.5 s or 3 s.
+TRT is the one a drill of the run reports, defined once for every command in
+`bastion.runtime.recovery_times` (kill → output rate back and sources caught up:
+their backlog back to its level before the fault, to within what the 0.1-s
+timeline resolves). W is bounded by what was measured: it is dead time inside the
+observed catch-up, so no W exceeds the catch-up that run showed — solved from eq 5
+at a low utilisation, the timeline's 0.1-s resolution times (1-U)/U read as
+warm-ups of hundreds of seconds beside a TRT of 0.2 s.
 Another departure from the paper's single W: the warm-ups differ from recovery to
 recovery (on a shared machine, by what else runs), and the cases take that spread
 too — the best case uses the least W seen (the cold start's, or a recovery's), the
@@ -415,12 +416,16 @@ def recovery_warmup_s(m: Measurement, u: float) -> float | None:
     ramp back to full speed (on a shared machine also what other load took from the
     catch-up). None without an observed TRT and E, or when nothing had to be caught up
     (U = 0). At a low U it is coarse — the timeline's 0.1 s resolution times (1-U)/U:
-    seconds at U = 0.02 — and matters as little, since it enters the TRT times
-    U/(1-U)."""
+    seconds at U = 0.02, hundreds at U = 0.0005 — and matters as little, since it
+    enters the TRT times U/(1-U). Bounded by what the run measured: W is dead time
+    within the catch-up, so it is at most the catch-up the run observed (TRT - T -
+    R); a larger solution is that resolution, not a warm-up, and a printed W of 380 s
+    beside a TRT of 0.2 s said so to no one."""
     if m.measured_trt_s is None or m.reprocess_s is None or u <= 0:
         return None
     catch_up = m.measured_trt_s - m.detection_s - m.restart_s
-    return catch_up * (1 - u) / u - (m.reprocess_s + m.detection_s + m.restart_s)
+    solved = catch_up * (1 - u) / u - (m.reprocess_s + m.detection_s + m.restart_s)
+    return min(solved, max(0.0, catch_up))
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -732,62 +737,6 @@ def capacity_of(timeline: Sequence[Mapping[str, Any]]) -> Capacity:
     return Capacity(ingest_max_per_s=rate, warmup_s=max(0.0, t_end - cumulative[-1] / rate))
 
 
-def caught_up_at(timeline: Sequence[Mapping[str, Any]], fault_s: float, restarted_s: float
-                 ) -> float | None:
-    """When the sources caught up after a restart (seconds since the job started):
-    when their backlog of input due but not read came back to its level in the 1.5 s
-    before the fault — found from the first sample after the restart, with output,
-    whose backlog is within what the timeline can resolve (at most that level or the
-    records the sources read in one sample then, their median), and moved to where
-    the backlog meets that level, draining at the fastest read rate seen since the
-    restart less the rate input arrived at before the fault: after the sample while
-    some is left, within it when it shows none. Only samples every worker
-    answered count: a source too busy to answer reports no backlog, and would look
-    caught up in the middle of its catch-up.
-
-    Why the first sample within one sample's input and not the drills' stricter rule
-    (`bastion.drills`: the first sample back at the pre-fault level, a few records
-    for a paced source): the restarted job has hiccups of its own a few tenths of a
-    second later (a new standby process starts beside it), which under the strict
-    rule moved the end of a catch-up that had left 9 records behind (7 ms of input)
-    by a second — recoveries of the same kind then measured 0.5 s or 3 s at random,
-    and eq 5 solved for W read that as a warm-up of up to 4.5 s. Why the drain time
-    after it: such a sample still holds up to a sample's input of backlog, which
-    takes ``period·U/(1-U)`` more to read (70 ms at U = 0.4): taken as caught up
-    there, every recovery measured that much short of the backlog's end — the TRT
-    eq 5 predicts — and the profiling runs read it as a negative warm-up."""
-    everyone = max((p.get("workers_answering", 0) for p in timeline), default=0)
-    full = [p for p in timeline if p.get("workers_answering", everyone) >= everyone]
-    before = [p for p in full if fault_s - 1.5 <= p["t_s"] < fault_s]
-    steady = max((p["source_lag"] for p in before), default=0)
-    one_sample = statistics.median(p["source_records"] for p in before) if before else 0
-    tolerance = max(steady, one_sample)
-    spacing = [b["t_s"] - a["t_s"] for a, b in zip(before, before[1:])]
-    arriving_per_s = one_sample / statistics.median(spacing) if spacing else None
-    fastest_per_s = 0.0  # the sources' read rate while catching up: the fastest seen
-    for i, p in enumerate(timeline):
-        if p.get("workers_answering", everyone) < everyone or p["t_s"] < restarted_s:
-            continue
-        # the sample's reads: since the poll before it, or the restart if later
-        began_s = max(restarted_s, timeline[i - 1]["t_s"] if i else restarted_s)
-        reading_s = p["t_s"] - began_s
-        if reading_s > 0:
-            fastest_per_s = max(fastest_per_s, p["source_records"] / reading_s)
-        if p["source_lag"] > tolerance or p["sink_records"] <= 0:
-            continue
-        draining_per_s = 0.0 if arriving_per_s is None else fastest_per_s - arriving_per_s
-        if draining_per_s <= 0:  # no drain to go by: the sample itself
-            return p["t_s"]
-        if p["source_lag"] > steady:  # the rest drains after the sample
-            return p["t_s"] + (p["source_lag"] - steady) / draining_per_s
-        # back at the steady level within the sample: its backlog when its reads
-        # began was what the reads beyond the input arriving meanwhile took off
-        drained = max(0.0, p["source_records"] - arriving_per_s * reading_s)
-        return min(p["t_s"], began_s + max(0.0, drained + p["source_lag"] - steady)
-                   / draining_per_s)
-    return None
-
-
 def latency_avg_ms(latency_windows: Mapping[int, Any], started_s: float, start_s: float,
                    end_s: float) -> float | None:
     """Mean end-to-end latency of the records the sinks received in the whole
@@ -864,8 +813,8 @@ def kill_outcome(result: "RunResult", kills: Sequence[Any]) -> KillOutcome:
 def kill_outcome_of(kills: Sequence[Any], events: Sequence[Mapping[str, Any]],
                     timeline: Sequence[Mapping[str, Any]], ended_s: float | None = None,
                     job_id: str = "") -> KillOutcome:
-    """`kill_outcome` from a run's (or a drill report's) events and timeline; the TRT
-    from `caught_up_at`."""
+    """`kill_outcome` from a run's (or a drill report's) events and timeline: the
+    figures a drill of the run reports (`bastion.runtime.recovery_times`)."""
     from bastion.drills import fault_outcomes
 
     outcomes = fault_outcomes(kills, events, timeline, ended_s)
@@ -876,11 +825,8 @@ def kill_outcome_of(kills: Sequence[Any], events: Sequence[Mapping[str, Any]],
                            "make the runs longer or kill earlier (kill_between_s)")
     o = landed[0]
     at_s = o.at_s if o.at_s is not None else o.scheduled_s
-    detection_s = o.detection_s or 0.0
-    caught_up = caught_up_at(timeline, at_s, at_s + detection_s + o.restart_s)
-    return KillOutcome(at_s=at_s, detection_s=detection_s, restart_s=o.restart_s,
-                       trt_s=None if caught_up is None else caught_up - at_s,
-                       reprocess_s=reprocessed_s(events, at_s))
+    return KillOutcome(at_s=at_s, detection_s=o.detection_s or 0.0, restart_s=o.restart_s,
+                       trt_s=o.trt_s, reprocess_s=reprocessed_s(events, at_s))
 
 
 def steady_latency_ms(metrics: Any, started_s: float, outcome: KillOutcome,

@@ -31,12 +31,19 @@ log line. Decoded records become DataFrames, and Spark SQL does the aggregating.
   protocols checkpoint per task), when, ``duration_s``, ``state_bytes``.
 - ``failures`` — every failure the job recovered from: the injected fault if there was
   one, detection (fault → job master notices), restart (detection → every task runs
-  from the recovery line), recovery (detection → sink rate back to 90% of before, the
-  job master's own figure) and the total recovery time ``trt_s`` (fault, or detection
-  without an injected fault → sources caught up with the input that arrived
-  meanwhile, the drill's definition).
+  from the recovery line), recovery (failure → sink rate back to 90% of before) and
+  the total recovery time ``trt_s`` (failure → sink rate back and sources caught up
+  with the input that arrived meanwhile); the failure is the injected fault, or the
+  detection without one. One definition for every command:
+  `bastion.runtime.recovery_times`, applied here to the job's collected rows.
 - ``jobs`` — one row per job: totals, typical latency, checkpoint and failure figures,
-  whether its log was complete and how many objects were skipped.
+  whether its log was complete and how many objects were skipped. Its
+  ``sink_records`` (the summary's "sink received") counts the records the sinks
+  *received*, from the progress points: after a restart the sinks receive again
+  the records replayed since the recovery line, and a failed attempt's records
+  never commit, so a drill that committed 55 records with no duplicate can show
+  65 here. Committed records are in the store's outputs, which this job does not
+  read; ``bastion run`` and ``bastion drill`` print them.
 
 and ``report.html``: the jobs side by side (throughput, latency, lag over time,
 checkpoint durations, recovery times), plots embedded so the page stands alone.
@@ -49,7 +56,10 @@ named with the reason in `Analysis.skipped`; a job whose final object is missing
 `Analysis.incomplete`. Why this module imports ``bastion.runtime.events``, though the
 design lets Spark jobs use only storage and ``runtime.records``: that module *is*
 the event log's format (names, order, decoding), imports nothing but storage and
-msgpack, and a second copy of the format here would drift from the writer's.
+msgpack, and a second copy of the format here would drift from the writer's; and
+``bastion.runtime.recovery_times`` — what a recovery time *is*, which imports only
+the standard library, and a second copy of it here had drifted (TRT from another
+rule, recovery from the detection rather than the fault).
 """
 
 from __future__ import annotations
@@ -64,6 +74,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from bastion.runtime.events import decode_events, event_keys, events_prefix
+from bastion.runtime.recovery_times import failures_in, recovery_times
 from bastion.storage import CorruptRecordError, ObjectStore, StorageError, open_store
 from bastion.storage.errors import BastionError
 
@@ -73,7 +84,7 @@ if TYPE_CHECKING:
 JOBS_PREFIX = "jobs/"
 TABLES = ("jobs", "per_second", "checkpoints", "failures")
 #: Event kinds the failure table is built from (progress points too, for the TRT).
-_FAILURE_KINDS = frozenset({"fault", "failure_detected", "restarted", "recovery"})
+_FAILURE_KINDS = frozenset({"fault", "failure_detected", "restarted"})
 #: Keys per Spark task: few enough to spread a job's objects over the executors,
 #: many enough that opening a store client per task does not dominate.
 _KEYS_PER_TASK = 8
@@ -233,60 +244,27 @@ def checkpoint_row(job: str, e: dict[str, Any]) -> tuple:
             forced if isinstance(forced, bool) else None)
 
 
-def caught_up_at(timeline: Sequence[dict[str, Any]], fault_s: float, restart_s: float
-                 ) -> float | None:
-    """When the sources caught up after a restart: their backlog (input due but not
-    read) is back to its level in the 1.5 s before the fault — a paced source is
-    never at 0 — with the sinks writing again. The drill's rule
-    (`bastion.drills`), which this package may not import."""
-    steady_lag = max((p.get("source_lag") or 0 for p in timeline
-                      if fault_s - 1.5 <= p["t_s"] < fault_s), default=0)
-    for p in timeline:
-        if (p["t_s"] >= restart_s and (p.get("source_lag") or 0) <= steady_lag
-                and (p.get("sink_records") or 0) > 0):
-            return p["t_s"]
-    return None
-
-
 def failures_of(job: str, records: Iterable[tuple[int, int, dict[str, Any]]]
                 ) -> list[tuple]:
-    """The failure rows of one job from its fault/failure/restart/recovery events and
-    its progress points, given as ``(position, index, record)`` in any order.
-
-    A failure is a ``failure_detected`` that starts a recovery and the ``restarted``
-    that ends it; a failure detected during a recovery extends that recovery (the job
-    master pairs them the same way). Its fault is the first injected ``fault`` since
-    the previous restart."""
+    """The failure rows of one job from its fault/failure/restart events and its
+    progress points, given as ``(position, index, record)`` in any order: which
+    events make a failure (`failures_in`) and its figures (`recovery_times`) are
+    the job master's and the drill's own definitions, so ``analyze`` reports the
+    same detection, restart, recovery and TRT for a run as ``drill`` and ``tune``."""
     ordered = [r for _, _, r in sorted(records, key=lambda x: (x[0], x[1]))]
     timeline = sorted((r for r in ordered if r["kind"] == "progress"),
                       key=lambda p: p["t_s"])
-    recovery_of = {_float(r.get("detected_at_s")): r for r in ordered
-                   if r["kind"] == "recovery"}
     rows: list[tuple] = []
-    faults: list[dict[str, Any]] = []
-    detected: dict[str, Any] | None = None
-    for r in ordered:
-        kind = r["kind"]
-        if kind == "fault":
-            faults.append(r)
-        elif kind == "failure_detected" and detected is None:
-            detected = r
-        elif kind == "restarted" and detected is not None:
-            fault = faults[0] if faults else None
-            recovery = recovery_of.get(_float(detected["t_s"]), {})
-            start_s = fault["t_s"] if fault else detected["t_s"]
-            caught_up_s = caught_up_at(timeline, start_s, r["t_s"])
-            rows.append((
-                job, len(rows) + 1, str(detected.get("reason", "")),
-                None if fault is None else str(fault.get("what", "")),
-                None if fault is None else float(fault["t_s"]),
-                float(detected["t_s"]),
-                None if fault is None else float(detected["t_s"] - fault["t_s"]),
-                float(r["t_s"] - detected["t_s"]),
-                _float(recovery.get("recovery_s")),
-                None if caught_up_s is None else float(caught_up_s - start_s),
-                None if r.get("checkpoint") is None else str(r.get("checkpoint"))))
-            detected, faults = None, []
+    for fault, detected, restarted in failures_in(ordered):
+        times = recovery_times(timeline, float((fault or detected)["t_s"]),
+                               float(detected["t_s"]), float(restarted["t_s"]))
+        rows.append((
+            job, len(rows) + 1, str(detected.get("reason", "")),
+            None if fault is None else str(fault.get("what", "")),
+            None if fault is None else float(fault["t_s"]),
+            float(detected["t_s"]), times.detection_s, times.restart_s,
+            times.recovery_s, times.trt_s,
+            None if restarted.get("checkpoint") is None else str(restarted.get("checkpoint"))))
     return rows
 
 
@@ -442,7 +420,9 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} ms"
 
 
-SUMMARY_HEADER = ("job", "duration", "records out", "records/s", "p50", "p99",
+#: "sink received": records the sinks received, replays included (the module says
+#: why that is not the committed count); docs/metrics.md defines every column.
+SUMMARY_HEADER = ("job", "duration", "sink received", "received/s", "p50", "p99",
                   "checkpoints", "ckpt mean", "failures", "TRT mean")
 
 
