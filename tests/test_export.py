@@ -82,3 +82,21 @@ def test_a_job_commits_the_same_with_export_on_or_off(ray_session, tmp_path,
     for key, count in result.outputs["out"]:
         final[key] = max(final.get(key, 0), count)
     assert final == {k: len(range(k, 2000, 7)) for k in range(7)}
+
+
+def test_every_aborted_checkpoint_is_an_event_the_exporter_counts(ray_session, tmp_path):
+    """The summary's aborted count and the exported counter come from the same
+    events: checkpoints given up at a failure were counted and never exported, so
+    ``bastion_checkpoints_aborted`` stayed absent after a drill that said 1 aborted."""
+    topo = bn.Topology("aborts")
+    topo.source("src", bn.sources.Generator(lambda i: i, count=4000, rate=2000)).key_by(
+        lambda x: x % 7).reduce("count", lambda acc, _: acc + 1, initial=0,
+                                parallelism=2).sink("out", bn.sinks.Collect())
+    # a checkpoint every 20 ms is nearly always in flight when the kill lands
+    report = bn.drill(topo, protocol="coordinated", checkpoint_interval=0.02,
+                      storage=f"local://{tmp_path}",
+                      faults=[bn.faults.KillInstance("count", 0, at=1.0)])
+    assert report.exactly_once, report.verdict_reason
+    aborted = [e for e in report.events if e["kind"] == "checkpoint_aborted"]
+    assert report.metrics.protocol.checkpoints_aborted == len(aborted) >= 1
+    assert all(e["reason"] for e in aborted)

@@ -269,7 +269,12 @@ class CheckpointCoordinator(Coordinator):
     async def stop(self) -> None:
         self.attempt = -1  # acknowledgments still on their way no longer count
         await cancel(self.loop)
-        self.aborted += len(self.in_progress)
+        # Each is an event as a timed-out one is: the count the summary prints and the
+        # exported counter (`bastion.runtime.export`) are both made from what aborted.
+        for checkpoint_id in sorted(self.in_progress):
+            self.aborted += 1
+            self.master.record_event("checkpoint_aborted", checkpoint_id=checkpoint_id,
+                                     reason="a failure or the job's end came first")
         self.in_progress.clear()
 
     async def _trigger_loop(self) -> None:
@@ -284,7 +289,8 @@ class CheckpointCoordinator(Coordinator):
                     del self.in_progress[checkpoint_id]
                     self.aborted += 1
                     self.timed_out.append(checkpoint_id)
-                    self.master.record_event("checkpoint_aborted", checkpoint_id=checkpoint_id)
+                    self.master.record_event("checkpoint_aborted", checkpoint_id=checkpoint_id,
+                                             reason=f"timed out after {self.timeout_s:g} s")
             if self.in_progress:
                 continue  # one checkpoint at a time
             waiting = self.master.unfinished_tasks()
