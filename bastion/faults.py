@@ -71,9 +71,23 @@ inside the task that runs the instance (`bastion.runtime.faults`):
 Randomness is seeded per fault, operator and instance from the fault's ``seed`` (0
 when none is given; `load` takes the file's), never from the clock: the same seed
 injects the same faults at the same record counts (stalls, drops) or times (outages,
-crashes), run after run. `load` reads them from a YAML file shaped like Dynamo's
-Listing 3.1 (operator -> instances -> faults), naming the line and field of any
-mistake.
+crashes), run after run. `load` reads them from a YAML file, naming the line and
+field of any mistake, in either of two shapes:
+
+- Bastion's: ``operators:`` -> operator -> ``instances`` ("all" or indexes) and
+  ``faults``, a list of ``{kind: {field: value}}`` with the fields above, in seconds
+  (``timing``, ``drop_frames``, ``link_outage``, ``drop_connection``, ``crash``);
+- the thesis's (Tran, Listing 3.1, loaded as printed): operator names at the top,
+  each with ``enabled`` (instance ids) and ``faults`` -> kind -> ``parameters``, in
+  *microseconds*, distributions as lists — ``exponential: [min, max, mean]`` for an
+  MTBF (gaps held within min and max: ``mtbf_min_s``/``mtbf_max_s``), ``gaussian:
+  [min, max, mean, std]``. Its kinds: ``timing`` (``mtbf``, ``magnitude``),
+  ``message`` (a single-shot loss: ``probability``), ``link`` (a correlated outage:
+  ``mtbf``, ``mttr`` — Gaussian in the thesis) and ``instance`` (a crash: ``mtbf``,
+  ``mttr: {exponential: [mean]}``, ``max_crashes``).
+
+The two load to the same faults: Listing 3.1 and its Bastion-shape twin inject the
+same stalls for the same seed (tests/test_fault_file_thesis.py).
 """
 
 from __future__ import annotations
@@ -281,6 +295,29 @@ def _as_instances(instances: Any) -> Any:
     return tuple(instances) if isinstance(instances, list) else instances
 
 
+def _check_bounds(owner: str, lo: Any, hi: Any) -> None:
+    """``mtbf_min_s``/``mtbf_max_s``: optional bounds on every drawn gap."""
+    if lo is not None:
+        _number(owner, "mtbf_min_s", lo, minimum=0)
+    if hi is not None:
+        _number(owner, "mtbf_max_s", hi, above=0)
+    if lo is not None and hi is not None and lo > hi:
+        raise ValueError(f"{owner}.mtbf_min_s ({lo}) must not exceed mtbf_max_s ({hi})")
+
+
+def bounded_gap(rng: random.Random, mean: float, lo: float | None, hi: float | None
+                ) -> float:
+    """A gap between occurrences: exponential with ``mean``, held within [lo, hi] (the
+    thesis's ``exponential: [min, max, mean]``). One draw per gap whatever the
+    bounds, so a bound never shifts the draws after it."""
+    gap = rng.expovariate(1.0 / mean)
+    if lo is not None:
+        gap = max(gap, lo)
+    if hi is not None:
+        gap = min(gap, hi)
+    return gap
+
+
 @dataclass(frozen=True)
 class Timing:
     op: str
@@ -291,10 +328,16 @@ class Timing:
     seed: int | None = None
     active_s: tuple[float, float] | None = None
     mtbf_s: float | None = None
+    mtbf_min_s: float | None = None
+    mtbf_max_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "instances", _as_instances(self.instances))
         _check_target("Timing", self.op, self.instances)
+        _check_bounds("Timing", self.mtbf_min_s, self.mtbf_max_s)
+        if self.mtbf_s is None and (self.mtbf_min_s, self.mtbf_max_s) != (None, None):
+            raise ValueError("Timing.mtbf_min_s and mtbf_max_s bound gaps in seconds: give "
+                             "mtbf_s with them")
         if self.mtbf_records is not None and self.mtbf_s is not None:
             raise ValueError("Timing.mtbf_s must be None when mtbf_records is given: the "
                              "gaps are counted in records or in seconds, not both")
@@ -342,13 +385,28 @@ class LinkOutage:
     mtbf_s: float = 5.0
     mttr_s: float = 0.5
     seed: int | None = None
+    mtbf_min_s: float | None = None
+    mtbf_max_s: float | None = None
+    # the length of each outage, when not exponential with mean ``mttr_s`` (the
+    # thesis's MTTR is Gaussian)
+    mttr: Distribution | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "instances", _as_instances(self.instances))
         _check_target("LinkOutage", self.op, self.instances)
         _number("LinkOutage", "mtbf_s", self.mtbf_s, above=0)
         _number("LinkOutage", "mttr_s", self.mttr_s, above=0)
+        _check_bounds("LinkOutage", self.mtbf_min_s, self.mtbf_max_s)
+        if self.mttr is not None and not isinstance(self.mttr, tuple(_DISTRIBUTIONS.values())):
+            raise ValueError("LinkOutage.mttr must be a distribution (bn.faults.Constant, "
+                             f"Gaussian, Uniform or Exponential) or None, got {self.mttr!r}")
         _check_seed("LinkOutage", self.seed)
+
+    def repair_s(self, rng: random.Random) -> float:
+        """How long one outage lasts."""
+        if self.mttr is not None:
+            return self.mttr.sample(rng)
+        return rng.expovariate(1.0 / self.mttr_s)
 
 
 @dataclass(frozen=True)
@@ -358,10 +416,13 @@ class DropConnection:
     at_s: tuple[float, ...] | None = None   # (1.0,) when mtbf_s is not given either
     mtbf_s: float | None = None
     seed: int | None = None
+    mtbf_min_s: float | None = None
+    mtbf_max_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "instances", _as_instances(self.instances))
         _check_target("DropConnection", self.op, self.instances)
+        _check_bounds("DropConnection", self.mtbf_min_s, self.mtbf_max_s)
         if self.at_s is not None and self.mtbf_s is not None:
             raise ValueError("DropConnection.mtbf_s must be None when at_s is given: the "
                              "drops come at given times or at random ones, not both")
@@ -388,10 +449,13 @@ class Crash:
     mttr_s: float = 1.0
     max_crashes: int = 1
     seed: int | None = None
+    mtbf_min_s: float | None = None
+    mtbf_max_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "instances", _as_instances(self.instances))
         _check_target("Crash", self.op, self.instances)
+        _check_bounds("Crash", self.mtbf_min_s, self.mtbf_max_s)
         _number("Crash", "mtbf_s", self.mtbf_s, above=0)
         _number("Crash", "mttr_s", self.mttr_s, minimum=0)
         if isinstance(self.max_crashes, bool) or not isinstance(self.max_crashes, int) \
@@ -409,7 +473,7 @@ class Crash:
             rng = fault_rng(self.seed, "crash", self.op, index)
             at_s = 0.0
             for _ in range(self.max_crashes):
-                at_s += rng.expovariate(1.0 / self.mtbf_s)
+                at_s += bounded_gap(rng, self.mtbf_s, self.mtbf_min_s, self.mtbf_max_s)
                 repair_s = rng.expovariate(1.0 / self.mttr_s) if self.mttr_s > 0 else 0.0
                 task = plan.task_of(self.op, index)
                 kills.append(ScheduledKill(round(at_s, 3), f"crash {self.op}[{index}]",
@@ -522,6 +586,24 @@ def resolve_node(node: int | str, nodes: list[str]) -> str:
 #           - crash: {mtbf_s: 10.0, mttr_s: 1.0, max_crashes: 1}
 
 _FILE_KEYS = ("seed", "operators")
+# The thesis's shape: operator -> enabled (instance ids), faults -> kind -> parameters
+# (microseconds). Its kinds: a computational performance fault (``timing``), a lost
+# tuple or acknowledgment (``message``, single-shot), a link down for a while
+# (``link``, correlated: MTBF exponential, MTTR Gaussian) and a failed instance
+# (``instance``).
+_THESIS_OPERATOR_KEYS = ("enabled", "faults")
+_THESIS_KINDS = {"timing": ("mtbf", "magnitude"), "message": ("probability",),
+                 "link": ("mtbf", "mttr"), "instance": ("mtbf", "mttr", "max_crashes")}
+_MICROSECONDS_PER_S = 1e6
+
+
+def _mean_of(distribution: Distribution) -> float:
+    """The mean a fault's ``mttr_s`` states for a repair-time distribution."""
+    if isinstance(distribution, Constant):
+        return distribution.value
+    if isinstance(distribution, Uniform):
+        return (distribution.min + distribution.max) / 2
+    return distribution.mean
 _OPERATOR_KEYS = ("instances", "faults")
 _FAULT_KINDS = {"timing": Timing, "drop_frames": DropFrames, "link_outage": LinkOutage,
                 "drop_connection": DropConnection, "crash": Crash}
@@ -583,6 +665,8 @@ class _Reader:
         return {k: v for k, (_, v) in item.children.items()}
 
     def faults(self, root: _Item) -> list:
+        if isinstance(root.value, dict) and "operators" not in root.value:
+            return self.thesis_faults(root)
         fields_ = self.mapping(root, "", _FILE_KEYS)
         seed = None
         if "seed" in fields_:
@@ -632,7 +716,7 @@ class _Reader:
         given = self.mapping(body, path, names)
         values = {}
         for name, value in given.items():
-            if name == "magnitude":
+            if name in ("magnitude", "mttr"):
                 values[name] = self.distribution(value, f"{path}.magnitude")
             else:
                 values[name] = value.value
@@ -653,6 +737,131 @@ class _Reader:
             return cls(**{name: value.value for name, value in given.items()})
         except (ValueError, TypeError) as exc:
             raise self._field_error(exc, body, given, path) from None
+
+    # -- the thesis's shape (Tran, Listing 3.1) -------------------------------------------------
+
+    def thesis_faults(self, root: _Item) -> list:
+        seed = None
+        out = []
+        for op, (key, spec) in root.children.items():
+            if op == "seed":
+                seed = spec.value
+                if isinstance(seed, bool) or not isinstance(seed, int):
+                    raise self.fail(spec, "seed", f"must be an int, got {seed!r}")
+                continue
+            fields_ = self.mapping(spec, str(op), _THESIS_OPERATOR_KEYS)
+            instances = None
+            if "enabled" in fields_:
+                item = fields_["enabled"]
+                if (not isinstance(item.value, list) or not item.value
+                        or any(isinstance(i, bool) or not isinstance(i, int) or i < 0
+                               for i in item.value)):
+                    raise self.fail(item, f"{op}.enabled", "must list the instance ids to "
+                                    f"inject faults into (ints >= 0), got {item.value!r}")
+                instances = tuple(item.value)
+            listed = fields_.get("faults")
+            if listed is None or listed.value is None:
+                continue  # an operator listed with no injector: nothing to inject
+            groups = listed.children if isinstance(listed.value, list) else [listed]
+            for i, group in enumerate(groups):
+                path = f"{op}.faults" + (f"[{i}]" if isinstance(listed.value, list) else "")
+                for kind, body in self.mapping(group, path, tuple(_THESIS_KINDS)).items():
+                    out.append(self.thesis_fault(str(op), instances, kind, body,
+                                                 f"{path}.{kind}", seed))
+        if not out:
+            raise self.fail(root, "", "missing field 'operators' (operator -> instances, "
+                                      "faults), and no operator at the top has faults "
+                                      "(the thesis's shape: operator -> enabled, faults)")
+        return out
+
+    def thesis_fault(self, op: str, instances: Any, kind: str, body: _Item, path: str,
+                     seed: int | None) -> Any:
+        fields_ = self.mapping(body, path, ("parameters", "phase"))
+        if "parameters" not in fields_:
+            raise self.fail(body, path, "missing field 'parameters' (in microseconds)")
+        params = self.mapping(fields_["parameters"], f"{path}.parameters",
+                              _THESIS_KINDS[kind])
+        path = f"{path}.parameters"
+
+        def need(name: str) -> _Item:
+            if name not in params:
+                raise self.fail(fields_["parameters"], path, f"missing field {name!r}")
+            return params[name]
+
+        phase = fields_["phase"].value if "phase" in fields_ else "execute"
+        try:
+            if kind == "timing":
+                lo, hi, mean = self.thesis_mtbf(need("mtbf"), f"{path}.mtbf")
+                return Timing(op=op, instances=instances, phase=phase, seed=seed,
+                              mtbf_s=mean, mtbf_min_s=lo, mtbf_max_s=hi,
+                              magnitude=self.thesis_distribution(need("magnitude"),
+                                                                 f"{path}.magnitude"))
+            if kind == "message":
+                return DropFrames(op=op, instances=instances, seed=seed,
+                                  probability=need("probability").value)
+            mttr = self.thesis_distribution(need("mttr"), f"{path}.mttr")
+            lo, hi, mean = self.thesis_mtbf(need("mtbf"), f"{path}.mtbf")
+            if kind == "link":
+                return LinkOutage(op=op, instances=instances, seed=seed, mtbf_s=mean,
+                                  mtbf_min_s=lo, mtbf_max_s=hi, mttr=mttr,
+                                  mttr_s=_mean_of(mttr))
+            if not isinstance(mttr, (Exponential, Constant)):
+                raise self.fail(params["mttr"], f"{path}.mttr", "an instance's repair time "
+                                "is exponential: [mean] (or constant: [value])")
+            crashes = params["max_crashes"].value if "max_crashes" in params else 1
+            return Crash(op=op, instances=instances, seed=seed, mtbf_s=mean,
+                         mtbf_min_s=lo, mtbf_max_s=hi, mttr_s=_mean_of(mttr),
+                         max_crashes=crashes)
+        except (ValueError, TypeError) as exc:
+            if isinstance(exc, FaultFileError):
+                raise
+            raise self.fail(body, path, str(exc)) from None
+
+    def thesis_mtbf(self, item: _Item, path: str) -> tuple[float | None, float | None, float]:
+        """``exponential: [min, max, mean]`` (or ``[mean]``) in microseconds: the
+        bounds and mean of the gaps, in seconds."""
+        kinds = self.mapping(item, path, ("exponential",))
+        if "exponential" not in kinds:
+            raise self.fail(item, path, "must be exponential: [min, max, mean] "
+                                        "(microseconds)")
+        values = self.thesis_values(kinds["exponential"], f"{path}.exponential", (1, 3))
+        return (None, None, values[0]) if len(values) == 1 else tuple(values)  # type: ignore
+
+    def thesis_distribution(self, item: _Item, path: str) -> Distribution:
+        """A distribution as the thesis writes it, in microseconds: ``gaussian: [min,
+        max, mean, std]``, ``exponential: [min, max, mean]`` or ``[mean]``,
+        ``uniform: [min, max]``, ``constant: [value]``."""
+        kinds = self.mapping(item, path, tuple(_DISTRIBUTIONS))
+        if len(kinds) != 1:
+            raise self.fail(item, path, f"must hold exactly one of {list(_DISTRIBUTIONS)}")
+        (kind, body), = kinds.items()
+        path = f"{path}.{kind}"
+        arity = {"gaussian": (4,), "exponential": (1, 3), "uniform": (2,), "constant": (1,)}
+        values = self.thesis_values(body, path, arity[kind])
+        try:
+            if kind == "gaussian":
+                lo, hi, mean, std = values
+                return Gaussian(mean=mean, stddev=std, min=lo, max=hi)
+            if kind == "exponential":
+                if len(values) == 3:
+                    raise self.fail(body, path, "bounds on a duration's exponential are "
+                                    "not supported: give [mean]")
+                return Exponential(mean=values[0])
+            if kind == "uniform":
+                return Uniform(min=values[0], max=values[1])
+            return Constant(value=values[0])
+        except ValueError as exc:
+            if isinstance(exc, FaultFileError):
+                raise
+            raise self.fail(body, path, str(exc)) from None
+
+    def thesis_values(self, item: _Item, path: str, arity: tuple[int, ...]) -> list[float]:
+        values = item.value
+        if (not isinstance(values, list) or len(values) not in arity
+                or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values)):
+            raise self.fail(item, path, f"must be a list of {' or '.join(map(str, arity))} "
+                                        f"numbers in microseconds, got {values!r}")
+        return [v / _MICROSECONDS_PER_S for v in values]
 
     def _field_error(self, exc: Exception, body: _Item, given: dict, path: str
                      ) -> FaultFileError:

@@ -44,8 +44,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bastion.faults import (DropConnection, DropFrames, LinkOutage, Timing, fault_rng,
-                            injections)
+from bastion.faults import (DropConnection, DropFrames, LinkOutage, Timing, bounded_gap,
+                            fault_rng, injections)
 
 
 @dataclass
@@ -57,11 +57,13 @@ class _Stalls:
     next_at: float = 0.0
 
     def __post_init__(self) -> None:
-        self.next_at = self.rng.expovariate(1.0 / self._mean)
+        self.next_at = self._gap()
 
-    @property
-    def _mean(self) -> float:
-        return self.fault.mtbf_records if self.fault.mtbf_s is None else self.fault.mtbf_s
+    def _gap(self) -> float:
+        fault = self.fault
+        if fault.mtbf_s is None:
+            return self.rng.expovariate(1.0 / fault.mtbf_records)
+        return bounded_gap(self.rng, fault.mtbf_s, fault.mtbf_min_s, fault.mtbf_max_s)
 
     def due(self, records_done: int, elapsed_s: float) -> tuple[float, int]:
         """The seconds of the occurrences due now, and how many; none outside the
@@ -76,7 +78,7 @@ class _Stalls:
             if active is None or active[0] <= elapsed_s < active[1]:
                 stall_s += magnitude_s
                 count += 1
-            self.next_at += self.rng.expovariate(1.0 / self.fault.mtbf_records)
+            self.next_at += self._gap()
         return stall_s, count
 
     def _due_in_time(self, elapsed_s: float) -> tuple[float, int]:
@@ -85,7 +87,7 @@ class _Stalls:
         if self.next_at > elapsed_s:
             return 0.0, 0
         magnitude_s = self.fault.magnitude.sample(self.rng)
-        self.next_at = elapsed_s + magnitude_s + self.rng.expovariate(1.0 / self.fault.mtbf_s)
+        self.next_at = elapsed_s + magnitude_s + self._gap()
         active = self.fault.active_s
         if active is None or active[0] <= elapsed_s < active[1]:
             return magnitude_s, 1
@@ -105,8 +107,10 @@ class _Outages:
         self._next_period(0.0)
 
     def _next_period(self, up_from_s: float) -> None:
-        self.down_from_s = up_from_s + self.rng.expovariate(1.0 / self.fault.mtbf_s)
-        self.down_until_s = self.down_from_s + self.rng.expovariate(1.0 / self.fault.mttr_s)
+        fault = self.fault
+        self.down_from_s = up_from_s + bounded_gap(self.rng, fault.mtbf_s, fault.mtbf_min_s,
+                                                   fault.mtbf_max_s)
+        self.down_until_s = self.down_from_s + fault.repair_s(self.rng)
 
     def down_for_s(self, elapsed_s: float) -> float:
         """Seconds from ``elapsed_s`` until the link is up (0.0: up now)."""
@@ -128,7 +132,11 @@ class _Tears:
             self._given = list(self.fault.at_s)
             self.next_s = self._given.pop(0)
         else:
-            self.next_s = self.rng.expovariate(1.0 / self.fault.mtbf_s)
+            self.next_s = self._gap()
+
+    def _gap(self) -> float:
+        fault = self.fault
+        return bounded_gap(self.rng, fault.mtbf_s, fault.mtbf_min_s, fault.mtbf_max_s)
 
     def due(self, elapsed_s: float) -> bool:
         """Is a drop due at ``elapsed_s``? Occurrences that came due together (no frame
@@ -137,7 +145,7 @@ class _Tears:
             return False
         while self.next_s <= elapsed_s:
             if self.fault.mtbf_s is not None:
-                self.next_s += self.rng.expovariate(1.0 / self.fault.mtbf_s)
+                self.next_s += self._gap()
             elif self._given:
                 self.next_s = self._given.pop(0)
             else:
