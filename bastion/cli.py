@@ -78,7 +78,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn, Sequence
 
-from bastion.errors import BastionError, StorageError, TopologyError
+from bastion.errors import (BastionError, StorageError, TopologyError,
+                            UnstorableValueError)
 from bastion.topology import Topology
 
 EXIT_OK, EXIT_VIOLATED, EXIT_USAGE, EXIT_INCONCLUSIVE, EXIT_FAILED = 0, 1, 2, 3, 4
@@ -261,8 +262,12 @@ def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
+# Terminal colour codes, which Ray writes into a remote error's text.
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def _say(message: str) -> None:
-    print(f"bastion: {one_line(message)}", file=sys.stderr)
+    print(f"bastion: {one_line(_ANSI.sub('', str(message)))}", file=sys.stderr)
 
 
 def _megabytes(n: int) -> str:
@@ -410,7 +415,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # in the store (`CommittedOutputs`), however many the job committed.
         shown = [(sink, len(values), list(values[: args.show]))
                  for sink, values in result.outputs.items()]
-    except (TopologyError, StorageError):
+    except (TopologyError, StorageError, UnstorableValueError):
         raise  # user errors: main prints them as one line, exit 2
     except ValueError as exc:  # refused before it ran (e.g. --address ray:// without
         raise UsageError(str(exc)) from exc  # ray[client]); the message says what to do
@@ -507,7 +512,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
                           checkpoint_interval=args.checkpoint_interval,
                           storage=store.url, address=args.address, progress=progress,
                           failover=args.failover, **_acks_and_redundancy_options(args))
-    except StorageError:
+    except (StorageError, UnstorableValueError):
         raise  # a usage error (exit 2), printed by main
     except TopologyError as exc:  # refused (e.g. a cycle under coordinated): exit 4
         progress.close()
@@ -1233,7 +1238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(f"cannot reach the Ray cluster at {getattr(args, 'address', None)}: {exc}; "
              "check --address")
         return EXIT_USAGE
-    except (UsageError, TopologyError, StorageError) as exc:
+    except (UsageError, TopologyError, StorageError, UnstorableValueError) as exc:
         if args.verbose:
             traceback.print_exc()
         _say(str(exc))

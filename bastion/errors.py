@@ -7,7 +7,11 @@ a user function's exception out of a running job when `fail_fast=True`; `JobFail
 reports a job that stopped for any other reason, and its subclasses say which reasons
 need the user's attention: `SinkCommitError` (a sink kept failing to apply committed
 outputs) and `NoUsableCheckpointError` (after a failure, no checkpoint could be restored
-without committing some outputs twice). `StorageError` (a store that cannot
+without committing some outputs twice). `UnstorableValueError` is both a `UDFError`
+and a `JobFailedError`: a value the job had to store or send — an operator's state, a
+sink's records — has a type no codec encodes (a lock, a file, a class of the user's
+without a codec); it names the operator and the type, and ends the job at once, since
+a restart would only meet the same value again. `StorageError` (a store that cannot
 be reached, a bad URL, missing credentials) is one too: `BastionError` is defined by
 the storage layer, which imports nothing of ours, and re-exported here.
 """
@@ -45,6 +49,31 @@ class JobFailedError(BastionError):
     job_id: str | None = None
 
 
+class UnstorableValueError(UDFError, JobFailedError):
+    """A value the job must store or send has a type no codec encodes: an operator's
+    state at a checkpoint, a sink's records as they are staged. A user error, found
+    only when the first such value is stored: ``operator`` and ``index`` name the
+    instance (``kind`` says whether it is an "operator" or a "sink"), ``type_name`` the
+    value's type, ``what`` what could not be done ("its state cannot be stored"). The
+    message ends with what to do: register a codec, or keep such values out.
+
+    It is a `UDFError` because the user's code made the value — the job master ends the
+    job on it as on any user function's error, never restarting (a restart would meet
+    the same value) — and a `JobFailedError` because the job ended (``job_id``)."""
+
+    def __init__(self, operator: str, index: int, type_name: str, what: str, error: str,
+                 kind: str = "operator"):
+        self.type_name, self.what, self.kind = type_name, what, kind
+        self.operator, self.index, self.value, self.error = operator, index, None, error
+        BastionError.__init__(
+            self, f"{kind} {operator!r} (instance {index}): {what}: {error}")
+
+    def __reduce__(self):
+        # Ray carries it from the worker to the driver pickled; job_id is set there.
+        return (UnstorableValueError, (self.operator, self.index, self.type_name,
+                                       self.what, self.error, self.kind))
+
+
 class PeerLostError(BastionError):
     """A task could not send a frame to a peer worker: the connection between the two
     processes broke (the peer died, or its node). Internal: the job master recovers
@@ -63,5 +92,5 @@ class NoUsableCheckpointError(JobFailedError):
 
 
 __all__ = ["BastionError", "JobFailedError", "NoUsableCheckpointError", "PeerLostError",
-           "SinkCommitError",
+           "SinkCommitError", "UnstorableValueError",
            "StorageError", "TopologyError", "UDFError"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import sys
 import sysconfig
 import time
@@ -25,7 +26,7 @@ from ray import cloudpickle
 from ray._private import ray_constants
 
 from bastion import faults as fault_injection
-from bastion.errors import JobFailedError, TopologyError, UDFError
+from bastion.errors import BastionError, JobFailedError, TopologyError, UDFError
 from bastion.protocols import Protocol, get_protocol
 from bastion.protocols.acks import AcksProtocol
 from bastion.protocols.cec import CecPolicy, CecProtocol
@@ -152,6 +153,62 @@ def ship_user_modules(topology: Topology, *extra: Any) -> None:
                 cloudpickle.register_pickle_by_value(module)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def plain(text: str) -> str:
+    """``text`` without the terminal colour codes Ray puts in a remote error's text
+    (``\\x1b[36m``): an error message is read in logs and files too."""
+    return _ANSI.sub("", text)
+
+
+def _master_error(exc: "ray.exceptions.RayTaskError", job_id: str) -> BaseException:
+    """The error of a job master that raised instead of reporting a failure: the
+    error it raised if it is one of ours (a store problem, a damaged object — its
+    message names what is wrong), otherwise a `JobFailedError` naming its type and
+    message; never Ray's wrapper, whose text is a remote traceback in colour."""
+    cause = exc.cause
+    if isinstance(cause, BastionError) and not isinstance(cause, ray.exceptions.RayError):
+        if isinstance(cause, JobFailedError):
+            cause.job_id = job_id
+        return cause
+    error = JobFailedError(f"job {job_id} failed: its job master raised "
+                           f"{type(cause).__name__}: {plain(str(cause)).splitlines()[0]}"
+                           if cause is not None else
+                           f"job {job_id} failed: {plain(str(exc)).splitlines()[0]}")
+    error.job_id = job_id
+    return error
+
+
+# An operator's parameters (`OpNode.params`) as a message names them.
+_PARAM_WORDS = {"fn": "function", "initial": "initial state", "spec": "window"}
+
+
+def unpicklable(topology: Topology, exc: BaseException) -> TopologyError:
+    """The error for a topology Ray could not pickle to send it to the workers: names
+    the operator and the type of what cannot be sent (a lock, an open file, a
+    connection), found by pickling each operator's parts again, one by one."""
+    for node in topology.nodes.values():
+        parts = [(f"its {_PARAM_WORDS.get(name, name)}", value)
+                 for name, value in node.params.items()]
+        parts += [("its key function", inp.key_fn) for inp in node.inputs
+                  if inp.key_fn is not None]
+        for what, value in parts:
+            try:
+                cloudpickle.dumps(value)
+            except Exception as error:  # noqa: BLE001 - whatever pickling raised
+                found = re.search(r"cannot pickle '([^']+)' object", str(error))
+                type_name = found.group(1) if found else type(value).__name__
+                return TopologyError(
+                    f"operator {node.name!r}: {what} holds a value of type {type_name}, "
+                    f"which cannot be sent to the worker processes ({plain(str(error))}); "
+                    "create such an object inside the operator's function, where it is "
+                    "used, and keep operator state to values a codec stores")
+    cause = exc.__cause__ or exc
+    return TopologyError(f"topology {topology.name!r} cannot be sent to the worker "
+                         f"processes: {plain(str(cause)).splitlines()[0]}")
+
+
 def run(topology: Topology, *, protocol: str = "none",
         checkpoint_interval: float | None = None, retained_checkpoints: int = 2,
         storage: str = "local://.bastion",
@@ -256,9 +313,12 @@ def run(topology: Topology, *, protocol: str = "none",
         protocol = AcksProtocol(**acks_options)
     proto = get_protocol(protocol)
     lineage = lineage or proto.needs_lineage
+    # Worded for both ways in: ``resume_from=`` in Python, ``--resume-from`` on the
+    # command line, so the message names neither keyword nor flag.
     if resume_from is not None and not proto.resumable:
-        raise ValueError(f"resume_from={resume_from!r}: protocol {proto.name!r} cannot "
-                         "start from an earlier job's state; use protocol='cec'")
+        raise ValueError(f"cannot resume from job {resume_from!r}: protocol {proto.name!r} "
+                         "cannot start from an earlier job's state; only protocol 'cec' "
+                         "can")
     policy = _resiliency_policy(redundancy, latency_bound_ms, resiliency)
     if dedup_window_s is None:
         dedup_window_s = proto.dedup_window_s()
@@ -293,9 +353,9 @@ def run(topology: Topology, *, protocol: str = "none",
     proto.check_interval(checkpoint_interval)
     store = open_store(storage)  # fails here, naming the URL, if it is unusable
     if resume_from is not None and not store.list(f"jobs/{resume_from}/"):
-        raise ValueError(f"resume_from={resume_from!r}: storage {store.url} holds no job "
-                         f"{resume_from!r} (its id is RunResult.job_id, or the directory "
-                         "name under jobs/)")
+        raise ValueError(f"cannot resume from job {resume_from!r}: storage {store.url} "
+                         f"holds no job {resume_from!r} (a job's id is the one a failed "
+                         "run reports, or a directory name under jobs/)")
     unbounded = [n.name for n in topology.nodes.values()
                  if n.kind == "source" and not n.params["source"].bounded]
     if unbounded and duration_s is None:
@@ -359,7 +419,10 @@ def run(topology: Topology, *, protocol: str = "none",
     try:
         host = ray.get(lending)
         lend_host_s = time.time() - lend_started_s
-        pending = host.run.remote(plan, config, master_limits, pool)
+        try:
+            pending = host.run.remote(plan, config, master_limits, pool)
+        except TypeError as exc:  # Ray could not pickle the plan: a user's object in it
+            raise unpicklable(topology, exc) from None
         waiting_s = _NODE_POLL_S if additions else _PROGRESS_INTERVAL_S
         last_progress_s = 0.0
         job_started_s = None  # by this driver's clock: additions keep to it, not to
@@ -381,7 +444,10 @@ def run(topology: Topology, *, protocol: str = "none",
             if due:
                 last_progress_s = time.time()
                 progress(now)
-        report = ray.get(pending)
+        try:
+            report = ray.get(pending)
+        except ray.exceptions.RayTaskError as exc:
+            raise _master_error(exc, config.job_id) from None
     except BaseException:
         # The driver gives up (Ctrl-C, a failing progress callback): so does the job.
         # The host outlives it, so the job is cancelled, not killed with its host; the
@@ -398,7 +464,7 @@ def run(topology: Topology, *, protocol: str = "none",
     if isinstance(failure, (UDFError, JobFailedError)):
         raise failure
     if failure is not None:
-        error = JobFailedError(f"job {config.job_id} failed: {failure}")
+        error = JobFailedError(f"job {config.job_id} failed: {plain(str(failure))}")
         error.job_id = config.job_id
         raise error
     return _result(config, plan, report, store, lend_host_s)
@@ -606,6 +672,11 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
                 f"instances, and it has {plan.topology.nodes[op].parallelism}: its tuples "
                 "get one copy at most" for op, ratio in config.redundancy.items()
                 if ratio > 1 and plan.topology.nodes[op].parallelism < 3]
+    # A resumed job that set part of the earlier job's state aside (a damaged stored
+    # EC, a damaged log) ran correctly without it; the user should still hear of it.
+    warnings += [f"resuming job {e['job']}: {e['operator']}[{e['instance']}]: "
+                 f"{plain(e['reason'])}" for e in report["events"]
+                 if e.get("kind") == "resume_set_aside"]
     if report["events_not_stored"] is not None:
         lost = report["events_not_stored"]
         warnings.append(f"{lost['records']} run events of job {config.job_id} could not be "

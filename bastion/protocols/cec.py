@@ -89,14 +89,16 @@ from operator import itemgetter
 from typing import Any
 
 import bastion.windows as window_specs
-from bastion.errors import TopologyError
+from bastion.errors import TopologyError, UnstorableValueError
 from bastion.lineage import IdRun
 from bastion.protocols import eventual
 from bastion.protocols.eventual import eventual_prefix, log_prefix
 from bastion.protocols.base import (Coordinator, MasterContext, PartedOperator, Protocol,
                                     ProtocolStats, RegionLine, TaskContext, TaskProtocol)
+from bastion.runtime.durable import UnserialisableError
 from bastion.runtime.records import Batch, EndOfStream
-from bastion.storage import LogReader, LogWriter, StorageError
+from bastion.storage import (CorruptRecordError, LogReader, LogWriter, StorageError,
+                             StoreUnavailableError)
 from bastion.storage.log import gc_paused
 from bastion.topology import AUTO, BROADCAST, FORWARD, HASH
 
@@ -278,8 +280,9 @@ class CecOperator:
                 self._track_closings()
                 # one control tuple for all of them (N once they are all gone)
                 bound = self.newest_control = self._bound()
-                records.append(eventual.closed(self._pack_many(closing), len(footprints),
-                                               bound, self.task_watermark()))
+                records.append(eventual.closed(self._pack_many(closing, "its keys"),
+                                               len(footprints), bound,
+                                               self.task_watermark()))
         self._append(records)
         return out
 
@@ -313,9 +316,13 @@ class CecOperator:
         return float(self.task.watermark)
 
     # A part's key and state are packed, not sealed: the control tuple's CRC covers them.
-    def _pack_many(self, values: list) -> list[bytes]:
+    def _pack_many(self, values: list, what: str = "its state") -> list[bytes]:
         pack = self.codec.pack
-        return [pack(value) for value in values]
+        try:
+            return [pack(value) for value in values]
+        except UnserialisableError as exc:  # a user error: name the operator and type
+            raise UnstorableValueError(self.ctx.name, self.ctx.index, exc.type_name,
+                                       f"{what} cannot be logged", str(exc)) from None
 
     def _append(self, records: list) -> None:
         """Append log record values in order, one call for all of them."""
@@ -329,7 +336,8 @@ class CecOperator:
         sealed: the log checks every record's CRC."""
         if out is None or not len(out):
             return []
-        return [eventual.result(self.codec.pack(self.inner.results_form(out)))]
+        return [eventual.result(self._pack_many([self.inner.results_form(out)],
+                                                "its results")[0])]
 
     def _footprints(self, kind: int, parts: list, keys: list[bytes] | None = None,
                     states: list[bytes] | None = None) -> list:
@@ -339,8 +347,8 @@ class CecOperator:
         at most, which only the policy's estimate of the extent sees."""
         if keys is None or states is None:
             part_state = self.inner.part_state
-            keys, states = self._pack_many(parts), self._pack_many([part_state(p)
-                                                                   for p in parts])
+            keys = self._pack_many(parts, "its keys")
+            states = self._pack_many([part_state(p) for p in parts])
         seq, records_in, footprinted = self.log.next_seq, self.records_in, self.footprints
         self.burst_positions[seq] = self.newest_control = self.position
         for part in parts:
@@ -483,16 +491,62 @@ class CecOperator:
 
 def instance_ec(store: Any, job: str, operator: str, index: int, stored: bool
                 ) -> eventual.EventualCheckpoint:
-    """An instance's eventual checkpoint in job ``job``. ``stored``: prefer the EC
-    `bastion reconstruct` stored (resuming an earlier job; it may be one at an
-    earlier log time) to reading the log."""
-    ec = None
+    """An instance's eventual checkpoint in job ``job``. ``stored``: the job resumes
+    an earlier job's state (`resumed_state`: the EC `bastion reconstruct` stored for
+    it, at any log time, or else its log); otherwise this job's own log."""
     if stored:
+        return resumed_state(store, job, operator, index, results=False).ec
+    ec, _ = eventual.read_eventual_checkpoint(store, log_prefix(job, operator, index))
+    return ec
+
+
+@dataclass
+class ResumedState:
+    """What a resumed job takes of one instance of the earlier job: its EC, the
+    result records its log holds up to it, and what was set aside and why (None:
+    nothing)."""
+
+    ec: eventual.EventualCheckpoint
+    results: list
+    set_aside: str | None = None
+
+
+def resumed_state(store: Any, job: str, operator: str, index: int, *,
+                  results: bool = True) -> ResumedState:
+    """The state of instance ``index`` of ``operator`` in the earlier job ``job``, as
+    a job resuming it loads it (``results``: with the result records to send again).
+
+    The EC `bastion reconstruct` stored is preferred to the log's (it may be of an
+    earlier log time); a stored EC that fails its check is set aside and the log's
+    read instead, as when none was stored. The log itself is read whole — the results
+    it holds go to the sinks again — and must be intact: results lost in a damaged
+    record could be neither sent again nor recomputed from a footprint that reflects
+    them, so an instance whose log is damaged (or has a record missing) starts from
+    nothing instead and the sources replay everything; its sinks still drop what the
+    earlier job committed, so every output is committed once. The coordinator and
+    each task call this with the same store, so they set aside the same things and
+    agree on where the sources replay from."""
+    prefix = log_prefix(job, operator, index)
+    logged: list[tuple[int, Any]] = []
+    try:
+        for seq, _, value in LogReader(store, prefix).records():
+            if results and eventual.is_result(value):
+                logged.append((seq, value))
+    except StoreUnavailableError:
+        raise  # the store is down, not the log damaged: the job fails and says so
+    except StorageError as exc:
+        return ResumedState(eventual.EventualCheckpoint(complete=False), [],
+                            f"its log is damaged ({exc}): it starts from nothing and the "
+                            "sources replay everything")
+    set_aside = None
+    try:
         ec = eventual.load_eventual_checkpoint(store, eventual_prefix(job, operator,
                                                                       str(index)))
+    except CorruptRecordError as exc:
+        ec, set_aside = None, f"{exc}; its state was read from its log instead"
     if ec is None:
-        ec, _ = eventual.read_eventual_checkpoint(store, log_prefix(job, operator, index))
-    return ec
+        ec, _ = eventual.read_eventual_checkpoint(store, prefix)
+    return ResumedState(ec, [value for seq, value in logged if seq <= ec.seq], set_aside)
 
 
 def logged_results(store: Any, job: str, operator: str, index: int,
@@ -543,10 +597,15 @@ class CecTask(TaskProtocol):
             if recovery_line is not None:
                 # this job's own log after a failure, or the earlier job's it resumes
                 state_job = recovery_line["state_job"]
-                ec = await asyncio.to_thread(instance_ec, store, state_job, name,
-                                             task.index, state_job != task.job_id)
-                logged = await asyncio.to_thread(logged_results, store, state_job, name,
-                                                 task.index, ec)
+                if state_job != task.job_id:  # resuming: the log is read once, whole
+                    resumed = await asyncio.to_thread(resumed_state, store, state_job,
+                                                      name, task.index)
+                    ec, logged = resumed.ec, resumed.results
+                else:
+                    ec = await asyncio.to_thread(instance_ec, store, state_job, name,
+                                                 task.index, False)
+                    logged = await asyncio.to_thread(logged_results, store, state_job,
+                                                     name, task.index, ec)
             log = await asyncio.to_thread(LogWriter, store,
                                           log_prefix(task.job_id, name, task.index),
                                           blocking=False)
@@ -830,8 +889,17 @@ class CecCoordinator(Coordinator):
             for index in range(parallelism):
                 if only is not None and (name, index) not in only:
                     continue
-                ec = await asyncio.to_thread(instance_ec, store, state_job, name, index,
-                                             state_job != master.job_id)
+                if state_job != master.job_id:  # resuming an earlier job
+                    resumed = await asyncio.to_thread(resumed_state, store, state_job,
+                                                      name, index, results=False)
+                    ec = resumed.ec
+                    if resumed.set_aside is not None:
+                        master.record_event("resume_set_aside", job=state_job,
+                                            operator=name, instance=index,
+                                            reason=resumed.set_aside)
+                else:
+                    ec = await asyncio.to_thread(instance_ec, store, state_job, name,
+                                                 index, False)
                 if ec.skipped:
                     damaged = True
                     master.record_event("log_damaged", operator=name, instance=index,

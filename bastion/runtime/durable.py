@@ -57,12 +57,24 @@ _HEADER_BYTES = _PREFIX.size + _CRC.size
 _MARKED = 1
 
 
-def unserialisable(value: Any) -> TypeError:
+class UnserialisableError(TypeError):
+    """A value no codec covers; ``type_name`` names its type, so that whoever stores
+    the value can name the type and its own operator in the error a user sees."""
+
+    def __init__(self, message: str, type_name: str):
+        super().__init__(message)
+        self.type_name = type_name
+
+    def __reduce__(self):
+        return (UnserialisableError, (str(self), self.type_name))
+
+
+def unserialisable(value: Any) -> UnserialisableError:
     """The error for a value no codec covers: the same on the wire and in the store."""
-    return TypeError(
+    return UnserialisableError(
         f"cannot serialise a value of type {type(value).__name__}: values must be None, "
         "bool, int, float, str, bytes, or tuples, lists, sets or dicts of them; register "
-        "a codec with topology.register_codec(...) for other types")
+        "a codec with topology.register_codec(...) for other types", type(value).__name__)
 
 
 def seal(payload: bytes, flags: int = 0) -> bytes:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Coroutine, Sequence
 import msgpack
 import ray
 
-from bastion.errors import PeerLostError, UDFError
+from bastion.errors import PeerLostError, UDFError, UnstorableValueError
 from bastion.lineage import broadcast_ids, op_codes, record_hashes
 from bastion.protocols import get_protocol
 from bastion.protocols.base import TaskContext
@@ -45,7 +45,7 @@ from bastion.runtime.channel import (HeldOutputChannel, InputGate, LocalOutputCh
                                      first_seq)
 from bastion.runtime.columns import partitions
 from bastion.runtime.config import JobConfig
-from bastion.runtime.durable import DurableCodec, open_bytes, seal
+from bastion.runtime.durable import DurableCodec, UnserialisableError, open_bytes, seal
 from bastion.runtime.faults import TaskFaults
 from bastion.runtime.merge import DeterministicMerge
 from bastion.runtime.metrics import LatencyHistogram, OperatorCounts
@@ -431,7 +431,15 @@ class Task(TaskContext):
                 await self._run_inputs()
             await self._finish()
         except (UDFError, PeerLostError, ray.exceptions.RayError):
-            raise  # a user error, or a peer worker that died: the job master decides
+            # a user error (a function's, or a value no codec stores), or a peer worker
+            # that died: the job master decides; a user error's message is all it shows
+            raise
+        except UnserialisableError as exc:
+            # what the chain sends downstream (its last operator's output) has a type
+            # no codec encodes: as much a user error as a state that cannot be stored
+            raise UnstorableValueError(self.ops[-1].ctx.name, self.index, exc.type_name,
+                                       "its output records cannot be sent",
+                                       str(exc)) from None
         except Exception as exc:
             raise RuntimeError(f"task {self.name} failed: {exc!r}\n"
                                f"{traceback.format_exc()}") from exc
@@ -691,13 +699,17 @@ class Task(TaskContext):
             state["merge"] = self.merge.snapshot(self.codec)
         try:
             return self.durable.encode(state)
-        except TypeError:
+        except UnserialisableError:
+            # The user's state holds a value no codec stores (a lock, an object of a
+            # class without a codec): a user error naming the operator and the type,
+            # which ends the job — a restart would only meet it again.
             for op, op_state in zip(self.ops, operators):
                 try:
                     self.durable.encode(op_state)
-                except TypeError as exc:
-                    raise TypeError(f"operator {op.ctx.name!r} (instance {self.index}): "
-                                    f"its state cannot be checkpointed: {exc}") from None
+                except UnserialisableError as exc:
+                    raise UnstorableValueError(op.ctx.name, self.index, exc.type_name,
+                                               "its state cannot be stored",
+                                               str(exc)) from None
             raise
 
     def restore(self, data: bytes, key: str) -> None:
@@ -737,9 +749,10 @@ class Task(TaskContext):
             if parts is None:
                 return encode_part(self.durable, values, ids)
             return encode_staged(self.durable, values, ids, parts)
-        except TypeError as exc:
-            raise TypeError(f"sink {sink.ctx.name!r} (instance {self.index}): its records "
-                            f"cannot be staged: {exc}") from None
+        except UnserialisableError as exc:
+            raise UnstorableValueError(sink.ctx.name, self.index, exc.type_name,
+                                       "its records cannot be stored", str(exc),
+                                       kind="sink") from None
 
     async def _spill_full_sinks(self) -> None:
         """Write what a sink staged as a part of the current commit point once it
