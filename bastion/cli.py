@@ -264,10 +264,28 @@ def one_line(text: object) -> str:
 
 # Terminal colour codes, which Ray writes into a remote error's text.
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# `bastion.run`'s keywords as a message from the library may name them, and the flags
+# that set them here: on the command line a message names flags.
+_FLAGS = {"protocol": "--protocol", "resume_from": "--resume-from",
+          "checkpoint_interval": "--checkpoint-interval", "ack_timeout_s": "--ack-timeout",
+          "acks_mode": "--acks-mode", "max_pending": "--max-pending",
+          "duration_s": "--duration", "redundancy": "--redundancy",
+          "latency_bound_ms": "--latency-bound", "failover": "--failover"}
+_KEYWORD = re.compile(r"\b(" + "|".join(_FLAGS) + r")=('[^']*'|[^\s:;,()]+)(?: or '(\w+)')?")
+
+
+def as_flags(message: str) -> str:
+    """``message`` with ``keyword=value`` of `bastion.run` written as the flag that
+    sets it (``protocol='cec'`` -> ``--protocol cec``), and without colour codes."""
+    def flag(found: re.Match) -> str:
+        text = f"{_FLAGS[found[1]]} {found[2].strip(chr(39))}"
+        return text + (f" or {found[3]}" if found[3] else "")
+
+    return _KEYWORD.sub(flag, _ANSI.sub("", message))
 
 
 def _say(message: str) -> None:
-    print(f"bastion: {one_line(_ANSI.sub('', str(message)))}", file=sys.stderr)
+    print(f"bastion: {one_line(as_flags(str(message)))}", file=sys.stderr)
 
 
 def _megabytes(n: int) -> str:
