@@ -52,10 +52,15 @@ inside the task that runs the instance (`bastion.runtime.faults`):
   frame the instance's task sends is lost with that probability. Bastion's channels
   are otherwise reliable, and only a protocol that replays by acknowledgments can
   make up for the loss: under any other the drill verdict reports it;
-- ``LinkOutage(op, mtbf_s, mttr_s)``: a *correlated communication* fault — the
-  instance's outgoing links go down for periods exponential with mean ``mttr_s``,
-  separated by up-times exponential with mean ``mtbf_s``; frames wait for the link
-  (as TCP retransmits), so an outage delays, it does not lose;
+- ``LinkOutage(op, mtbf_s, mttr_s, lose=False)``: a *correlated communication*
+  fault — the instance's outgoing links go down for periods exponential with mean
+  ``mttr_s`` (or drawn from ``mttr``, e.g. the thesis's Gaussian), separated by
+  up-times exponential with mean ``mtbf_s``; frames wait for the link (as TCP
+  retransmits), so an outage delays, it does not lose. With ``lose=True`` (the
+  thesis's model) every data frame and acknowledgment the instance sends while its
+  link is down is lost — under ``acks``, whose sources replay what was not
+  acknowledged in time; under the other protocols the link heals by resending what
+  it did not deliver (`bastion.runtime.transport`), so there too the outage delays;
 - ``DropConnection(op, at_s=(...) | mtbf_s)``: a *dropped connection* — at those
   seconds after the task started (or at exponential times of mean ``mtbf_s``), the
   next frame the instance's task sends over TCP to another worker is cut: part of it
@@ -82,8 +87,8 @@ field of any mistake, in either of two shapes:
   *microseconds*, distributions as lists — ``exponential: [min, max, mean]`` for an
   MTBF (gaps held within min and max: ``mtbf_min_s``/``mtbf_max_s``), ``gaussian:
   [min, max, mean, std]``. Its kinds: ``timing`` (``mtbf``, ``magnitude``),
-  ``message`` (a single-shot loss: ``probability``), ``link`` (a correlated outage:
-  ``mtbf``, ``mttr`` — Gaussian in the thesis) and ``instance`` (a crash: ``mtbf``,
+  ``message`` (a single-shot loss: ``probability``), ``link`` (a correlated outage that
+  loses what is sent meanwhile: ``mtbf``, ``mttr`` — Gaussian in the thesis) and ``instance`` (a crash: ``mtbf``,
   ``mttr: {exponential: [mean]}``, ``max_crashes``).
 
 The two load to the same faults: Listing 3.1 and its Bastion-shape twin inject the
@@ -390,6 +395,9 @@ class LinkOutage:
     # the length of each outage, when not exponential with mean ``mttr_s`` (the
     # thesis's MTTR is Gaussian)
     mttr: Distribution | None = None
+    # True: what the instance sends while its link is down is lost (the thesis's
+    # correlated model), not held back
+    lose: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "instances", _as_instances(self.instances))
@@ -397,6 +405,8 @@ class LinkOutage:
         _number("LinkOutage", "mtbf_s", self.mtbf_s, above=0)
         _number("LinkOutage", "mttr_s", self.mttr_s, above=0)
         _check_bounds("LinkOutage", self.mtbf_min_s, self.mtbf_max_s)
+        if not isinstance(self.lose, bool):
+            raise ValueError(f"LinkOutage.lose must be True or False, got {self.lose!r}")
         if self.mttr is not None and not isinstance(self.mttr, tuple(_DISTRIBUTIONS.values())):
             raise ValueError("LinkOutage.mttr must be a distribution (bn.faults.Constant, "
                              f"Gaussian, Uniform or Exponential) or None, got {self.mttr!r}")
@@ -804,7 +814,7 @@ class _Reader:
             if kind == "link":
                 return LinkOutage(op=op, instances=instances, seed=seed, mtbf_s=mean,
                                   mtbf_min_s=lo, mtbf_max_s=hi, mttr=mttr,
-                                  mttr_s=_mean_of(mttr))
+                                  mttr_s=_mean_of(mttr), lose=True)
             if not isinstance(mttr, (Exponential, Constant)):
                 raise self.fail(params["mttr"], f"{path}.mttr", "an instance's repair time "
                                 "is exponential: [mean] (or constant: [value])")

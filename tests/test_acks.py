@@ -343,3 +343,22 @@ def test_a_filter_instance_crashing_twice_restarts_alone_and_loses_nothing(tmp_p
     assert report.verdict == "at-least-once" or report.exactly_once
     assert [f.restarted_tasks for f in report.faults] == [["match[1]"], ["match[1]"]]
     assert report.metrics.extra["attempts"] == 1
+
+
+def test_a_lossy_link_outage_loses_frames_and_acks_which_acks_replays(tmp_path):
+    """The thesis's correlated model: what the instance sends while its link is down
+    is lost — data frames and acknowledgments alike. Under ``acks`` the sources replay
+    it; under a checkpointing protocol the link heals by resending, so the same
+    outages only hold frames back."""
+    outages = [bn.faults.LinkOutage("tag", mtbf_s=0.4, mttr_s=0.15, seed=2, lose=True),
+               bn.faults.LinkOutage("score", mtbf_s=0.4, mttr_s=0.15, seed=3, lose=True)]
+    report = acks_drill(tmp_path, outages, ack_timeout_s=0.5)
+    injected = report.metrics.extra["faults_injected"]
+    assert injected["outage_frames_lost"] > 0 and injected["outage_acks_lost"] > 0
+    assert report.metrics.extra["protocol_counters"]["roots_replayed"] > 0
+    assert report.lost == 0 and report.corrupted == 0, evidence(report)
+    assert report.verdict == "at-least-once", evidence(report)
+    healed = acks_drill(tmp_path, outages, protocol="coordinated")
+    injected = healed.metrics.extra["faults_injected"]
+    assert injected["outage_frames_lost"] == 0 and injected["outage_waits"] > 0
+    assert healed.exactly_once, evidence(healed)

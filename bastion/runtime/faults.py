@@ -27,7 +27,9 @@ and its loop asks it at four points:
   by size, from an unpaced source — lose the same records in every run;
 - before a frame is sent, how long its links stay down (`link_down_for_s`): a
   `bastion.faults.LinkOutage` lays out up and down periods from its seed, timed from
-  the task's start;
+  the task's start; a lossy one (``lose=True``) under a protocol that replays by
+  acknowledgments loses the data frames and acknowledgments sent while it lasts
+  (`ack_lost`) instead;
 - before a frame goes over TCP to another worker, whether to tear its connection
   (`tear_due`): a `bastion.faults.DropConnection` is due at its ``at_s`` (or at
   exponential times from its seed), timed from the task's start; the first such frame
@@ -112,6 +114,10 @@ class _Outages:
                                                    fault.mtbf_max_s)
         self.down_until_s = self.down_from_s + fault.repair_s(self.rng)
 
+    @property
+    def loses(self) -> bool:
+        return self.fault.lose
+
     def down_for_s(self, elapsed_s: float) -> float:
         """Seconds from ``elapsed_s`` until the link is up (0.0: up now)."""
         while self.down_until_s <= elapsed_s:
@@ -174,6 +180,11 @@ class TaskFaults:
     records_dropped: int = 0
     outage_waits: int = 0
     outage_waited_s: float = 0.0
+    outage_frames_lost: int = 0   # frames a lossy outage lost (records_dropped counts theirs)
+    outage_acks_lost: int = 0
+    # Whether the task's protocol replays what a lossy outage loses (acks): elsewhere
+    # the link heals by resending, so a lossy outage holds frames back instead.
+    replays_lost: bool = False
     connections_dropped: int = 0
 
     @classmethod
@@ -236,10 +247,27 @@ class TaskFaults:
             self.emitted_records += records
             wait_s += self.stall_s(self.emit, self.emitted_records)
         if self.outages:
-            wait_s += self.link_down_for_s(time.monotonic() - self.started_s + wait_s)
+            elapsed_s = time.monotonic() - self.started_s + wait_s
+            if droppable and records > 0 and self._lost_in_outage(elapsed_s):
+                self.outage_frames_lost += 1
+                self.records_dropped += records
+                return wait_s, True
+            wait_s += self.link_down_for_s(elapsed_s)
         lost = (bool(self.drops) and droppable and records > 0
                 and self.drop_frame(channel_id, first_record, records))
         return wait_s, lost
+
+    def _lost_in_outage(self, elapsed_s: float) -> bool:
+        """Is a lossy outage under way, under a protocol that replays what it loses?"""
+        return self.replays_lost and any(o.loses and o.down_for_s(elapsed_s) > 0
+                                         for o in self.outages)
+
+    def ack_lost(self) -> bool:
+        """Is the acknowledgment message about to be sent lost to a lossy outage?"""
+        if self.outages and self._lost_in_outage(time.monotonic() - self.started_s):
+            self.outage_acks_lost += 1
+            return True
+        return False
 
     def ack_delay_s(self, records: int) -> float:
         """Seconds an acknowledgment message for ``records`` tuples is held up (an
@@ -274,4 +302,6 @@ class TaskFaults:
                 "records_dropped": self.records_dropped,
                 "outage_waits": self.outage_waits,
                 "outage_waited_s": round(self.outage_waited_s, 6),
+                "outage_frames_lost": self.outage_frames_lost,
+                "outage_acks_lost": self.outage_acks_lost,
                 "connections_dropped": self.connections_dropped}

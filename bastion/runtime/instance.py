@@ -376,6 +376,8 @@ class Task(TaskContext):
         self.protocol = get_protocol(config.protocol).task_protocol(self)
         # stalls, lost frames and link outages this task carries out (None: none)
         self.faults = TaskFaults.for_task(config.faults, chain.ops, plan.index)
+        if self.faults is not None:
+            self.faults.replays_lost = get_protocol(config.protocol).acknowledges_tuples
         # Inputs from a chain that receives redundant copies: both copies of one result
         # come here, and only the first is processed (`bastion.runtime.redundancy`).
         copied = config.redundancy
@@ -899,6 +901,8 @@ class Task(TaskContext):
         histogram.add_many(latencies_s)
 
     def send_acks(self, task_id: int, entries: list) -> None:
+        if self.faults is not None and self.faults.ack_lost():
+            return  # a lossy link outage: the tuples are replayed after their timeout
         delay_s = 0.0 if self.faults is None else self.faults.ack_delay_s(len(entries))
         if delay_s > 0:  # a slow acknowledgment: the task itself goes on
             asyncio.get_running_loop().call_later(delay_s, self.ack_router, task_id, entries)

@@ -364,6 +364,9 @@ def describe_injected(injected: dict[str, float]) -> str:
     if injected["frames_dropped"]:
         parts.append(f"{injected['frames_dropped']:,.0f} frames lost "
                      f"({injected['records_dropped']:,.0f} records)")
+    if injected.get("outage_frames_lost") or injected.get("outage_acks_lost"):
+        parts.append(f"{injected['outage_frames_lost']:,.0f} frames and "
+                     f"{injected['outage_acks_lost']:,.0f} acknowledgments lost to outages")
     if injected["outage_waits"]:
         parts.append(f"{injected['outage_waits']:,.0f} waits for a link "
                      f"({injected['outage_waited_s']:.2f} s)")
