@@ -1180,6 +1180,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "(default: the end of each log)")
     _spark_session_options(rebuild)
     rebuild.set_defaults(handler=cmd_reconstruct)
+    for summarised in (run, drill, tune, analyze):   # one meaning per printed figure
+        summarised.epilog = ((summarised.epilog + ". ") if summarised.epilog else "") + \
+            "What each printed figure means: docs/metrics.md"
     return parser
 
 
