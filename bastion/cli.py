@@ -1243,10 +1243,23 @@ def quiet_logs() -> Iterator[None]:
             handler.removeFilter(only_errors)
 
 
+@contextlib.contextmanager
+def verbose_logs() -> Iterator[None]:
+    """``--verbose``: Bastion's debug records, and Ray's start-up notices with them
+    (`bastion.launcher.ensure_ray` lets them through at this level)."""
+    ours = logging.getLogger("bastion")
+    level = ours.level
+    ours.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        ours.setLevel(level)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with contextlib.nullcontext() if args.verbose else quiet_logs():
+        with verbose_logs() if args.verbose else quiet_logs():
             return args.handler(args)
     except KeyboardInterrupt:
         if sys.stderr.isatty():

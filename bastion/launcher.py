@@ -11,6 +11,7 @@ of a Ray session starts them, the next ones find them warm.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import re
@@ -99,6 +100,10 @@ def ensure_ray(address: str | None = None) -> None:
     ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1"
     os.environ.update(http_proxy=_DEAD_PROXY, HTTP_PROXY=_DEAD_PROXY,
                       no_proxy=_LOOPBACK, NO_PROXY=_LOOPBACK)
+    notice = _AuthNotice()
+    handlers = list(logging.getLogger("ray").handlers)
+    for handler in handlers:
+        handler.addFilter(notice)
     try:
         ray.init(
             # A new instance of its own: without an address, Ray would join any cluster
@@ -112,11 +117,25 @@ def ensure_ray(address: str | None = None) -> None:
             runtime_env={"env_vars": {k: v or "" for k, v in saved.items()}},
         )
     finally:
+        for handler in handlers:
+            handler.removeFilter(notice)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+class _AuthNotice(logging.Filter):
+    """Drops Ray's notice that a new local instance has token authentication on,
+    printed on every start of one — from the Python API too, where `bastion`'s command
+    line already keeps Ray's start-up notices quiet. Its other warnings pass, and so
+    does this one when the ``bastion`` logger is set to DEBUG (``bastion --verbose``
+    sets it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return (not record.name.startswith("ray._private.authentication")
+                or logging.getLogger("bastion").isEnabledFor(logging.DEBUG))
 
 
 def _installed_roots() -> tuple[str, ...]:

@@ -484,3 +484,16 @@ def test_auto_interval_refuses_a_job_too_short_to_tune(tmp_path, capsys, nothing
                "--storage", f"local://{tmp_path}/s") == EXIT_USAGE
     err = capsys.readouterr().err
     assert "too short to tune" in err and "--checkpoint-interval S" in err, err
+
+
+@pytest.mark.slow
+def test_ray_start_up_notices_stay_quiet_in_the_python_api_too(tmp_path):
+    script = ("import bastion as bn\n"
+              "t = bn.Topology('quiet')\n"
+              "t.source('s', bn.sources.Collection([1, 2, 3])).sink('o', bn.sinks.Collect())\n"
+              f"print(len(bn.run(t, storage='local://{tmp_path}/s').outputs['o']))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "3"
+    assert "Token authentication" not in done.stderr, done.stderr
