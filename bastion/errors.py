@@ -49,7 +49,7 @@ class JobFailedError(BastionError):
     job_id: str | None = None
 
 
-class UnstorableValueError(UDFError, JobFailedError):
+class UnstorableValueError(UDFError, JobFailedError, TypeError):
     """A value the job must store or send has a type no codec encodes: an operator's
     state at a checkpoint, a sink's records as they are staged. A user error, found
     only when the first such value is stored: ``operator`` and ``index`` name the
@@ -59,7 +59,9 @@ class UnstorableValueError(UDFError, JobFailedError):
 
     It is a `UDFError` because the user's code made the value — the job master ends the
     job on it as on any user function's error, never restarting (a restart would meet
-    the same value) — and a `JobFailedError` because the job ended (``job_id``)."""
+    the same value) — a `JobFailedError` because the job ended (``job_id``), and a
+    `TypeError`, what Python raises for a value of the wrong type (and what this error
+    was before it had a class of its own)."""
 
     def __init__(self, operator: str, index: int, type_name: str, what: str, error: str,
                  kind: str = "operator"):
