@@ -65,7 +65,11 @@ state fed from outside the region, a damaged or incomplete log — restarts the 
 as above from an earlier job's state — the EC `bastion reconstruct` stored for it, else
 its logs — copies that state (results, footprints, closings) into its own log, so its
 own failures need nothing of the earlier job's, and drops what the earlier job's sinks
-committed.
+committed. Damage is worked around, and reported (a ``resume_set_aside`` event, a
+warning of the run): a stored EC that fails its check is set aside for the log, as if
+none were stored; an instance whose log is damaged starts from nothing and the sources
+replay everything, since the results in a damaged record can be neither sent again
+nor told apart (`resumed_state`).
 
 **What it needs of a topology** (`CecProtocol.check` refuses the rest, naming the
 operator): lineage ids (turned on for the run); at most one stateful operator on any
