@@ -12,7 +12,9 @@ duplicated and corrupted records with their lineage ids.
 
 Each plot marks the faults (red), their detection (orange) and the restart from the
 recovery line (green), so a reader sees how long the job was down and how long it
-took to catch up. A run with several queries (`Topology.query`) also gets Su & Zhou's
+took to catch up. The recovery figures are the drill's own
+(`bastion.runtime.recovery_times`); the job master's per failure, in the checkpoint
+table, are the same definitions measured from the same failure. A run with several queries (`Topology.query`) also gets Su & Zhou's
 two plots: each query's latency relative to its failure-free latency, and how many
 queries were available over time; a drill of several recoveries of one scenario
 (``bastion drill --scenario correlated``) adds a table comparing them.
@@ -225,7 +227,8 @@ def render_html(report: Any, title: str = "Bastion recovery drill",
              else f"{proto.state_bytes_last:,}"),
         ]
         checkpoints += [(f"failure {i}", f"{f.reason}: restart {_secs(f.restart_s)}, "
-                         f"recovery {_secs(f.recovery_s)}, recovery line {f.recovery_line}, "
+                         f"recovery {_secs(f.recovery_s)}, total recovery {_secs(f.trt_s)}, "
+                         f"recovery line {f.recovery_line}, "
                          f"restarted {len(f.restarted_tasks)} operator instance(s)")
                         for i, f in enumerate(proto.failures, 1)]
     violations = ""
@@ -265,6 +268,8 @@ tr+tr td{{border-top:1px solid #ddd}}
 </head><body><h1>{html.escape(title)}</h1>
 <p class="verdict"><b>{html.escape(verdict)}</b>: {html.escape(report.verdict_reason)}</p>
 <h2>Summary</h2>{_table(summary)}
+<p>What each figure means: docs/metrics.md in Bastion's source (detection and
+restart are phases; recovery and total recovery count from the fault).</p>
 <h2>Runs</h2>{_table(runs)}
 <h2>Faults</h2>{_table(faults, ("fault", "due", "landed", "killed", "detection", "restart",
                                  "recovery", "total recovery", "restarted", "note"))
