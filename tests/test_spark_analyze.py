@@ -5,8 +5,8 @@ Real jobs run on the session's Ray and leave their events in a local directory o
 on moto's S3 server (127.0.0.1); real Spark in local mode (the session's `spark`
 fixture) reads them in its tasks. Every figure of the Parquet tables is recomputed
 here from `read_events` / `decode_events` without Spark: per-second sums and maxima,
-the checkpoints, the failures (detection, restart and recovery from the job master's
-own events, the total recovery time with the drill's rule). Event logs are cut into
+the checkpoints, the failures (detection, restart, recovery and total recovery: the
+job master's own ``recovery`` events, one definition for both). Event logs are cut into
 many small chunks (``chunk_records``) so that a job's objects spread over several
 Spark tasks, and damaged objects must be skipped and named, never loaded.
 """
