@@ -83,6 +83,7 @@ _STARTING_S = 0.3
 _SLACK_S = 1e-6
 
 Point = Mapping[str, Any]
+Event = Mapping[str, Any]
 
 
 def _count(p: Point, name: str) -> int:
@@ -184,8 +185,10 @@ class RecoveryTimes:
             if value is not None and value < -_SLACK_S]
         running_s = (self.detection_s or 0.0) + (self.restart_s or 0.0)
         for name, value in (("recovery", self.recovery_s), ("total recovery", self.trt_s)):
-            if value is not None and self.restart_s is not None and value < running_s - _SLACK_S:
-                broken.append(f"{name} {value:.3f} s < detection + restart {running_s:.3f} s")
+            if (value is not None and self.restart_s is not None
+                    and value < running_s - _SLACK_S):
+                broken.append(f"{name} {value:.3f} s < detection + restart "
+                              f"{running_s:.3f} s")
         if (self.recovery_s is not None and self.trt_s is not None
                 and self.trt_s < self.recovery_s - _SLACK_S):
             broken.append(f"total recovery {self.trt_s:.3f} s < recovery "
@@ -220,15 +223,14 @@ def recovery_times(timeline: Sequence[Point], failed_at_s: float,
                          None if back_s is None else back_s - failed_at_s)
 
 
-def failures_in(events: Iterable[Mapping[str, Any]]
-                ) -> list[tuple[Mapping[str, Any] | None, Mapping[str, Any], Mapping[str, Any]]]:
+def failures_in(events: Iterable[Event]) -> list[tuple[Event | None, Event, Event]]:
     """``(fault or None, failure_detected, restarted)`` of every failure a job
     recovered from, from its events in the order they happened. A failure is a
     ``failure_detected`` that starts a recovery and the ``restarted`` that ends it;
     one detected during a recovery extends that recovery. Its fault is the first
     injected ``fault`` since the previous restart (None: a real failure)."""
     found = []
-    faults: list[Mapping[str, Any]] = []
+    faults: list[Event] = []
     detected = None
     for event in events:
         kind = event["kind"]
@@ -241,10 +243,3 @@ def failures_in(events: Iterable[Mapping[str, Any]]
             detected, faults = None, []
     return found
 
-
-def failure_recovery_times(events: Iterable[Mapping[str, Any]], timeline: Sequence[Point]
-                           ) -> list[RecoveryTimes]:
-    """`recovery_times` of every failure in ``events`` (`failures_in`)."""
-    return [recovery_times(timeline, (fault or detected)["t_s"], detected["t_s"],
-                           restarted["t_s"])
-            for fault, detected, restarted in failures_in(events)]
