@@ -14,8 +14,8 @@ failure-free reference) is printed beside its timings.
     depend on what rolls back, not on the job's size; target for ``uncoordinated``
     <= 0.5x).
     Printed: the operator instances restarted, restart time (detection → every
-    restarted task running), TRT (the drill's total recovery time: kill → sources
-    caught up), and for the two branches what branch ``a`` (never hit) did again —
+    restarted task running), TRT (the drill's total recovery time: kill → output
+    rate back and sources caught up, `bastion.runtime.recovery_times`), and for the two branches what branch ``a`` (never hit) did again —
     the records its sink received beyond those it committed, 0 when it never rolled
     back — and the largest gap between two progress points (0.1 s apart) at which its
     sink received records, against the same figure of a failure-free run of the same
