@@ -439,6 +439,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc  # ray[client]); the message says what to do
     except BastionError as exc:  # the job ran and failed (a UDF error, a lost worker)
         progress.close()
+        if args.verbose and getattr(exc, "details", None):
+            print(exc.details, file=sys.stderr)  # a worker's traceback, for a bug report
         _say(str(exc))
         return EXIT_JOB_FAILED
     finally:
@@ -546,6 +548,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
         raise UsageError(message) from exc
     except BastionError as exc:  # a job failed: exit 4
         progress.close()
+        if args.verbose and getattr(exc, "details", None):
+            print(exc.details, file=sys.stderr)  # a worker's traceback, for a bug report
         _say(str(exc))
         return EXIT_FAILED
     finally:

@@ -44,9 +44,12 @@ class UDFError(BastionError):
 
 class JobFailedError(BastionError):
     """A job stopped because an instance failed for a reason other than a user function.
-    ``job_id`` names the job (what `bn.run(resume_from=...)` takes)."""
+    ``job_id`` names the job (what `bn.run(resume_from=...)` takes). The message is
+    what went wrong, on one line; ``details`` holds the worker's traceback when there
+    is one (for a bug report: a user reads the message)."""
 
     job_id: str | None = None
+    details: str | None = None
 
 
 class UnstorableValueError(UDFError, JobFailedError, TypeError):

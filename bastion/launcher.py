@@ -172,6 +172,7 @@ def ship_user_modules(topology: Topology, *extra: Any) -> None:
                 cloudpickle.register_pickle_by_value(module)
 
 
+_TRACEBACK = "Traceback (most recent call last):"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -483,8 +484,12 @@ def run(topology: Topology, *, protocol: str = "none",
     if isinstance(failure, (UDFError, JobFailedError)):
         raise failure
     if failure is not None:
-        error = JobFailedError(f"job {config.job_id} failed: {plain(str(failure))}")
+        # A worker's unexpected error arrives as text with its traceback: the message
+        # keeps what went wrong, and the traceback goes to ``details``.
+        text, _, trace = plain(str(failure)).partition(_TRACEBACK)
+        error = JobFailedError(f"job {config.job_id} failed: {text.strip()}")
         error.job_id = config.job_id
+        error.details = _TRACEBACK + trace if trace else None
         raise error
     return _result(config, plan, report, store, lend_host_s)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import bastion as bn
-from bastion.cli import EXIT_OK, EXIT_USAGE, as_flags, main
+from bastion.cli import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, as_flags, main
 from bastion.errors import UnstorableValueError
 from bastion.protocols import eventual
 from bastion.protocols.cec import resumed_state
@@ -238,3 +238,24 @@ def test_resume_from_damaged_state_falls_back_and_says_so(tmp_path, capsys):
     assert stored in first and "read from its log instead" in first
     assert second.startswith("bastion: warning: resuming job old: sum[1]: its log is "
                              "damaged") and damaged in second
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_workers_unexpected_error_is_one_line_and_its_traceback_a_detail(tmp_path, capsys):
+    """A user's codec that raises: the job fails (exit 1) in one line naming the
+    error; the worker's traceback is kept in `JobFailedError.details`, not shown."""
+    body = ("class Point:\n    pass\n\n"
+            "def encode(point):\n    raise ValueError('Point has no encoding yet')\n\n"
+            "topology.register_codec(Point, 5, encode, lambda data: Point())\n"
+            "nums.map('point', lambda i: Point()).sink('out', bn.sinks.Collect())\n")
+    job = job_file(tmp_path, body)
+    assert cli("run", job, "--storage", f"local://{tmp_path}/s") == EXIT_JOB_FAILED
+    assert_one_line(capsys.readouterr().err,
+                    r"failed: .*ValueError\('Point has no encoding yet'\)$")
+    from bastion.cli import load_topology
+
+    with pytest.raises(bn.JobFailedError) as caught:
+        bn.run(load_topology(job), storage=f"local://{tmp_path}/s")
+    assert "Traceback" not in str(caught.value)
+    assert caught.value.details.startswith("Traceback (most recent call last):")
+    assert "Point has no encoding yet" in caught.value.details
