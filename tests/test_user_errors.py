@@ -172,22 +172,30 @@ def test_a_damaged_log_starts_the_instance_from_nothing(tmp_path):
 # -- found as the job runs: the session's Ray ----------------------------------------------
 
 
+LOCK_IN_STATE = ("def step(state, value):\n    return threading.Lock(), value\n"
+                 "nums.key_by(lambda i: i % 2).stateful_map('locked', step, None).sink(\n"
+                 "    'out', bn.sinks.Collect())\n")
+
+
 @pytest.mark.usefixtures("ray_session")
-@pytest.mark.parametrize("body,pattern", [
-    # the function's state holds a lock: found at the first checkpoint
-    ("def step(state, value):\n    return threading.Lock(), value\n"
-     "nums.key_by(lambda i: i % 2).stateful_map('locked', step, None).sink(\n"
-     "    'out', bn.sinks.Collect())\n",
+@pytest.mark.parametrize("body,protocol,pattern", [
+    # the function's state holds a lock: found at the first checkpoint ...
+    (LOCK_IN_STATE, "coordinated",
      r"^bastion: operator 'locked' \(instance 0\): its state cannot be stored: cannot "
      r"serialise a value of type lock: .*register a codec"),
+    # ... or, under cec, as its first footprint is logged
+    (LOCK_IN_STATE, "cec",
+     r"^bastion: operator 'locked' \(instance 0\): its state cannot be logged: cannot "
+     r"serialise a value of type lock"),
     # the initial state is a lock: found as the topology is sent to the workers
     ("nums.key_by(lambda i: i % 2).stateful_map('locked', lambda s, v: (s, v),\n"
-     "    threading.Lock()).sink('out', bn.sinks.Collect())\n",
+     "    threading.Lock()).sink('out', bn.sinks.Collect())\n", "coordinated",
      r"^bastion: operator 'locked': its initial state holds a value of type "
      r"_thread.lock, which cannot be sent to the worker processes"),
 ])
-def test_a_state_holding_a_lock_is_one_line_and_exit_2(body, pattern, tmp_path, capsys):
-    assert cli("run", job_file(tmp_path, body), "--protocol", "coordinated",
+def test_a_state_holding_a_lock_is_one_line_and_exit_2(body, protocol, pattern, tmp_path,
+                                                       capsys):
+    assert cli("run", job_file(tmp_path, body), "--protocol", protocol,
                "--checkpoint-interval", "0.1", "--storage",
                f"local://{tmp_path}/s") == EXIT_USAGE
     assert_one_line(capsys.readouterr().err, pattern)
