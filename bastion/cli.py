@@ -407,7 +407,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.checkpoint_interval == "auto":
         try:
             args.checkpoint_interval = _auto_interval(args)
-        except (TopologyError, StorageError):
+        except (TopologyError, StorageError, UnstorableValueError):
             raise  # user errors: main prints them as one line, exit 2
         except BastionError as exc:  # a profiling run failed: the job did not run
             _say(f"--checkpoint-interval auto: tuning failed: {exc}")
