@@ -11,11 +11,13 @@ codes — or, where the README promises a way around, that way taken.
   says, in one warning line each, what it set aside;
 - a message from the library names ``bastion.run``'s keywords; on the command line it
   names the flags (``--protocol cec``, ``--resume-from``), and a job master's error
-  reaches the driver without Ray's colour codes.
+  reaches the driver without Ray's colour codes;
+- a worker's unexpected error (here a user codec that raises) fails the job (exit 1)
+  in one line, its traceback kept in `JobFailedError.details` for a bug report.
 
 The errors found before anything runs are checked in-process with nothing started;
-the three that need a running job share the session's Ray and run jobs of a second
-or less. (Ctrl-C, exit 130, and the many usage errors of flags are in test_cli.py.)
+those that need a running job share the session's Ray and run jobs of a second or
+less. (Ctrl-C, exit 130, and the many usage errors of flags are in test_cli.py.)
 """
 
 from __future__ import annotations
