@@ -52,6 +52,19 @@ class JobFailedError(BastionError):
     details: str | None = None
 
 
+class UnserialisableError(TypeError):
+    """A value no codec covers (`bastion.runtime.durable`); ``type_name`` names its
+    type, so that whoever stores the value — a task, a protocol's log — can name the
+    type and its own operator in the error a user sees (`UnstorableValueError`)."""
+
+    def __init__(self, message: str, type_name: str):
+        super().__init__(message)
+        self.type_name = type_name
+
+    def __reduce__(self):
+        return (UnserialisableError, (str(self), self.type_name))
+
+
 class UnstorableValueError(UDFError, JobFailedError, TypeError):
     """A value the job must store or send has a type no codec encodes: an operator's
     state at a checkpoint, a sink's records as they are staged. A user error, found

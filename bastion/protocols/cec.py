@@ -93,13 +93,12 @@ from operator import itemgetter
 from typing import Any
 
 import bastion.windows as window_specs
-from bastion.errors import TopologyError, UnstorableValueError
+from bastion.errors import TopologyError, UnserialisableError, UnstorableValueError
 from bastion.lineage import IdRun
 from bastion.protocols import eventual
 from bastion.protocols.eventual import eventual_prefix, log_prefix
 from bastion.protocols.base import (Coordinator, MasterContext, PartedOperator, Protocol,
                                     ProtocolStats, RegionLine, TaskContext, TaskProtocol)
-from bastion.runtime.durable import UnserialisableError
 from bastion.runtime.records import Batch, EndOfStream
 from bastion.storage import (CorruptRecordError, LogReader, LogWriter, StorageError,
                              StoreUnavailableError)

@@ -41,6 +41,7 @@ from typing import Any, Iterable
 import msgpack
 
 from bastion.codecs import Codec
+from bastion.errors import UnserialisableError
 from bastion.storage.errors import CorruptBlobError
 
 # Extension codes 112..127 belong to Bastion (user codecs get 0..111).
@@ -55,18 +56,6 @@ _HEADER_BYTES = _PREFIX.size + _CRC.size
 # Flag: the payload has marked arrays, so decoding must look at every array (a
 # Python call per array); blobs without tuples or sets decode without that cost.
 _MARKED = 1
-
-
-class UnserialisableError(TypeError):
-    """A value no codec covers; ``type_name`` names its type, so that whoever stores
-    the value can name the type and its own operator in the error a user sees."""
-
-    def __init__(self, message: str, type_name: str):
-        super().__init__(message)
-        self.type_name = type_name
-
-    def __reduce__(self):
-        return (UnserialisableError, (str(self), self.type_name))
 
 
 def unserialisable(value: Any) -> UnserialisableError:

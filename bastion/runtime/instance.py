@@ -34,7 +34,7 @@ from typing import Any, Callable, Coroutine, Sequence
 import msgpack
 import ray
 
-from bastion.errors import PeerLostError, UDFError, UnstorableValueError
+from bastion.errors import PeerLostError, UDFError, UnserialisableError, UnstorableValueError
 from bastion.lineage import broadcast_ids, op_codes, record_hashes
 from bastion.protocols import get_protocol
 from bastion.protocols.base import TaskContext
@@ -45,7 +45,7 @@ from bastion.runtime.channel import (HeldOutputChannel, InputGate, LocalOutputCh
                                      first_seq)
 from bastion.runtime.columns import partitions
 from bastion.runtime.config import JobConfig
-from bastion.runtime.durable import DurableCodec, UnserialisableError, open_bytes, seal
+from bastion.runtime.durable import DurableCodec, open_bytes, seal
 from bastion.runtime.faults import TaskFaults
 from bastion.runtime.merge import DeterministicMerge
 from bastion.runtime.metrics import LatencyHistogram, OperatorCounts
