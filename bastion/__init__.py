@@ -28,7 +28,7 @@ _EXPORTS = {
     "codecs": ("Codec",),
     "drills": ("DrillReport", "drill"),
     "errors": ("BastionError", "JobFailedError", "NoUsableCheckpointError", "SinkCommitError",
-               "TopologyError", "UDFError"),
+               "TopologyError", "UDFError", "UnstorableValueError"),
     "launcher": ("RunResult", "run"),
     "protocols.cec": ("CecPolicy",),
     "runtime.operators": ("DeadLetter",),
@@ -44,7 +44,8 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from bastion.codecs import Codec
     from bastion.drills import DrillReport, drill
     from bastion.errors import (BastionError, JobFailedError, NoUsableCheckpointError,
-                                SinkCommitError, TopologyError, UDFError)
+                                SinkCommitError, TopologyError, UDFError,
+                                UnstorableValueError)
     from bastion.launcher import RunResult, run
     from bastion.protocols.cec import CecPolicy
     from bastion.runtime.operators import DeadLetter
