@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import re
+import socket
 import sys
 import sysconfig
 import time
@@ -89,6 +90,7 @@ def ensure_ray(address: str | None = None) -> None:
     if ray.is_initialized():
         return
     if address:
+        _check_reachable(address)
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=True)
         return
     saved = {k: os.environ.get(k) for k in _PROXY_VARS}
@@ -124,6 +126,22 @@ def ensure_ray(address: str | None = None) -> None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _check_reachable(address: str, timeout_s: float = 3.0) -> None:
+    """A head's ``HOST:PORT`` must accept a connection before Ray is asked to join it:
+    Ray itself retries for a minute, printing its log lines, when nothing listens
+    there. ``auto`` and ``ray://`` addresses are Ray's to resolve."""
+    if address == "auto" or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except ValueError:
+        raise ValueError(f"address {address!r}: the port must be a number") from None
+    except OSError as exc:
+        raise ConnectionError(f"nothing accepts connections at {address} "
+                              f"({exc.strerror or exc})") from None
 
 
 class _AuthNotice(logging.Filter):

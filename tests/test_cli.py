@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -497,3 +498,22 @@ def test_ray_start_up_notices_stay_quiet_in_the_python_api_too(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "3"
     assert "Token authentication" not in done.stderr, done.stderr
+
+
+def test_an_address_where_nothing_listens_fails_in_one_line_at_once(tmp_path):
+    """Ray retried a closed port for a minute, printing its own log lines."""
+    job = write_job(tmp_path)
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    began_s = time.monotonic()
+    done = bastion_process("run", str(job), "--address", f"127.0.0.1:{port}",
+                           "--storage", f"local://{tmp_path}/s", cwd=tmp_path)
+    _, err = done.communicate(timeout=120)
+    assert done.returncode == EXIT_USAGE, err
+    assert time.monotonic() - began_s < 30
+    [*_, last] = err.strip().splitlines()
+    assert last == (f"bastion: cannot reach the Ray cluster at 127.0.0.1:{port}: nothing "
+                    f"accepts connections at 127.0.0.1:{port} (Connection refused); check "
+                    "--address"), err
+    assert "Traceback" not in err
