@@ -674,6 +674,7 @@ def print_tuning(result: Any, stream: Any = None) -> None:
           f"{result.model.catch_up_per_s:,.0f} records/s, warm-up W best/average/worst "
           f"{'/'.join(f'{w:.2f}' for w in result.model.warmup_s)} s", file=out)
     print(table(result.rows(), header=result.HEADER), file=out)
+    print(result.fits(), file=out)
     print(f"\n{result.reason}", file=out)
 
 

@@ -75,6 +75,15 @@ class TuningResult:
     HEADER = ("interval s", "I_avg/s", "L_avg ms", "T s", "R s", "U", "TRT min",
               "TRT avg", "TRT max", "TRT seen")
 
+    def fits(self) -> str:
+        """The R² of each fit, in one line (``-``: the points did not spread)."""
+        def r2(value: float | None) -> str:
+            return "-" if value is None else f"{value:.3f}"
+
+        model = self.model
+        return (f"fits R²: latency {r2(model.latency_r2)}, TRT min/avg/max "
+                + "/".join(r2(model.trt_r2.get(c)) for c in CASES))
+
 
 def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.5,
          max_interval_s: float = 8.0, points: int = 6, repeats: int = 1, case: Case = "max",
@@ -255,7 +264,7 @@ table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:3px 8px;te
 <p>Bound: {result.case} TRT &le; {result.trt_bound_s:g} s. I_max {cap.ingest_max_per_s:,.0f}
 records/s unthrottled, {model.catch_up_per_s:,.0f} records/s as the recoveries read their
 backlog (the rate the model uses), warm-up W best/average/worst {"/".join(f"{w:.2f}" for w in model.warmup_s)} s
-(cold start {cap.warmup_s:.2f} s). {legend}</p>
+(cold start {cap.warmup_s:.2f} s). {html.escape(result.fits())}. {legend}</p>
 {trt_chart}
 {latency_chart}
 <h2>Measurements</h2>

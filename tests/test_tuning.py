@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import statistics
 import sys
 import threading
@@ -427,13 +428,12 @@ MUTANTS = {
     "bound check inverted": ("if fit((lo + hi) / 2) <= trt_bound_s]",
                              "if fit((lo + hi) / 2) >= trt_bound_s]"),
     "latency objective reversed": ("best = min(candidates,", "best = max(candidates,"),
-    "TRT fit fed reversed data": ("trt_fits={c: fit_quadratic(xs, [p.trt.of(c) for p in points])",
-                                  "trt_fits={c: fit_quadratic(xs, [p.trt.of(c) for p in "
-                                  "points][::-1])"),
+    "TRT fit fed reversed data": ("trts = {c: [p.trt.of(c) for p in points] for c in CASES}",
+                                  "trts = {c: [p.trt.of(c) for p in points][::-1] "
+                                  "for c in CASES}"),
     "latency fit fed reversed data": (
-        "latency_fit=fit_cross_validated(xs, [p.measurement.latency_avg_ms for p in points])",
-        "latency_fit=fit_cross_validated(xs, [p.measurement.latency_avg_ms for p in "
-        "points][::-1])"),
+        "latencies = [p.measurement.latency_avg_ms for p in points]",
+        "latencies = [p.measurement.latency_avg_ms for p in points][::-1]"),
 }
 
 
@@ -583,7 +583,8 @@ def test_bastion_tune_prints_the_table_and_the_choice(tmp_path, capsys):
     assert code == cli.EXIT_OK, err
     assert "profiling [" in err and "3/3 runs" in err
     assert "TRT max" in out and "checkpoint every" in out and "checkpoint_interval = " in out
-    assert "<svg" in html.read_text()
+    assert re.search(r"fits R²: latency [-\d.]+, TRT min/avg/max [-\d.]+/[-\d.]+/[-\d.]+", out)
+    assert "<svg" in html.read_text() and "fits R²" in html.read_text()
 
 
 def test_cli_tune_and_auto_refuse_bad_options_before_anything_runs(tmp_path, capsys):
@@ -721,3 +722,17 @@ def test_profiling_runs_write_outputs_of_their_own_and_delete_them(tmp_path):
     assert user_file.read_text() == '"kept"\n'
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == ["out.jsonl", "store"], left  # nothing of the run's own outputs is left
+
+
+def test_r_squared_is_what_the_fit_explains_and_says_so_when_nothing_spreads():
+    xs = [0.5, 1.0, 2.0, 4.0]
+    line = tm.fit_quadratic(xs, [1.0, 2.0, 4.0, 8.0])
+    assert tm.r_squared(line, xs, [1.0, 2.0, 4.0, 8.0]) == pytest.approx(1.0)
+    # by hand: the mean as the fit explains nothing
+    flat = tm.Quadratic(0.0, 0.0, 2.5)
+    assert tm.r_squared(flat, [1, 2, 3, 4], [1, 2, 3, 4]) == pytest.approx(0.0)
+    # SS_res 1 over SS_tot 2.75
+    assert tm.r_squared(tm.Quadratic(0.0, 1.0, 0.0), [1, 2, 3, 4], [2, 2, 3, 4]) == \
+        pytest.approx(1 - 1 / 2.75)
+    assert tm.r_squared(line, xs, [3.0] * 4) is None
+    assert tm.r_squared(line, [1.0], [3.0]) is None

@@ -358,6 +358,20 @@ def fit_cross_validated(xs: Sequence[float], ys: Sequence[float]) -> Quadratic:
     return fit_polynomial(xs, ys, chosen)
 
 
+def r_squared(fit: Quadratic, xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """How much of the spread of ``ys`` the fit explains: ``1 - SS_res / SS_tot``
+    (1: every point on the curve; 0: no better than their mean; below 0: worse). None
+    when the points do not spread (fewer than two, or all equal): there is nothing to
+    explain. The paper reports 0.819-0.996 for its fits."""
+    if len(ys) < 2:
+        return None
+    mean = sum(ys) / len(ys)
+    total = sum((y - mean) ** 2 for y in ys)
+    if total <= 1e-24 * max(1.0, mean * mean):
+        return None
+    return 1.0 - sum((fit(x) - y) ** 2 for x, y in zip(xs, ys)) / total
+
+
 def _solve_linear(matrix: list[list[float]], rhs: list[float]) -> list[float]:
     n = len(rhs)
     m = [row[:] + [r] for row, r in zip(matrix, rhs)]
@@ -397,6 +411,11 @@ class Model:
     warmup_s: tuple[float, float, float] = (0.0, 0.0, 0.0)  # W per case (`build_model`)
     catch_up_per_s: float = 0.0   # the rate recoveries read at (`catch_up_rate`)
     completion_lag_s: float = 0.0   # d: how long a checkpoint takes to complete
+    # R² of each fit against the points it was fitted to (`r_squared`; None: the
+    # points do not spread): the latency's against the measured L_avg, each TRT
+    # case's against the model's estimates per interval
+    latency_r2: float | None = None
+    trt_r2: Mapping[str, float | None] = field(default_factory=dict)
 
     def reprocess_s(self, interval_s: float, case: Case) -> float:
         """The E the model takes for ``case`` at ``interval_s`` (`reprocess_s`)."""
@@ -551,12 +570,16 @@ def build_model(measurements: Sequence[Measurement], capacity: Capacity,
             for case, (t, r), w in zip(CASES, restarts, warmup_s)))
         points.append(ModelPoint(m, u, estimate))
     xs = [p.measurement.interval_s for p in points]
+    latencies = [p.measurement.latency_avg_ms for p in points]
+    latency_fit = fit_cross_validated(xs, latencies)
+    trts = {c: [p.trt.of(c) for p in points] for c in CASES}
+    trt_fits = {c: fit_quadratic(xs, trts[c]) for c in CASES}
     return Model(
         points=tuple(points), capacity=capacity, warmup_s=warmup_s,
         catch_up_per_s=catch_up_per_s, completion_lag_s=completion_lag_s,
-        latency_fit=fit_cross_validated(xs, [p.measurement.latency_avg_ms for p in points]),
-        trt_fits={c: fit_quadratic(xs, [p.trt.of(c) for p in points]) for c in CASES},
-        stop_term_s=stop_term_s)
+        latency_fit=latency_fit, trt_fits=trt_fits, stop_term_s=stop_term_s,
+        latency_r2=r_squared(latency_fit, xs, latencies),
+        trt_r2={c: r_squared(trt_fits[c], xs, trts[c]) for c in CASES})
 
 
 # -- optimisation -----------------------------------------------------------------------------
