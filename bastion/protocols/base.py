@@ -76,12 +76,13 @@ class StateCodec(Structural):
 
 class PartedOperator(Structural):
     """A stateful operator whose state splits into independent *parts* (a key of a
-    keyed fold, a tumbling window), as a protocol that checkpoints part by part sees
-    it; `TaskContext.replace_operator` takes a wrapper with the same calls."""
+    keyed fold or count window, a time window), as a protocol that checkpoints part by
+    part sees it; `TaskContext.replace_operator` takes a wrapper with the same calls."""
 
     ctx: Any                      # name, index, code: for messages and dead letters
     opened: list | None           # a list: `process` appends each part it opens
     closed: list | None           # a list: `on_watermark` appends each part it closes
+    overlapping: bool             # a record goes into several parts (a sliding window)
 
     def process(self, batch: Batch, input_index: int) -> Batch | None: ...
 
@@ -90,6 +91,10 @@ class PartedOperator(Structural):
     def on_end(self) -> Batch | None: ...
 
     def parts_of(self, batch: Batch) -> list: ...
+
+    def windows_of(self, batch: Batch) -> list: ...
+
+    def process_into(self, batch: Batch, parts: list) -> Batch | None: ...
 
     def part_state(self, part: Any) -> Any: ...
 

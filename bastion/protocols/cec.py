@@ -1,9 +1,11 @@
 """Continuous eventual checkpoints (CEC, Sebeou & Magoutis): the runtime protocol.
 
 A stateful operator under CEC never stops to snapshot its state. Its state is split into
-independent *parts* — one per key of ``reduce`` / ``stateful_map``, one per tumbling
-window of a window aggregate or join — and it writes its results and small *control
-tuples* into its own persisted output log, ``jobs/<job>/logs/<operator>/<instance>/``
+independent *parts* — one per key of ``reduce`` / ``stateful_map`` and of a count
+window aggregate (a key's current count window, with the count of those it fired:
+such a part never closes), one per window of a tumbling or sliding window aggregate or
+of a tumbling join — and it writes its results and small *control tuples* into its
+own persisted output log, ``jobs/<job>/logs/<operator>/<instance>/``
 (`bastion.protocols.eventual` defines them and the reconstruction):
 
 - ``G_open``, a part's first footprint, at the first burst after it opened (below);
@@ -39,7 +41,9 @@ ones alone, with what they feed, otherwise — see *Restarting the failed instan
    footprints'), and drops replayed records: those at or below the position its
    oldest footprint reflects (before they reach its merge), those a part already
    reflects (at or below that part's position), those of parts that closed after
-   the footprints were written, and those of windows that had fired before.
+   the footprints were written, and those of windows that had fired before. A record
+   of a sliding window is in several windows, each with its own footprint: each of
+   them takes it or drops it on its own (`PartedOperator.process_into`).
 3. It sends its logged results downstream again, first: a result the sinks never
    committed is not lost, whatever the failure hit.
 4. Sinks drop every record whose lineage id they committed before or staged since:
@@ -76,7 +80,8 @@ operator): lineage ids (turned on for the run); at most one stateful operator on
 path; between a source and the stateful operator only ``map`` / ``filter`` in one
 chain with the source, then the key edge into it — so every channel into it carries
 one source instance's records in offset order, which is what makes a position per
-source instance exact; keyed reduce / stateful_map or *tumbling* windows and joins;
+source instance exact; keyed reduce / stateful_map, window aggregates of any window
+(tumbling, sliding, count) and *tumbling* joins;
 after it, no rebalance edge (a result sent again must reach the sink instance that
 may have committed it).
 """
@@ -108,6 +113,7 @@ from bastion.topology import AUTO, BROADCAST, FORWARD, HASH
 _STATEFUL = ("reduce", "stateful_map", "window", "join")
 _PARTS = itemgetter(1)  # of an opening: (position before the batch, parts it opened)
 _SAFE_UPSTREAM = ("map", "filter")
+_NOWHERE: dict[str, int] = {}  # the position of a part without a footprint
 
 
 @dataclass(frozen=True)
@@ -224,13 +230,19 @@ class CecOperator:
         position[f"{ids.source}/{ids.instance}"] = ids.positions[-1]
         position.update(self.channel_counts)
         self.position = position
+        inner = self.inner
+        into = None
         if self.guard is not None:
-            batch = self._drop_replayed(batch, f"{ids.source}/{ids.instance}")
+            if inner.overlapping:
+                batch, into = self._drop_replayed_windows(batch,
+                                                          f"{ids.source}/{ids.instance}")
+            else:
+                batch = self._drop_replayed(batch, f"{ids.source}/{ids.instance}")
             if not len(batch):
                 return None
         self.records_in += len(batch)
-        inner = self.inner
-        out = inner.process(batch, input_index)
+        out = (inner.process(batch, input_index) if into is None
+               else inner.process_into(batch, into))
         opened = inner.opened
         if opened:
             self.openings.append((before, opened))
@@ -490,6 +502,36 @@ class CecOperator:
             self.dropped += len(batch) - len(keep)
             batch = batch.take(keep)
         return batch
+
+    def _drop_replayed_windows(self, batch: Batch, source: str) -> tuple[Batch, list | None]:
+        """`_drop_replayed` for an operator whose records go into several parts (a
+        sliding window): each of a record's windows keeps or drops it on its own, as
+        its footprint's position, its closing and the watermark say. The batch of the
+        records some window keeps, and the windows each goes into (None: all of them,
+        the guard having switched itself off)."""
+        guard = self.guard
+        positions = batch.ids.positions
+        if positions[0] > guard.until.get(source, -1):
+            if all(self.position.get(s, -1) >= p for s, p in guard.until.items()):
+                self.guard = None
+            return batch, None
+        base = guard.replay_from.get(source, -1)
+        parts, closed, watermark = guard.parts, guard.closed, guard.watermark
+        retired = self.inner.part_retired
+        keep, into = [], []
+        for i, (windows, pos) in enumerate(zip(self.inner.windows_of(batch), positions)):
+            if pos <= base:
+                continue
+            kept = [k for k in windows
+                    if not (k in closed or retired(k, watermark)
+                            or pos <= parts.get(k, _NOWHERE).get(source, -1))]
+            if kept:
+                keep.append(i)
+                into.append(kept)
+        if len(keep) < len(batch):
+            self.dropped += len(batch) - len(keep)
+            batch = batch.take(keep)
+        return batch, into
 
 
 def instance_ec(store: Any, job: str, operator: str, index: int, stored: bool
@@ -963,13 +1005,10 @@ class CecProtocol(Protocol):
         for node in nodes.values():
             if any(inp.feedback for inp in node.inputs):
                 raise refuse(node.name, "it closes a cycle (feedback edge)")
-            if node.kind == "window" and not isinstance(node.params["spec"],
-                                                        window_specs.Tumbling):
-                raise refuse(node.name, "CEC splits window state per tumbling window; "
-                                        "use Tumbling windows (or protocol 'coordinated')")
             if node.kind == "join" and not isinstance(node.params["spec"],
                                                       window_specs.Tumbling):
-                raise refuse(node.name, "CEC splits join state per tumbling window")
+                raise refuse(node.name, "CEC splits join state per tumbling window; use "
+                                        "Tumbling windows (or protocol 'coordinated')")
             if node.kind not in _STATEFUL:
                 continue
             for inp in node.inputs:

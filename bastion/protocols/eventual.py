@@ -2,9 +2,9 @@
 
 Continuous eventual checkpointing (CEC, Sebeou & Magoutis) never snapshots a stateful
 operator whole. Its state is split into independent *parts* — one per open window of
-a windowed aggregate or join, one per key of ``reduce`` / ``stateful_map`` (a part
-that never closes) — and the operator writes small *control tuples* into its
-persisted output log, in order with its results:
+a time window aggregate or join, one per key of ``reduce`` / ``stateful_map`` or of a
+count window (a part that never closes) — and the operator writes small *control
+tuples* into its persisted output log, in order with its results:
 
 - ``G_open`` when a part opens: the part's state after the input that opened it;
 - ``G_check`` now and then for the parts whose last footprint is oldest: the part's

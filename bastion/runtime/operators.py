@@ -123,14 +123,19 @@ class Operator:
 
     # -- parts: the state split into independent pieces (eventual checkpoints) ----------
     #
-    # A stateful operator whose state splits into *parts* — one per key of a keyed fold,
-    # one per window of a tumbling window or join — says so with ``parted = True`` and
-    # answers the questions below. `bastion.protocols.cec` writes each part's state
-    # into the operator's output log on its own and loads parts back one by one.
+    # A stateful operator whose state splits into *parts* — one per key of a keyed fold
+    # or of a count window, one per window of a time window or join — says so with
+    # ``parted = True`` and answers the questions below. `bastion.protocols.cec` writes
+    # each part's state into the operator's output log on its own and loads parts back
+    # one by one.
 
     parted = False
+    # A record goes into one part (`parts_of`), or, when True, into several: a record
+    # of a sliding window is in ``size / slide`` windows, and a replay may find some of
+    # them already reflecting it and others not (`windows_of`, `process_into`).
+    overlapping = False
     # When a list, `process` appends every part it opens, and `on_watermark` every part
-    # it closes (a window fired; a keyed fold's parts never close): a protocol that
+    # it closes (a time window fired; a key's part never closes): a protocol that
     # logs parts as they open and close sets them. The test costs nothing on the hot
     # path: it is made only when a part opens or closes.
     opened: list | None = None
@@ -138,6 +143,15 @@ class Operator:
 
     def parts_of(self, batch: Batch) -> list:
         """The part each record of ``batch`` goes into."""
+        raise NotImplementedError
+
+    def windows_of(self, batch: Batch) -> list:
+        """Of an ``overlapping`` operator: the parts each record of ``batch`` goes into."""
+        raise NotImplementedError
+
+    def process_into(self, batch: Batch, parts: list) -> Batch | None:
+        """Of an ``overlapping`` operator: `process` ``batch`` with record ``i`` going
+        into ``parts[i]`` alone, some of the parts `windows_of` gives for it."""
         raise NotImplementedError
 
     def part_state(self, part: Any) -> Any:
@@ -391,8 +405,8 @@ class _Emitter:
 
 class _WindowParts(Operator):
     """The parts of a windowed operator: one per window, keyed by its number in
-    ``self.open`` (tumbling windows only: a record of a sliding window belongs to
-    several parts, which a replay would have to filter window by window)."""
+    ``self.open``. A record of a tumbling window is in one of them; one of a sliding
+    window in several (``overlapping``), each of which a replay filters on its own."""
 
     parted = True
     windows: TimeWindows
@@ -401,6 +415,9 @@ class _WindowParts(Operator):
     def parts_of(self, batch: Batch) -> list:
         assign = self.windows.assign
         return [assign(ts)[0] for ts in batch.ts]
+
+    def windows_of(self, batch: Batch) -> list:
+        return list(map(self.windows.assign, batch.ts))
 
     def part_retired(self, part: Any, watermark: float) -> bool:
         return self.windows.end(part) <= watermark
@@ -420,16 +437,20 @@ class TimeWindowOp(_WindowParts):
     def __init__(self, node: OpNode, ctx: OperatorContext):
         super().__init__(node, ctx)
         self.windows = TimeWindows(node.params["spec"])
+        self.overlapping = self.windows.slide != self.windows.size
         self.agg = node.params["agg"]
         self.open: dict[int, dict] = {}   # window number -> {key: acc}
         self.latest_born: dict[int, float] = {}
         self.pending: list[int] = []      # heap of open window numbers
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
-        assign, add, create = self.windows.assign, self.agg.add, self.agg.create
+        return self.process_into(batch, map(self.windows.assign, batch.ts))
+
+    def process_into(self, batch: Batch, parts: Iterable[Iterable[int]]) -> Batch | None:
+        add, create = self.agg.add, self.agg.create
         open_, latest, ctx = self.open, self.latest_born, self.ctx
-        for key, value, ts, born in zip(batch.keys, batch.values, batch.ts, batch.born):
-            for k in assign(ts):
+        for key, value, born, windows in zip(batch.keys, batch.values, batch.born, parts):
+            for k in windows:
                 accs = open_.get(k)
                 if accs is None:
                     accs = open_[k] = {}
@@ -562,19 +583,29 @@ _WINDOW_RESULTS = "window results"
 
 class CountWindowOp(Operator):
     """Count(n) aggregation per key: fires every n records of a key with
-    ``(key, first_ts, last_ts, result)``; an incomplete window never fires."""
+    ``(key, first_ts, last_ts, result)``; an incomplete window never fires.
+
+    Its parts are its keys: a key's part is its current count window and the number
+    of windows it fired, and it never closes. Which window a record falls in depends
+    on how many records of its key came before it, not on the record, so a part that
+    closed when its window fired could not be told apart from the next one in a
+    replay; a part that lives on carries the count across."""
 
     def __init__(self, node: OpNode, ctx: OperatorContext):
         super().__init__(node, ctx)
         self.n = node.params["spec"].n
         self.agg = node.params["agg"]
         self.state: dict = {}  # key -> [count, first_ts, acc]
-        self.fired: dict = {}  # key -> windows fired (lineage ids number them)
+        self.fired: dict = {}  # key -> windows fired (lineage ids number them); every key
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         out = _Emitter(self.ctx.lineage)
-        state, n, agg = self.state, self.n, self.agg
+        state, n, agg, fired, opened = self.state, self.n, self.agg, self.fired, self.opened
         for key, value, ts, born in zip(batch.keys, batch.values, batch.ts, batch.born):
+            if key not in fired:
+                fired[key] = 0
+                if opened is not None:
+                    opened.append(key)
             entry = state.get(key)
             try:
                 acc = agg.add(agg.create() if entry is None else entry[2], value)
@@ -587,8 +618,8 @@ class CountWindowOp(Operator):
             entry[2] = acc
             if entry[0] == n:
                 del state[key]
-                nth = self.fired.get(key, 0)
-                self.fired[key] = nth + 1
+                nth = fired[key]
+                fired[key] = nth + 1
                 try:
                     result = agg.result(acc)
                 except Exception as exc:  # noqa: BLE001
@@ -602,6 +633,22 @@ class CountWindowOp(Operator):
 
     def restore(self, state: Any) -> None:
         self.state, self.fired = state["state"], state["fired"]
+
+    parted = True  # a part per key, never closed
+
+    def parts_of(self, batch: Batch) -> list:
+        return batch.keys
+
+    def part_state(self, part: Any) -> Any:
+        return [self.fired[part], self.state.get(part)]
+
+    def load_part(self, part: Any, state: Any) -> None:
+        self.fired[part], entry = state
+        if entry is not None:
+            self.state[part] = entry
+
+    def open_among(self, parts: Iterable[Any]) -> list:
+        return list(filter(self.fired.__contains__, parts))
 
 
 class JoinOp(_WindowParts):

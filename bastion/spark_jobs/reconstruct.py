@@ -36,7 +36,7 @@ control tuples matter, and they are a small fraction of the records.
   checkpoint, ``to_wire()`` for ``to_wire()``: the result records the in-process path
   also reads on the way only move ``newest_seq`` and the extent's end, which the
   tasks report. This runs on the executors, not the driver, because an operator
-  whose parts never close (a keyed reduce) keeps a ``G_open`` per key: hundreds of
+  whose parts never close (a keyed reduce, a count window) keeps a ``G_open`` per key: hundreds of
   thousands of control tuples whose serial rebuild on the driver would cap how well
   the job scales with executors. The driver only collects one checkpoint per
   instance and writes it.
