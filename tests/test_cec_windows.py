@@ -106,9 +106,13 @@ def reference(workload: str, storage: str) -> list:
     return _references[workload]
 
 
-def cec_drill(workload, storage, faults, protocol="cec"):
+EAGER = CecPolicy(extent_target=5, replay_target=50, period_s=0.02)
+
+
+def cec_drill(workload, storage, faults, protocol="cec", policy=None):
     return bn.drill(WORKLOADS[workload](), protocol=protocol, checkpoint_interval=0.3,
-                    faults=faults, reference=reference(workload, storage), storage=storage)
+                    faults=faults, reference=reference(workload, storage), storage=storage,
+                    **({} if policy is None else {"cec": policy}))
 
 
 def loaded(report) -> list[dict]:
@@ -129,8 +133,7 @@ def control_kinds(store, job, operator, instance) -> list[int]:
 def test_a_failure_free_run_under_cec_equals_plain_python(workload, tmp_path):
     storage = f"local://{tmp_path}"
     # an eager policy: parts get G_checks as well as G_opens
-    result = bn.run(WORKLOADS[workload](), protocol="cec", storage=storage,
-                    cec=CecPolicy(extent_target=5, replay_target=50, period_s=0.02))
+    result = bn.run(WORKLOADS[workload](), protocol="cec", storage=storage, cec=EAGER)
     assert sorted(result.outputs["out"]) == EXPECTED[workload]()
     store = open_store(storage)
     for instance in (0, 1):
@@ -148,10 +151,15 @@ def test_a_failure_free_run_under_cec_equals_plain_python(workload, tmp_path):
 # -- drills ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("workload,at", [("sliding", 0.8), ("sliding", 1.3),
-                                         ("count", 0.8), ("count", 1.3)])
-def test_killing_the_window_operator_loses_and_duplicates_nothing(workload, at, storage):
-    report = cec_drill(workload, storage, [bn.faults.KillInstance("per-page", 0, at=at)])
+@pytest.mark.parametrize("workload,at,policy", [
+    (w, at, policy) for w in ("sliding", "count") for at, policy in
+    ((0.8, None), (1.3, None), (1.3, EAGER))],
+    ids=lambda v: "eager" if v is EAGER else "default" if v is None else str(v))
+def test_killing_the_window_operator_loses_and_duplicates_nothing(workload, at, policy,
+                                                                  storage):
+    """Default policy: the parts open at the kill have G_opens; eager: G_checks."""
+    report = cec_drill(workload, storage, [bn.faults.KillInstance("per-page", 0, at=at)],
+                       policy=policy)
     assert loaded(report), "the restart must have gone through the eventual checkpoints"
     assert report.lost == 0, report.lost_examples
     assert report.duplicated == 0, report.duplicated_examples
