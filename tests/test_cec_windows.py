@@ -7,8 +7,9 @@ count of those it fired). Each workload is checked three ways: a failure-free ru
 against plain Python over the same input (no engine in the reference), drills that
 kill the window operator mid-stream and must be exactly-once, and a deliberately
 broken CEC — one that forgets the windows it loads — that the drill must catch. The
-footprints a sliding run writes are read back by the in-process reconstruction and by
-the Spark job, which must agree, and checked against plain Python too.
+footprints a sliding and a count run write are read back by the in-process
+reconstruction and by the Spark job, which must agree, and checked against plain
+Python too.
 """
 
 from __future__ import annotations
@@ -242,3 +243,38 @@ def test_sliding_footprints_rebuild_the_same_ec_in_python_and_in_spark(tmp_path,
             assert sums == expected, k
             checked += 1
     assert checked > 0
+
+
+def test_count_footprints_rebuild_the_same_ec_in_python_and_in_spark(tmp_path, spark):
+    """At the end of the log every key's part is open (a count window's part never
+    closes): its footprint holds the windows the key fired and its current one — plain
+    Python over the records of the key at or below the footprint's position — and
+    Spark's EC equals the in-process one."""
+    from bastion.lineage import op_codes
+    from bastion.runtime.durable import DurableCodec
+    from bastion.spark_jobs.reconstruct import reconstruct_operator
+
+    storage = f"local://{tmp_path}"
+    store = open_store(storage)
+    topo = counted()
+    result = bn.run(topo, protocol="cec", storage=storage, cec=EAGER)
+    source = f"{op_codes(topo)['clicks']}/0"   # one source instance: position = i
+    decode = DurableCodec().unpack
+    by_spark = {r.instance: r.ec for r in reconstruct_operator(
+        spark, store, result.job_id, "per-page", write=False)}
+    pages = set()
+    for instance in (0, 1):
+        ec, damage = eventual.read_eventual_checkpoint(
+            store, log_prefix(result.job_id, "per-page", instance))
+        assert not damage and ec.complete and ec.parts
+        assert by_spark[str(instance)].to_wire() == ec.to_wire()
+        for part, fp in ec.parts.items():
+            page = decode(part, "part")
+            pages.add(page)
+            mine = [click(i) for i in range(fp.position[source] + 1)
+                    if click(i)["page"] == page]
+            current = mine[len(mine) - len(mine) % N:]
+            expected = [len(mine) // N, [len(current), current[0]["ts"],
+                                         sum(c["n"] for c in current)] if current else None]
+            assert decode(fp.state, "state") == expected, page
+    assert pages == {f"p{p}" for p in range(PAGES)}
