@@ -280,7 +280,7 @@ def test_the_command_prints_a_summary_and_writes_tables_and_report(local_runs, t
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""  # quiet: no JVM notices, no Spark log lines
     lines = done.stdout.splitlines()
-    assert lines[0].split()[:3] == ["job", "duration", "records"]
+    assert lines[0].split()[:4] == ["job", "duration", "sink", "received"]
     assert {line.split()[0] for line in lines[2:4]} == set(jobs.values())
     assert f"report: {out / 'report.html'}" in lines
     for name in ("jobs", "per_second", "checkpoints", "failures"):
