@@ -356,8 +356,10 @@ def test_a_lossy_link_outage_loses_frames_and_acks_which_acks_replays(tmp_path):
     injected = report.metrics.extra["faults_injected"]
     assert injected["outage_frames_lost"] > 0 and injected["outage_acks_lost"] > 0
     assert report.metrics.extra["protocol_counters"]["roots_replayed"] > 0
+    # nothing lost; a replayed tree whose every frame was lost duplicates nothing, so
+    # the drill may find no duplicate either
     assert report.lost == 0 and report.corrupted == 0, evidence(report)
-    assert report.verdict == "at-least-once", evidence(report)
+    assert report.verdict in ("at-least-once", "exactly-once"), evidence(report)
     healed = acks_drill(tmp_path, outages, protocol="coordinated")
     injected = healed.metrics.extra["faults_injected"]
     assert injected["outage_frames_lost"] == 0 and injected["outage_waits"] > 0
