@@ -570,8 +570,8 @@ class DrillReport:
     def _injected(self) -> float:
         injected = self.metrics.extra.get("faults_injected") if self.metrics else None
         return sum((injected or {}).get(k, 0) for k in
-                   ("stalls", "frames_dropped", "outage_waits",
-                    "connections_dropped"))
+                   ("stalls", "frames_dropped", "outage_waits", "outage_frames_lost",
+                    "outage_acks_lost", "connections_dropped"))
 
     def _nothing_injected(self) -> bool:
         """Faults were declared to be injected, and none occurred: nothing was proved."""

@@ -125,7 +125,8 @@ count:
     assert drop == bn.faults.DropFrames("split", instances=(1,), probability=0.02, seed=4)
     assert outage == bn.faults.LinkOutage(
         "split", instances=(1,), seed=4, mtbf_s=2.0, mtbf_min_s=0.5, mtbf_max_s=5.0,
-        mttr_s=0.1, mttr=bn.faults.Gaussian(mean=0.1, stddev=0.03, min=0.01, max=0.4))
+        mttr_s=0.1, mttr=bn.faults.Gaussian(mean=0.1, stddev=0.03, min=0.01, max=0.4),
+        lose=True)  # the thesis's correlated model loses what is sent meanwhile
     assert crash == bn.faults.Crash("count", instances=(0,), seed=4, mtbf_s=3.0,
                                     mtbf_min_s=1.0, mtbf_max_s=9.0, mttr_s=1.0,
                                     max_crashes=2)
