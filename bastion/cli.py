@@ -643,7 +643,8 @@ class TuneProgress:
 def _tune(args: argparse.Namespace, topology: Topology, store: Any, *, trt_bound_s: float,
           min_interval_s: float, max_interval_s: float, points: int, case: str = "max",
           parallel: int = 1, duration_s: float | None = None, seed: int = 0,
-          max_rate_run_s: float = 4.0, repeats: int = 1, keep_profiles: bool = False) -> Any:
+          max_rate_run_s: float = 4.0, repeats: int = 1, keep_profiles: bool = False,
+          failures_per_run: int = 3) -> Any:
     """Run `bastion.tune` for a command, with its progress bar; a refused option is a
     usage error, a failed profiling job a `BastionError` for the caller."""
     import bastion as bn
@@ -652,7 +653,7 @@ def _tune(args: argparse.Namespace, topology: Topology, store: Any, *, trt_bound
     try:
         return bn.tune(topology, trt_bound_s=trt_bound_s, min_interval_s=min_interval_s,
                        max_interval_s=max_interval_s, points=points, repeats=repeats,
-                       case=case,
+                       failures_per_run=failures_per_run, case=case,
                        protocol=args.protocol, parallel=parallel, duration_s=duration_s,
                        seed=seed, max_rate_run_s=max_rate_run_s, progress=progress,
                        storage=store.url, address=args.address,
@@ -701,7 +702,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                        min_interval_s=args.min, max_interval_s=args.max, points=args.points,
                        case=args.case, parallel=args.parallel, duration_s=args.duration,
                        seed=args.seed, max_rate_run_s=args.max_rate_run,
-                       repeats=args.repeats, keep_profiles=args.keep_profiles)
+                       repeats=args.repeats, keep_profiles=args.keep_profiles,
+                       failures_per_run=args.failures_per_run)
     except (TopologyError, StorageError):
         raise  # user errors: main prints them as one line, exit 2
     except BastionError as exc:  # a profiling job failed
@@ -1110,8 +1112,13 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--points", type=_number(int, minimum=2), default=6, metavar="N",
                       help="intervals to profile, evenly spaced (default 6)")
     tune.add_argument("--repeats", type=_number(int, minimum=1), default=1, metavar="N",
-                      help="profiling runs per interval; their medians are modelled "
-                           "(default 1)")
+                      help="profiling runs per interval; the medians over their kills are "
+                           "modelled (default 1)")
+    tune.add_argument("--failures-per-run", type=_number(int, minimum=1), default=3,
+                      metavar="N",
+                      help="kills in each profiling run, each recovery complete before the "
+                           "next, each measured on its own (default 3, as Chiron; a short "
+                           "input is read for longer)")
     tune.add_argument("--case", choices=["max", "avg", "min"], default="max",
                       help="which TRT must stay under the bound: max (worst case, the "
                            "default), avg or min")

@@ -8,10 +8,13 @@ model and its equations are in `bastion.scheduler.tuning`):
 
 1. *profiling*: the topology runs once per checkpoint interval of an evenly spaced
    grid between ``min_interval_s`` and ``max_interval_s``, on the same input, each
-   with one injected kill, plus once with its sources unthrottled (the most it can
-   take). Copies run side by side (``parallel``) when the cluster has room;
-2. *modelling*: the total recovery time (TRT) of every run in its best, average and
-   worst case, and second-order fits of TRT and of latency against the interval;
+   with ``failures_per_run`` injected kills (three, as in the paper; each recovery
+   completes before the next kill, and each kill is measured on its own), plus once
+   with its sources unthrottled (the most it can take). Copies run side by side
+   (``parallel``) when the cluster has room;
+2. *modelling*: the total recovery time (TRT) of every interval in its best, average
+   and worst case, from the medians over its kills, and second-order fits of TRT and
+   of latency against the interval;
 3. *optimising*: the interval with the least fitted latency whose ``case`` TRT
    (``"max"`` by default: the worst case) stays under ``trt_bound_s`` — or a plain
    statement that none in the range does.
@@ -86,7 +89,8 @@ class TuningResult:
 
 
 def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.5,
-         max_interval_s: float = 8.0, points: int = 6, repeats: int = 1, case: Case = "max",
+         max_interval_s: float = 8.0, points: int = 6, repeats: int = 1,
+         failures_per_run: int = 3, case: Case = "max",
          protocol: str = "coordinated", parallel: int = 1, duration_s: float | None = None,
          kill_between_s: tuple[float, float] | None = None, max_rate_run_s: float = 4.0,
          stop_term_s: float = DEFAULT_STOP_TERM_S, seed: int = 0,
@@ -96,13 +100,18 @@ def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.
     """Profile ``topology`` at ``points`` checkpoint intervals from ``min_interval_s``
     to ``max_interval_s``, model its TRT and latency, and choose the interval.
 
-    ``repeats``: profiling runs per interval, whose medians are modelled (the paper
-    ran five). ``case`` is the TRT the bound applies to: ``"max"`` (worst case, the default),
+    ``repeats``: profiling runs per interval, and ``failures_per_run``: kills in each
+    (the paper injects three), each recovery complete before the next kill (a bounded
+    input too short for that is read for longer; a ``duration_s`` too short is
+    refused, naming the length needed; `RayProfiler`); every kill is one measurement,
+    and the medians over an interval's kills and repeats are modelled (the paper ran
+    five runs). ``failures_per_run=1`` is one kill per run, in ``kill_between_s``. ``case`` is the TRT the bound applies to: ``"max"`` (worst case, the default),
     ``"avg"`` or ``"min"``. ``parallel``: profiling runs side by side, as many as the
     cluster's CPUs hold (1: one after the other). ``duration_s``: seconds per run for
     an unbounded topology. ``kill_between_s``: when the injected kill may fall
     (default: the middle fifth of a run, moved after the first checkpoint of the
-    longest interval as far as 80% of the run allows). ``max_rate_run_s``: the unthrottled run's
+    longest interval as far as 80% of the run allows; with several kills, the window
+    they are spread over). ``max_rate_run_s``: the unthrottled run's
     length. ``progress`` gets ``{"done", "total", "what"}`` after every run. Other
     keyword arguments go to every `bastion.run` (``storage``, ``heartbeat_timeout_s``,
     ``address``, ...). ``profiler`` replaces the Ray profiler (what it measures is
@@ -113,6 +122,10 @@ def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.
         raise ValueError(f"trt_bound_s must be > 0 seconds, got {trt_bound_s}")
     if case not in CASES:
         raise ValueError(f"case must be one of {CASES}, got {case!r}")
+    if (isinstance(failures_per_run, bool) or not isinstance(failures_per_run, int)
+            or failures_per_run < 1):
+        raise ValueError(f"failures_per_run must be an int >= 1 (kills per profiling run), "
+                         f"got {failures_per_run!r}")
     if protocol in ("none", "acks"):
         raise ValueError(f"protocol={protocol!r} takes no checkpoints: tuning the "
                          "checkpoint interval needs a checkpointing protocol, e.g. "
@@ -127,7 +140,8 @@ def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.
                                kill_between_s=kill_between_s, max_rate_run_s=max_rate_run_s,
                                capacity_interval_s=intervals[len(intervals) // 2],
                                first_kill_after_s=max_interval_s,
-                               seed=seed, run_options=dict(run_options))
+                               seed=seed, run_options=dict(run_options),
+                               failures_per_run=failures_per_run)
         if parallel > 1:
             parallel = room_for_copies(topology, run_options, parallel)
     capacity, measurements = profile_all(profiler, intervals, parallel=parallel,

@@ -26,7 +26,7 @@ def test_profiling_jobs_are_deleted_unless_kept(tmp_path, keep):
     store = LocalStore(tmp_path / "store")
     result = bn.tune(tiny(), trt_bound_s=30, min_interval_s=0.5, max_interval_s=1.0,
                      points=2, max_rate_run_s=1.5, storage=f"local://{store.root}",
-                     keep_profiles=keep)
+                     keep_profiles=keep, failures_per_run=1)
     ran = {result.capacity.job_id, *(m.job_id for m in result.measurements)}
     assert len(ran) == 3
     left = {job.job for job in list_jobs(store)}

@@ -555,7 +555,7 @@ def test_tune_profiles_a_real_topology(tmp_path):
     seen = []
     result = bn.tune(tiny_topology(), trt_bound_s=30, min_interval_s=0.5, max_interval_s=1.5,
                      points=2, max_rate_run_s=2.0, storage=f"local://{tmp_path}/store",
-                     progress=seen.append)
+                     progress=seen.append, failures_per_run=1)
     assert isinstance(result, bn.TuningResult)
     check_consistent(result, [0.5, 1.5], 30)
     assert [p["done"] for p in seen] == [0, 1, 2, 3] and seen[-1]["total"] == 3
@@ -577,7 +577,8 @@ def test_bastion_tune_prints_the_table_and_the_choice(tmp_path, capsys):
     job.write_text(TINY_JOB)
     html = tmp_path / "tune.html"
     code = cli.main(["tune", str(job), "--trt-bound", "30", "--min", "0.5", "--max", "1.5",
-                     "--points", "2", "--max-rate-run", "2", "--storage",
+                     "--points", "2", "--max-rate-run", "2", "--failures-per-run", "1",
+                     "--storage",
                      f"local://{tmp_path}/store", "--html", str(html)])
     out, err = capsys.readouterr()
     assert code == cli.EXIT_OK, err
@@ -717,7 +718,7 @@ def test_profiling_runs_write_outputs_of_their_own_and_delete_them(tmp_path):
     assert own.nodes["log"].params["sink"].url == f"{log_url}.tune-x"
     assert topo.nodes["file"].params["sink"].path == user_file  # the original is untouched
     profiler = tm.RayProfiler(topo, run_options={"storage": f"local://{tmp_path}/store"})
-    measurement = profiler.profile(0.5, seed=1)
+    [measurement] = profiler.profile(0.5, seed=1)   # one kill per run by default
     assert measurement.ingest_avg_per_s > 0
     assert user_file.read_text() == '"kept"\n'
     left = sorted(p.name for p in tmp_path.iterdir())

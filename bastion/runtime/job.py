@@ -1391,10 +1391,14 @@ class JobMaster:
                 # points still span the run (the first ones give the baseline)
                 self.query_points = self.query_points[::2]
             p50, p99 = latency.percentile(50), latency.percentile(99)
+            # the mean too: tuning's L_avg between kills (`timeline_latency_ms`), which
+            # the last attempt's histograms no longer hold
+            mean = latency.mean_std()
             self.log.progress({"t_s": time.time() - self.started_s, **gained,
                                   "source_lag": lag, "workers_answering": answering,
                                   "latency_p50_ms": None if p50 is None else p50 * 1000,
-                                  "latency_p99_ms": None if p99 is None else p99 * 1000})
+                                  "latency_p99_ms": None if p99 is None else p99 * 1000,
+                                  "latency_mean_ms": None if mean is None else mean[0] * 1000})
 
     def _manage_redundancy(self, latency: LatencyHistogram, late: LatencyHistogram,
                            busy_s_per_task: list[float]) -> None:

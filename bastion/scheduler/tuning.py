@@ -123,6 +123,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import os
 import statistics
@@ -168,6 +169,7 @@ class Measurement:
     checkpoint_s: float | None = None     # d: how long its checkpoints took to complete
     kill_at_s: float | None = None
     job_id: str = ""
+    kill_index: int = 0   # which of its run's kills (`failures_per_run`), from 0
 
 
 @dataclass(frozen=True)
@@ -461,8 +463,9 @@ def quantile(values: Sequence[float], q: float) -> float:
 
 
 def median_measurement(runs: Sequence[Measurement]) -> Measurement:
-    """One measurement from several runs of the same interval: the median of each
-    figure (of those that have it); the job id names the runs."""
+    """One measurement from several kills of the same interval — the kills of one run
+    (`failures_per_run`) and of its ``repeats`` — the median of each figure (of those
+    that have it); the job id names each run once."""
     if len(runs) == 1:
         return runs[0]
 
@@ -477,7 +480,7 @@ def median_measurement(runs: Sequence[Measurement]) -> Measurement:
                        measured_trt_s=median("measured_trt_s"),
                        reprocess_s=median("reprocess_s"),
                        checkpoint_s=median("checkpoint_s"),
-                       job_id=" ".join(m.job_id for m in runs))
+                       job_id=" ".join(dict.fromkeys(m.job_id for m in runs)))
 
 
 MIN_OUTAGE_SPREAD_S = 0.25   # two recoveries this far apart in outage give a slope
@@ -664,11 +667,17 @@ def grid(min_interval_s: float, max_interval_s: float, points: int) -> list[floa
 
 
 class Profiler(Protocol):
-    """What the tuner needs measured; `RayProfiler` measures it with real jobs."""
+    """What the tuner needs measured; `RayProfiler` measures it with real jobs.
+    ``profile`` returns one `Measurement` per kill of its run (a single one is taken
+    as a list of one)."""
 
     def capacity(self) -> Capacity: ...
 
-    def profile(self, interval_s: float, seed: int) -> Measurement: ...
+    def profile(self, interval_s: float, seed: int) -> Sequence[Measurement] | Measurement: ...
+
+
+def _kills_of(measured: Sequence[Measurement] | Measurement) -> list[Measurement]:
+    return [measured] if isinstance(measured, Measurement) else list(measured)
 
 
 def profile_all(profiler: Profiler, intervals: Sequence[float], *, parallel: int = 1,
@@ -680,7 +689,8 @@ def profile_all(profiler: Profiler, intervals: Sequence[float], *, parallel: int
     (every interval once, then every interval again): on a shared machine a burst of
     someone else's load then falls on one run of several intervals, which their
     medians drop, instead of on every run of one interval, which bends the fits
-    there. ``progress`` gets ``{"done", "total", "what"}`` after every run."""
+    there. ``progress`` gets ``{"done", "total", "what"}`` after every run. The
+    measurements are every kill's, run after run (`build_model` takes the medians)."""
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
     if repeats < 1:
@@ -708,7 +718,7 @@ def profile_all(profiler: Profiler, intervals: Sequence[float], *, parallel: int
     if parallel == 1:
         measurements = []
         for i, interval in enumerate(intervals):
-            measurements.append(profiler.profile(interval, i))
+            measurements += _kills_of(profiler.profile(interval, i))
             report(f"interval {interval:g} s")
         return capacity, measurements
     with ThreadPoolExecutor(max_workers=parallel) as pool:
@@ -717,7 +727,7 @@ def profile_all(profiler: Profiler, intervals: Sequence[float], *, parallel: int
         for future in as_completed(futures):
             future.result()   # a failed run fails the tuning now, not after the others
             report(f"interval {futures[future]:g} s")
-        return capacity, [future.result() for future in futures]
+        return capacity, [m for future in futures for m in _kills_of(future.result())]
 
 
 # -- measuring a run --------------------------------------------------------------------------
@@ -838,6 +848,16 @@ def kill_outcome_of(kills: Sequence[Any], events: Sequence[Mapping[str, Any]],
                     job_id: str = "") -> KillOutcome:
     """`kill_outcome` from a run's (or a drill report's) events and timeline: the
     figures a drill of the run reports (`bastion.runtime.recovery_times`)."""
+    return kill_outcomes_of(kills, events, timeline, ended_s, job_id)[0]
+
+
+def kill_outcomes_of(kills: Sequence[Any], events: Sequence[Mapping[str, Any]],
+                     timeline: Sequence[Mapping[str, Any]], ended_s: float | None = None,
+                     job_id: str = "") -> list[KillOutcome]:
+    """Every landed kill of a run, in order, each with its own T, R, E and observed
+    TRT. A kill that landed while the job was still recovering from the one before
+    (its restart is that recovery's) is left out; the one before keeps its T, R and
+    E, and its TRT is unknown (None): the second outage is inside its catch-up."""
     from bastion.drills import fault_outcomes
 
     outcomes = fault_outcomes(kills, events, timeline, ended_s)
@@ -846,10 +866,33 @@ def kill_outcome_of(kills: Sequence[Any], events: Sequence[Mapping[str, Any]],
         notes = "; ".join(o.describe() for o in outcomes) or "no kill was scheduled"
         raise ProfilingError(f"job {job_id}: the injected kill did not land ({notes}); "
                            "make the runs longer or kill earlier (kill_between_s)")
-    o = landed[0]
-    at_s = o.at_s if o.at_s is not None else o.scheduled_s
-    return KillOutcome(at_s=at_s, detection_s=o.detection_s or 0.0, restart_s=o.restart_s,
-                       trt_s=o.trt_s, reprocess_s=reprocessed_s(events, at_s))
+    found: list[KillOutcome] = []
+    for o in landed:
+        at_s = o.at_s if o.at_s is not None else o.scheduled_s
+        if found and o.detection_s is None:   # inside the previous recovery
+            found[-1] = dataclasses.replace(found[-1], trt_s=None)
+            continue
+        if found and (found[-1].trt_s is None or found[-1].at_s + found[-1].trt_s > at_s):
+            found[-1] = dataclasses.replace(found[-1], trt_s=None)
+        found.append(KillOutcome(at_s=at_s, detection_s=o.detection_s or 0.0,
+                                 restart_s=o.restart_s, trt_s=o.trt_s,
+                                 reprocess_s=reprocessed_s(events, at_s)))
+    return found
+
+
+def timeline_latency_ms(timeline: Sequence[Mapping[str, Any]], start_s: float,
+                        end_s: float) -> float | None:
+    """The mean end-to-end latency of what the sinks received between ``start_s`` and
+    ``end_s`` (seconds since the start), from the job master's progress timeline: the
+    points' means weighted by the records they saw. The timeline spans every attempt —
+    a run's latency histograms only its last one's — so this is how a kill before the
+    last one gets a latency of its own (None: no point with a mean there)."""
+    points = [(p["latency_mean_ms"], p.get("sink_records", 0)) for p in timeline
+              if start_s < p["t_s"] <= end_s and p.get("latency_mean_ms") is not None]
+    weight = sum(n for _, n in points)
+    if not points or weight <= 0:
+        return None
+    return sum(mean * n for mean, n in points) / weight
 
 
 def steady_latency_ms(metrics: Any, started_s: float, outcome: KillOutcome,
@@ -890,6 +933,49 @@ def measure_run(result: "RunResult", kills: Sequence[Any], interval_s: float,
                        reprocess_s=outcome.reprocess_s, job_id=result.job_id,
                        checkpoint_s=checkpoint_duration_s(result.details["events"],
                                                           outcome.at_s))
+
+
+def measure_kills(result: "RunResult", kills: Sequence[Any], interval_s: float,
+                  settle_s: float | None = None) -> list[Measurement]:
+    """One `Measurement` per landed kill of a run with several (`failures_per_run`),
+    each of its own recovery: T, R, E and the observed TRT of that kill; I_avg from
+    ``settle_s`` after the previous recovery caught up (after the start, for the
+    first) until the kill — the first kill's rate when that window read too little;
+    L_avg in the failure-free seconds from ``settle_s`` after it caught up until the
+    next kill, from the progress timeline (the last kill's: `steady_latency_ms`, as
+    `measure_run`). One kill: exactly `measure_run`."""
+    if len(kills) == 1:
+        return [measure_run(result, kills, interval_s, settle_s)]
+    events, timeline = result.details["events"], result.details["timeline"]
+    outcomes = kill_outcomes_of(kills, events, timeline, result.metrics.duration_s,
+                                result.job_id)
+    first = outcomes[0]
+    if settle_s is None:
+        settle_s = min(1.0, 0.3 * first.at_s)
+    first_rate = ingest_rate(timeline, settle_s, first.at_s)
+    if first_rate is None:
+        raise ProfilingError(f"job {result.job_id}: too little ran before the first kill "
+                             f"at {first.at_s:.2f} s to measure the ingest rate; kill later")
+    last_latency = steady_latency_ms(result.metrics, result.details["started_s"],
+                                     outcomes[-1])
+    measured = []
+    for i, o in enumerate(outcomes):
+        before = outcomes[i - 1] if i else None
+        rate = first_rate
+        if before is not None and before.trt_s is not None:
+            rate = ingest_rate(timeline, before.at_s + before.trt_s + settle_s,
+                               o.at_s) or first_rate
+        latency = last_latency
+        if i + 1 < len(outcomes) and o.trt_s is not None:
+            seen = timeline_latency_ms(timeline, o.at_s + o.trt_s + settle_s,
+                                       outcomes[i + 1].at_s)
+            latency = last_latency if seen is None else seen
+        measured.append(Measurement(
+            interval_s=interval_s, ingest_avg_per_s=rate, latency_avg_ms=latency,
+            detection_s=o.detection_s, restart_s=o.restart_s, measured_trt_s=o.trt_s,
+            kill_at_s=o.at_s, reprocess_s=o.reprocess_s, job_id=result.job_id,
+            checkpoint_s=checkpoint_duration_s(events, o.at_s), kill_index=i))
+    return measured
 
 
 def _paced_sources(topology: "Topology") -> dict[str, Any]:
@@ -979,19 +1065,46 @@ def discard_outputs(topology: "Topology") -> None:
                         os.rmdir(folder)
 
 
+# Seconds a recovery is given before the next kill of a run (`RayProfiler.kill_gap_s`):
+# detection and restart (0.1-0.3 s here, a heartbeat timeout at worst) plus a warm-up
+# and the settling before a latency is measured again ...
+RECOVERY_ALLOWANCE_S = 1.5
+# ... plus the catch-up of a backlog of up to the interval and the outage, at the
+# utilisation the capacity run implies (U/(1-U) seconds per second of backlog, at
+# least 1: a utilisation of one half, before the capacity is known)
+OUTAGE_ALLOWANCE_S = 1.0
+
+
 @dataclass
 class RayProfiler:
     """Profiles ``topology`` with real `bastion.run` jobs under ``protocol``.
 
     Each profiling run reads the topology's own input (``duration_s`` for an
-    unbounded one) and is killed once, at a random point of ``kill_between_s``,
-    reproducibly from the seed. By default that is the middle fifth of the run, moved
-    to after ``first_kill_after_s`` (the longest interval profiled: a kill before
-    the first checkpoint restarts the job from the beginning, where a paced source
-    starts its schedule over and nothing has to be caught up) as far as 80% of the
-    run allows; the
-    capacity run reads the unthrottled copy for ``max_rate_run_s``. ``run_options``
-    go to every `bastion.run` (storage, heartbeat_timeout_s, address, ...)."""
+    unbounded one) and is killed ``failures_per_run`` times (Chiron injects three),
+    at random points, reproducibly from the seed.
+
+    One kill: at a random point of ``kill_between_s`` — by default the middle fifth of
+    the run, moved to after ``first_kill_after_s`` (the longest interval profiled: a
+    kill before the first checkpoint restarts the job from the beginning, where a paced
+    source starts its schedule over and nothing has to be caught up) as far as 80% of
+    the run allows.
+
+    Several kills: each recovery must complete before the next kill, so consecutive
+    kills are at least `kill_gap_s` apart (a recovery's allowance: it grows with the
+    interval, whose backlog is read again, and with the utilisation the capacity run
+    implies); the kills fall at random in ``kill_between_s`` (default: from after the
+    first checkpoint of the longest interval until one gap before the end), each
+    ``kill_gap_s`` after the one before plus a random share of the window's slack.
+    A bounded topology whose input is too short for that is read for longer (its
+    generators' ``count`` raised: the same records, and more of them, at the same
+    rate); a ``duration_s`` or a ``kill_between_s`` given too short is refused,
+    naming the length needed. A kill that still lands before the recovery from the
+    one before caught up (a burst of load) is not measured, and that recovery's TRT
+    is unknown (`kill_outcomes_of`).
+
+    The capacity run reads the unthrottled copy for ``max_rate_run_s``.
+    ``run_options`` go to every `bastion.run` (storage, heartbeat_timeout_s,
+    address, ...)."""
 
     topology: "Topology"
     protocol: str = "coordinated"
@@ -1002,13 +1115,21 @@ class RayProfiler:
     first_kill_after_s: float = 0.0
     seed: int = 0
     run_options: dict[str, Any] = field(default_factory=dict)
+    failures_per_run: int = 1
+    _utilisation: float | None = field(default=None, init=False, repr=False)
+    _window_given: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         _paced_sources(self.topology)
+        if (isinstance(self.failures_per_run, bool) or not isinstance(self.failures_per_run, int)
+                or self.failures_per_run < 1):
+            raise ValueError(f"failures_per_run must be an int >= 1 (kills per profiling "
+                             f"run), got {self.failures_per_run!r}")
         length = self.duration_s or expected_run_s(self.topology)
         if length is None:
             raise ValueError("the topology has an unbounded source: pass duration_s, the "
                              "seconds each profiling run lasts")
+        self._window_given = self.kill_between_s is not None
         if self.kill_between_s is None:
             first = min(max(0.4 * length, 1.1 * self.first_kill_after_s + 0.25), 0.8 * length)
             self.kill_between_s = (first, min(max(0.6 * length, first + 0.2 * length),
@@ -1019,6 +1140,47 @@ class RayProfiler:
                              f"<= last, got {self.kill_between_s}")
         if self.max_rate_run_s <= 0:
             raise ValueError(f"max_rate_run_s must be > 0 seconds, got {self.max_rate_run_s}")
+        if self.failures_per_run > 1:   # refuse a length given too short before any run
+            self.kill_layout(self.first_kill_after_s or lo)
+
+    def kill_gap_s(self, interval_s: float) -> float:
+        """The least time between two kills of a run at ``interval_s``: what its
+        recovery takes at most, with room to measure the latency after it —
+        `RECOVERY_ALLOWANCE_S` plus (the interval + `OUTAGE_ALLOWANCE_S`) times
+        ``U/(1-U)`` (at least 1; U from the capacity run once it ran)."""
+        u = 0.5 if self._utilisation is None else self._utilisation
+        return RECOVERY_ALLOWANCE_S + (interval_s + OUTAGE_ALLOWANCE_S) * max(1.0, u / (1 - u))
+
+    def kill_layout(self, interval_s: float) -> tuple[tuple[float, float], float]:
+        """Where the kills of a run at ``interval_s`` may fall, and how long the run
+        must read (seconds): ``failures_per_run`` kills `kill_gap_s` apart and one gap
+        after the last. A length or window the caller gave too short: a ValueError
+        naming what to change."""
+        k = self.failures_per_run
+        gap = self.kill_gap_s(interval_s)
+        length = self.duration_s or expected_run_s(self.topology)
+        assert length is not None and self.kill_between_s is not None
+        if self._window_given:
+            lo, hi = self.kill_between_s
+            if hi - lo < (k - 1) * gap:
+                raise ValueError(
+                    f"kill_between_s={self.kill_between_s}: {k} kills per profiling run at "
+                    f"a {interval_s:g}-s interval must be {gap:.1f} s apart (each recovery "
+                    f"completes before the next kill), so the window must span at least "
+                    f"{(k - 1) * gap:.1f} s; widen it, or lower failures_per_run")
+            return (lo, hi), max(length, hi + gap)
+        lo = 1.1 * self.first_kill_after_s + 0.25
+        # at least half a gap of slack: the kills' phases against the checkpoints vary
+        needed = lo + (k - 1) * gap + gap / 2 + gap
+        if self.duration_s is not None and self.duration_s < needed:
+            raise ValueError(
+                f"duration_s={self.duration_s:g}: {k} kills per profiling run at a "
+                f"{interval_s:g}-s interval, each {gap:.1f} s after the one before (its "
+                f"recovery completes first) and the first after {lo:.1f} s, need runs of "
+                f"at least {needed:.1f} s; raise duration_s, lower failures_per_run or the "
+                f"longest interval")
+        length = max(length, needed)
+        return (lo, length - gap), length
 
     def _run(self, topology: "Topology", **options: Any) -> "RunResult":
         from bastion.launcher import run
@@ -1035,19 +1197,66 @@ class RayProfiler:
             options["checkpoint_interval"] = self.capacity_interval_s
         result = self._run(unthrottled(self.topology), **options)
         found = capacity_of(result.details["timeline"])
+        rate = sum(s.rate for s in _paced_sources(self.topology).values())
+        self._utilisation = min(0.9, rate / found.ingest_max_per_s)
         return Capacity(found.ingest_max_per_s, found.warmup_s, result.job_id)
 
-    def profile(self, interval_s: float, seed: int) -> Measurement:
+    def kill_times(self, interval_s: float, seed: int) -> list[float]:
+        """When the kills of one run at ``interval_s`` fall (seconds after its start):
+        `kill_gap_s` apart, each plus a random share of the window's slack."""
+        import random
+
+        (lo, hi), _ = self.kill_layout(interval_s)
+        k, gap = self.failures_per_run, self.kill_gap_s(interval_s)
+        rng = random.Random(self.seed * 1000 + seed)
+        slack = max(0.0, hi - lo - (k - 1) * gap)
+        offsets = sorted(rng.uniform(0, slack) for _ in range(k))
+        return [round(lo + i * gap + offset, 3) for i, offset in enumerate(offsets)]
+
+    def profile(self, interval_s: float, seed: int) -> list[Measurement]:
         from bastion.faults import RandomKills
 
         assert self.kill_between_s is not None
-        kill = RandomKills(1, between=self.kill_between_s, seed=self.seed * 1000 + seed)
-        options: dict[str, Any] = {"checkpoint_interval": interval_s, "faults": [kill]}
+        topology = self.topology
+        options: dict[str, Any] = {"checkpoint_interval": interval_s}
         if self.duration_s is not None:
             options["duration_s"] = self.duration_s
-        result = self._run(self.topology, **options)
-        return measure_run(result, kill.schedule(_plan_of(self.topology, self.run_options)),
-                           interval_s)
+        if self.failures_per_run == 1:
+            kills = [RandomKills(1, between=self.kill_between_s,
+                                 seed=self.seed * 1000 + seed)]
+        else:
+            _, length = self.kill_layout(interval_s)
+            if self.duration_s is not None:
+                options["duration_s"] = length
+            else:
+                topology = lengthened(topology, length)
+            kills = [RandomKills(1, between=(at, at), seed=self.seed * 1000 + seed + 7 * i)
+                     for i, at in enumerate(self.kill_times(interval_s, seed))]
+        options["faults"] = kills
+        result = self._run(topology, **options)
+        plan = _plan_of(topology, self.run_options)
+        return measure_kills(result, [k for f in kills for k in f.schedule(plan)], interval_s)
+
+
+def lengthened(topology: "Topology", length_s: float) -> "Topology":
+    """A copy of ``topology`` whose paced generators read for at least ``length_s``
+    seconds: each one's ``count`` raised to ``rate · length_s`` (``fn`` is called past
+    the original count, as `unthrottled` does); the original is left alone."""
+    from bastion.sources import Generator
+
+    sources = _paced_sources(topology)
+    clone = copy.copy(topology)
+    clone.nodes = {}
+    for name, node in topology.nodes.items():
+        if node.kind == "source" and sources[name].count is not None:
+            source = sources[name]
+            node = copy.copy(node)
+            node.params = dict(node.params)
+            node.params["source"] = Generator(
+                source.fn, count=max(source.count, math.ceil(source.rate * length_s)),
+                rate=source.rate)
+        clone.nodes[name] = node
+    return clone
 
 
 def _plan_of(topology: "Topology", run_options: Mapping[str, Any]) -> Any:
