@@ -417,6 +417,11 @@ class MasterContext(abc.ABC):
         senders' upstream backups, if the failover keeps them, forget them (in the
         background; a backup that keeps them longer only holds more)."""
 
+    def checkpoint_completed(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed and its outputs are committed: the
+        job master may end what a recovery began (adaptive buffering, which turns
+        off at the first checkpoint completed once every lost task runs again)."""
+
 
 @dataclass(frozen=True)
 class RegionLine:

@@ -351,6 +351,7 @@ class CheckpointCoordinator(Coordinator):
             self.committed.add(aborted)
         await self.master.commit_outputs(checkpoint_id)
         self.committed.add(checkpoint_id)
+        self.master.checkpoint_completed(checkpoint_id)
         # Older checkpoints are never restored again: keep the newest few, delete the rest.
         await asyncio.to_thread(self.checkpoints.gc, self.master.retained_checkpoints)
 

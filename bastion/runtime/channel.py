@@ -66,6 +66,7 @@ class OutputChannel:
         self.elements: list = []
         self.records = 0
         self.first_buffered_s = 0.0  # when the oldest unsent element was buffered
+        self.frame_buffered_s = 0.0  # the same, of the frame being sent
         self.frames_sent = 0
         self.bytes_sent = 0
         self.records_sent = 0   # data records given to the channel (a tuple per copy)
@@ -108,6 +109,7 @@ class OutputChannel:
 
     def take_frame(self) -> list:
         frame, self.elements, self.records = self.elements, [], 0
+        self.frame_buffered_s = self.first_buffered_s  # a lossy outage asks (`send`)
         return frame
 
     def aged(self, now_s: float) -> bool:
@@ -142,7 +144,7 @@ class OutputChannel:
         first_record = self.records_offered
         self.records_offered += records
         wait_s, lost = self.faults.before_send(self.channel_id, first_record, records,
-                                               droppable)
+                                               droppable, self.frame_buffered_s)
         if wait_s > 0:
             await asyncio.sleep(wait_s)
         return lost
@@ -343,35 +345,76 @@ class ReplayableOutputChannel(_Retargeted, HeldOutputChannel):
     peer died: `PeerLostError`; its task was reset: the delivery was cancelled) is
     dropped instead of failing the sending task: the job master restarts the receiver
     and attaches it again, and the log still holds what it missed.
+
+    **Adaptive buffering** (Su & Zhou; `bastion.scheduler.failover`): a channel made
+    with ``logs=False`` forwards without keeping anything — the backup costs nothing
+    in normal operation — until `start_logging` (a burst was detected); `stop_logging`
+    frees what it kept (a checkpoint completed once every lost task ran again). Such
+    a channel's receiver restarts only with its sender (the region grows upstream past
+    a sender that does not log since the line), so a frame it cannot forward is lost
+    with a receiver that will be fed by a restarted sender. A channel made without a
+    target (its receiver is pending) logs whatever ``logs`` says: the receiver needs
+    everything. ``frames_logged`` and ``bytes_logged`` count what was ever kept,
+    ``kept_bytes`` what is kept now.
 """
 
     def __init__(self, channel_id: int, frame_records: int, buffer_timeout_s: float,
                  codec: FrameCodec, in_memory_frames: int, store: Any, spill_prefix: str,
-                 target: OutputChannel | None):
+                 target: OutputChannel | None, logs: bool = True):
         super().__init__(channel_id, frame_records, buffer_timeout_s, codec,
                          in_memory_frames, store, spill_prefix)
         self._target = target
+        self.logs = logs or target is None
         self._chunks_written = 0   # names spilled chunks: trimming drops the oldest
         self._generation = 0       # grows with each `detach`: ends an `attach`
+        self.frames_logged = 0
+        self.bytes_logged = 0
+        self.kept_bytes = 0        # in memory and spilled, now
+        self.frames_dropped = 0    # not logged, and no receiver to forward to
 
     async def transmit(self, seq: int, payload: bytes) -> None:
         async with self._lock:
-            if self._target is None:
-                self.frames_held += 1
-            await self._log(seq, payload)
             target = self._target
+            if target is None:
+                self.frames_held += 1
+            if self.logs:
+                await self._log(seq, payload)
+            elif target is None:
+                self.frames_dropped += 1
             if target is not None and not await _forward(target, seq, payload):
                 self._drop(target)
 
     async def _log(self, seq: int, payload: bytes) -> None:
         self._held.append((seq, payload))
+        self.frames_logged += 1
+        self.bytes_logged += len(payload)
+        self.kept_bytes += len(payload)
         if len(self._held) >= self._in_memory_frames:
             key = f"{self._spill_prefix}/{self._chunks_written:08d}"
             self._chunks_written += 1
             await self._store.aput(key, seal(msgpack.packb(self._held)))
-            self._spilled.append((key, self._held[-1][0]))
+            self._spilled.append((key, self._held[-1][0],
+                                  sum(len(p) for _, p in self._held)))
             self.frames_spilled += len(self._held)
             self._held = []
+
+    def start_logging(self) -> None:
+        """Keep every frame sent from now on (a burst: adaptive buffering is on)."""
+        self.logs = True
+
+    async def stop_logging(self) -> int:
+        """Keep nothing any more, and free what is kept (adaptive buffering is off: a
+        checkpoint completed after the burst's recovery). The bytes freed. A channel
+        whose receiver is not attached keeps its log: that receiver still needs it."""
+        async with self._lock:
+            if self._target is None or self.attaching:
+                return 0
+            self.logs = False
+            freed = self.kept_bytes
+            for key, _, _ in self._spilled:
+                await self._store.adelete(key)
+            self._held, self._spilled, self.kept_bytes = [], [], 0
+            return freed
 
     def detach(self) -> None:
         """The receiver restarts: log frames only, until `attach`."""
@@ -404,7 +447,7 @@ class ReplayableOutputChannel(_Retargeted, HeldOutputChannel):
     async def _logged_from(self, seq: int) -> list[tuple[int, bytes]]:
         """The oldest logged frames from ``seq`` on, in order: a spilled chunk's or
         those in memory; [] when there are none (returned without awaiting)."""
-        for key, last_seq in self._spilled:
+        for key, last_seq, _ in self._spilled:
             if last_seq >= seq:
                 frames = msgpack.unpackb(open_bytes(await self._store.aget(key), key))
                 return [(s, payload) for s, payload in frames if s >= seq]
@@ -415,9 +458,13 @@ class ReplayableOutputChannel(_Retargeted, HeldOutputChannel):
         receiver: no restart will ask for them again."""
         async with self._lock:
             while self._spilled and self._spilled[0][1] < below_seq:
-                key, _ = self._spilled.pop(0)
+                key, _, size = self._spilled.pop(0)
+                self.kept_bytes -= size
                 await self._store.adelete(key)
-            self._held = [(seq, payload) for seq, payload in self._held if seq >= below_seq]
+            kept = [(seq, payload) for seq, payload in self._held if seq >= below_seq]
+            self.kept_bytes -= sum(len(p) for _, p in self._held) - sum(
+                len(p) for _, p in kept)
+            self._held = kept
 
 
 class ReroutableOutputChannel(_Retargeted, OutputChannel):

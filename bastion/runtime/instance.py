@@ -1116,6 +1116,17 @@ class Task(TaskContext):
                                if isinstance(c, HeldOutputChannel)),
             "frames_spilled": sum(c.frames_spilled for c in self.channels
                                   if isinstance(c, HeldOutputChannel)),
+            # upstream backups (`ReplayableOutputChannel`): frames and bytes ever
+            # logged for a restart to send again, and the bytes still kept. Under
+            # adaptive buffering a task that is not a source logs only during the
+            # recovery of a burst.
+            "is_source": self.source is not None,
+            "backup_frames_logged": sum(c.frames_logged for c in self.channels
+                                        if isinstance(c, ReplayableOutputChannel)),
+            "backup_bytes_logged": sum(c.bytes_logged for c in self.channels
+                                       if isinstance(c, ReplayableOutputChannel)),
+            "backup_bytes_kept": sum(c.kept_bytes for c in self.channels
+                                     if isinstance(c, ReplayableOutputChannel)),
             "sends_skipped": sum(r.sends_skipped for r in self.routers),
             "copies_dropped": 0 if self.first_copies is None else self.first_copies.dropped,
             "max_remembered_ids": (0 if self.first_copies is None
@@ -1154,6 +1165,9 @@ class Worker:
         # the tasks it rebuilds): frames carry their destination's
         self.incarnations: list[int] | None = None
         self.failover: FailoverStrategy | None = None  # the bound job's (`bind`)
+        # Adaptive buffering is on (`set_buffering`): the channels of tasks that are
+        # not sources keep an upstream backup, those built from now on too.
+        self.buffering = False
         self.attempt = -1
         self.epoch: tuple[str, int] | None = None  # (job id, attempt) frames must carry
         # The data plane (`bastion.runtime.transport`): frames from peers arrive
@@ -1187,6 +1201,7 @@ class Worker:
         self.failover = failover_strategy(config.failover,
                                           get_protocol(config.protocol).restart_scope,
                                           config.recovery)
+        self.buffering = False
 
     async def release(self) -> None:
         """Forget the job: stop its tasks and drop everything it left here."""
@@ -1333,7 +1348,9 @@ class Worker:
                 held_frames_in_memory, self.store,
                 f"jobs/{config.job_id}/held/{self.attempt}/{channel_id}/{task.incarnation}",
                 None if dst_worker is None else self._channel(
-                    task, plan, peers, assignment, channel_id, dst, wrapped=False))
+                    task, plan, peers, assignment, channel_id, dst, wrapped=False),
+                logs=(not self.failover.adaptive_buffering or self.buffering
+                      or task.source is not None))
         if wrapped and self.failover.reroutes_channels and dst_worker is not None:
             # a receiver lost for much longer than the job master takes to notice a
             # death and restart it was not lost: the link to it broke
@@ -1415,6 +1432,27 @@ class Worker:
         for task in stopping:
             task.gate.close()
             await asyncio.gather(*task.writes, return_exceptions=True)
+
+    async def set_buffering(self, job_id: str, on: bool) -> int:
+        """Adaptive buffering on or off (`bastion.scheduler.failover`): the channels
+        of this worker's tasks that are not sources start keeping an upstream backup,
+        or stop and free it (a channel to a receiver not attached keeps its log). A
+        worker that has not joined an attempt yet takes it for the tasks it builds.
+        The bytes freed."""
+        if self.config is None or self.config.job_id != job_id:
+            return 0
+        self.buffering = on
+        freed = 0
+        for task in list(self.tasks.values()):
+            if task.source is not None:
+                continue  # a source's backup is always on
+            for channel in task.channels:
+                if isinstance(channel, ReplayableOutputChannel):
+                    if on:
+                        channel.start_logging()
+                    else:
+                        freed += await channel.stop_logging()
+        return freed
 
     def set_catch_up(self, epoch: tuple[str, int], lowered: bool) -> str:
         """Run this worker's tasks (its event loop's thread: this method runs on it)

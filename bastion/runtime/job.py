@@ -184,6 +184,9 @@ class _CoordinatorContext(MasterContext):
     def trim_upstream_backups(self, below: dict[int, int]) -> None:
         self._master.trim_upstream_backups(below)
 
+    def checkpoint_completed(self, checkpoint_id: int) -> None:
+        self._master.checkpoint_completed(checkpoint_id)
+
 
 @dataclass(frozen=True)
 class MasterLink:
@@ -323,6 +326,15 @@ class JobMaster:
         self.region_restarts = 0
         # a failure interrupted a regional restart: the next recovery is of the job
         self._region_broken = False
+        # Adaptive buffering (Su & Zhou; `bastion.scheduler.failover`): whether it is
+        # on (from a burst's detection to the next checkpoint that completes once
+        # every lost task runs again), and the tasks whose upstream backups hold every
+        # frame they sent since the line a regional restart restores — the sources
+        # always, and the tasks a restart rebuilt while it was on.
+        self.buffering = False
+        self.backed_up: set[int] = set(self.source_tasks)
+        self._buffering_change: asyncio.Future | None = None  # the workers being told
+        self._telling: set[asyncio.Future] = set()
         self._frame_addresses: dict[Any, tuple[str, int]] = {}  # by worker (`_peers`)
         # the tasks that restarted at the last failure: only they can be pending
         self.restarting: set[int] = set(range(len(plan.tasks)))
@@ -549,6 +561,7 @@ class JobMaster:
         peers = await self._peers()
         self._restore, self._resume, self._retake = restore, {}, ()
         self._lowered.clear()  # every worker resets, its priority with it
+        await self._buffering_told(self.workers)
         assignment = self._running_assignment()
         outcomes = await asyncio.gather(*[w.deploy.remote(self.plan, peers, self.attempt,
                                                           restore, i, assignment,
@@ -626,12 +639,21 @@ class JobMaster:
         raise `_JobEnded` when the job cannot go on."""
         unfinished = self.coordinator.checkpoint_in_progress()
         self._standby_after_catch_up = False   # the next restart decides again
-        # A loss of workers, with no task waiting for capacity (a second failure while
-        # one is being recovered restarts the job whole): the failed region may
-        # restart alone, so the coordinator goes on with the job's checkpoints.
-        regional = (self.regional and not self.pending and failure.udf is None
-                    and not failure.fatal and failure.blob is None
-                    and not self._region_broken)
+        # A loss of workers — also one while tasks of an earlier failure wait for
+        # capacity (a second wave: `_rebuild_region` plans it with them): the failed
+        # region may restart alone, so the coordinator goes on with the job's
+        # checkpoints. Why not, when it restarts the job instead (an event says so).
+        regional = (self.regional and failure.udf is None
+                    and not failure.fatal and failure.blob is None)
+        whole_because = None
+        if regional and self._region_broken:
+            regional = False
+            whole_because = ("a failure came while a regional restart was rebuilding its "
+                             "region: its tasks are half restored, so every task restarts")
+        elif not self.regional and self.pending:
+            whole_because = (f"the failover strategy {self.failover.name} restarts every "
+                             f"task (protocol {self.protocol.name!r} cannot restart a region "
+                             "under a capacity model)")
         self._region_broken = False
         if not regional:
             await self.coordinator.stop()
@@ -656,12 +678,17 @@ class JobMaster:
                 # the tasks outside the region run on meanwhile: their progress too
                 polling = asyncio.ensure_future(self._poll_progress())
                 try:
-                    restarted_region = await self._restart_region(lost)
+                    whole_because = await self._restart_region(lost)
                 finally:
                     await cancel(polling)
-                if restarted_region:
+                if whole_because is None:
                     return self._restore, False
                 await self.coordinator.stop()
+            if whole_because is not None and (self.failover.adaptive_buffering
+                                              or self.pending):
+                self.record_event("whole_restart", reason=whole_because,
+                                  second_wave=bool(self.pending),
+                                  pending=sorted(self.pending))
             if self.config.recovery is None:
                 await self._replace_workers(failure, lost)
             else:
@@ -728,6 +755,8 @@ class JobMaster:
         self.phase = "collect"
         reports = await asyncio.gather(*[w.report.remote() for w in self.workers])
         tasks = [task for worker in reports for task in worker]
+        if self.failover.backs_up_channels:
+            self._record_backups(tasks)
         self.phase = "commit"
         await self.coordinator.on_job_finished(tasks)
         await self.commit_outputs(FINAL_COMMIT)
@@ -750,6 +779,21 @@ class JobMaster:
             "redundancy_decisions": ([] if self.redundancy is None else
                                      [dataclasses.asdict(d) for d in self.redundancy.decisions]),
         }
+
+    def _record_backups(self, tasks: list[dict[str, Any]]) -> None:
+        """What the upstream backups kept over the run, sources apart from the other
+        tasks (adaptive buffering: the others keep one only while a burst is
+        recovered), as an ``upstream_backups`` event. A task's counters cover its
+        last incarnation."""
+        figures: dict[str, int] = {}
+        for kind, of_sources in (("source", True), ("other", False)):
+            chosen = [t for t in tasks if t.get("is_source") == of_sources]
+            for counter in ("backup_frames_logged", "backup_bytes_logged",
+                            "backup_bytes_kept"):
+                figures[f"{kind}_{counter[len('backup_'):]}"] = sum(t[counter]
+                                                                  for t in chosen)
+        self.record_event("upstream_backups", adaptive=self.failover.adaptive_buffering,
+                          **figures)
 
     def _events_report(self) -> dict[str, Any]:
         return {"events": self.log.events, "timeline": self.log.timeline.points(),
@@ -927,13 +971,23 @@ class JobMaster:
                           recover=list(plan.recover), pending=sorted(self.pending),
                           queries=list(plan.queries), planner=type(self.planner).__name__,
                           free_task_slots=self._planned_free)
+        # every task restores the line: with buffering on, each backs up from there
+        await self._adapt_buffering(self.restarting)
 
-    async def _restart_region(self, lost: list[int]) -> bool:
+    async def _restart_region(self, lost: list[int]) -> str | None:
         """Restart only the failed region: the tasks of the ``lost`` workers and those
         the failover strategy restarts with them (`bastion.scheduler.failover`), from
-        the coordinator's `region_line`; every other task keeps running. False when
-        the protocol cannot restart a region now, or the region is the whole job: the
-        job then restarts whole (the ``lost`` workers may be dead by then).
+        the coordinator's `region_line`; every other task keeps running. None when it
+        did; else why it cannot — the protocol cannot restart a region now, or the
+        region is the whole job: the job then restarts whole (the ``lost`` workers may
+        be dead by then).
+
+        Under adaptive buffering the region also holds every sender into it whose
+        upstream backup does not hold what it sent since the line (`backed_up`).
+        A loss while tasks of an earlier failure still wait for capacity (a *second
+        wave*) restarts its own region the same way: the tasks it restores catch up
+        from backups kept since the burst, and the planner is asked again with the
+        tasks still waiting and the newly lost ones.
 
         Survivors stop forwarding into the region and the region's tasks that ran on
         live workers stop (`Worker.restart_region`); each task of the region gets a
@@ -947,16 +1001,19 @@ class JobMaster:
             # Loops end when every frame sent on every channel was processed
             # (`_check_loops`): a restarted receiver counts afresh what its senders
             # kept counting, so the counts would never meet again.
-            return False
+            return ("the topology has a feedback edge: a restarted region would count "
+                    "its loops' frames afresh, so no region restarts alone")
         lost_tasks = {t for t, w in enumerate(self.assignment) if w in lost}
         graph = TaskGraph(frozenset(range(len(self.plan.tasks))),
-                          _CoordinatorContext(self).channels())
+                          _CoordinatorContext(self).channels(),
+                          frozenset(self.backed_up) if self.failover.adaptive_buffering
+                          else None)
         region = set(self.failover.tasks_to_restart(lost_tasks, graph))
         if region == graph.tasks and not self.capacity_model:
             # Restarting every task within the attempt gains nothing over a restart
             # of the job (under a capacity model the regional path is what lets
             # tasks wait for capacity while the attempt runs on).
-            return False
+            return "the failed region is the whole job"
         # The region takes the checkpoint in progress again, under the same id: a lost
         # worker that only missed its heartbeat must be dead before, or a blob it
         # stores late would replace its next incarnation's.
@@ -965,22 +1022,30 @@ class JobMaster:
         dead = await asyncio.gather(*[detector.confirmed_dead(
             self.workers[i], self.config.heartbeat_timeout_s * 5) for i in lost])
         if not all(dead):
-            return False
+            return (f"lost worker(s) {[i for i, d in zip(lost, dead) if not d]} were not "
+                    f"confirmed dead within {self.config.heartbeat_timeout_s * 5:g} s: a "
+                    "checkpoint blob one stored late could replace its successor's")
         line = await self.coordinator.region_line(region)
         if line is None:
-            return False
+            return ("no checkpoint has completed in this attempt yet, so there is no line "
+                    "a region can restore alone"
+                    + (" (a checkpoint needs every task, and tasks "
+                       f"{sorted(self.pending)} wait for capacity)" if self.pending else ""))
         self.region_restarts += 1
         try:
             await self._rebuild_region(lost, lost_tasks, region, line)
         except Failure:
             self._region_broken = True  # half rebuilt: the whole job restarts instead
             raise
-        return True
+        return None
 
     async def _rebuild_region(self, lost: list[int], lost_tasks: set[int], region: set[int],
                               line: Any) -> None:
         """`_restart_region` from its line on: stop the region, place its lost tasks,
         and let those that can run join."""
+        # Tasks an earlier failure left waiting for capacity: this is a second wave,
+        # planned with them (they never ran since, so nothing they fed restarts).
+        waiting = set(self.pending)
         for t in region:
             self.incarnations[t] += 1
         epoch = self._epoch(self.attempt)
@@ -990,22 +1055,27 @@ class JobMaster:
                                     for i, w in enumerate(self.workers) if i not in lost],
                                   return_exceptions=True)  # a death is the detector's
         self.finished_tasks -= region
-        self.restarting = set(region)
+        # only these may be left pending: a task an earlier restart brought back runs
+        self.restarting = region | waiting
         self._restore, self._resume, self._retake = line, line.resume, line.retake
         if not self.capacity_model:
             await asyncio.gather(stopping, self._refill(
                 lost, restart=sorted({self.assignment[t] for t in region})))
         else:
             await stopping
-            await self._drop_workers(lost)
-            plan = await self._place(sorted(lost_tasks), self.planner)
-            self.pending &= region  # a task outside the region never stopped
+            # the planner is asked with every task without a worker: those lost now
+            # and those still waiting since an earlier failure
+            unplaced = await self._drop_workers(lost)
+            plan = await self._place(unplaced, self.planner)
+            self.pending &= self.restarting  # a task outside them never stopped
             self.record_event("recovery_planned", lost=lost, lost_tasks=sorted(lost_tasks),
                               region=sorted(region), recover=list(plan.recover),
                               pending=sorted(self.pending), queries=list(plan.queries),
                               planner=type(self.planner).__name__,
-                              free_task_slots=self._planned_free)
-        await self._join(sorted(region - self.pending))
+                              free_task_slots=self._planned_free,
+                              second_wave=bool(waiting), waiting=sorted(waiting))
+            await self._adapt_buffering(region)
+        await self._join(sorted(self.restarting - self.pending))
         if not self.capacity_model:
             # The standby went to a lost slot: a new one once the region caught up —
             # not before it joined (the tasks outside it may look caught up at once),
@@ -1040,6 +1110,60 @@ class JobMaster:
                         if self.bursts.correlated() or still_recovering
                         else BlockingRecovery())
         return lost_tasks
+
+    async def _adapt_buffering(self, restarted: set[int]) -> None:
+        """After a recovery's plan, under adaptive buffering: turn it on at a burst,
+        or when the plan left tasks pending (their upstream must keep what they will
+        need); the ``restarted`` tasks, rebuilt from the line with it on, back up
+        everything they send from the line on."""
+        if not self.failover.adaptive_buffering:
+            return
+        if not self.buffering and (self.bursts.correlated() or self.pending):
+            self.buffering = True
+            why = "a burst was detected" if self.bursts.correlated() else \
+                f"tasks {sorted(self.pending)} wait for capacity"
+            await self._tell_buffering(True, why)
+        if self.buffering:
+            self.backed_up |= restarted
+
+    def checkpoint_completed(self, checkpoint_id: int) -> None:
+        """A checkpoint completed: once every lost task runs again, it is the global
+        checkpoint after which adaptive buffering turns off (Su & Zhou) — every
+        backup but the sources' is freed, and a later failure's region grows
+        upstream again past the tasks that no longer log."""
+        if not self.buffering or self.pending or self._joining or self.phase != "watch" \
+                or any(w is None for w in self.assignment):
+            return
+        self.buffering = False
+        self.backed_up = set(self.source_tasks)
+        telling = asyncio.ensure_future(self._tell_buffering(
+            False, f"checkpoint {checkpoint_id} completed with every lost task running",
+            checkpoint_id=checkpoint_id))
+        self._telling.add(telling)  # held: the loop keeps only a weak reference
+        telling.add_done_callback(self._telling.discard)
+
+    async def _tell_buffering(self, on: bool, reason: str, **fields: Any) -> None:
+        """Every worker turns adaptive buffering ``on`` or off, after any change told
+        before (an async actor may run one caller's calls out of order); recorded as
+        an ``adaptive_buffering`` event with the bytes freed."""
+        before, done = self._buffering_change, asyncio.get_running_loop().create_future()
+        self._buffering_change = done
+        try:
+            if before is not None:
+                await before
+            replies = await asyncio.gather(*[w.set_buffering.remote(self.config.job_id, on)
+                                             for w in self.workers], return_exceptions=True)
+            self.record_event("adaptive_buffering", on=on, reason=reason,
+                              freed_bytes=sum(r for r in replies if isinstance(r, int)),
+                              **fields)
+        finally:
+            done.set_result(None)
+
+    async def _buffering_told(self, workers: list[Any]) -> None:
+        """Workers about to build tasks take adaptive buffering as it is now."""
+        if self.buffering:
+            await asyncio.gather(*[w.set_buffering.remote(self.config.job_id, True)
+                                   for w in workers], return_exceptions=True)
 
     def _free_slots(self) -> dict[str, int]:
         """Free task slots per live node that no fault took down."""
@@ -1139,6 +1263,7 @@ class JobMaster:
             by_worker.setdefault(self.assignment[t], []).append(t)
         # lowered before they build and restore their tasks: that is catch-up work too
         lowered = await self._lower_catching_up(set(joining), list(by_worker))
+        await self._buffering_told([self.workers[w] for w in by_worker])
         try:
             self._raise_call_failures(await asyncio.gather(*[self.workers[w].join.remote(
                 epoch, self.plan, peers, self._restore, assignment, tasks,

@@ -29,19 +29,34 @@ Four strategies, each correct under a condition:
   it restarts too; a task upstream keeps running, and sends the restarted ones again
   what they must see, out of its *upstream backup*
   (`bastion.runtime.channel.ReplayableOutputChannel`). Smaller than a region when
-  several queries share their sources (Su & Zhou), at the price of that backup on
-  every channel. A coordinated job chooses it only under a capacity model, where lost
-  tasks may wait for capacity while the queries they do not feed run on
-  (`bastion.scheduler.recovery`); elsewhere its pipelined regions need no backup.
-  Uncoordinated checkpoints (``uncoordinated``, ``cic``) and CEC always choose it (a
-  failed CEC instance rebuilds its state from its log, and what it feeds restarts with
-  it). Their
-  recovery line rolls back the failed tasks and every task that received a frame
-  they sent after the checkpoints they restore, and so on downstream: the *rollback
-  set* (CheckMate). It lies within the failed tasks' downstream, and is all of it
-  whenever each of them sent downstream since its checkpoint, as a running job does.
-  Every task upstream keeps its state: a receiver's rollback orphans nothing a
-  sender did.
+  several queries share their sources (Su & Zhou). Uncoordinated checkpoints
+  (``uncoordinated``, ``cic``) and CEC always choose it, with a backup on every
+  channel at all times (a failed CEC instance rebuilds its state from its log, and
+  what it feeds restarts with it). Their recovery line rolls back the failed tasks
+  and every task that received a frame they sent after the checkpoints they restore,
+  and so on downstream: the *rollback set* (CheckMate). It lies within the failed
+  tasks' downstream, and is all of it whenever each of them sent downstream since its
+  checkpoint, as a running job does. Every task upstream keeps its state: a
+  receiver's rollback orphans nothing a sender did.
+
+  A coordinated job chooses it under a capacity model, where lost tasks may wait for
+  capacity while the queries they do not feed run on (`bastion.scheduler.recovery`),
+  with *adaptive buffering* (Su & Zhou §4; ``adaptive_buffering``): upstream backups
+  are not kept on every channel at all times — the paper rejects that ("upstream
+  buffering") for what it costs in normal operation. Only source tasks keep one
+  always (the paper's source buffering: what they sent since the last completed
+  checkpoint); every other task's backup is on only from a burst's detection until
+  the next checkpoint that completes once every lost task runs again. The graph says
+  which senders' backups hold everything since the line (`TaskGraph.backed_up`), and
+  the region grows *upstream* past every sender whose backup does not — it restarts
+  too, fed by its own senders — and downstream again from there, until every sender
+  into the region is backed up or a source. A single failure in normal operation
+  thus restarts the failed tasks' upstream up to (not including) the source tasks,
+  and everything downstream of that; a failure during a burst's recovery (the tasks
+  the burst restarted log since the line) restarts what it would have restarted with
+  backups everywhere, unless it hits a task upstream of which a survivor of the burst
+  does not log since the line. Elsewhere (no capacity model) a coordinated job
+  restarts pipelined regions, which need no backup at all.
 
 - `RestartFailed` restarts the failed tasks alone (Dynamo's crashed instance, CEC's
   failed instance). Correct only under a protocol that replays what a restarted task
@@ -70,11 +85,14 @@ FAILOVER_MODES = ("local", "global")
 
 @dataclass(frozen=True)
 class TaskGraph:
-    """The job's shape as a failover strategy sees it: every task id, and every
-    channel as (sending task, receiving task)."""
+    """The job's shape as a failover strategy sees it: every task id, every channel
+    as (sending task, receiving task), and ``backed_up``: the tasks whose upstream
+    backups hold every frame they sent since the line a restart restores (None: every
+    task's — backups on every channel at all times)."""
 
     tasks: frozenset[int]
     channels: Mapping[int, tuple[int, int]]
+    backed_up: frozenset[int] | None = None
 
 
 class FailoverStrategy(abc.ABC):
@@ -86,6 +104,10 @@ class FailoverStrategy(abc.ABC):
     # Senders outside the restarted set keep what they sent since the receivers'
     # last durable state, to send it again (an upstream backup on every channel).
     backs_up_channels: bool = False
+    # Only source tasks back up their outputs in normal operation; every other task
+    # only from a burst's detection to the next completed checkpoint (Su & Zhou's
+    # adaptive buffering): a restart's region grows upstream past senders that did not.
+    adaptive_buffering: bool = False
     # Senders outside the restarted set keep running into it: their channels drop
     # what they send while the receiver is down, then carry on to its next incarnation.
     reroutes_channels: bool = False
@@ -122,15 +144,25 @@ class RestartPipelinedRegion(FailoverStrategy):
 
 class RestartDownstream(FailoverStrategy):
     """The failed tasks and every task downstream of them restart; senders upstream
-    resend from their backup."""
+    resend from their backup. A sender into the region whose backup does not hold
+    what it sent since the line (not in ``graph.backed_up``) restarts too, and so
+    does everything downstream of it. ``adaptive``: backups are adaptive (only
+    sources' always)."""
 
     backs_up_channels = True
 
+    def __init__(self, adaptive: bool = False):
+        self.adaptive_buffering = adaptive
+
     def tasks_to_restart(self, failed: AbstractSet[int], graph: TaskGraph) -> frozenset[int]:
-        downstream: dict[int, set[int]] = {}
+        edges: dict[int, set[int]] = {}
         for src, dst in graph.channels.values():
-            downstream.setdefault(src, set()).add(dst)
-        return _closure(failed, downstream)
+            edges.setdefault(src, set()).add(dst)
+            if graph.backed_up is not None and src not in graph.backed_up:
+                # the receiver restores the line: only a restarted sender sends it
+                # again what it must see
+                edges.setdefault(dst, set()).add(src)
+        return _closure(failed, edges)
 
 
 class RestartFailed(FailoverStrategy):
@@ -171,7 +203,8 @@ def failover_strategy(failover: str, restart_scope: str,
     its protocol can restart (`Protocol.restart_scope`, one of `RESTART_SCOPES`), and
     its recovery policy. Under a capacity model (`RecoveryPolicy.task_slots_per_cpu`)
     lost tasks may wait for capacity while the queries they do not feed run on: a
-    region restarts with everything downstream of it, fed again from upstream backups;
+    region restarts with everything downstream of it, fed again from upstream backups
+    that are adaptive (sources' always, the others' during a burst's recovery);
     a protocol that restarts failed tasks alone restarts the job whole there, since
     a task waiting for capacity could not receive what its senders drop. A protocol
     whose line rolls back what a failed task fed (``"downstream"``) restarts that,
@@ -186,4 +219,4 @@ def failover_strategy(failover: str, restart_scope: str,
         return RestartAll() if capacity_model else RestartFailed()
     if restart_scope == "downstream":
         return RestartDownstream()
-    return RestartDownstream() if capacity_model else RestartPipelinedRegion()
+    return RestartDownstream(adaptive=True) if capacity_model else RestartPipelinedRegion()

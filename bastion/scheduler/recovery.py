@@ -29,25 +29,62 @@ Two planners (Su & Zhou, "progressive recovery of correlated failures"):
   ``PD = priority / Σ 1/f_k`` over its lost tasks. The densest query whose remaining
   need fits the free slots is taken, its tasks count as recovered for the others, the
   densities are computed again, until nothing more fits. Tasks needed by no available
-  query stay *pending*: not running, their inputs held upstream (adaptive buffering,
-  `bastion.runtime.channel.HeldOutputChannel`) until a later plan brings them back.
+  query stay *pending*: not running, their inputs kept upstream until a later plan
+  brings them back.
+
+**Adaptive buffering** (Su & Zhou §4). A pending task recovered later, or a task a
+later failure restores from the same checkpoint, needs what its upstream sent since
+that checkpoint: an *upstream backup* (`bastion.runtime.channel.ReplayableOutputChannel`).
+Keeping one on every channel at all times ("upstream buffering") costs memory and
+store writes in normal operation, which the paper rejects; so, under a capacity model:
+
+- in normal operation only source tasks keep one (the paper's source buffering: what
+  they sent since the last completed checkpoint, trimmed as checkpoints complete);
+- when the detector declares a burst (`bastion.scheduler.detector.CorrelatedFailures`),
+  or a plan leaves tasks pending, every task that is not a source starts keeping one,
+  and the tasks the recovery restores from the checkpoint keep everything they send
+  from it on — so pending tasks recovered later are fed from their upstream's backup;
+- the first checkpoint that completes once every lost task runs again turns it off:
+  every backup but the sources' is freed. (A checkpoint needs every task, so none
+  completes while tasks are pending.)
+
+The ``adaptive_buffering`` events of a run say when it turned on and off and the
+bytes it freed; each task's report counts the frames and bytes its backups ever kept
+(``backup_frames_logged``, ``backup_bytes_logged``) and keep now (``backup_bytes_kept``).
 
 **Which tasks restart** is the failover strategy's answer
 (`bastion.scheduler.failover`). Under a capacity model and a protocol that can
 restart a subset of tasks (``coordinated``) it is `RestartDownstream`: the lost tasks
-and every task downstream of them, to the sinks. Every other task keeps running — the
-queries the failure did not hit never stop — since nothing it received came from the
-region. The region's tasks restore the protocol's `region_line` (the last completed
-checkpoint and where it cut each channel), each with a new *incarnation* (frames and
-acknowledgments addressed to the one before are dropped), and the senders at the
-region's upstream boundary send again, out of their *upstream backup*
-(`bastion.runtime.channel.ReplayableOutputChannel`: every frame sent since the last
-completed checkpoint, trimmed as checkpoints complete), everything the restored tasks
-have not seen. The region's sinks discard what they staged since the checkpoint, as in
-any restart. When no region can restart alone — another protocol, no checkpoint
-completed yet in the attempt, a failure while tasks wait for capacity — every running
-task restarts from the recovery line: the runtime numbers channel frames by attempt,
-and the protocol's recovery line rewinds every task.
+and every task downstream of them, to the sinks — and, since a backup is kept only by
+the senders above, every sender into that region that keeps no backup since the
+checkpoint, with everything downstream of it, until every sender into the region is
+backed up. A single failure in normal operation (no burst) therefore restarts the
+failed tasks' upstream up to, not including, the source tasks, and all that is
+downstream of it: fed again from the sources' backups (before adaptive buffering, it
+restarted only the failed tasks' downstream, fed from backups kept on every channel).
+Every other task keeps running — the queries the failure did not hit never stop —
+since nothing it received came from the region. The region's tasks restore the
+protocol's `region_line` (the last completed checkpoint and where it cut each
+channel), each with a new *incarnation* (frames and acknowledgments addressed to the
+one before are dropped), and the senders at the region's boundary send again, out of
+their backup, everything the restored tasks have not seen. The region's sinks discard
+what they staged since the checkpoint, as in any restart.
+
+**A second wave** — a loss while tasks are still pending — adds to the plan: its
+region restarts as above (the tasks the burst restored log since the checkpoint, so
+they feed it; a survivor of the burst logs only since the burst, so the region grows
+past it), and the planner is asked again with every task without a worker: the
+newly lost ones and those still pending. The paper restores only the newly failed
+partitions and has their downstream drop duplicates by sequence number; here their
+downstream restarts with them, which needs no deduplication. The whole job restarts
+instead — recorded as a ``whole_restart`` event with its reason — only when no region
+can restart alone: no checkpoint completed in the running attempt (after an earlier
+restart of the whole job none can complete while tasks are pending, since a
+checkpoint needs every task), the topology has a feedback edge, a lost worker was not
+confirmed dead, a failure came while a region was being rebuilt, or the protocol
+restarts whole jobs. Then every running task restarts from the recovery line: the
+runtime numbers channel frames by attempt, and the protocol's recovery line rewinds
+every task.
 
 Either way a plan that brings pending tasks back later restarts nothing else: the
 pending tasks join the attempt that is running, restored from the same line, and
