@@ -1,15 +1,17 @@
-"""Protocol "cec" over sliding and count windows, with real Ray processes killed.
+"""Protocol "cec" over sliding and count windows and sliding joins, with real Ray
+processes killed.
 
 A sliding window's parts are its windows: a record goes into ``size / slide`` of them,
 each with its own footprint, and a replayed record is taken or dropped by each window
-on its own. A count window's parts are its keys (a key's current count window and the
-count of those it fired). Each workload is checked three ways: a failure-free run
-against plain Python over the same input (no engine in the reference), drills that
-kill the window operator mid-stream and must be exactly-once, and a deliberately
-broken CEC — one that forgets the windows it loads — that the drill must catch. The
-footprints a sliding and a count run write are read back by the in-process
-reconstruction and by the Spark job, which must agree, and checked against plain
-Python too.
+on its own — in an aggregate and in a join alike. A count window's parts are its keys
+(a key's current count window and the count of those it fired). Each workload is
+checked three ways: a failure-free run against plain Python over the same input (no
+engine in the reference), drills that kill the stateful operator mid-stream and must
+be exactly-once, and a deliberately broken CEC — one that forgets the windows it
+loads — that the drill must catch. The log of the failure-free run is read back too:
+every part's ``G_open`` comes before anything else of that part (its G_checks, its
+closing, its results), as the paper writes it; the in-process reconstruction and the
+Spark job give the same EC; and the footprints hold what plain Python says they do.
 """
 
 from __future__ import annotations
@@ -91,8 +93,58 @@ def counted_expected(count=4000) -> list:
     return sorted(out)
 
 
-WORKLOADS = {"sliding": sliding, "count": counted}
-EXPECTED = {"sliding": sliding_expected, "count": counted_expected}
+def order(i: int) -> dict:
+    return {"user": f"u{i % USERS}", "order": i, "ts": i / 128}
+
+
+def payment(i: int) -> dict:
+    return {"user": f"u{(i * 5) % USERS}", "pay": i, "ts": i / 128 + 1 / 256}
+
+
+USERS, JOIN_SIZE, JOIN_SLIDE = 31, 0.5, 0.25
+
+
+def joined(count=2000, rate=1000):
+    """Orders joined with payments of the same user in Sliding(0.5, 0.25) windows: a
+    record is in two windows, and a pair is emitted once per window the two share."""
+    topo = bn.Topology("cec-sliding-join")
+    orders = topo.source("orders", bn.sources.Generator(order, count=count, rate=rate),
+                         timestamp=lambda o: o["ts"])
+    pays = topo.source("payments", bn.sources.Generator(payment, count=count, rate=rate),
+                       timestamp=lambda p: p["ts"])
+    orders.key_by(lambda o: o["user"]).join(
+        pays.key_by(lambda p: p["user"]), "match",
+        window=bn.windows.Sliding(JOIN_SIZE, JOIN_SLIDE), parallelism=2).map(
+        "ids", lambda t: (t[0], t[1]["order"], t[2]["pay"])).sink("out", bn.sinks.Collect())
+    return topo
+
+
+def windows_holding(ts: float, size: float, slide: float) -> list[int]:
+    """Plain Python: every k with k*slide <= ts < k*slide + size."""
+    return [k for k in range(math.floor((ts - size) / slide), math.floor(ts / slide) + 1)
+            if k * slide <= ts < k * slide + size]
+
+
+def joined_expected(count=2000) -> list:
+    """``(user, order, pay)`` once per window an order and a payment of the same user
+    share."""
+    pays: dict[str, list[dict]] = {}
+    for i in range(count):
+        p = payment(i)
+        pays.setdefault(p["user"], []).append(p)
+    out = []
+    for i in range(count):
+        o = order(i)
+        mine = set(windows_holding(o["ts"], JOIN_SIZE, JOIN_SLIDE))
+        for p in pays.get(o["user"], []):
+            shared = mine & set(windows_holding(p["ts"], JOIN_SIZE, JOIN_SLIDE))
+            out += [(o["user"], o["order"], p["pay"])] * len(shared)
+    return sorted(out)
+
+
+WORKLOADS = {"sliding": sliding, "count": counted, "join": joined}
+EXPECTED = {"sliding": sliding_expected, "count": counted_expected, "join": joined_expected}
+OPERATOR = {"sliding": "per-page", "count": "per-page", "join": "match"}
 _references: dict[str, list] = {}
 
 
@@ -120,33 +172,98 @@ def loaded(report) -> list[dict]:
     return [e for e in report.events if e["kind"] == "eventual_checkpoint_loaded"]
 
 
-def control_kinds(store, job, operator, instance) -> list[int]:
-    """The kind of every record, a control tuple's once per part it names."""
-    return [value[0] for _, _, value in
-            LogReader(store, log_prefix(job, operator, instance)).records()
-            for _ in (eventual.parts_of(value) if eventual.is_control(value) else [None])]
-
-
 # -- failure-free: the windows are right, and each writes its own footprints ----------
 
+_failure_free: dict[str, tuple] = {}
 
-@pytest.mark.parametrize("workload", ["sliding", "count"])
-def test_a_failure_free_run_under_cec_equals_plain_python(workload, tmp_path):
-    storage = f"local://{tmp_path}"
-    # an eager policy: parts get G_checks as well as G_opens
-    result = bn.run(WORKLOADS[workload](), protocol="cec", storage=storage, cec=EAGER)
+
+def failure_free(workload: str, storage: str) -> tuple:
+    """(topology, result) of one run of ``workload`` under an eager policy — parts get
+    G_checks as well as G_opens — shared by the tests that read its outputs and log."""
+    if workload not in _failure_free:
+        topo = WORKLOADS[workload]()
+        _failure_free[workload] = topo, bn.run(topo, protocol="cec", storage=storage,
+                                               cec=EAGER)
+    return _failure_free[workload]
+
+
+def log_in_order(topo, workload: str, store, job: str, instance: int) -> list[tuple]:
+    """An instance's log as ``(what, parts)`` in log order: "open", "check" and
+    "closed" with the parts the control tuple names, "result" with the part each
+    result came from (a sliding window's number from its start, a count window's key,
+    a join pair's window from its lineage id)."""
+    from bastion.lineage import ids_of, op_codes
+    from bastion.runtime.durable import DurableCodec
+    from bastion.runtime.operators import OperatorContext, make_operator
+
+    name = OPERATOR[workload]
+    op = make_operator(topo.nodes[name], OperatorContext(
+        name, instance, 2, False, code=op_codes(topo)[name], lineage=True))
+    codec = DurableCodec()
+    what = {eventual.G_OPEN: "open", eventual.G_CHECK: "check", eventual.CLOSED: "closed"}
+    log = []
+    for _, _, value in LogReader(store, log_prefix(job, name, instance)).records():
+        if eventual.is_control(value):
+            log.append((what[value[0]], codec.unpack_many(list(eventual.parts_of(value)),
+                                                          "part")))
+            continue
+        batch = op.results_batch(codec.unpack(value[1], "results"))
+        if workload == "sliding":
+            parts = [round(v[1] / SLIDE) for v in batch.values]
+        elif workload == "count":
+            parts = list(batch.keys)
+        else:
+            parts = [pair_id[3] for pair_id in ids_of(batch.ids)]
+        log.append(("result", parts))
+    return log
+
+
+def out_of_paper_order(log: list[tuple]) -> list[str]:
+    """What breaks the paper's order in ``log`` (`log_in_order`): a part's G_open
+    first — before its G_checks, its closing and its results — and one per opening."""
+    open_, wrong = set(), []
+    for what, parts in log:
+        for part in parts:
+            if what == "open":
+                if part in open_:
+                    wrong.append(f"a second G_open of open part {part!r}")
+                open_.add(part)
+            elif part not in open_:
+                wrong.append(f"a {what} of part {part!r} before its G_open")
+            elif what == "closed":
+                open_.discard(part)
+    return wrong
+
+
+def test_the_order_check_sees_a_log_out_of_the_papers_order():
+    assert out_of_paper_order([("open", [1]), ("result", [1, 1]), ("check", [1]),
+                               ("closed", [1]), ("open", [1])]) == []
+    assert out_of_paper_order([("result", [3]), ("open", [3])]) == [
+        "a result of part 3 before its G_open"]
+    assert out_of_paper_order([("open", [1]), ("closed", [1]), ("check", [1])]) == [
+        "a check of part 1 before its G_open"]
+    assert out_of_paper_order([("open", [2]), ("open", [2])]) == [
+        "a second G_open of open part 2"]
+
+
+@pytest.mark.parametrize("workload", ["sliding", "count", "join"])
+def test_a_failure_free_run_equals_plain_python_and_logs_in_the_papers_order(workload,
+                                                                             storage):
+    topo, result = failure_free(workload, storage)
     assert sorted(result.outputs["out"]) == EXPECTED[workload]()
     store = open_store(storage)
     for instance in (0, 1):
-        kinds = control_kinds(store, result.job_id, "per-page", instance)
-        assert kinds.count(eventual.G_OPEN) > 0 and kinds.count(eventual.G_CHECK) > 0
+        log = log_in_order(topo, workload, store, result.job_id, instance)
+        assert out_of_paper_order(log) == []
+        kinds = [what for what, parts in log for _ in parts]
+        assert kinds.count("open") > 0 and kinds.count("check") > 0
         if workload == "count":
             # a part per key of the instance, opened once and never closed
             pages = {p for p, *_ in EXPECTED["count"]() if bn.stable_hash(p) % 2 == instance}
-            assert kinds.count(eventual.G_OPEN) == len(pages)
-            assert kinds.count(eventual.CLOSED) == 0
+            assert kinds.count("open") == len(pages)
+            assert kinds.count("closed") == 0
         else:
-            assert kinds.count(eventual.CLOSED) > 0
+            assert kinds.count("closed") > 0
 
 
 # -- drills ----------------------------------------------------------------------------
@@ -154,12 +271,13 @@ def test_a_failure_free_run_under_cec_equals_plain_python(workload, tmp_path):
 
 @pytest.mark.parametrize("workload,at,policy", [
     (w, at, policy) for w in ("sliding", "count") for at, policy in
-    ((0.8, None), (1.3, None), (1.3, EAGER))],
+    ((0.8, None), (1.3, None), (1.3, EAGER))] + [("join", 1.0, None), ("join", 1.3, EAGER)],
     ids=lambda v: "eager" if v is EAGER else "default" if v is None else str(v))
 def test_killing_the_window_operator_loses_and_duplicates_nothing(workload, at, policy,
                                                                   storage):
     """Default policy: the parts open at the kill have G_opens; eager: G_checks."""
-    report = cec_drill(workload, storage, [bn.faults.KillInstance("per-page", 0, at=at)],
+    report = cec_drill(workload, storage,
+                       [bn.faults.KillInstance(OPERATOR[workload], 0, at=at)],
                        policy=policy)
     assert loaded(report), "the restart must have gone through the eventual checkpoints"
     assert report.lost == 0, report.lost_examples
@@ -168,7 +286,7 @@ def test_killing_the_window_operator_loses_and_duplicates_nothing(workload, at, 
     assert report.faults_landed and report.exactly_once, report.verdict_reason
 
 
-@pytest.mark.parametrize("workload", ["sliding", "count"])
+@pytest.mark.parametrize("workload", ["sliding", "count", "join"])
 def test_random_kills_on_windows_under_cec_are_exactly_once(workload, storage):
     report = cec_drill(workload, storage,
                        [bn.faults.RandomKills(count=1, between=(0.5, 1.4), seed=3)])
@@ -192,9 +310,10 @@ class Broken(CecProtocol):
         return ForgetsLoadedParts(task, self.policy)
 
 
-@pytest.mark.parametrize("workload", ["sliding", "count"])
+@pytest.mark.parametrize("workload", ["sliding", "count", "join"])
 def test_the_drill_catches_a_cec_that_does_not_restore_its_parts(workload, storage):
-    report = cec_drill(workload, storage, [bn.faults.KillInstance("per-page", 0, at=1.3)],
+    report = cec_drill(workload, storage,
+                       [bn.faults.KillInstance(OPERATOR[workload], 0, at=1.3)],
                        protocol=Broken())
     assert loaded(report) and not loaded(report)[0]["replay_everything"]
     assert report.verdict == "violated"
@@ -204,7 +323,7 @@ def test_the_drill_catches_a_cec_that_does_not_restore_its_parts(workload, stora
 # -- the footprints, read back ---------------------------------------------------------
 
 
-def test_sliding_footprints_rebuild_the_same_ec_in_python_and_in_spark(tmp_path, spark):
+def test_sliding_footprints_rebuild_the_same_ec_in_python_and_in_spark(storage, spark):
     """Mid-run (log time ``at``), each open window's footprint holds, per page, the sum
     of exactly the records of that window at or below its position — plain Python
     over the input — and Spark's EC equals the in-process one."""
@@ -212,15 +331,19 @@ def test_sliding_footprints_rebuild_the_same_ec_in_python_and_in_spark(tmp_path,
     from bastion.runtime.durable import DurableCodec
     from bastion.spark_jobs.reconstruct import reconstruct_operator
 
-    storage = f"local://{tmp_path}"
     store = open_store(storage)
-    topo = sliding()
-    result = bn.run(topo, protocol="cec", storage=storage,
-                    cec=CecPolicy(extent_target=20, replay_target=200, period_s=0.02))
+    topo, result = failure_free("sliding", storage)
     code = op_codes(topo)["clicks"]
     decode = DurableCodec().unpack
     checked = 0
     for instance in (0, 1):
+        # plain Python: the records of each window that reach this instance
+        in_window: dict[int, list[dict]] = {}
+        for i in range(4000):
+            c = click(i)
+            if bn.stable_hash(c["page"]) % 2 == instance:
+                for k in windows_holding(c["ts"], SIZE, SLIDE):
+                    in_window.setdefault(k, []).append({**c, "i": i})
         prefix = log_prefix(result.job_id, "per-page", instance)
         times = [ts for _, ts, _ in LogReader(store, prefix).records()]
         at = times[len(times) // 2]
@@ -233,19 +356,16 @@ def test_sliding_footprints_rebuild_the_same_ec_in_python_and_in_spark(tmp_path,
             k = decode(part, "part")
             sums, _ = decode(fp.state, "state")
             expected: dict[str, int] = {}
-            for i in range(4000):
-                c = click(i)
+            for c in in_window.get(k, []):
                 # source instance j reads i = j, j + 2, ...: position (i - j) // 2
-                if (k * SLIDE <= c["ts"] < k * SLIDE + SIZE
-                        and bn.stable_hash(c["page"]) % 2 == instance
-                        and i // 2 <= fp.position.get(f"{code}/{i % 2}", -1)):
+                if c["i"] // 2 <= fp.position.get(f"{code}/{c['i'] % 2}", -1):
                     expected[c["page"]] = expected.get(c["page"], 0) + c["n"]
             assert sums == expected, k
             checked += 1
     assert checked > 0
 
 
-def test_count_footprints_rebuild_the_same_ec_in_python_and_in_spark(tmp_path, spark):
+def test_count_footprints_rebuild_the_same_ec_in_python_and_in_spark(storage, spark):
     """At the end of the log every key's part is open (a count window's part never
     closes): its footprint holds the windows the key fired and its current one — plain
     Python over the records of the key at or below the footprint's position — and
@@ -254,10 +374,8 @@ def test_count_footprints_rebuild_the_same_ec_in_python_and_in_spark(tmp_path, s
     from bastion.runtime.durable import DurableCodec
     from bastion.spark_jobs.reconstruct import reconstruct_operator
 
-    storage = f"local://{tmp_path}"
     store = open_store(storage)
-    topo = counted()
-    result = bn.run(topo, protocol="cec", storage=storage, cec=EAGER)
+    topo, result = failure_free("count", storage)
     source = f"{op_codes(topo)['clicks']}/0"   # one source instance: position = i
     decode = DurableCodec().unpack
     by_spark = {r.instance: r.ec for r in reconstruct_operator(
@@ -278,3 +396,44 @@ def test_count_footprints_rebuild_the_same_ec_in_python_and_in_spark(tmp_path, s
                                          sum(c["n"] for c in current)] if current else None]
             assert decode(fp.state, "state") == expected, page
     assert pages == {f"p{p}" for p in range(PAGES)}
+
+
+def test_sliding_join_footprints_rebuild_the_same_ec_in_python_and_in_spark(storage, spark):
+    """Mid-run, each open window's footprint holds, per user, exactly the orders and
+    the payments of that window at or below its position — plain Python over the
+    input — and Spark's EC equals the in-process one."""
+    from bastion.lineage import op_codes
+    from bastion.runtime.durable import DurableCodec
+    from bastion.spark_jobs.reconstruct import reconstruct_operator
+
+    store = open_store(storage)
+    topo, result = failure_free("join", storage)
+    codes = op_codes(topo)
+    decode = DurableCodec().unpack
+    checked = 0
+    for instance in (0, 1):
+        prefix = log_prefix(result.job_id, "match", instance)
+        times = [ts for _, ts, _ in LogReader(store, prefix).records()]
+        at = times[len(times) // 2]
+        ec, damage = eventual.read_eventual_checkpoint(store, prefix, at=at)
+        assert not damage and ec.complete and ec.parts
+        by_spark = {r.instance: r.ec for r in reconstruct_operator(
+            spark, store, result.job_id, "match", at=at, write=False)}
+        assert by_spark[str(instance)].to_wire() == ec.to_wire()
+        for part, fp in ec.parts.items():
+            k = decode(part, "part")
+            state = decode(fp.state, "state")
+            for side, (make, source, field) in enumerate(
+                    [(order, "orders", "order"), (payment, "payments", "pay")]):
+                upto = fp.position.get(f"{codes[source]}/0", -1)
+                expected: dict[str, list[int]] = {}
+                for i in range(upto + 1):
+                    r = make(i)
+                    if (k in windows_holding(r["ts"], JOIN_SIZE, JOIN_SLIDE)
+                            and bn.stable_hash(r["user"]) % 2 == instance):
+                        expected.setdefault(r["user"], []).append(i)
+                held = {user: [v[field] for v in sides[side][0]] if sides[side] else []
+                        for user, sides in state.items()}
+                assert {u: v for u, v in held.items() if v} == expected, (k, source)
+            checked += 1
+    assert checked > 0

@@ -3,25 +3,27 @@
 A stateful operator under CEC never stops to snapshot its state. Its state is split into
 independent *parts* — one per key of ``reduce`` / ``stateful_map`` and of a count
 window aggregate (a key's current count window, with the count of those it fired:
-such a part never closes), one per window of a tumbling or sliding window aggregate or
-of a tumbling join — and it writes its results and small *control tuples* into its
+such a part never closes), one per window instance of a tumbling or sliding window
+aggregate or join — and it writes its results and small *control tuples* into its
 own persisted output log, ``jobs/<job>/logs/<operator>/<instance>/``
 (`bastion.protocols.eventual` defines them and the reconstruction):
 
-- ``G_open``, a part's first footprint, at the first burst after it opened (below);
-  a part that closes before — a fast window — never needs one, nor a ``closed``;
+- ``G_open``, a part's first footprint, as the part opens (paper §III, case 1): the
+  batch that opened parts writes one G_open for them all — their state after the
+  batch, at the position after it — followed by the batch's results, in one log
+  append, which the log stores whole or not at all. So a part's G_open precedes every
+  other control tuple of it and every result it produces, and no recovery finds a
+  G_open reflecting inputs whose results it lacks. Every open part has a footprint:
+  N, the parts open, is the number of footprinted parts, as in the paper;
 - ``G_check`` for the parts whose last footprint is oldest, in bursts of at most
   `CecPolicy.check_interval_s` every `CecPolicy.period_s`, while the *extent* (log
   records a recovery reads back, q) exceeds ``extent_target`` (Q) or the inputs to
   replay (u) exceed ``replay_target`` (U) — the paper's targets policy (§III);
-- ``closed`` when a footprinted part closes (a window fired). While parts wait for
-  their first footprint, it carries the position before the oldest one's first
-  input: were it the newest control tuple at a failure, the replay starts there, and
-  the waiting parts are rebuilt from their inputs.
+- ``closed`` when parts close (windows fired), after their results.
 
-Each burst — the G_opens of one period, the G_checks of one, the parts one watermark
-closed — is one control tuple holding all its parts: a recovery checks and decodes it
-in a few C calls, not a Python pass per part.
+Each burst — the G_opens of one batch, the G_checks of one period, the parts one
+watermark closed — is one control tuple holding all its parts: a recovery checks and
+decodes it in a few C calls, not a Python pass per part.
 
 Every control tuple carries the operator's *position*: per upstream source instance
 (``"<op code>/<index>"``), the offset of the last record processed, taken from the
@@ -81,7 +83,10 @@ path; between a source and the stateful operator only ``map`` / ``filter`` in on
 chain with the source, then the key edge into it — so every channel into it carries
 one source instance's records in offset order, which is what makes a position per
 source instance exact; keyed reduce / stateful_map, window aggregates of any window
-(tumbling, sliding, count) and *tumbling* joins;
+(tumbling, sliding, count) and joins over tumbling or sliding windows (a record of a
+sliding window is in several window instances, each a part: a pair is emitted once
+per window the two records share, and a replayed record pairs again only in the
+windows whose footprints do not reflect it);
 after it, no rebalance edge (a result sent again must reach the sink instance that
 may have committed it).
 """
@@ -93,11 +98,8 @@ import math
 import time
 from dataclasses import dataclass
 from collections import deque
-from itertools import chain
-from operator import itemgetter
 from typing import Any
 
-import bastion.windows as window_specs
 from bastion.errors import TopologyError, UnserialisableError, UnstorableValueError
 from bastion.lineage import IdRun
 from bastion.protocols import eventual
@@ -111,7 +113,6 @@ from bastion.storage.log import gc_paused
 from bastion.topology import AUTO, BROADCAST, FORWARD, HASH
 
 _STATEFUL = ("reduce", "stateful_map", "window", "join")
-_PARTS = itemgetter(1)  # of an opening: (position before the batch, parts it opened)
 _SAFE_UPSTREAM = ("map", "filter")
 _NOWHERE: dict[str, int] = {}  # the position of a part without a footprint
 
@@ -177,34 +178,27 @@ class CecOperator:
     def __init__(self, inner: PartedOperator, task: TaskContext, policy: CecPolicy,
                  log: LogWriter):
         self.inner = inner
-        # The parts each call opens; the parts each call closes only while some part
-        # has a footprint (`_track_closings`).
-        inner.opened, inner.closed = [], None
+        # The parts each call opens and closes: each gets its G_open, or its place in
+        # a ``closed``, in the same log append as the call's results.
+        inner.opened, inner.closed = [], []
         self.ctx = inner.ctx
         self.node = inner.node
         self.task = task
         self.policy = policy
         self.log = log
         self.codec = task.state_codec
-        # The position now: a new dict per batch, never changed after, so the one
-        # before a batch can be kept (`openings`). "#<channel>" and "!<channel>" come
-        # from `channel_counts`, which the task half keeps as the merge consumes.
+        # The position now: a new dict per batch, never changed after (a burst's
+        # footprints share it). "#<channel>" and "!<channel>" come from
+        # `channel_counts`, which the task half keeps as the merge consumes.
         self.position: dict[str, int] = {}
         self.channel_counts: dict[str, int] = {}
         self.guard: _Guard | None = None
-        # part -> (log seq, inputs processed) of its newest footprint, oldest first
+        # Every open part -> (log seq, inputs processed) of its newest footprint,
+        # oldest first: a part has one from the batch that opened it (its G_open).
         self.footprints: dict[Any, tuple[int, int]] = {}
-        # The batches that opened parts since the last footprinting, oldest first:
-        # (the position before the batch, the parts it opened). Those parts still
-        # open are the ones waiting for their first footprint: every open part either
-        # has a footprint or opened since. A part that closes again before it is
-        # footprinted (a fast window) costs no control tuple at all; until then no
-        # control tuple may say the replay starts after its first input (`_bound`).
-        # Kept per batch, not per part: a fast window opens every few records, and
-        # which of them are still open is asked once a period, in one C-level pass.
-        self.openings: deque[tuple[dict[str, int], list]] = deque()
         self.records_in = 0
         self.dropped = 0
+        self.opens_written = 0
         self.checks_written = 0
         self.next_period_s = time.monotonic() + policy.period_s
         # The position each burst of footprints carried, by the log seq its parts
@@ -223,10 +217,9 @@ class CecOperator:
                 f"operator {self.ctx.name!r} received records without their source "
                 "positions (a flat_map, join or union upstream): protocol 'cec' needs "
                 "map/filter only between a source and a stateful operator")
-        before = self.position
         # A record the guard drops is reflected already (or belongs nowhere): the
         # position moves past it all the same, in step with the merge's counts.
-        position = dict(before)
+        position = dict(self.position)
         position[f"{ids.source}/{ids.instance}"] = ids.positions[-1]
         position.update(self.channel_counts)
         self.position = position
@@ -242,36 +235,31 @@ class CecOperator:
                 return None
         self.records_in += len(batch)
         out = (inner.process(batch, input_index) if into is None
-               else inner.process_into(batch, into))
+               else inner.process_into(batch, into, input_index))
+        records = []
         opened = inner.opened
         if opened:
-            self.openings.append((before, opened))
+            # The paper's G_open, written as the part opens: one burst for the parts
+            # this batch opened, their state after it, at the position after it. It
+            # goes first, then the batch's results, in one append — which the log
+            # stores whole or not at all (a flush or a seal takes what the appends
+            # before it left), so no recovery finds a G_open reflecting inputs whose
+            # results it lacks. (A key whose first input the function refused has
+            # no state: `open_among` leaves it out; a refused key may be listed twice.)
             inner.opened = []
+            parts = inner.open_among(dict.fromkeys(opened))
+            if parts:
+                records.append(self._footprints(eventual.G_OPEN, parts))
         if out is not None:
-            self._append(self._results(out))
+            records += self._results(out)
+        self._append(records)
         return out
 
     def on_watermark(self, watermark: float) -> Batch | None:
         return self._closing(lambda: self.inner.on_watermark(watermark))
 
     def on_end(self) -> Batch | None:
-        out = self._closing(self.inner.on_end)
-        # What stays open at the end (a reduce's keys) gets its footprint now: the log
-        # of a finished job holds its whole final state.
-        self._flush_pending()
-        return out
-
-    def _flush_pending(self) -> None:
-        """Parts opened since the last period and still open get their first
-        footprint (G_open), in the order they opened."""
-        openings = self.openings
-        if openings:
-            waiting = self.inner.open_among(chain.from_iterable(map(_PARTS, openings)))
-            openings.clear()
-            if waiting:
-                # a part that closed and opened again is listed twice
-                self._append([self._footprints(eventual.G_OPEN,
-                                               list(dict.fromkeys(waiting)))])
+        return self._closing(self.inner.on_end)
 
     def snapshot(self) -> Any:
         return self.inner.snapshot()
@@ -284,46 +272,18 @@ class CecOperator:
         records = self._results(out)
         gone = self.inner.closed
         if gone:
-            # Of the parts that closed, those with a footprint: fast windows close by
-            # the hundred per batch, so they are picked by a C-level filter.
+            # Every open part has a footprint (its G_open at least): those that
+            # closed leave N in one control tuple, after their results.
             footprints = self.footprints
-            closing = list(filter(footprints.__contains__, gone))
+            closing = [part for part in gone if footprints.pop(part, None) is not None]
             gone.clear()
             if closing:
-                for part in closing:
-                    footprints.pop(part, None)
-                self._track_closings()
-                # one control tuple for all of them (N once they are all gone)
-                bound = self.newest_control = self._bound()
+                self.newest_control = self.position
                 records.append(eventual.closed(self._pack_many(closing, "its keys"),
-                                               len(footprints), bound,
+                                               len(footprints), self.position,
                                                self.task_watermark()))
         self._append(records)
         return out
-
-    def _track_closings(self) -> None:
-        """Have the inner operator list the parts it closes only while some part has
-        a footprint: the closing of a part without one logs nothing (a fast window
-        under G_open only never has one), so listing it would be work for nothing."""
-        inner = self.inner
-        if not self.footprints:
-            inner.closed = None
-        elif inner.closed is None:
-            inner.closed = []
-
-    def _bound(self) -> dict[str, int]:
-        """The position a ``closed`` tuple carries: now, or, while parts wait for their
-        first footprint, the position before the oldest one's first input — should it
-        be the newest control tuple at a failure, the replay starts there. (A part
-        that closed and opened again since the last footprinting counts from its
-        first opening: an older position, a longer replay, never a shorter one.)"""
-        openings, open_among = self.openings, self.inner.open_among
-        while openings:
-            before, parts = openings[0]
-            if open_among(parts):
-                return before
-            openings.popleft()  # every part it opened has closed again
-        return self.position
 
     # -- the log ------------------------------------------------------------------------------
 
@@ -369,9 +329,10 @@ class CecOperator:
         for part in parts:
             footprinted.pop(part, None)
             footprinted[part] = (seq, records_in)
-        self._track_closings()
         if kind == eventual.G_CHECK:
             self.checks_written += len(parts)
+        else:
+            self.opens_written += len(parts)
         return eventual.footprints(kind, keys, states, len(footprinted), self.position,
                                    self.task_watermark())
 
@@ -384,7 +345,6 @@ class CecOperator:
         policy = self.policy
         self.next_period_s = now_s + policy.period_s
         deadline_s = now_s + policy.check_interval_s
-        self._flush_pending()
         # The burst's parts, oldest footprint first, packed as they are chosen so that
         # the deadline bounds the work; their footprints are refreshed (moved to the
         # end of `footprints`) by the one control tuple that holds them all.
@@ -446,7 +406,6 @@ class CecOperator:
                 self.footprints[part] = (fp.seq, 0)
                 self.burst_positions.setdefault(fp.seq, fp.position)
         self.newest_control = ec.newest_position
-        self._track_closings()
         closed = set(self.codec.unpack_many(list(ec.closed), "eventual checkpoint part"))
         self.position = {s: p for s, p in replay_from.items() if "/" in s}
         self.guard = _Guard(ec, parts, closed, replay_from, ec.watermark)
@@ -473,7 +432,6 @@ class CecOperator:
                     first.watermark))
                 for part, _ in burst:
                     self.footprints[self.codec.unpack(part, "part")] = (seq, 0)
-            self._track_closings()
             if ec.closed:
                 self.log.append(now_s, eventual.closed(sorted(ec.closed), n_open,
                                                        ec.newest_position,
@@ -1005,10 +963,6 @@ class CecProtocol(Protocol):
         for node in nodes.values():
             if any(inp.feedback for inp in node.inputs):
                 raise refuse(node.name, "it closes a cycle (feedback edge)")
-            if node.kind == "join" and not isinstance(node.params["spec"],
-                                                      window_specs.Tumbling):
-                raise refuse(node.name, "CEC splits join state per tumbling window; use "
-                                        "Tumbling windows (or protocol 'coordinated')")
             if node.kind not in _STATEFUL:
                 continue
             for inp in node.inputs:

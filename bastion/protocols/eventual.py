@@ -6,7 +6,9 @@ a time window aggregate or join, one per key of ``reduce`` / ``stateful_map`` or
 count window (a part that never closes) — and the operator writes small *control
 tuples* into its persisted output log, in order with its results:
 
-- ``G_open`` when a part opens: the part's state after the input that opened it;
+- ``G_open`` when a part opens: the part's state after the input that opened it (the
+  runtime writes one for the parts a batch opened, after the batch, before its
+  results: `bastion.protocols.cec`);
 - ``G_check`` now and then for the parts whose last footprint is oldest: the part's
   state as it is now;
 - ``closed`` when a part closes (a window fired): reading the log backwards, a part

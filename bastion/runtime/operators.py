@@ -149,9 +149,11 @@ class Operator:
         """Of an ``overlapping`` operator: the parts each record of ``batch`` goes into."""
         raise NotImplementedError
 
-    def process_into(self, batch: Batch, parts: list) -> Batch | None:
-        """Of an ``overlapping`` operator: `process` ``batch`` with record ``i`` going
-        into ``parts[i]`` alone, some of the parts `windows_of` gives for it."""
+    def process_into(self, batch: Batch, parts: list, input_index: int = 0
+                     ) -> Batch | None:
+        """Of an ``overlapping`` operator: `process` ``batch`` (of input
+        ``input_index``) with record ``i`` going into ``parts[i]`` alone, some of the
+        parts `windows_of` gives for it."""
         raise NotImplementedError
 
     def part_state(self, part: Any) -> Any:
@@ -446,7 +448,8 @@ class TimeWindowOp(_WindowParts):
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         return self.process_into(batch, map(self.windows.assign, batch.ts))
 
-    def process_into(self, batch: Batch, parts: Iterable[Iterable[int]]) -> Batch | None:
+    def process_into(self, batch: Batch, parts: Iterable[Iterable[int]],
+                     input_index: int = 0) -> Batch | None:
         add, create = self.agg.add, self.agg.create
         open_, latest, ctx = self.open, self.latest_born, self.ctx
         for key, value, born, windows in zip(batch.keys, batch.values, batch.born, parts):
@@ -659,17 +662,22 @@ class JoinOp(_WindowParts):
     def __init__(self, node: OpNode, ctx: OperatorContext):
         super().__init__(node, ctx)
         self.windows = TimeWindows(node.params["spec"])
+        self.overlapping = self.windows.slide != self.windows.size
         self.open: dict[int, dict] = {}  # window -> {key: ([a values], [b values])}
         self.pending: list[int] = []
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
+        return self.process_into(batch, map(self.windows.assign, batch.ts), input_index)
+
+    def process_into(self, batch: Batch, parts: Iterable[Iterable[int]],
+                     input_index: int = 0) -> Batch | None:
         out = _Emitter(batch.ids is not None)
-        assign, open_, code = self.windows.assign, self.open, self.ctx.code
+        open_, code = self.open, self.ctx.code
         left = input_index == 0
         ids = ids_of(batch.ids) if batch.ids is not None else repeat(None)
-        for key, value, ts, born, rid in zip(batch.keys, batch.values, batch.ts, batch.born,
-                                             ids):
-            for k in assign(ts):
+        for key, value, ts, born, rid, windows in zip(batch.keys, batch.values, batch.ts,
+                                                      batch.born, ids, parts):
+            for k in windows:
                 sides = open_.get(k)
                 if sides is None:
                     sides = open_[k] = {}
