@@ -57,8 +57,9 @@ inside the task that runs the instance (`bastion.runtime.faults`):
   ``mttr_s`` (or drawn from ``mttr``, e.g. the thesis's Gaussian), separated by
   up-times exponential with mean ``mtbf_s``; frames wait for the link (as TCP
   retransmits), so an outage delays, it does not lose. With ``lose=True`` (the
-  thesis's model) every data frame and acknowledgment the instance sends while its
-  link is down is lost — under ``acks``, whose sources replay what was not
+  thesis's model) every tuple the instance emits and every acknowledgment it sends
+  while its link is down is lost (watermarks too: the next supersedes them) — under
+  ``acks``, whose sources replay what was not
   acknowledged in time; under the other protocols the link heals by resending what
   it did not deliver (`bastion.runtime.transport`), so there too the outage delays;
 - ``DropConnection(op, at_s=(...) | mtbf_s)``: a *dropped connection* — at those

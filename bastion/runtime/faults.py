@@ -42,6 +42,7 @@ test. What was injected is counted (`report`) and lands in `RunResult.metrics`.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,6 +124,10 @@ class _Outages:
         while self.down_until_s <= elapsed_s:
             self._next_period(self.down_until_s)
         return self.down_until_s - elapsed_s if elapsed_s >= self.down_from_s else 0.0
+
+    def down_since_s(self, elapsed_s: float) -> float:
+        """When the outage under way at ``elapsed_s`` began (infinity: the link is up)."""
+        return self.down_from_s if self.down_for_s(elapsed_s) > 0 else math.inf
 
 
 @dataclass
@@ -237,8 +242,10 @@ class TaskFaults:
         return False
 
     def before_send(self, channel_id: int, first_record: int, records: int,
-                    droppable: bool) -> tuple[float, bool]:
-        """Before the task sends a frame holding ``records`` data records: seconds to
+                    droppable: bool, buffered_s: float | None = None
+                    ) -> tuple[float, bool]:
+        """Before the task sends a frame holding ``records`` data records, the first
+        of its elements buffered at ``buffered_s`` (monotonic; None: now): seconds to
         wait (emit stalls, a link down) and whether the frame is lost. Only a
         ``droppable`` frame — data and watermarks alone — is lost: a lost end-of-stream
         or barrier would hang the job instead of showing in its output."""
@@ -247,24 +254,48 @@ class TaskFaults:
             self.emitted_records += records
             wait_s += self.stall_s(self.emit, self.emitted_records)
         if self.outages:
-            elapsed_s = time.monotonic() - self.started_s + wait_s
-            if droppable and records > 0 and self._lost_in_outage(elapsed_s):
-                self.outage_frames_lost += 1
+            now_s = time.monotonic()
+            elapsed_s = now_s - self.started_s + wait_s
+            since_s = elapsed_s if buffered_s is None else buffered_s - self.started_s
+            # A lossy outage never holds a droppable frame back: it is lost (a frame
+            # of watermarks alone too, the next watermark supersedes it) or, emitted
+            # before the link went down, goes out. Made to wait for the link, it held
+            # the whole task up for the rest of the outage, so that what came in
+            # meanwhile was sent late rather than lost: a stall, not the thesis's loss.
+            lossy = droppable and self.replays_lost
+            if lossy and self._lost_in_outage(elapsed_s, min(since_s, elapsed_s)):
+                self.outage_frames_lost += records > 0
                 self.records_dropped += records
                 return wait_s, True
-            wait_s += self.link_down_for_s(elapsed_s)
+            wait_s += self.link_down_for_s(elapsed_s, but_lossy=lossy)
         lost = (bool(self.drops) and droppable and records > 0
                 and self.drop_frame(channel_id, first_record, records))
         return wait_s, lost
 
-    def _lost_in_outage(self, elapsed_s: float) -> bool:
-        """Is a lossy outage under way, under a protocol that replays what it loses?"""
-        return self.replays_lost and any(o.loses and o.down_for_s(elapsed_s) > 0
+    def _lost_in_outage(self, elapsed_s: float, since_s: float) -> bool:
+        """Has one lossy outage been under way from ``since_s`` to ``elapsed_s`` (the
+        same instant for an acknowledgment), under a protocol that replays what it
+        loses?
+
+        A frame is lost only if its link went down before its first record was
+        emitted. The acknowledgment message that reports a record's emission is sent
+        as soon as the frame that made the record is processed, while the record may
+        wait in a buffer (up to ``buffer_timeout``): a frame lost for being *sent*
+        after the link went down could hold a record whose emission was reported
+        before — under fine acks, a tuple emitted and never taken in, whose root
+        waits for the timeout and is replayed even though its copy on another
+        instance got through. Lost by when it was *emitted*, it is lost together
+        with that report (the thesis's link carries tuples and acknowledgments in
+        order, so neither overtakes the other). A record emitted before the link
+        went down still goes out; its report may be lost, which only leaves a count
+        below 0."""
+        return self.replays_lost and any(o.loses and o.down_since_s(elapsed_s) <= since_s
                                          for o in self.outages)
 
     def ack_lost(self) -> bool:
         """Is the acknowledgment message about to be sent lost to a lossy outage?"""
-        if self.outages and self._lost_in_outage(time.monotonic() - self.started_s):
+        elapsed_s = time.monotonic() - self.started_s
+        if self.outages and self._lost_in_outage(elapsed_s, elapsed_s):
             self.outage_acks_lost += 1
             return True
         return False
@@ -277,9 +308,11 @@ class TaskFaults:
         self.acknowledged_records += records
         return self.stall_s(self.ack, self.acknowledged_records)
 
-    def link_down_for_s(self, elapsed_s: float) -> float:
-        """Seconds the task's links stay down from ``elapsed_s`` on (0.0: up)."""
-        wait_s = max((o.down_for_s(elapsed_s) for o in self.outages), default=0.0)
+    def link_down_for_s(self, elapsed_s: float, but_lossy: bool = False) -> float:
+        """Seconds the task's links stay down from ``elapsed_s`` on (0.0: up); with
+        ``but_lossy``, counting only the outages that hold frames back."""
+        wait_s = max((o.down_for_s(elapsed_s) for o in self.outages
+                      if not (but_lossy and o.loses)), default=0.0)
         if wait_s > 0:
             self.outage_waits += 1
             self.outage_waited_s += wait_s
