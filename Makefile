@@ -39,6 +39,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) benchmarks/protocols.py
 	$(PY) benchmarks/acks.py
 	$(PY) benchmarks/redundancy.py
+	$(PY) benchmarks/lossy_links.py
 	$(PY) benchmarks/recovery.py
 	$(PY) benchmarks/local_recovery.py
 	$(PY) benchmarks/metrics_export.py
