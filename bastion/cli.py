@@ -96,10 +96,6 @@ RETENTION_MIN_AGE_S = 3600.0
 #: Without a terminal (CI logs, a pipe), one progress line per this many seconds:
 #: the launcher reports twice a second, which floods a log file.
 PIPE_PROGRESS_EVERY_S = 5.0
-#: The range `run --checkpoint-interval auto` tunes over (`bastion tune` sets its own).
-TUNE_MIN_INTERVAL_S, TUNE_MAX_INTERVAL_S, TUNE_POINTS = 0.5, 8.0, 6
-# `run --checkpoint-interval auto` tunes intervals up to this share of the run's length
-AUTO_MAX_INTERVAL_SHARE = 0.25
 
 
 class UsageError(Exception):
@@ -404,9 +400,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.trt_bound is not None and args.checkpoint_interval != "auto":
         raise UsageError("--trt-bound sets the tuning of --checkpoint-interval auto; "
                          "pass --checkpoint-interval auto too")
+    if args.retune_every is not None and args.checkpoint_interval != "auto":
+        raise UsageError("--retune-every re-tunes the interval --checkpoint-interval auto "
+                         "chose; pass --checkpoint-interval auto --trt-bound S too")
+    retune: dict[str, Any] = {}
     if args.checkpoint_interval == "auto":
+        from bastion.protocols import get_protocol
+
+        if (args.retune_every is not None and args.protocol != "none"
+                and not get_protocol(args.protocol).live_interval):
+            raise UsageError(f"--retune-every: --protocol {args.protocol} cannot move its "
+                             "checkpoint interval while the job runs; use --protocol "
+                             "coordinated")
         try:
-            args.checkpoint_interval = _auto_interval(args)
+            tuning = _auto_interval(args)
+            args.checkpoint_interval = tuning.interval_s
+            if args.retune_every is not None:   # the job re-tunes from the model
+                retune = {"checkpoint_interval": "auto", "tuning": tuning,
+                          "trt_bound_s": args.trt_bound,
+                          "retune_every_s": args.retune_every}
         except (TopologyError, StorageError, UnstorableValueError):
             raise  # user errors: main prints them as one line, exit 2
         except BastionError as exc:  # a profiling run failed: the job did not run
@@ -422,7 +434,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     progress = ProgressLine()
     try:
         result = bn.run(topology, protocol=args.protocol, faults=faults,
-                        checkpoint_interval=args.checkpoint_interval, storage=store.url,
+                        **({"checkpoint_interval": args.checkpoint_interval} | retune),
+                        storage=store.url,
                         address=args.address, duration_s=args.duration,
                         buffer_timeout_ms=args.buffer_timeout_ms,
                         chaining=not args.no_chaining, fail_fast=args.fail_fast,
@@ -721,8 +734,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _auto_interval(args: argparse.Namespace) -> float:
-    """``run --checkpoint-interval auto``: tune over the default range first."""
+def _auto_interval(args: argparse.Namespace) -> Any:
+    """``run --checkpoint-interval auto``: tune over the default range first
+    (`bastion.tuning.auto_range`); the `TuningResult` (``--retune-every`` re-tunes
+    from its model while the job runs)."""
     if args.trt_bound is None:
         raise UsageError("--checkpoint-interval auto needs --trt-bound S (the worst-case "
                          "total recovery time to keep under)")
@@ -732,30 +747,23 @@ def _auto_interval(args: argparse.Namespace) -> float:
     if args.protocol == "acks":
         raise UsageError("--protocol acks takes no checkpoints; --checkpoint-interval auto "
                          "needs a checkpointing protocol")
-    from bastion.scheduler.tuning import expected_run_s
+    from bastion.tuning import AUTO_POINTS, auto_range
 
     topology = load_topology(args.file)
-    length_s = args.duration or expected_run_s(topology)
-    max_interval_s = TUNE_MAX_INTERVAL_S
-    if length_s is not None:
-        # an interval longer than this share of the run completes too few checkpoints
-        # in it to be worth having (8 s was once chosen for a 6.7-s job)
-        max_interval_s = min(max_interval_s, AUTO_MAX_INTERVAL_SHARE * length_s)
-        if max_interval_s < 2 * TUNE_MIN_INTERVAL_S:
-            raise UsageError(
-                f"--checkpoint-interval auto: the job reads its input in {length_s:.1f} s, "
-                f"too short to tune (an interval must be at most "
-                f"{AUTO_MAX_INTERVAL_SHARE:.0%} of it, and the shortest tuned is "
-                f"{TUNE_MIN_INTERVAL_S:g} s); pass --checkpoint-interval S")
+    try:
+        min_interval_s, max_interval_s = auto_range(topology, args.duration)
+    except ValueError as exc:
+        raise UsageError(f"--checkpoint-interval auto: {exc}; pass --checkpoint-interval S"
+                         ) from exc
     store = open_storage(args.storage)
     result = _tune(args, topology, store, trt_bound_s=args.trt_bound,
-                   min_interval_s=TUNE_MIN_INTERVAL_S, max_interval_s=max_interval_s,
-                   points=TUNE_POINTS, duration_s=args.duration)
+                   min_interval_s=min_interval_s, max_interval_s=max_interval_s,
+                   points=AUTO_POINTS, duration_s=args.duration)
     print_tuning(result)
     if result.interval_s is None:
         raise UsageError(f"--checkpoint-interval auto: {result.reason}")
     print()
-    return result.interval_s
+    return result
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -1033,6 +1041,12 @@ def build_parser() -> argparse.ArgumentParser:
                      default=None, metavar="S",
                      help="--checkpoint-interval auto: the worst-case total recovery "
                           "time (s) the chosen interval must keep under")
+    run.add_argument("--retune-every", type=_number(float, minimum=0, strict=True),
+                     default=None, metavar="S",
+                     help="--checkpoint-interval auto: every S seconds, measure the input "
+                          "rate and move the interval when the tuned model says the bound "
+                          "would break at it, or that the optimum moved by more than 25%%; "
+                          "each move is an interval_retuned event")
     run.add_argument("--duration", type=_number(float, minimum=0, strict=True),
                      default=None, metavar="S",
                      help="seconds to run unbounded sources for (required if any)")

@@ -248,7 +248,7 @@ def unpicklable(topology: Topology, exc: BaseException) -> TopologyError:
 
 
 def run(topology: Topology, *, protocol: str = "none",
-        checkpoint_interval: float | None = None, retained_checkpoints: int = 2,
+        checkpoint_interval: float | str | None = None, retained_checkpoints: int = 2,
         storage: str = "local://.bastion",
         address: str | None = None,
         duration_s: float | None = None, buffer_timeout_ms: float = 5.0,
@@ -269,7 +269,9 @@ def run(topology: Topology, *, protocol: str = "none",
         dedup_window_s: float | None = None, latency_bound_ms: float | None = None,
         resiliency: ResiliencyPolicy | None = None,
         recovery: str | RecoveryPolicy | None = None, failover: str = "local",
-        cluster: Any = None, export_metrics: bool = True) -> RunResult:
+        cluster: Any = None, export_metrics: bool = True,
+        trt_bound_s: float | None = None, retune_every_s: float | None = None,
+        tuning: Any = None) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
 
     ``protocol`` picks the fault-tolerance protocol (``"none"``, ``"acks"``,
@@ -280,7 +282,15 @@ def run(topology: Topology, *, protocol: str = "none",
     storage whose logged state this one starts from (protocol ``"cec"``: the eventual
     checkpoints `bastion reconstruct` stored for it, else its logs; its committed
     outputs are not committed again);
-    ``checkpoint_interval`` is in seconds (default 1.0 for checkpointing protocols);
+    ``checkpoint_interval`` is in seconds (default 1.0 for checkpointing protocols),
+    or ``"auto"``: chosen for a bound ``trt_bound_s`` on the worst-case total
+    recovery time by `bn.tune` first (`bastion.tuning`; over `auto_range`, or with
+    ``tuning``'s keyword arguments — or ``tuning`` is a `TuningResult` already made,
+    and nothing is profiled). With ``retune_every_s`` the job master then re-tunes
+    while the job runs (`bastion.scheduler.retune`): every ``retune_every_s`` it
+    measures the input rate, re-evaluates the model at that utilisation and moves the
+    coordinator's interval when the bound would break or the optimum moved by more
+    than a quarter (``interval_retuned`` events; protocol ``coordinated``);
     the newest ``retained_checkpoints`` complete checkpoints are kept, older ones
     deleted (uncoordinated protocols delete what their recovery line has passed);
     ``storage`` is where checkpoints, committed outputs and events live
@@ -386,6 +396,16 @@ def run(topology: Topology, *, protocol: str = "none",
     # a bad failover, or a protocol that names no restart scope, fails before deploy
     failover_strategy(failover, proto.restart_scope,
                       None if recovery is None else recovery_policy(recovery))
+    retune = None
+    if checkpoint_interval == "auto":
+        checkpoint_interval, retune = _auto_interval(
+            topology, proto, trt_bound_s, retune_every_s, tuning, duration_s,
+            {"storage": storage, "address": address, "heartbeat_timeout_s": heartbeat_timeout_s,
+             "chaining": chaining, "workers": workers, "failover": failover})
+    elif trt_bound_s is not None or retune_every_s is not None or tuning is not None:
+        raise ValueError("trt_bound_s, retune_every_s and tuning set "
+                         "checkpoint_interval='auto'; this run has "
+                         f"checkpoint_interval={checkpoint_interval!r}")
     if checkpoint_interval is None and proto.needs_checkpoint_interval:
         checkpoint_interval = 1.0
     proto.check_interval(checkpoint_interval)
@@ -422,6 +442,7 @@ def run(topology: Topology, *, protocol: str = "none",
         redundancy=copied,
         dedup_window_s=dedup_window_s,
         resiliency=policy,
+        retune=retune,
         recovery=None if recovery is None else recovery_policy(recovery),
         failover=failover,
         export_metrics=export_metrics,
@@ -538,6 +559,47 @@ def _latency_summaries(tasks: list[dict[str, Any]]) -> dict[str, dict[str, float
         summaries[name] = {"mean": mean_s * 1000.0, **{
             f"p{q}": histogram.percentile(q) * 1000.0 for q in (50, 90, 99)}}
     return summaries
+
+
+def _auto_interval(topology: Topology, proto: Protocol, trt_bound_s: float | None,
+                   retune_every_s: float | None, tuning: Any, duration_s: float | None,
+                   run_options: dict[str, Any]) -> tuple[float, Any]:
+    """``checkpoint_interval="auto"``: the tuned interval, and the re-tune policy of
+    ``retune_every_s`` (None without). Refused before anything is profiled: no bound,
+    a protocol that takes no checkpoints, or a re-tune its coordinator cannot apply."""
+    from bastion.scheduler.retune import RetunePolicy
+    from bastion.tuning import AUTO_POINTS, TuningResult, auto_range, tune
+
+    if trt_bound_s is None:
+        raise ValueError("checkpoint_interval='auto' needs trt_bound_s (the worst-case "
+                         "total recovery time to keep under)")
+    if not proto.needs_checkpoint_interval:
+        raise ValueError(f"checkpoint_interval='auto': protocol {proto.name!r} takes no "
+                         "checkpoints; pick a checkpointing protocol, e.g. 'coordinated'")
+    if retune_every_s is not None and not proto.live_interval:
+        raise ValueError(f"retune_every_s: protocol {proto.name!r} cannot move its "
+                         "checkpoint interval while the job runs; use 'coordinated'")
+    if isinstance(tuning, TuningResult):
+        if tuning.trt_bound_s != trt_bound_s:
+            raise ValueError(f"trt_bound_s={trt_bound_s:g} contradicts the tuning's bound "
+                             f"of {tuning.trt_bound_s:g} s: give one")
+        result = tuning
+    else:
+        options = dict(tuning or {})
+        if "min_interval_s" not in options or "max_interval_s" not in options:
+            try:
+                low, high = auto_range(topology, duration_s)
+            except ValueError as exc:
+                raise ValueError(f"checkpoint_interval='auto': {exc}; pass "
+                                 "checkpoint_interval=S (seconds)") from exc
+            options = {"min_interval_s": low, "max_interval_s": high,
+                       "points": AUTO_POINTS, **options}
+        result = tune(topology, trt_bound_s=trt_bound_s, protocol=proto.name,
+                      duration_s=duration_s, **{**run_options, **options})
+    if result.interval_s is None:
+        raise ValueError(f"checkpoint_interval='auto': {result.reason}")
+    policy = None if retune_every_s is None else RetunePolicy.of(result, retune_every_s)
+    return result.interval_s, policy
 
 
 def _resiliency_policy(redundancy: Any, latency_bound_ms: float | None,

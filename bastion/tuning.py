@@ -40,6 +40,30 @@ from bastion.scheduler.tuning import (CASES, DEFAULT_STOP_TERM_S, Capacity, Case
 if TYPE_CHECKING:
     from bastion.topology import Topology
 
+#: The range ``checkpoint_interval="auto"`` (``bastion run --checkpoint-interval auto``)
+#: tunes over, and its grid (`bastion tune` and `tune` take their own).
+AUTO_MIN_INTERVAL_S, AUTO_MAX_INTERVAL_S, AUTO_POINTS = 0.5, 8.0, 6
+#: ... with intervals up to this share of the run's length: a longer one completes too
+#: few checkpoints in the run to be worth having (8 s was once chosen for a 6.7-s job)
+AUTO_MAX_INTERVAL_SHARE = 0.25
+
+
+def auto_range(topology: "Topology", duration_s: float | None = None) -> tuple[float, float]:
+    """The (min, max) interval ``checkpoint_interval="auto"`` tunes over for a run of
+    ``topology`` lasting ``duration_s`` (default: as long as its paced input). A
+    ValueError when the run is too short to tune."""
+    from bastion.scheduler.tuning import expected_run_s
+
+    length_s = duration_s or expected_run_s(topology)
+    if length_s is None:
+        return AUTO_MIN_INTERVAL_S, AUTO_MAX_INTERVAL_S
+    max_interval_s = min(AUTO_MAX_INTERVAL_S, AUTO_MAX_INTERVAL_SHARE * length_s)
+    if max_interval_s < 2 * AUTO_MIN_INTERVAL_S:
+        raise ValueError(f"the job reads its input in {length_s:.1f} s, too short to tune "
+                         f"(an interval must be at most {AUTO_MAX_INTERVAL_SHARE:.0%} of "
+                         f"it, and the shortest tuned is {AUTO_MIN_INTERVAL_S:g} s)")
+    return AUTO_MIN_INTERVAL_S, max_interval_s
+
 
 @dataclass(frozen=True)
 class TuningResult:

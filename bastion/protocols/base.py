@@ -564,6 +564,12 @@ class Coordinator:
         """The id of a checkpoint started and not yet complete, if any."""
         return None
 
+    def set_interval(self, interval_s: float) -> bool:
+        """Take checkpoints every ``interval_s`` seconds from now on, while the job runs
+        (a live re-tune, `bastion.scheduler.retune`). False: this coordinator's interval
+        is fixed for the run (`Protocol.live_interval` says so before it starts)."""
+        return False
+
     async def initial_line(self) -> Any:
         """What every task of the first attempt restores from (None: nothing; a
         resumable protocol's line when the job resumes an earlier one)."""
@@ -639,6 +645,9 @@ class Protocol:
     # A protocol that restarts the job from the beginning gains little from it and
     # would pay its start (about a core-second) in every run.
     needs_standby: bool = False
+    # The coordinator takes a new checkpoint interval while the job runs
+    # (`Coordinator.set_interval`): a live re-tune may move it.
+    live_interval: bool = False
 
     def check(self, topology: "Topology") -> None:
         """Raise `TopologyError` if this protocol cannot run ``topology``."""

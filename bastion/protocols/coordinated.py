@@ -259,6 +259,9 @@ class CheckpointCoordinator(Coordinator):
         # the newest checkpoint completed in this attempt and where it cut each
         # channel (a regional restart's line), or None
         self.newest: tuple[int, dict[int, int]] | None = None
+        # set by `set_interval`: the trigger loop's wait is measured again against the
+        # new interval at once, not after the old one ran out
+        self.interval_changed = asyncio.Event()
 
     def start(self, attempt: int) -> None:
         self.attempt = attempt
@@ -277,9 +280,29 @@ class CheckpointCoordinator(Coordinator):
                                      reason="a failure or the job's end came first")
         self.in_progress.clear()
 
+    def set_interval(self, interval_s: float) -> bool:
+        if not interval_s > 0:
+            raise ValueError(f"checkpoint interval must be > 0 seconds, got {interval_s}")
+        self.interval_s = interval_s
+        self.timeout_s = max(10.0, 10 * interval_s)
+        self.interval_changed.set()
+        return True
+
+    async def _wait_interval(self) -> None:
+        """Sleep until ``interval_s`` after this call began — the interval as it is
+        at each wake-up: a shorter one set meanwhile (`set_interval`) ends the wait
+        at once if it is already over, a longer one extends it."""
+        began = time.monotonic()
+        while (left := self.interval_s - (time.monotonic() - began)) > 0:
+            self.interval_changed.clear()
+            try:
+                await asyncio.wait_for(self.interval_changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
     async def _trigger_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            await self._wait_interval()
             now = time.time()
             for checkpoint_id, cp in list(self.in_progress.items()):
                 if self.master.pending_tasks():
@@ -450,6 +473,7 @@ class CoordinatedProtocol(Protocol):
     exactly_once = True
     restart_scope = "region"
     needs_checkpoint_interval = True
+    live_interval = True
     needs_standby = True
 
     def check(self, topology: Any) -> None:

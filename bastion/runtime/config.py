@@ -76,6 +76,10 @@ class JobConfig:
     # `redundancy="auto"`: the `bastion.scheduler.resiliency.ResiliencyPolicy` the job
     # master's resiliency manager follows (None: the ratios above stay as they are)
     resiliency: Any = None
+    # `checkpoint_interval="auto"` with `retune_every_s`: the
+    # `bastion.scheduler.retune.RetunePolicy` the job master's re-tuner follows (None:
+    # the interval stays as it started)
+    retune: Any = None
     # How failures are recovered: the `bastion.scheduler.recovery.RecoveryPolicy`
     # (None: blocking, no capacity model)
     recovery: Any = None

@@ -87,6 +87,7 @@ from bastion.scheduler.recovery import (BlockingRecovery, Capacity, QueryNeeds,
                                        RecoveryPlanError, RecoveryPlanner, check_plan,
                                        queries_needs, recovery_policy, replacement_slots)
 from bastion.scheduler.resiliency import Exposure, RedundancyDecision, ResiliencyManager
+from bastion.scheduler.retune import RetuneDecision, Retuner
 from bastion.storage import CheckpointStore, open_store
 
 
@@ -363,6 +364,16 @@ class JobMaster:
         # manager may answer at once (`ResiliencyManager.on_stall`)
         self._copied_tasks = {t.task_id for t in plan.tasks
                               if set(plan.chains[t.chain_id].ops) & set(config.redundancy)}
+        # `checkpoint_interval="auto"` with `retune_every_s`: every period the re-tuner
+        # (`bastion.scheduler.retune`) gets the input rate the sources saw in it; the
+        # job master moves the coordinator's interval when it says so. The rate counts
+        # only failure-free seconds: from a failure until the sources caught up after
+        # the restart, a catch-up reads at the job's maximum, not its input's rate.
+        self.retuner = (None if config.retune is None
+                        else Retuner(config.retune, config.checkpoint_interval_s))
+        self._retune_window = (0, 0.0)  # arrived records, seconds: this period so far
+        self._retune_lag: int | None = None  # the sources' backlog at the last poll
+        self._retune_hold: str | None = None  # "recovering", then "catching_up"
 
     # -- what the coordinator's context and the workers call --------------------------------
 
@@ -370,6 +381,12 @@ class JobMaster:
         event = self.log.record(kind, self.started_s, **fields)
         if self.exporter is not None:
             self.exporter.observe_event(event)
+        if self.retuner is not None and kind in ("failure_detected", "restarted"):
+            # a recovery's seconds are no input rate (`_retune`)
+            if kind == "failure_detected" or self._retune_hold is not None:
+                self._retune_hold = ("recovering" if kind == "failure_detected"
+                                     else "catching_up")
+            self._retune_window, self._retune_lag = (0, 0.0), None
 
     async def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
         by_worker: dict[int, list[int]] = {}
@@ -1502,6 +1519,9 @@ class JobMaster:
             await self._check_loops(replies)
         if self.redundancy is not None and self.started_s is not None:
             self._manage_redundancy(latency, late, busy)
+        if self.retuner is not None and self.started_s is not None and polled_s is not None:
+            self._retune(gained["source_records"], lag, answering == len(self.workers),
+                         self._polled_at_s - polled_s)
         if self.started_s is not None:
             self.query_points.append({"t_s": time.time() - self.started_s, "queries": {
                 name: (records, None if h.percentile(50) is None else h.percentile(50) * 1000)
@@ -1567,6 +1587,50 @@ class JobMaster:
             self.record_event("redundancy_changed", ratio=decision.ratio,
                               ratio_before=decision.ratio_before,
                               latency_ms=decision.latency_ms, reason=decision.reason)
+
+    def _retune(self, read: int, lag: int, all_answered: bool, elapsed_s: float) -> None:
+        """Add one poll to the re-tuner's period — what arrived: the records read plus
+        the growth of the sources' backlog, so a job falling behind its input still
+        sees the input's rate — and once a period is full, let it decide and apply
+        what it moved. A poll some worker did not answer, or during a recovery, is
+        left out (and a recovery is over once the sources caught up after it)."""
+        if not all_answered:
+            self._retune_lag = None
+            return
+        if self._retune_hold is not None:
+            if self._retune_hold == "catching_up" and caught_up(
+                    lag, read, elapsed_s, self.config.progress_interval_s):
+                self._retune_hold = None
+            self._retune_lag = lag
+            return
+        if self._retune_lag is not None:
+            records, seconds = self._retune_window
+            self._retune_window = (records + read + lag - self._retune_lag,
+                                   seconds + elapsed_s)
+        self._retune_lag = lag
+        records, seconds = self._retune_window
+        if seconds < self.retuner.policy.period_s:
+            return
+        self._retune_window = (0, 0.0)
+        self._apply_retune(self.retuner.decide(time.time() - self.started_s,
+                                               max(0.0, records / seconds)))
+
+    def _apply_retune(self, decision: RetuneDecision | None) -> None:
+        if decision is None:
+            return
+        fields = {"interval_s": decision.interval_s,
+                  "interval_before_s": decision.interval_before_s,
+                  "ingest_avg_per_s": decision.ingest_avg_per_s,
+                  "utilisation": decision.utilisation,
+                  "predicted_trt_s": decision.predicted_trt_s,
+                  "predicted_trt_before_s": decision.predicted_trt_before_s,
+                  "trt_bound_s": self.retuner.policy.trt_bound_s,
+                  "meets_bound": decision.meets_bound, "reason": decision.reason}
+        if decision.moved:
+            self.coordinator.set_interval(decision.interval_s)
+            self.record_event("interval_retuned", **fields)
+        elif not decision.meets_bound:   # at the shortest already: it can only say so
+            self.record_event("trt_bound_unreachable", **fields)
 
     def _send_redundancy(self, ratio: float) -> None:
         epoch = self._epoch(self.attempt)

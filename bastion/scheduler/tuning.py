@@ -418,6 +418,9 @@ class Model:
     # case's against the model's estimates per interval
     latency_r2: float | None = None
     trt_r2: Mapping[str, float | None] = field(default_factory=dict)
+    # (T, R) per case, pooled over every run (`build_model`): what `at_utilisation`
+    # evaluates eq 5 with
+    restarts_s: tuple[tuple[float, float], ...] = ((0.0, 0.0),) * 3
 
     def reprocess_s(self, interval_s: float, case: Case) -> float:
         """The E the model takes for ``case`` at ``interval_s`` (`reprocess_s`)."""
@@ -428,6 +431,28 @@ class Model:
 
     def latency_ms(self, interval_s: float) -> float:
         return self.latency_fit(interval_s)
+
+    def trt_at(self, interval_s: float, u: float) -> TrtEstimate:
+        """Eq 5 at ``interval_s`` for a utilisation ``u`` other than the profiled one:
+        the same T, R, W and d per case, the outage's backlog read at ``u``."""
+        return TrtEstimate(*(
+            trt_s(interval_s, case, detection_s=t, restart_s=r, warmup_s=w, u=u,
+                  stop_term_s=self.stop_term_s, completion_lag_s=self.completion_lag_s)
+            for case, (t, r), w in zip(CASES, self.restarts_s, self.warmup_s)))
+
+    def at_utilisation(self, u: float) -> "Model":
+        """The model re-evaluated for an input rate of ``u · I_max`` (a live re-tune,
+        `bastion.scheduler.retune`): every profiled interval's TRT from eq 5 at ``u``
+        (`trt_at`) and the TRT fits made again through them; the latency fit is kept —
+        the profiling measured latency at one rate only, and `optimise` uses it to
+        choose among the intervals that meet the bound."""
+        points = tuple(ModelPoint(p.measurement, u, self.trt_at(p.measurement.interval_s, u))
+                       for p in self.points)
+        xs = [p.measurement.interval_s for p in points]
+        at_u = {c: [p.trt.of(c) for p in points] for c in CASES}
+        fits = {c: fit_quadratic(xs, at_u[c]) for c in CASES}
+        return dataclasses.replace(self, points=points, trt_fits=fits,
+                                   trt_r2={c: r_squared(fits[c], xs, at_u[c]) for c in CASES})
 
 
 def recovery_warmup_s(m: Measurement, u: float) -> float | None:
@@ -582,7 +607,7 @@ def build_model(measurements: Sequence[Measurement], capacity: Capacity,
         catch_up_per_s=catch_up_per_s, completion_lag_s=completion_lag_s,
         latency_fit=latency_fit, trt_fits=trt_fits, stop_term_s=stop_term_s,
         latency_r2=r_squared(latency_fit, xs, latencies),
-        trt_r2={c: r_squared(trt_fits[c], xs, trts[c]) for c in CASES})
+        trt_r2={c: r_squared(trt_fits[c], xs, trts[c]) for c in CASES}, restarts_s=restarts)
 
 
 # -- optimisation -----------------------------------------------------------------------------
