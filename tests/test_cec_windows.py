@@ -437,3 +437,35 @@ def test_sliding_join_footprints_rebuild_the_same_ec_in_python_and_in_spark(stor
                 assert {u: v for u, v in held.items() if v} == expected, (k, source)
             checked += 1
     assert checked > 0
+
+
+@pytest.mark.parametrize("lineage", [True, False])
+def test_count_window_results_come_back_exactly_from_their_log_form(lineage):
+    """A count window logs its results as columns (`CountWindowOp.results_form`):
+    packed by the state codec and read back, they give the very batch it emitted —
+    keys and aggregates of any type, event times, born and lineage ids."""
+    from bastion.lineage import IdRun
+    from bastion.runtime.durable import DurableCodec
+    from bastion.runtime.operators import OperatorContext, make_operator
+    from bastion.runtime.records import Batch
+
+    topo = bn.Topology("count-form")
+    topo.source("src", bn.sources.Collection([])).key_by(lambda v: v).window(
+        bn.windows.Count(2)).aggregate("agg", bn.aggregations.Sum(lambda v: v[0])).sink(
+        "out", bn.sinks.Discard())
+    op = make_operator(topo.nodes["agg"], OperatorContext("agg", 0, 1, False, code=1,
+                                                          lineage=lineage))
+    keys = ["a", 7, ("t", 1), "a", 7, ("t", 1), 2.5, 2.5]
+    ts = [0.5, 1, 2.25, 3.0, 4.5, 5.0, 6.0, -7.0]
+    values = [[1], [2.5], [3], [4], [5.5], [6], [7], [8]]  # sums of ints and of floats
+    batch = Batch(keys, values, ts, [10.0 + i for i in range(8)],
+                  IdRun(0, 0, tuple(range(8))) if lineage else None)
+    out = op.process(batch, 0)
+    assert len(out) == 4
+    codec = DurableCodec()
+    back = op.results_batch(codec.unpack(codec.pack(op.results_form(out)), "k"))
+    assert (back.keys, back.values, back.ts, back.born, back.ids) == (
+        out.keys, out.values, out.ts, out.born, out.ids)
+    assert [type(t) for t in back.ts] == [type(t) for t in out.ts]
+    with pytest.raises(ValueError, match="operator 'agg': logged results are not a count"):
+        op.results_batch([[1], [(1,)], [0.5], [0.5], None])

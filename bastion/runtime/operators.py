@@ -653,6 +653,46 @@ class CountWindowOp(Operator):
     def open_among(self, parts: Iterable[Any]) -> list:
         return list(filter(self.fired.__contains__, parts))
 
+    # The log form of the results (`TimeWindowOp.results_form` says why it matters):
+    # per result its key, aggregate, first and last event time, born and its window's
+    # number among its key's (its lineage id's last field), each column packed in C
+    # where its items are all ints or all floats; the value tuple (key, first, last,
+    # aggregate) and the id are made again, not stored a tuple each.
+
+    def results_form(self, out: Batch) -> list:
+        values = out.values
+        code = None if out.ids is None else self.ctx.code
+        columns = [out.keys, field_column(values, 3), field_column(values, 1),
+                   list(out.ts), list(out.born)]
+        packed = [pack_column(column) for column in columns]
+        nths = None if code is None else pack_ints(field_column(out.ids, 2))
+        return [_COUNT_RESULTS, code, nths, [data for data, _ in packed],
+                [kind for _, kind in packed]]
+
+    def results_batch(self, form: list) -> Batch:
+        name = self.ctx.name
+        if len(form) != 5 or form[0] != _COUNT_RESULTS:
+            raise ValueError(f"operator {name!r}: logged results are not a count "
+                             "window's (or were written by an older Bastion: run the job "
+                             "afresh)")
+        _, code, nths, columns, kinds = form
+        try:
+            keys, aggregates, firsts, lasts, born = (
+                list(unpack_column(data, kind))
+                for data, kind in zip(columns, kinds, strict=True))
+            ids = None if code is None else list(zip(repeat(code), keys, unpack_ints(nths)))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"operator {name!r}: logged results have a damaged column: "
+                             f"{exc}") from exc
+        if not len(keys) == len(aggregates) == len(firsts) == len(lasts) == len(born) or (
+                ids is not None and len(ids) != len(keys)):
+            raise ValueError(f"operator {name!r}: logged results have columns of "
+                             "different lengths")
+        return Batch(keys, list(zip(keys, firsts, lasts, aggregates)), lasts, born, ids)
+
+
+_COUNT_RESULTS = "count window results"
+
 
 class JoinOp(_WindowParts):
     """Windowed equi-join, emitted incrementally: each arriving record pairs with the
