@@ -2,7 +2,7 @@
 Spark, how fast the log they live in takes records, and what protocol "cec" costs and
 buys at run time.
 
-Six figures, each against its target:
+Seven figures, each against its target:
 
 (a) **Python reconstruction** — `eventual.read_eventual_checkpoint` (the in-process
     path a restart takes: the log's block-checked backward reader feeding
@@ -29,20 +29,24 @@ Six figures, each against its target:
     local storage, ``close()`` included (every record sealed and stored), 1 million
     records, best of ``--repeats``. Target ≥ 1 M records/s.
 
-(d) **Throughput under the protocol** (paper §V): a tumbling-window count over two
-    item ids, unthrottled, ``--runtime-records`` records, with *fast windows* (each
-    holds one record per id) and *slow windows* (1,000 per id), under ``none``,
-    ``none`` with lineage ids (which ``cec`` needs), ``cec`` with G_open only, ``cec``
-    with the default policy and ``coordinated`` (1 s); best of ``--runtime-repeats``,
-    the configurations alternating, with the median beside it, the median of each
+(d) **Throughput under the protocol** (paper §V, Fig 5): a window count over two item
+    ids, unthrottled, ``--runtime-records`` records, with *fast windows* and *slow
+    windows* of each kind (``--runtime-workloads``): tumbling (a part per window: a
+    fast one holds one record per id, so a part opens every two records), sliding (a
+    part per window instance) and count (a part per item id, never closed: the
+    paper's own kind; Count(1) fires a window per record), under ``none``, ``none``
+    with lineage ids (which ``cec`` needs), ``cec`` with G_open only, ``cec`` with the
+    default policy and ``coordinated`` (1 s); best of ``--runtime-repeats``, the
+    configurations alternating, with the median beside it, the median of each
     repeat's own ratio to ``none`` (the runs next to each other), and the workers' CPU
     time per record (less sensitive than the wall clock to other work on a shared
-    machine). ``coordinated`` does next to nothing per record, so its ratio shows the
-    noise of the moment. Why a million records and five repeats: this machine's CPU
-    speed moves by up to 2x within seconds (a pure-Python loop timed again and again),
-    and runs of 400,000 records (about a second) at best of three put ``coordinated``
-    anywhere from 0.69x to 1.40x of ``none``. Target: G_open only costs ≤ 10%
-    against ``none``.
+    machine). A part's G_open is written as it opens, as the paper does: a fast
+    tumbling window pays one per two records. ``coordinated`` does next to nothing
+    per record, so its ratio shows the noise of the moment. Why a million records
+    and five repeats: this machine's CPU speed moves by up to 2x within seconds (a
+    pure-Python loop timed again and again), and runs of 400,000 records (about a
+    second) at best of three put ``coordinated`` anywhere from 0.69x to 1.40x of
+    ``none``. Target: G_open only costs ≤ 10% against ``none``.
 (e) **Policy sweeps**: a keyed sum over ``--sweep-keys`` keys (parts that never close),
     paced at ``--sweep-rate`` (runs of seconds: a burst refreshes only so many parts)
     under growing Q (extent target, as multiples of the N open parts), U (replay
@@ -54,7 +58,17 @@ Six figures, each against its target:
     shape: every input opens a part, so half the extent's tuples are footprints to check
     and load (the other half the results between them). Target ≤ 0.4 s. Then, beyond
     the target, 230,000 *footprints* (an extent of about 460,000 tuples), the size
-    this section measured until it was sized in tuples as the target is.
+    this section measured until it was sized in tuples as the target is. The same
+    sizes for count windows (``Count(1)`` over a key per input: a part and a result
+    per input) and sliding windows (``Sliding(4, 1)``, one record per key per time
+    unit, the EC at a crash halfway: an extent of the results of the windows that
+    fired since the oldest open one opened, and a footprint per open window).
+(g) **Response time against the checkpoint period** (paper §IV-C, Fig 8): a window's
+    last input to its result at the sink — the runtime's first-arrival latency of the
+    window's result, paced input — of a ``Count(2)`` aggregate over ``--response-keys``
+    item ids under ``none`` and under ``cec`` with CI 10 ms and CP 25, 50, 100 ms and
+    an extent target low enough that every period spends its CI writing G_checks; mean,
+    p50, p99 and the mean's ratio to ``none``.
 
 Logs are written with `LogWriter.append_many` in batches of 100,000 straight from
 prepared values (the CEC model of the tests would take minutes for 10 million), into a
@@ -62,7 +76,7 @@ temporary directory that is removed afterwards. It prints figures and asserts no
 the headline is the last line. This machine may be shared: best-of figures, and the
 load average is printed with them.
 
-Run: ``.venv/bin/python benchmarks/cec.py`` (about 10-15 minutes on two cores;
+Run: ``.venv/bin/python benchmarks/cec.py`` (about 20-30 minutes on two cores;
 ``--spark-records 2000000 --repeats 1`` for a quick look, ``--no-spark`` and
 ``--no-runtime`` to leave sections out, ``--sections df`` to run only (d) and (f)).
 """
@@ -289,17 +303,33 @@ def log_append(root: Path, records: int, repeats: int) -> float:
 # -- (d), (e): the protocol at run time ------------------------------------------------------
 
 
-def _windowed(records: int, per_window: int) -> "bn.Topology":
-    """Two item ids (paper §V), event time = record number / 2: a tumbling window of
-    ``per_window`` time units holds ``per_window`` records of each id. One chain at
-    parallelism 1 (source, window, sink), unthrottled."""
-    topo = bn.Topology(f"cec-windows-{per_window}")
+def _windowed(records: int, window: Any) -> "bn.Topology":
+    """Two item ids (paper §V), event time = record number / 2: a time window of ``w``
+    time units holds ``w`` records of each id, a ``Count(n)`` window ``n`` records of
+    one id. One chain at parallelism 1 (source, window, sink), unthrottled."""
+    topo = bn.Topology("cec-windows")
     items = topo.source("items", bn.sources.Generator(lambda i: (i % 2, i), count=records),
                         timestamp=lambda r: r[1] / 2.0)
-    items.key_by(lambda r: r[0]).window(bn.windows.Tumbling(float(per_window))).aggregate(
+    items.key_by(lambda r: r[0]).window(window).aggregate(
         "per-item", bn.aggregations.Count()).sink("out", bn.sinks.Discard())
     return topo
 
+
+#: (d)'s workloads: the paper's fast and slow windows, tumbling (a part per window: a
+#: fast window opens a part every two records), sliding (a part per window instance,
+#: a record in size / slide of them) and count (a part per item id, never closed: the
+#: paper's own window kind).
+RUNTIME_WORKLOADS = {
+    "tumbling-fast": ("tumbling fast windows (1 record per id)", bn.windows.Tumbling(1.0)),
+    "tumbling-slow": ("tumbling slow windows (1,000 records per id)",
+                      bn.windows.Tumbling(1000.0)),
+    "sliding-fast": ("sliding fast windows (2 records per id, slide 1)",
+                     bn.windows.Sliding(2.0, 1.0)),
+    "sliding-slow": ("sliding slow windows (1,000 records per id, slide 250)",
+                     bn.windows.Sliding(1000.0, 250.0)),
+    "count-fast": ("count fast windows (Count(1))", bn.windows.Count(1)),
+    "count-slow": ("count slow windows (Count(1000))", bn.windows.Count(1000)),
+}
 
 RUNTIME_CONFIGS = {
     "none": dict(protocol="none"),
@@ -310,18 +340,19 @@ RUNTIME_CONFIGS = {
 }
 
 
-def runtime_throughput(storage: str, records: int, repeats: int) -> dict[str, float]:
-    """(d) records/s of a fast-window and a slow-window aggregate under each protocol,
-    best of ``repeats``, the configurations alternating within each repeat; returns
-    the G_open-only cost against none per workload."""
+def runtime_throughput(storage: str, records: int, repeats: int, workloads: list[str]
+                       ) -> dict[str, float]:
+    """(d) records/s of each workload under each protocol, best of ``repeats``, the
+    configurations alternating within each repeat; returns the G_open-only cost
+    against none per workload."""
     costs = {}
-    for label, per_window in (("fast windows (1 record per id)", 1),
-                              ("slow windows (1,000 records per id)", 1000)):
+    for workload in workloads:
+        label, window = RUNTIME_WORKLOADS[workload]
         rates: dict[str, list[float]] = {name: [] for name in RUNTIME_CONFIGS}
         cpu_us: dict[str, list[float]] = {name: [] for name in RUNTIME_CONFIGS}
         for _ in range(repeats):
             for name, options in RUNTIME_CONFIGS.items():
-                metrics = bn.run(_windowed(records, per_window), storage=storage,
+                metrics = bn.run(_windowed(records, window), storage=storage,
                                  **options).metrics
                 rates[name].append(records / metrics.duration_s)
                 cpu_us[name].append(metrics.cpu_s_per_million_records)
@@ -337,7 +368,7 @@ def runtime_throughput(storage: str, records: int, repeats: int) -> dict[str, fl
                   f"  (median {statistics.median(rates[name]):>10,.0f}, paired"
                   f" {paired[name]:.2f}x)  CPU {cpu[name]:.2f} us/record"
                   f"  {cpu[name] / cpu['none']:.2f}x none")
-        costs[label] = 1 - best["cec G_open only"] / best["none"]
+        costs[workload] = 1 - best["cec G_open only"] / best["none"]
     return costs
 
 
@@ -349,14 +380,18 @@ def _keyed_sum(records: int, keys: int, rate: float | None = None) -> "bn.Topolo
     return topo
 
 
-def extent_tuples(log: list, ec: Any) -> int:
+def extent_tuples(log: list, ec: Any, operator: Any = None) -> int:
     """The extent in tuples: a result record holds a batch of results, a control tuple
-    a burst of parts."""
+    a burst of parts. ``operator``: the operator whose log it is, to read results in
+    its own form (a time window's; None: the plain form, a values column)."""
     codec = DurableCodec()
 
     def tuples(value: Any) -> int:
         if eventual.is_result(value):
-            return len(codec.unpack(value[1], "result")[1])  # its values, one per result
+            form = codec.unpack(value[1], "result")
+            if operator is not None:
+                return len(operator.results_batch(form))
+            return len(form[1])  # its values, one per result
         parts = eventual.parts_of(value)
         return 1 if parts is None else len(parts)
 
@@ -466,6 +501,122 @@ def ec_load_targets(root: Path, sizes: tuple[int, ...], repeats: int) -> list[tu
     return rows
 
 
+def _count_windows(inputs: int) -> "bn.Topology":
+    """(f) for count windows: every input a key of its own, ``Count(1)``: each input
+    opens a part (never closed) and fires its window — a footprint and a result per
+    input, the harshest shape, as the keyed sum's."""
+    topo = bn.Topology("cec-ec-load-count")
+    nums = topo.source("nums", bn.sources.Generator(lambda i: i, count=inputs))
+    nums.key_by(lambda i: i).window(bn.windows.Count(1)).aggregate(
+        "agg", bn.aggregations.Count()).sink("out", bn.sinks.Discard())
+    return topo
+
+
+def _sliding_windows(keys: int, units: int) -> "bn.Topology":
+    """(f) for sliding windows: ``keys`` keys, one record of each per time unit, for
+    ``units`` units, in ``Sliding(4, 1)``: four windows open at any time, each firing
+    a result per key — an extent reaching back to the oldest open window's G_open holds
+    about ``4 * keys`` results."""
+    topo = bn.Topology("cec-ec-load-sliding")
+    nums = topo.source("nums", bn.sources.Generator(lambda i: i, count=keys * units),
+                       timestamp=lambda i: float(i // keys))
+    nums.key_by(lambda i: i % keys).window(bn.windows.Sliding(4.0, 1.0)).aggregate(
+        "agg", bn.aggregations.Count()).sink("out", bn.sinks.Discard())
+    return topo
+
+
+def ec_load_windows(root: Path, sizes: tuple[int, ...], repeats: int) -> list[tuple]:
+    """(f) for count and sliding windows, G_open only: a count window job of a part
+    per input (the EC at the end of its log reaches back to its first G_open); a
+    sliding window job (the EC at a crash in the middle of the run, the log time
+    halfway: at the end every window has fired) of ``size / 4`` keys. Returns, per
+    kind and target size, (kind, extent tuples, best seconds)."""
+    from bastion.lineage import op_codes
+    from bastion.runtime.operators import OperatorContext, make_operator
+
+    storage = f"local://{root / 'ec-load-windows'}"
+    store = open_store(storage)
+    rows = []
+    for kind in ("count", "sliding"):
+        for size in sizes:
+            if kind == "count":
+                topo = _count_windows(size // 2 + size // 50)
+            else:
+                topo = _sliding_windows(size // 4 + size // 50, 12)
+            result = bn.run(topo, protocol="cec", cec=CecPolicy.open_only(),
+                            storage=storage)
+            prefix = log_prefix(result.job_id, "agg", 0)
+            log = list(LogReader(store, prefix).records())
+            at = None if kind == "count" else (log[0][1] + log[-1][1]) / 2
+            loads = [ec_load(store, prefix, at) for _ in range(repeats)]
+            times = sorted(seconds for seconds, _ in loads)
+            ec = loads[0][1]
+            operator = make_operator(topo.nodes["agg"], OperatorContext(
+                "agg", 0, 1, False, code=op_codes(topo)["agg"], lineage=True))
+            tuples = extent_tuples(log, ec, operator)
+            print(f"(f) {kind} windows: EC-load of {len(ec.parts):,} footprints, an "
+                  f"extent of {tuples:,} tuples in {ec.extent_records:,} log records: "
+                  f"best {times[0]:.3f} s, median {times[len(times) // 2]:.3f} s of "
+                  f"{repeats} (target 0.4 s for {size:,}) ({load()})")
+            rows.append((kind, tuples, times[0]))
+    return rows
+
+
+# -- (g): response time against the checkpoint period (the paper's Fig 8) ---------------
+
+
+def _paced_counts(records: int, keys: int, rate: float) -> "bn.Topology":
+    """The paper's Fig 8 job: an aggregate over count windows of many item ids (here
+    ``Count(2)`` sums over ``keys`` ids, a part per id, never closed), fed at a paced
+    ``rate``: a record is born at its due time, so a result's latency at the sink runs
+    from its window's last input (the window's born) to the sink — what a user waits
+    for, whatever the source's backlog."""
+    topo = bn.Topology("cec-response")
+    items = topo.source("items", bn.sources.Generator(
+        lambda i: ((i * 7919) % keys, i), count=records, rate=rate))
+    items.key_by(lambda r: r[0]).window(bn.windows.Count(2)).aggregate(
+        "per-item", bn.aggregations.Sum(lambda r: r[1])).sink("out", bn.sinks.Discard())
+    return topo
+
+
+RESPONSE_PERIODS_MS = (25, 50, 100)
+
+
+def response_times(storage: str, records: int, keys: int, rate: float, repeats: int
+                   ) -> dict[str, float]:
+    """(g) Response time of a window — its last input's birth to its result at the sink,
+    the runtime's first-arrival latency of the window's result (`born` of a window is
+    its latest input's) — under ``none`` and under ``cec`` with CI 10 ms and CP 25, 50
+    and 100 ms, the extent target so low (Q = 1 log record) that every period spends
+    its CI refreshing footprints, as the paper's Q = open windows did. Mean, p50 and
+    p99 over the results the sinks sampled; the median of ``repeats`` runs, the
+    configurations alternating. Returns the mean response time per configuration
+    (ms)."""
+    configs = {"none": dict(protocol="none")}
+    configs.update({f"cec CP={cp} ms": dict(protocol="cec", cec=CecPolicy(
+        extent_target=1, replay_target=math.inf, check_interval_s=0.01,
+        period_s=cp / 1000)) for cp in RESPONSE_PERIODS_MS})
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in configs}
+    for _ in range(repeats):
+        for name, options in configs.items():
+            result = bn.run(_paced_counts(records, keys, rate), storage=storage, **options)
+            metrics = result.metrics
+            mean_s, _ = metrics.latency_histogram.mean_std()
+            runs[name].append((mean_s * 1000, metrics.latency_ms["p50"],
+                               metrics.latency_ms["p99"]))
+    means = {name: statistics.median(r[0] for r in rows) for name, rows in runs.items()}
+    print(f"(g) response time (window's last input to its result at the sink), Count(2) "
+          f"over {keys:,} ids, {records:,} records at {rate:,.0f}/s, CI 10 ms, median of "
+          f"{repeats} ({load()}):")
+    print(f"    {'configuration':<16} {'mean':>9} {'p50':>9} {'p99':>9} {'vs none':>8}")
+    for name, rows in runs.items():
+        p50 = statistics.median(r[1] for r in rows)
+        p99 = statistics.median(r[2] for r in rows)
+        print(f"    {name:<16} {means[name]:>7.2f}ms {p50:>7.2f}ms {p99:>7.2f}ms "
+              f"{means[name] / means['none']:>7.2f}x")
+    return means
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python-records", type=int, default=2_000_000)
@@ -478,27 +629,40 @@ def main() -> None:
                         help="records of each (d) run")
     parser.add_argument("--runtime-repeats", type=int, default=5,
                         help="repeats of each (d) configuration")
+    parser.add_argument("--runtime-workloads", default=",".join(RUNTIME_WORKLOADS),
+                        help="the (d) workloads, comma-separated, of: "
+                             + ", ".join(RUNTIME_WORKLOADS))
     parser.add_argument("--sweep-records", type=int, default=2_000_000)
     parser.add_argument("--sweep-keys", type=int, default=5_000)
     parser.add_argument("--sweep-rate", type=float, default=250_000,
                         help="records/s of the (e) runs: long enough for the policy to "
                              "go round the parts")
+    parser.add_argument("--response-records", type=int, default=60_000)
+    parser.add_argument("--response-keys", type=int, default=10_000,
+                        help="item ids of the (g) runs: parts enough to fill every CI")
+    parser.add_argument("--response-rate", type=float, default=10_000,
+                        help="records/s of the (g) runs (paced)")
     parser.add_argument("--no-runtime", action="store_true",
                         help="skip (d)-(f), the runs through Ray")
-    parser.add_argument("--sections", default="abcdef",
+    parser.add_argument("--sections", default="abcdefg",
                         help="the sections to run, e.g. 'df' for (d) and (f) only "
                              "(default all; --no-spark and --no-runtime still apply)")
     args = parser.parse_args()
-    unknown = set(args.sections) - set("abcdef")
+    unknown = set(args.sections) - set("abcdefg")
     if unknown:
-        parser.error(f"--sections takes letters a-f, not {''.join(sorted(unknown))!r}")
+        parser.error(f"--sections takes letters a-g, not {''.join(sorted(unknown))!r}")
+    workloads = args.runtime_workloads.split(",")
+    unknown = set(workloads) - set(RUNTIME_WORKLOADS)
+    if unknown:
+        parser.error(f"--runtime-workloads: unknown {', '.join(sorted(unknown))}; "
+                     f"known: {', '.join(RUNTIME_WORKLOADS)}")
     run = set(args.sections)
     if args.no_spark:
         run.discard("b")
     if args.no_runtime:
-        run -= set("def")
+        run -= set("defg")
     root = Path(tempfile.mkdtemp(prefix="bastion-cec-bench-"))
-    python_rate = spark = append_rate = costs = loads = None
+    python_rate = spark = append_rate = costs = loads = responses = window_loads = None
     try:
         if "a" in run:
             python_rate = python_reconstruction(root, args.python_records, args.repeats)
@@ -509,12 +673,17 @@ def main() -> None:
             append_rate = log_append(root, args.append_records, args.repeats)
         if "d" in run:
             costs = runtime_throughput(f"local://{root / 'runs'}", args.runtime_records,
-                                       args.runtime_repeats)
+                                       args.runtime_repeats, workloads)
         if "e" in run:
             policy_sweeps(root, args.sweep_records, args.sweep_keys, args.sweep_rate,
                           args.repeats)
         if "f" in run:
             loads = ec_load_targets(root, (120_000, 230_000), args.repeats)
+            window_loads = ec_load_windows(root, (120_000, 230_000), args.repeats)
+        if "g" in run:
+            responses = response_times(f"local://{root / 'response'}",
+                                       args.response_records, args.response_keys,
+                                       args.response_rate, args.repeats)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     headline = []
@@ -529,12 +698,21 @@ def main() -> None:
         headline.append(f"log append {append_rate / 1e6:.2f} M records/s (target 1 M)")
     if costs:
         headline.append("G_open-only cost vs none " + ", ".join(
-            f"{label.split(' (')[0]} {cost:.0%}" for label, cost in costs.items())
+            f"{workload} {cost:.0%}" for workload, cost in costs.items())
             + " (target <= 10%)")
     if loads:
         headline.append("EC-load " + ", ".join(
             f"extent of {tuples:,} tuples {seconds:.2f} s" for tuples, seconds in loads)
             + " (target 0.4 s)")
+    if window_loads:
+        headline.append("EC-load " + ", ".join(
+            f"{kind} {tuples:,} tuples {seconds:.2f} s" for kind, tuples, seconds
+            in window_loads) + " (target 0.4 s)")
+    if responses:
+        headline.append("response time vs none " + ", ".join(
+            f"{name.removeprefix('cec ')} {ms / responses['none']:.2f}x"
+            for name, ms in responses.items() if name != "none")
+            + f" (none {responses['none']:.1f} ms)")
     print("CEC: " + "; ".join(headline))
 
 if __name__ == "__main__":
