@@ -29,10 +29,19 @@ Every figure is measured in this run, on simulated three-node Ray clusters on
     point on its own, which one late frame decides: on this machine it moves
     past 2 on the failure-free run too (printed as its floor).
 
+(0) **Normal-time overhead of upstream backups** (issue 37: adaptive buffering).
+    A failure-free pipeline — a bid source, ``parse`` (3 instances, not chained to the
+    source), a keyed count per auction — under a capacity model, run alternately
+    with ``upstream_backups="adaptive"`` (Su & Zhou: only the source keeps a backup
+    until a burst) and ``"always"`` (every channel keeps one, as before), on one
+    local Ray, in this run. Per source record: the frames and bytes the backups kept
+    (the sources' and the other tasks'), and the CPU seconds of the job's processes.
+    ``--overhead`` runs this section alone; its ratio is then the last line.
+
 Targets (issue 14) are printed next to the figures with "met"/"missed". Asserts
 nothing; the headline is the last line.
 
-    .venv/bin/python benchmarks/recovery.py [--quick]
+    .venv/bin/python benchmarks/recovery.py [--quick | --overhead]
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import bastion as bn  # noqa: E402
 from bastion.bench import correlated  # noqa: E402
 from bastion.runtime.metrics import relative_latency_max  # noqa: E402
 
@@ -94,12 +104,76 @@ def run_shape(shape: str, cases: list, storage: str) -> tuple[dict, list]:
     return reports, reference
 
 
+OVERHEAD_RECORDS = 30_000
+OVERHEAD_RATE = 6_000.0   # bids per second: 5 s a run
+OVERHEAD_RUNS = 2         # per mode, alternating
+
+
+def backed_up_pipeline() -> "bn.Topology":
+    """Source -> parse (3 instances) -> keyed count -> sink: parse is the task that
+    keeps a backup only when every channel does."""
+    topo = bn.Topology("backups")
+    topo.source("bids", bn.sources.Generator(correlated.bid, count=OVERHEAD_RECORDS,
+                                             rate=OVERHEAD_RATE)) \
+        .map("parse", correlated.parse, parallelism=3) \
+        .key_by(correlated.auction_of).reduce("auctions", correlated.count_bids, initial=0,
+                                              parallelism=3) \
+        .sink("per_auction", bn.sinks.Collect())
+    return topo
+
+
+def normal_time_overhead(storage: str) -> float | None:
+    """Section (0); returns the ratio of backup bytes per record, adaptive/always."""
+    figures: dict[str, list[dict]] = {"adaptive": [], "always": []}
+    for run in range(OVERHEAD_RUNS):
+        for mode in ("adaptive", "always") if run % 2 == 0 else ("always", "adaptive"):
+            result = bn.run(backed_up_pipeline(), protocol="coordinated",
+                            checkpoint_interval=0.5, workers=3,
+                            storage=f"local://{storage}/{mode}-{run}",
+                            recovery=bn.RecoveryPolicy(task_slots_per_cpu=4.0,
+                                                       upstream_backups=mode))
+            [backups] = [e for e in result.details["events"]
+                         if e["kind"] == "upstream_backups"]
+            records = result.metrics.source_records
+            figures[mode].append({
+                "frames": (backups["source_frames_logged"]
+                           + backups["other_frames_logged"]) / records,
+                "bytes": (backups["source_bytes_logged"]
+                          + backups["other_bytes_logged"]) / records,
+                "other_bytes": backups["other_bytes_logged"] / records,
+                "cpu_us": result.metrics.cpu_s / records * 1e6})
+    mean = {mode: {k: sum(f[k] for f in runs) / len(runs) for k in runs[0]}
+            for mode, runs in figures.items()}
+    for mode, m in mean.items():
+        print(f"  {mode:8s} backups kept per record: {m['frames']:.4f} frames, "
+              f"{m['bytes']:6.1f} bytes ({m['other_bytes']:6.1f} by tasks that are not "
+              f"sources); CPU {m['cpu_us']:6.1f} us per record "
+              f"(mean of {OVERHEAD_RUNS} runs of {OVERHEAD_RECORDS:,} records)", flush=True)
+    always = mean["always"]["bytes"]
+    cpu = mean["adaptive"]["cpu_us"] / mean["always"]["cpu_us"]
+    print(f"  CPU per record adaptive/always = {cpu:.2f} (noisy on a shared machine)")
+    return None if not always else mean["adaptive"]["bytes"] / always
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="section 1 only, without the best case")
+    parser.add_argument("--overhead", action="store_true",
+                        help="section 0 only: the normal-time overhead of upstream backups")
     args = parser.parse_args()
     storage = tempfile.mkdtemp(prefix="bastion-bench-recovery-")
+
+    print("(0) failure-free: upstream backups adaptive (Su & Zhou) vs always on")
+    overhead = normal_time_overhead(storage)
+    headline = (f"upstream backup bytes per record adaptive/always = "
+                f"{'n/a' if overhead is None else f'{overhead:.2f}'}")
+    if args.overhead:
+        print(headline)
+        return
+    print(f"  {headline}\n")
+    import ray
+    ray.shutdown()  # the simulated clusters below need a driver without a Ray
 
     print("(1) every query hit: two nodes lost, capacity arriving one node at a time")
     cases = [correlated.Case("progressive", "staggered"),

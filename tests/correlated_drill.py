@@ -17,7 +17,13 @@ hits only the lowest-priority query (`test_correlated_regional`): progressive
 recovery, and per query what its sink received over the run (the job master's
 per-query timeline) beside what it committed.
 
-    python tests/correlated_drill.py STORAGE_DIR [--shape low_priority_hit]
+With ``--shape second_wave`` (`test_adaptive_buffering`): the scenario's burst
+leaves every lost task pending; the first node to arrive brings ``alerts`` back, and
+its worker is then killed — a second wave while ``per_auction`` and ``per_bidder``
+still wait — before the last node arrives. What it prints: the verdict, the plans,
+any restart of the whole job, and when adaptive buffering turned on and off.
+
+    python tests/correlated_drill.py STORAGE_DIR [--shape low_priority_hit|second_wave]
 """
 
 from __future__ import annotations
@@ -122,6 +128,44 @@ def unhit(storage_dir: str) -> None:
     }))
 
 
+def second_wave(storage_dir: str) -> None:
+    """A burst, then a second wave while tasks wait for capacity."""
+    import bastion as bn
+    from bastion.bench import correlated
+
+    records = 16_000
+    reference = correlated.references(storage_dir=storage_dir, records=records)
+    at_s = correlated.FAILURE_AT_S
+    faults = [bn.faults.KillNode(1, at=at_s), bn.faults.KillNode(2, at=at_s + 0.2),
+              # 4 slots: alerts comes back on a worker of its own, worker 1 (the
+              # survivor of node 0 is worker 0)...
+              bn.faults.AddNode(at=at_s + 1.0, cpus=correlated.NODE_CPUS),
+              # ...which is lost while per_auction and per_bidder wait
+              bn.faults.KillWorker(1, at=at_s + 4.5),
+              bn.faults.AddNode(at=at_s + 7.0, cpus=correlated.NODE_CPUS)]
+    with correlated.simulated_cluster() as cluster:
+        report = bn.drill(correlated.topology(records), protocol="coordinated",
+                          faults=faults, checkpoint_interval=0.5, cluster=cluster,
+                          storage=f"local://{storage_dir}", buffer_timeout_ms=50.0,
+                          workers=3, reference=reference,
+                          heartbeat_timeout_s=correlated.HEARTBEAT_TIMEOUT_S,
+                          recovery=bn.RecoveryPolicy(mode="progressive",
+                                                     task_slots_per_cpu=1.0))
+    fields = ("t_s", "lost_tasks", "region", "recover", "pending", "queries",
+              "second_wave", "waiting")
+    print(json.dumps({
+        "exactly_once": report.exactly_once, "lost": report.lost,
+        "duplicated": report.duplicated, "attempts": report.metrics.extra["attempts"],
+        "planned": [{k: e.get(k) for k in fields} for e in report.events
+                    if e["kind"] == "recovery_planned"],
+        "whole_restarts": [e.get("reason") for e in report.events
+                           if e["kind"] == "whole_restart"],
+        "buffering": [{k: e.get(k) for k in ("t_s", "on", "reason", "freed_bytes")}
+                      for e in report.events if e["kind"] == "adaptive_buffering"],
+        "backups": next((e for e in report.events if e["kind"] == "upstream_backups"), {}),
+    }))
+
+
 def main(storage_dir: str) -> None:
     from bastion.bench import correlated
     from bastion.report import write_html
@@ -147,5 +191,7 @@ def main(storage_dir: str) -> None:
 if __name__ == "__main__":
     if sys.argv[2:] == ["--shape", "low_priority_hit"]:
         unhit(sys.argv[1])
+    elif sys.argv[2:] == ["--shape", "second_wave"]:
+        second_wave(sys.argv[1])
     else:
         main(sys.argv[1])

@@ -205,7 +205,8 @@ def test_recovery_policy_refuses_bad_settings():
     for bad, field in [({"mode": "sideways"}, "mode"), ({"burst_losses": 0}, "burst_losses"),
                        ({"burst_window_s": -1}, "burst_window_s"),
                        ({"task_slots_per_cpu": 0}, "task_slots_per_cpu"),
-                       ({"held_frames_in_memory": 0}, "held_frames_in_memory")]:
+                       ({"held_frames_in_memory": 0}, "held_frames_in_memory"),
+                       ({"upstream_backups": "sometimes"}, "upstream_backups")]:
         with pytest.raises(ValueError, match=f"RecoveryPolicy.{field}"):
             bn.RecoveryPolicy(**bad)
 

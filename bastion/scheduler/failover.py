@@ -219,4 +219,6 @@ def failover_strategy(failover: str, restart_scope: str,
         return RestartAll() if capacity_model else RestartFailed()
     if restart_scope == "downstream":
         return RestartDownstream()
-    return RestartDownstream(adaptive=True) if capacity_model else RestartPipelinedRegion()
+    if not capacity_model:
+        return RestartPipelinedRegion()
+    return RestartDownstream(adaptive=recovery.upstream_backups == "adaptive")

@@ -107,6 +107,9 @@ from typing import Iterable, Mapping, Sequence
 from bastion.scheduler.catchup import CATCH_UP_PRIORITIES, CatchUpPriority, catch_up_priority
 
 RECOVERY_MODES = ("blocking", "progressive")
+# Under a capacity model: backups at the sources always and elsewhere during a burst's
+# recovery (Su & Zhou), or on every channel at all times (the baseline they reject).
+UPSTREAM_BACKUPS = ("adaptive", "always")
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,11 @@ class RecoveryPolicy:
     ``catch_up_priority``: ``"idle"``, while a query the failure did not hit runs,
     runs a worker that hosts only recovering tasks
     at the OS's lowest CPU priority while they catch up, for at most
-    ``catch_up_max_s`` (`bastion.scheduler.catchup`); ``"normal"`` never lowers one."""
+    ``catch_up_max_s`` (`bastion.scheduler.catchup`); ``"normal"`` never lowers one.
+    ``upstream_backups``: ``"adaptive"`` (sources always, other tasks during a burst's
+    recovery) or ``"always"`` (every channel at all times: a single failure restarts
+    less, at a cost in every failure-free second — the baseline `benchmarks/recovery.py`
+    measures adaptive buffering against)."""
 
     mode: str = "blocking"
     burst_losses: int = 2
@@ -134,6 +141,7 @@ class RecoveryPolicy:
     capacity_timeout_s: float = 300.0
     catch_up_priority: str = "idle"
     catch_up_max_s: float = 5.0
+    upstream_backups: str = "adaptive"
 
     def __post_init__(self) -> None:
         if self.mode not in RECOVERY_MODES:
@@ -143,6 +151,9 @@ class RecoveryPolicy:
                 or self.burst_losses < 1:
             raise ValueError(f"RecoveryPolicy.burst_losses must be an int >= 1, "
                              f"got {self.burst_losses!r}")
+        if self.upstream_backups not in UPSTREAM_BACKUPS:
+            raise ValueError(f"RecoveryPolicy.upstream_backups must be one of "
+                             f"{UPSTREAM_BACKUPS}, got {self.upstream_backups!r}")
         if self.catch_up_priority not in CATCH_UP_PRIORITIES:
             raise ValueError(f"RecoveryPolicy.catch_up_priority must be one of "
                              f"{CATCH_UP_PRIORITIES}, got {self.catch_up_priority!r}")
