@@ -39,14 +39,16 @@ def click(i: int) -> dict:
     return {"page": f"p{(i * 7) % PAGES}", "n": i % 11, "ts": i / 512 - (i % 3) / 1024}
 
 
-def sliding(count=4000, rate=2000):
+def sliding(count=4000, rate=2000, slide=SLIDE):
     """A keyed Sliding(1.0, 0.25) sum over two source instances: a window lives a few
-    CEC periods, so windows open at a kill have footprints and others none yet."""
+    CEC periods, so windows open at a kill have G_checks and others only G_opens.
+    ``slide=SIZE``: the same over Tumbling(1.0) windows."""
     topo = bn.Topology("cec-sliding")
     clicks = topo.source("clicks", bn.sources.Generator(click, count=count, rate=rate),
                          timestamp=lambda c: c["ts"], max_out_of_orderness=0.05,
                          parallelism=2)
-    clicks.key_by(lambda c: c["page"]).window(bn.windows.Sliding(SIZE, SLIDE)).aggregate(
+    window = bn.windows.Tumbling(SIZE) if slide == SIZE else bn.windows.Sliding(SIZE, slide)
+    clicks.key_by(lambda c: c["page"]).window(window).aggregate(
         "per-page", bn.aggregations.Sum(lambda c: c["n"]), parallelism=2).sink(
         "out", bn.sinks.Collect())
     return topo
@@ -64,17 +66,17 @@ def counted(count=4000, rate=2000):
     return topo
 
 
-def sliding_expected(count=4000) -> list:
+def sliding_expected(count=4000, slide=SLIDE) -> list:
     """``(page, start, end, sum)`` of every sliding window any record falls in (all
     fire: the end of the stream fires what is still open)."""
     sums: dict[tuple[str, int], int] = {}
     for i in range(count):
         c = click(i)
-        k = math.floor(c["ts"] / SLIDE)
-        while k * SLIDE + SIZE > c["ts"]:   # window k holds ts: k*SLIDE <= ts < k*SLIDE + SIZE
+        k = math.floor(c["ts"] / slide)
+        while k * slide + SIZE > c["ts"]:  # window k holds k*slide <= ts < k*slide + SIZE
             sums[c["page"], k] = sums.get((c["page"], k), 0) + c["n"]
             k -= 1
-    return sorted((page, k * SLIDE, k * SLIDE + SIZE, total)
+    return sorted((page, k * slide, k * slide + SIZE, total)
                   for (page, k), total in sums.items())
 
 
@@ -142,9 +144,13 @@ def joined_expected(count=2000) -> list:
     return sorted(out)
 
 
-WORKLOADS = {"sliding": sliding, "count": counted, "join": joined}
-EXPECTED = {"sliding": sliding_expected, "count": counted_expected, "join": joined_expected}
-OPERATOR = {"sliding": "per-page", "count": "per-page", "join": "match"}
+WORKLOADS = {"sliding": sliding, "count": counted, "join": joined,
+             "tumbling": lambda: sliding(slide=SIZE)}
+EXPECTED = {"sliding": sliding_expected, "count": counted_expected, "join": joined_expected,
+            "tumbling": lambda: sliding_expected(slide=SIZE)}
+OPERATOR = {"sliding": "per-page", "count": "per-page", "join": "match",
+            "tumbling": "per-page"}
+SLIDES = {"sliding": SLIDE, "tumbling": SIZE}
 _references: dict[str, list] = {}
 
 
@@ -208,8 +214,8 @@ def log_in_order(topo, workload: str, store, job: str, instance: int) -> list[tu
                                                           "part")))
             continue
         batch = op.results_batch(codec.unpack(value[1], "results"))
-        if workload == "sliding":
-            parts = [round(v[1] / SLIDE) for v in batch.values]
+        if workload in SLIDES:
+            parts = [round(v[1] / SLIDES[workload]) for v in batch.values]
         elif workload == "count":
             parts = list(batch.keys)
         else:
@@ -246,7 +252,7 @@ def test_the_order_check_sees_a_log_out_of_the_papers_order():
         "a second G_open of open part 2"]
 
 
-@pytest.mark.parametrize("workload", ["sliding", "count", "join"])
+@pytest.mark.parametrize("workload", ["sliding", "count", "join", "tumbling"])
 def test_a_failure_free_run_equals_plain_python_and_logs_in_the_papers_order(workload,
                                                                              storage):
     topo, result = failure_free(workload, storage)
@@ -323,7 +329,9 @@ def test_the_drill_catches_a_cec_that_does_not_restore_its_parts(workload, stora
 # -- the footprints, read back ---------------------------------------------------------
 
 
-def test_sliding_footprints_rebuild_the_same_ec_in_python_and_in_spark(storage, spark):
+@pytest.mark.parametrize("workload", ["sliding", "tumbling"])
+def test_window_footprints_rebuild_the_same_ec_in_python_and_in_spark(workload, storage,
+                                                                      spark):
     """Mid-run (log time ``at``), each open window's footprint holds, per page, the sum
     of exactly the records of that window at or below its position — plain Python
     over the input — and Spark's EC equals the in-process one."""
@@ -332,7 +340,7 @@ def test_sliding_footprints_rebuild_the_same_ec_in_python_and_in_spark(storage, 
     from bastion.spark_jobs.reconstruct import reconstruct_operator
 
     store = open_store(storage)
-    topo, result = failure_free("sliding", storage)
+    topo, result = failure_free(workload, storage)
     code = op_codes(topo)["clicks"]
     decode = DurableCodec().unpack
     checked = 0
@@ -342,7 +350,7 @@ def test_sliding_footprints_rebuild_the_same_ec_in_python_and_in_spark(storage, 
         for i in range(4000):
             c = click(i)
             if bn.stable_hash(c["page"]) % 2 == instance:
-                for k in windows_holding(c["ts"], SIZE, SLIDE):
+                for k in windows_holding(c["ts"], SIZE, SLIDES[workload]):
                     in_window.setdefault(k, []).append({**c, "i": i})
         prefix = log_prefix(result.job_id, "per-page", instance)
         times = [ts for _, ts, _ in LogReader(store, prefix).records()]

@@ -96,8 +96,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from dataclasses import dataclass
 from collections import deque
+from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from bastion.errors import TopologyError, UnserialisableError, UnstorableValueError
@@ -193,9 +194,11 @@ class CecOperator:
         self.position: dict[str, int] = {}
         self.channel_counts: dict[str, int] = {}
         self.guard: _Guard | None = None
-        # Every open part -> (log seq, inputs processed) of its newest footprint,
-        # oldest first: a part has one from the batch that opened it (its G_open).
-        self.footprints: dict[Any, tuple[int, int]] = {}
+        # Every open part -> (log seq, inputs processed) of its newest footprint and
+        # its key as packed, oldest first: a part has one from the batch that opened
+        # it (its G_open). The key is packed once, when the part opens: its G_checks
+        # and its closing name it by the same bytes.
+        self.footprints: dict[Any, tuple[int, int, bytes]] = {}
         self.records_in = 0
         self.dropped = 0
         self.opens_written = 0
@@ -274,14 +277,14 @@ class CecOperator:
         if gone:
             # Every open part has a footprint (its G_open at least): those that
             # closed leave N in one control tuple, after their results.
-            footprints = self.footprints
-            closing = [part for part in gone if footprints.pop(part, None) is not None]
+            pop = self.footprints.pop
+            closing = [footprint[2] for footprint in map(pop, gone, repeat(None))
+                       if footprint is not None]
             gone.clear()
             if closing:
                 self.newest_control = self.position
-                records.append(eventual.closed(self._pack_many(closing, "its keys"),
-                                               len(footprints), self.position,
-                                               self.task_watermark()))
+                records.append(eventual.closed(closing, len(self.footprints),
+                                               self.position, self.task_watermark()))
         self._append(records)
         return out
 
@@ -326,9 +329,9 @@ class CecOperator:
             states = self._pack_many([part_state(p) for p in parts])
         seq, records_in, footprinted = self.log.next_seq, self.records_in, self.footprints
         self.burst_positions[seq] = self.newest_control = self.position
-        for part in parts:
+        for part, key in zip(parts, keys):
             footprinted.pop(part, None)
-            footprinted[part] = (seq, records_in)
+            footprinted[part] = (seq, records_in, key)
         if kind == eventual.G_CHECK:
             self.checks_written += len(parts)
         else:
@@ -351,12 +354,12 @@ class CecOperator:
         stale, keys, states = [], [], []
         pack, part_state = self.codec.pack, self.inner.part_state
         next_seq, records_now = self.log.next_seq, self.records_in
-        for part, (seq, records_in) in self.footprints.items():
+        for part, (seq, records_in, key) in self.footprints.items():
             if (next_seq - seq <= policy.extent_target
                     and records_now - records_in <= policy.replay_target):
                 break
             stale.append(part)
-            keys.append(pack(part))
+            keys.append(key)
             states.append(pack(part_state(part)))
             if time.monotonic() >= deadline_s:
                 break
@@ -400,10 +403,12 @@ class CecOperator:
         # Two objects per part, by the hundred thousand, none in a cycle: the
         # collector would walk them all again and again (2-3x the load time).
         with gc_paused():
-            for part, state, fp in zip(*eventual.decode_parts(self.codec, ec)):
+            # the packed keys in the order `decode_parts` gives the parts
+            packed = reversed(ec.parts.keys())
+            for part, state, fp, key in zip(*eventual.decode_parts(self.codec, ec), packed):
                 self.inner.load_part(part, state)
                 parts[part] = fp.position
-                self.footprints[part] = (fp.seq, 0)
+                self.footprints[part] = (fp.seq, 0, key)
                 self.burst_positions.setdefault(fp.seq, fp.position)
         self.newest_control = ec.newest_position
         closed = set(self.codec.unpack_many(list(ec.closed), "eventual checkpoint part"))
@@ -431,7 +436,7 @@ class CecOperator:
                     [fp.state for _, fp in burst], n_open, first.position,
                     first.watermark))
                 for part, _ in burst:
-                    self.footprints[self.codec.unpack(part, "part")] = (seq, 0)
+                    self.footprints[self.codec.unpack(part, "part")] = (seq, 0, part)
             if ec.closed:
                 self.log.append(now_s, eventual.closed(sorted(ec.closed), n_open,
                                                        ec.newest_position,
