@@ -14,7 +14,9 @@ real kill, is measured by ``benchmarks/retune.py``: timing is no test assertion.
 from __future__ import annotations
 
 import asyncio
-import math
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +26,6 @@ from bastion.protocols import get_protocol
 from bastion.scheduler import tuning as tm
 from bastion.scheduler.retune import RetunePolicy, Retuner, decide
 from bastion.scheduler.tuning import Capacity, Measurement, build_model
-from bastion.sources import Source, SourceReader
 
 I_MAX = 1000.0
 T, R = 0.05, 0.2
@@ -95,6 +96,12 @@ def test_a_steady_rate_leaves_the_interval_and_a_halved_one_moves_it_up():
     up = retuner.decide(10.0, 312.0)
     assert up is not None and up.moved and 0.85 * start < up.interval_s < start
     assert retuner.decide(12.0, 300.0) is None       # and no step back up for 4%
+    # a rate that halves: up, but only as far as the higher of two periods allows
+    retuner = Retuner(policy(), start)
+    assert retuner.decide(2.0, 300.0) is None
+    assert retuner.decide(4.0, 150.0) is None        # the period before said 300/s
+    up = retuner.decide(6.0, 150.0)                   # two periods at 150/s: up
+    assert up is not None and up.interval_s == pytest.approx(RANGE[1])
     d = decide(policy(), start, 150.0)          # U 0.15: the whole range meets it
     assert d.moved and d.interval_s == pytest.approx(RANGE[1])
     assert "optimum moved" in d.reason
@@ -120,8 +127,9 @@ def test_a_bound_no_interval_meets_says_so_and_keeps_to_the_tuned_range(rate):
         assert d.predicted_trt_s is None
     # said once: the next period at the same rate changes nothing
     assert retuner.decide(4.0, rate) is None
-    # and the rate back down: it meets the bound again, and moves back up
-    back = retuner.decide(6.0, 300.0)
+    # and the rate back down for two periods: it meets the bound again, and moves up
+    assert retuner.decide(6.0, 300.0) is None         # the period before was the surge
+    back = retuner.decide(8.0, 300.0)
     assert back is not None and back.meets_bound and back.interval_s > 2.0
 
 
@@ -182,77 +190,29 @@ def test_the_coordinator_takes_a_new_interval_in_the_middle_of_its_wait():
 # -- (b) real Ray ----------------------------------------------------------------------------
 
 
-class Surge(Source):
-    """A paced source whose rate doubles ``at_s`` seconds after it started: record k of
-    an instance is due at k / rate before, and at twice the rate after. Its state is
-    its offset and its schedule's start, so a replay finds the same due times."""
-
-    bounded = True
-
-    def __init__(self, count: int, rate: float, at_s: float):
-        self.count, self.rate, self.at_s = count, rate, at_s
-
-    def open(self, index, parallelism):
-        return _SurgeReader(self, index, parallelism)
+BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "retune.py"
 
 
-class _SurgeReader(SourceReader):
-    def __init__(self, source: Surge, index: int, parallelism: int):
-        self.share = max(0, math.ceil((source.count - index) / parallelism))
-        self.rate = source.rate / parallelism
-        self.at_s = source.at_s
-        self.index, self.parallelism = index, parallelism
-        self.offset, self.started_s = 0, None
+def _benchmark():
+    """``benchmarks/retune.py`` — its `Surge` source — loaded from its path, once."""
+    name = "retune_benchmark"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, BENCHMARK)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
-    def _due(self, now_s: float) -> int:
-        t = now_s - self.started_s
-        due = self.rate * min(t, self.at_s) + 2 * self.rate * max(0.0, t - self.at_s)
-        return min(self.share, int(due) + 1)
 
-    def _due_at(self, k: int) -> float:
-        head = self.rate * self.at_s
-        return self.started_s + (k / self.rate if k < head
-                                 else self.at_s + (k - head) / (2 * self.rate))
-
-    def state(self):
-        return (self.offset, self.started_s)
-
-    def restore(self, state):
-        self.offset, self.started_s = state
-
-    def lag(self, now_s):
-        return 0 if self.started_s is None else max(0, self._due(now_s) - self.offset)
-
-    def read_backlog(self, max_records):
-        return self._read(max_records, None)
-
-    def read(self, max_records, now_s):
-        return self._read(max_records, now_s)
-
-    def arrivals(self, n, now_s):
-        if self.started_s is None:
-            return None
-        return [min(now_s, self._due_at(k)) for k in range(self.offset - n, self.offset)]
-
-    def _read(self, max_records, now_s):
-        if self.offset >= self.share:
-            return None
-        n = min(max_records, self.share - self.offset)
-        if now_s is not None:
-            if self.started_s is None:
-                self.started_s = now_s
-            n = min(n, self._due(now_s) - self.offset)
-            if n <= 0:
-                return []
-        first = self.index + self.offset * self.parallelism
-        self.offset += n
-        return list(range(first, first + n * self.parallelism, self.parallelism))
+def identity(i: int) -> int:
+    return i
 
 
 def surging(rate: float, at_s: float, seconds: float) -> bn.Topology:
-    count = round(rate * at_s + 2 * rate * (seconds - at_s))
+    bench = _benchmark()
     topology = bn.Topology("retune-surge")
-    topology.source("nums", Surge(count, rate, at_s)).map("double", lambda v: 2 * v).sink(
+    topology.source("nums", bench.Surge(identity, bench.surge_count(rate, at_s, seconds),
+                                        rate, at_s)).map("double", lambda v: 2 * v).sink(
         "out", bn.sinks.Collect())
     return topology
 

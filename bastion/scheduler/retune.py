@@ -29,7 +29,9 @@ Otherwise it stays. A predicted TRT within ``bound_tolerance`` (2%) above the bo
 is not a broken bound — the model's resolution, and a rate measured over one period
 wobbles by about that — so a tight interval is not moved by a per cent period after
 period; a rate that keeps rising moves it down to the optimum of the highest rate
-seen, and only an optimum more than ``move_fraction`` (25%) away moves it back up. When no interval of the tuned range meets the bound at this rate (or
+seen, and only an optimum more than ``move_fraction`` (25%) away moves it back up —
+at the higher of the last two periods' rates (`Retuner`): a longer interval is the
+riskier move, and one period's rate wobbles by several per cent. When no interval of the tuned range meets the bound at this rate (or
 the rate is at or over I_max: the job would never catch up), the decision says so and
 takes the shortest tuned interval — E grows with CI, so that is the least TRT the
 range offers; the interval never leaves the tuned range, where the model was fitted.
@@ -184,9 +186,19 @@ class Retuner:
         self.interval_s = interval_s
         self.meets_bound = True
         self.decisions: list[RetuneDecision] = []
+        self._last_rate: float | None = None   # the period before's
 
     def decide(self, t_s: float, ingest_avg_per_s: float) -> RetuneDecision | None:
         decision = decide(self.policy, self.interval_s, ingest_avg_per_s, t_s)
+        if (decision.interval_s > self.interval_s and self._last_rate is not None
+                and self._last_rate > ingest_avg_per_s):
+            # A longer interval only for a rate two periods agree on: the higher of
+            # the two decides. A period's measured rate wobbles by some per cent (the
+            # polls that time it stretch on a busy machine), and near U = 0.75 that
+            # moves the optimum by a quarter: at the lower of two wobbles the
+            # interval went up, and at the next higher one down again.
+            decision = decide(self.policy, self.interval_s, self._last_rate, t_s)
+        self._last_rate = ingest_avg_per_s
         turned = decision.meets_bound != self.meets_bound
         self.interval_s, self.meets_bound = decision.interval_s, decision.meets_bound
         if not (decision.moved or turned):
