@@ -1,7 +1,9 @@
 """Coordinated checkpoints: aligned barriers (Chandy–Lamport, as Flink's ABS).
 
 Every ``checkpoint_interval`` seconds the coordinator picks a new checkpoint id and
-asks each source task to start it. A source snapshots its offset, then sends a
+asks each source task to start it. The interval may change while the job runs
+(`Coordinator.set_interval`, a live re-tune: `bastion.scheduler.retune`): the wait for
+the next checkpoint is measured against the new interval at once. A source snapshots its offset, then sends a
 *barrier* on every output channel: everything it sent before the barrier belongs to
 the checkpoint, everything after does not. A task with several inputs *aligns*: once
 a barrier arrived on one input it holds that input back (its senders stall, since the

@@ -49,11 +49,16 @@ is what a source catching up at ``I_max`` while input arrives at ``I_avg`` does:
 the backlog ``(E+T+R+W)·I_avg`` drains at ``I_max - I_avg``.)
 
 **Profiling** (Chiron §IV-A) runs the user's topology once per interval of an evenly
-spaced grid between a minimum and a maximum, each on the same input, with one
-injected kill, and measures I_avg before the kill, the average latency L_avg in
-the failure-free seconds after the recovery (a run's latency histograms come from
-its last attempt), T and R of the recovery, and E of the kill (how old the
-restored checkpoint was);
+spaced grid between a minimum and a maximum, each on the same input, with
+``failures_per_run`` injected kills (the paper's three; `RayProfiler` spaces them so
+each recovery completes before the next, reading a bounded input for longer when it
+is too short for that), and measures per kill (`measure_kills`): I_avg before it
+(after the previous recovery caught up), the average latency L_avg in the
+failure-free seconds after its recovery (until the next kill, from the progress
+timeline's means — a run's latency histograms come from its last attempt only; after
+the last kill, from those), T and R of its recovery, and its E (how old the restored
+checkpoint was); every kill is one `Measurement`, and the model takes the medians
+over an interval's kills and ``repeats`` (`median_measurement`);
 one more run with the source's pacing removed measures I_max and a cold-start W.
 The warm-up after a *restart* is what eq 2 needs, and each profiling run shows it:
 eq 5 solved for W with the run's observed TRT (`recovery_warmup_s`). The observed
@@ -117,6 +122,8 @@ bound, it says so.
 
 The model (`trt_estimate`, `fit_quadratic`, `build_model`, `optimise`) is plain
 arithmetic, importable and testable without Ray; only `RayProfiler` runs jobs.
+`Model.at_utilisation` evaluates it again at another input rate — what a live re-tune
+does while the job runs (`bastion.scheduler.retune`).
 """
 
 from __future__ import annotations
