@@ -3,7 +3,8 @@
 1. Tunes a keyed job whose map waits on each record (a paced source at 40% of what
    the job can take, so the catch-up after a failure depends on the interval)
    with `bn.tune` for a worst-case TRT bound, and prints the profiling table, the
-   model and the chosen interval.
+   model and the chosen interval. ``--failures-per-run`` kills per profiling run
+   (default 3, as Chiron; 1: one kill per run in the window the drills use).
 2. Validation drills: for the chosen interval and two others (the ends of the
    range), runs the job with one kill each at a random phase of a checkpoint
    interval (`kill_times`: stratified, seeded), with the same run options as the
@@ -148,6 +149,8 @@ def main() -> None:
                         help="milliseconds the map waits per record (0.2)")
     parser.add_argument("--seconds", type=float, default=14.0,
                         help="seconds of input per run (14)")
+    parser.add_argument("--failures-per-run", type=int, default=3,
+                        help="kills per profiling run (3, as Chiron)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     points = args.points or (3 if args.quick else 6)
@@ -172,7 +175,9 @@ def main() -> None:
               f"map waiting {args.wait_ms:g} ms per record, keyed sum; protocol coordinated")
         print(f"tuning: worst-case TRT <= {args.bound:g} s over {points} intervals x "
               f"{repeats} runs in "
-              f"[{args.min:g}, {args.max:g}] s, one kill per run in {kill_between} s\n")
+              f"[{args.min:g}, {args.max:g}] s, "
+              + (f"one kill per run in {kill_between} s\n" if args.failures_per_run == 1
+                 else f"{args.failures_per_run} kills per run, each recovery apart\n"))
 
         def progress(p: dict) -> None:
             print(f"  profiling {p['done']}/{p['total']} {p['what']} (load "
@@ -181,7 +186,9 @@ def main() -> None:
         result = bn.tune(topo, trt_bound_s=args.bound, min_interval_s=args.min,
                          max_interval_s=args.max, points=points, repeats=repeats,
                          case="max",
-                         kill_between_s=kill_between, seed=args.seed, progress=progress,
+                         failures_per_run=args.failures_per_run,
+                         kill_between_s=kill_between if args.failures_per_run == 1 else None,
+                         seed=args.seed, progress=progress,
                          **options)
         from bastion.cli import table
 

@@ -1593,8 +1593,10 @@ class JobMaster:
         the growth of the sources' backlog, so a job falling behind its input still
         sees the input's rate — and once a period is full, let it decide and apply
         what it moved. A poll some worker did not answer, or during a recovery, is
-        left out (and a recovery is over once the sources caught up after it)."""
-        if not all_answered:
+        left out (and a recovery is over once the sources caught up after it), and so
+        is the end of a bounded input: a source that finished reads nothing more, which
+        is no input rate."""
+        if not all_answered or self.source_tasks & self.finished_tasks:
             self._retune_lag = None
             return
         if self._retune_hold is not None:
