@@ -973,9 +973,12 @@ def measure_kills(result: "RunResult", kills: Sequence[Any], interval_s: float,
     each of its own recovery: T, R, E and the observed TRT of that kill; I_avg from
     ``settle_s`` after the previous recovery caught up (after the start, for the
     first) until the kill — the first kill's rate when that window read too little;
-    L_avg in the failure-free seconds from ``settle_s`` after it caught up until the
-    next kill, from the progress timeline (the last kill's: `steady_latency_ms`, as
-    `measure_run`). One kill: exactly `measure_run`."""
+    L_avg in the failure-free time from ``settle_s`` after it caught up until the
+    next kill (or the run's end), from the progress timeline's 0.1-s points — the
+    histograms' whole seconds left the last kill, whose run ends a recovery's
+    allowance after it, none at times, and the fallback (`steady_latency_ms`: the last
+    attempt's whole histogram, its catch-up included) read 956 ms beside 4-7 ms. One
+    kill: exactly `measure_run`."""
     if len(kills) == 1:
         return [measure_run(result, kills, interval_s, settle_s)]
     events, timeline = result.details["events"], result.details["timeline"]
@@ -998,9 +1001,10 @@ def measure_kills(result: "RunResult", kills: Sequence[Any], interval_s: float,
             rate = ingest_rate(timeline, before.at_s + before.trt_s + settle_s,
                                o.at_s) or first_rate
         latency = last_latency
-        if i + 1 < len(outcomes) and o.trt_s is not None:
-            seen = timeline_latency_ms(timeline, o.at_s + o.trt_s + settle_s,
-                                       outcomes[i + 1].at_s)
+        if o.trt_s is not None:
+            until = (outcomes[i + 1].at_s if i + 1 < len(outcomes)
+                     else result.metrics.duration_s)
+            seen = timeline_latency_ms(timeline, o.at_s + o.trt_s + settle_s, until)
             latency = last_latency if seen is None else seen
         measured.append(Measurement(
             interval_s=interval_s, ingest_avg_per_s=rate, latency_avg_ms=latency,
