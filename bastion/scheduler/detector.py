@@ -22,7 +22,11 @@ so the job master can give up that checkpoint and restore an older one.
 zone). `CorrelatedFailures` groups what is lost: ``burst_losses`` or more losses —
 a lost node counts once, a lost worker on a live node once — within
 ``burst_window_s`` of the first are one *correlated failure*, handed to the recovery
-planner as one set (`bastion.scheduler.recovery`) instead of loss by loss.
+planner as one set (`bastion.scheduler.recovery`) instead of loss by loss. Under a
+capacity model a burst also turns *adaptive buffering* on (Su & Zhou): from then
+until the next checkpoint completed with every lost task running, every task keeps
+an upstream backup, so that tasks recovered later, or lost again in a second wave,
+are fed from their upstream instead of rolling the job back.
 
 The rule for heartbeats is the one `answers` applies: a worker is alive when its ping
 returns within ``heartbeat_timeout_s``, however late inside that timeout, and dead
