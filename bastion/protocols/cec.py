@@ -201,7 +201,6 @@ class CecOperator:
         self.footprints: dict[Any, tuple[int, int, bytes]] = {}
         self.records_in = 0
         self.dropped = 0
-        self.opens_written = 0
         self.checks_written = 0
         self.next_period_s = time.monotonic() + policy.period_s
         # The position each burst of footprints carried, by the log seq its parts
@@ -334,8 +333,6 @@ class CecOperator:
             footprinted[part] = (seq, records_in, key)
         if kind == eventual.G_CHECK:
             self.checks_written += len(parts)
-        else:
-            self.opens_written += len(parts)
         return eventual.footprints(kind, keys, states, len(footprinted), self.position,
                                    self.task_watermark())
 
