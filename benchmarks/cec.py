@@ -46,7 +46,9 @@ Seven figures, each against its target:
     and five repeats: this machine's CPU speed moves by up to 2x within seconds (a
     pure-Python loop timed again and again), and runs of 400,000 records (about a
     second) at best of three put ``coordinated`` anywhere from 0.69x to 1.40x of
-    ``none``. Target: G_open only costs ≤ 10% against ``none``.
+    ``none``. Beside each workload, what CEC adds to the window operator alone, in
+    this process (`operator_cost`: CPU time, free of the neighbours' work), as a share
+    of ``none``'s CPU per record. Target: G_open only costs ≤ 10% against ``none``.
 (e) **Policy sweeps**: a keyed sum over ``--sweep-keys`` keys (parts that never close),
     paced at ``--sweep-rate`` (runs of seconds: a burst refreshes only so many parts)
     under growing Q (extent target, as multiples of the N open parts), U (replay
