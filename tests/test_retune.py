@@ -287,3 +287,37 @@ def test_run_refuses_a_retune_it_cannot_do_before_anything_runs(tmp_path, capsys
     assert cli.main(["run", str(job), "--checkpoint-interval", "auto", "--trt-bound", "5",
                      "--retune-every", "2", "--protocol", "uncoordinated"]) == cli.EXIT_USAGE
     assert "cannot move its checkpoint interval" in capsys.readouterr().err
+
+
+RATE_600 = '''
+import bastion as bn
+
+topology = bn.Topology("retune-cli")
+topology.source("nums", bn.sources.Generator(lambda i: i, count=2400, rate=600)).sink(
+    "out", bn.sinks.Collect())
+'''
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_bastion_run_retune_every_moves_the_interval_of_the_job_it_runs(tmp_path, monkeypatch,
+                                                                       capsys):
+    """The command line's way in: ``--retune-every`` hands the tuning (here the plain
+    figures' — `_auto_interval` profiles for minutes otherwise) to the run, whose job
+    master moves the interval at 600 records/s, twice the rate it was tuned for."""
+    from bastion.runtime.events import read_events
+    from bastion.storage import LocalStore, list_jobs
+
+    tuned = bn.tune(None, trt_bound_s=BOUND_S, min_interval_s=RANGE[0],
+                    max_interval_s=RANGE[1], points=6, profiler=FixedProfiler())
+    monkeypatch.setattr(cli, "_auto_interval", lambda args: tuned)
+    job = tmp_path / "job.py"
+    job.write_text(RATE_600)
+    store = LocalStore(tmp_path / "store")
+    code = cli.main(["run", str(job), "--protocol", "coordinated", "--checkpoint-interval",
+                     "auto", "--trt-bound", str(BOUND_S), "--retune-every", "1",
+                     "--storage", f"local://{store.root}"])
+    assert code == cli.EXIT_OK, capsys.readouterr().err
+    [ran] = list_jobs(store)
+    moves = [e for e in read_events(store, ran.job) if e["kind"] == "interval_retuned"]
+    assert moves and moves[0]["interval_before_s"] == pytest.approx(tuned.interval_s)
+    assert moves[-1]["interval_s"] == pytest.approx(brute_force_optimum(0.6), abs=0.05)

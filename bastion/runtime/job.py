@@ -1599,6 +1599,8 @@ class JobMaster:
         if not all_answered or self.source_tasks & self.finished_tasks:
             self._retune_lag = None
             return
+        if self._retune_lag is None and read == 0 and lag == 0:
+            return   # the sources have not started: no input rate before they do
         if self._retune_hold is not None:
             if self._retune_hold == "catching_up" and caught_up(
                     lag, read, elapsed_s, self.config.progress_interval_s):
