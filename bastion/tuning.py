@@ -129,7 +129,8 @@ def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.
     input too short for that is read for longer; a ``duration_s`` too short is
     refused, naming the length needed; `RayProfiler`); every kill is one measurement,
     and the medians over an interval's kills and repeats are modelled (the paper ran
-    five runs). ``failures_per_run=1`` is one kill per run, in ``kill_between_s``. ``case`` is the TRT the bound applies to: ``"max"`` (worst case, the default),
+    five runs). ``failures_per_run=1`` is one kill per run, in ``kill_between_s``.
+    ``case`` is the TRT the bound applies to: ``"max"`` (worst case, the default),
     ``"avg"`` or ``"min"``. ``parallel``: profiling runs side by side, as many as the
     cluster's CPUs hold (1: one after the other). ``duration_s``: seconds per run for
     an unbounded topology. ``kill_between_s``: when the injected kill may fall

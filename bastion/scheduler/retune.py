@@ -31,10 +31,12 @@ wobbles by about that — so a tight interval is not moved by a per cent period 
 period; a rate that keeps rising moves it down to the optimum of the highest rate
 seen, and only an optimum more than ``move_fraction`` (25%) away moves it back up —
 at the higher of the last two periods' rates (`Retuner`): a longer interval is the
-riskier move, and one period's rate wobbles by several per cent. When no interval of the tuned range meets the bound at this rate (or
-the rate is at or over I_max: the job would never catch up), the decision says so and
-takes the shortest tuned interval — E grows with CI, so that is the least TRT the
-range offers; the interval never leaves the tuned range, where the model was fitted.
+riskier move, and one period's rate wobbles by several per cent.
+
+When no interval of the tuned range meets the bound at this rate (or the rate is at
+or over I_max: the job would never catch up), the decision says so and takes the
+shortest tuned interval — E grows with CI, so that is the least TRT the range
+offers; the interval never leaves the tuned range, where the model was fitted.
 
 The decision is here, behind `Retuner`; the job master (`bastion.runtime.job`)
 measures the rate, applies a moved interval to the running coordinator
@@ -96,8 +98,8 @@ class RetunePolicy:
             raise ValueError(f"bound_tolerance must be in [0, 1), got {self.bound_tolerance}")
 
     @classmethod
-    def of(cls, tuning: "TuningResult", period_s: float, move_fraction: float = DEFAULT_MOVE_FRACTION
-           ) -> "RetunePolicy":
+    def of(cls, tuning: "TuningResult", period_s: float,
+           move_fraction: float = DEFAULT_MOVE_FRACTION) -> "RetunePolicy":
         """The policy of a `bastion.tuning.TuningResult`: its model, bound, case and
         profiled range."""
         xs = [p.measurement.interval_s for p in tuning.model.points]
