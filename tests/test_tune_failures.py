@@ -154,6 +154,62 @@ def test_latency_between_kills_comes_from_the_timeline_weighted_by_records():
     assert timeline_latency_ms([{"t_s": 1.0, "sink_records": 5}], 0.0, 2.0) is None
 
 
+def synthetic_run(recoveries: list[tuple[float, float, float, float]], end_s: float = 6.0):
+    """A run's events and 0.1-s timeline, written by hand: 400 records/s, and per
+    recovery (kill, detected, restarted, caught up) nothing read from the kill to the
+    restart, a backlog until caught up (read at 1000/s), checkpoints every 0.5 s."""
+    from bastion.faults import ScheduledKill
+
+    events = [{"kind": "checkpoint_completed", "t_s": c / 2 + 0.05, "checkpoint_id": c,
+               "duration_s": 0.05} for c in range(1, int(end_s * 2))]
+    kills = []
+    for i, (kill, detected, restarted, _) in enumerate(recoveries):
+        what = f"kill op[{i}]"
+        kills.append(ScheduledKill(kill, what, worker=0))
+        events += [{"kind": "fault", "t_s": kill, "what": what, "killed": [0]}]
+        if detected is not None:
+            events.append({"kind": "failure_detected", "t_s": detected})
+        events.append({"kind": "restarted", "t_s": restarted,
+                       "checkpoint": int((kill - 0.05) * 2)})
+    events.sort(key=lambda e: e["t_s"])
+    timeline = []
+    for k in range(1, int(end_s * 10) + 1):
+        t = round(k * 0.1, 3)
+        down = any(kill <= t < restarted for kill, _, restarted, _ in recoveries)
+        behind = any(restarted <= t < caught for _, _, restarted, caught in recoveries)
+        n = 0 if down else 100 if behind else 40
+        timeline.append({"t_s": t, "source_records": n, "sink_records": n,
+                         "source_lag": 200 if down or behind else 0, "workers_answering": 1,
+                         "latency_mean_ms": 1.0})
+    return kills, events, timeline
+
+
+def test_a_kill_before_the_last_recovery_caught_up_leaves_that_recovery_without_a_trt():
+    from bastion.drills import fault_outcomes
+
+    # each recovery caught up before the next kill: both measured, each TRT the one
+    # the drills' matching gives (`bastion.runtime.recovery_times`)
+    kills, events, timeline = synthetic_run([(2.0, 2.01, 2.2, 2.8), (4.0, 4.01, 4.2, 4.8)])
+    apart = tm.kill_outcomes_of(kills, events, timeline, 6.0)
+    drilled = fault_outcomes(kills, events, timeline, 6.0)
+    assert [o.at_s for o in apart] == [2.0, 4.0]
+    assert [o.trt_s for o in apart] == [d.trt_s for d in drilled]
+    assert all(o.trt_s is not None and 2.0 + o.trt_s <= 4.0 for o in apart)
+    assert [round(o.reprocess_s, 2) for o in apart] == [0.5, 0.5]
+    # the second kill after the restart, before the catch-up: the first TRT is unknown
+    kills, events, timeline = synthetic_run([(2.0, 2.01, 2.2, 3.5), (2.6, 2.61, 2.8, 3.5)])
+    cut = tm.kill_outcomes_of(kills, events, timeline, 6.0)
+    assert [o.at_s for o in cut] == [2.0, 2.6]
+    # the drills' matching gives the first a TRT that spans the second outage
+    assert fault_outcomes(kills, events, timeline, 6.0)[0].trt_s > 0.6
+    assert cut[0].trt_s is None and cut[0].restart_s == pytest.approx(0.19)
+    assert cut[1].trt_s is not None
+    # the second kill inside the first recovery (before its restart): not measured
+    kills, events, timeline = synthetic_run([(2.0, 2.01, 2.4, 3.0), (2.1, None, 2.4, 3.0)])
+    inside = tm.kill_outcomes_of(kills, events, timeline, 6.0)
+    assert [o.at_s for o in inside] == [2.0] and inside[0].trt_s is None
+
+
 # -- (b) one real profiling run with three kills -------------------------------------------
 
 
