@@ -9,7 +9,7 @@ import struct
 
 import msgpack
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bastion.protocols.coordinated import Barrier
@@ -261,6 +261,7 @@ def msgpack_round_trip(column):
                         st.lists(st.one_of(ints64, st.booleans(), st.text(max_size=2)),
                                  min_size=3, max_size=3)),
        ts=st.lists(st.floats(allow_nan=False), min_size=3, max_size=3))
+@example(keys=None, values=[0, 0, 0], ts=[0.0, 0.0, -0.0])  # equal, not one value
 def test_a_frame_decodes_to_what_msgpack_alone_gave(keys, values, ts):
     """Packing is invisible: every column decodes to the values and types a msgpack
     array of it decodes to (ints stay ints, bools stay bools, lists become tuples)."""

@@ -25,6 +25,7 @@ one worker is not encoded at all (`passes_unencoded`).
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 from operator import itemgetter
@@ -157,7 +158,10 @@ MAX_CODED_DESTINATIONS = 256
 def _constant(column: Sequence) -> Any:
     """The column's single value if all its elements are equal, else the column."""
     if column and column[-1] == column[0] and column.count(column[0]) == len(column):
-        return float(column[0])
+        first = float(column[0])
+        # 0.0 == -0.0: a column mixing them is not one value (a stamp keeps its sign)
+        if first != 0.0 or len({math.copysign(1.0, v) for v in column}) == 1:
+            return first
     return column
 
 
