@@ -298,17 +298,22 @@ def test_a_failure_no_region_can_take_restarts_the_job_and_says_why(tmp_path):
 # -- pending tasks and a second wave: a simulated cluster, in a driver of its own ----------
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)  # four runs of 16 s, each on a simulated cluster of its own
-def test_a_second_wave_while_tasks_wait_for_capacity_adds_to_the_plan(tmp_path):
+def drill(tmp_path, shape: str) -> dict:
+    """`correlated_drill.py --shape SHAPE` in a driver of its own: its JSON line."""
     script = Path(__file__).with_name("correlated_drill.py")
-    out = subprocess.run([sys.executable, str(script), str(tmp_path), "--shape",
-                          "second_wave"], capture_output=True, text=True, timeout=900,
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), "--shape", shape],
+                         capture_output=True, text=True, timeout=900,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
                              [str(Path(__file__).resolve().parent.parent)]
                              + [p for p in [os.environ.get("PYTHONPATH")] if p])})
     assert out.returncode == 0, out.stderr[-3000:]
-    runs = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # four runs of 20 s, each on a simulated cluster of its own
+def test_a_second_wave_while_tasks_wait_for_capacity_adds_to_the_plan(tmp_path):
+    runs = drill(tmp_path, "second_wave")
     report = runs["regional"]
     assert report["exactly_once"], report
     assert report["lost"] == report["duplicated"] == 0, report
@@ -336,3 +341,23 @@ def test_a_second_wave_while_tasks_wait_for_capacity_adds_to_the_plan(tmp_path):
     assert "no checkpoint has completed in this attempt yet" in again["reason"]
     assert "wait for capacity" in again["reason"], again
     assert fallback["attempts"] == 3, fallback
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # two runs of 20 s, each on a simulated cluster of its own
+def test_a_second_wave_is_fed_from_a_backup_the_burst_turned_on(tmp_path):
+    """parse[0] (task 1) is not a source: it restarts with the burst (it kept no
+    backup), joins with buffering on, and runs on through the second wave, whose
+    restored counts it feeds again from the backup it kept since the line."""
+    report = drill(tmp_path, "relayed")
+    assert report["exactly_once"], report
+    first, second = report["planned"]
+    assert 1 in first["region"] and not first["second_wave"], report
+    assert second["second_wave"] and second["waiting"] == [8, 9], report
+    # the counts (4-6) restore the line; parse[0] does not: its backup feeds them
+    assert 1 not in second["region"] and {4, 5, 6} <= set(second["region"]), report
+    assert report["whole_restarts"] == [] and report["attempts"] == 1, report
+    on, off = report["buffering"]
+    assert on["on"] and not off["on"] and off["freed_bytes"] > 0, report
+    backups = report["backups"]
+    assert backups["other_bytes_logged"] > 0 and backups["other_bytes_kept"] == 0, report
