@@ -311,7 +311,7 @@ def drill(tmp_path, shape: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # four runs of 20 s, each on a simulated cluster of its own
+@pytest.mark.timeout(900)  # two runs of 20 s, each on a simulated cluster of its own
 def test_a_second_wave_while_tasks_wait_for_capacity_adds_to_the_plan(tmp_path):
     runs = drill(tmp_path, "second_wave")
     report = runs["regional"]
@@ -332,15 +332,6 @@ def test_a_second_wave_while_tasks_wait_for_capacity_adds_to_the_plan(tmp_path):
     assert not off["on"] and off["t_s"] > second["t_s"], report
     # (the scenario's tasks that are not sources end in sinks: no output to keep)
     assert report["backups"]["other_bytes_kept"] == 0, report
-
-    # No checkpoint before the burst: each wave restarts the job, saying why
-    fallback = runs["no_line"]
-    assert fallback["exactly_once"], fallback
-    first, again = fallback["whole_restarts"]
-    assert not first["second_wave"] and again["second_wave"], fallback
-    assert "no checkpoint has completed in this attempt yet" in again["reason"]
-    assert "wait for capacity" in again["reason"], again
-    assert fallback["attempts"] == 3, fallback
 
 
 @pytest.mark.slow
