@@ -174,15 +174,16 @@ def count_word(acc: int, _w: str) -> int:
     return acc + 1
 
 
-def relayed_topology(records: int) -> "bn.Topology":
+def relayed_topology(records: int, rate: float | None = 1000.0) -> "bn.Topology":
     """A source feeding ``parse`` (3 instances, not sources), which feeds a keyed
     count: query ``counts`` (priority 3); and ``tags``, a map straight off the source
     (priority 1). On three workers: worker 0 runs the source and instance 0 of
-    everything, workers 1 and 2 instances 1 and 2."""
+    everything, workers 1 and 2 instances 1 and 2. ``rate=None``: unpaced, for the
+    reference (no function reads the clock: the pace changes no record)."""
     import bastion as bn
 
     topo = bn.Topology("relayed")
-    words = topo.source("words", bn.sources.Generator(word, count=records, rate=1000.0))
+    words = topo.source("words", bn.sources.Generator(word, count=records, rate=rate))
     words.map("parse", str.upper, parallelism=3).key_by(lambda w: w) \
         .reduce("count", count_word, initial=0, parallelism=3).sink("counts", bn.sinks.Collect())
     words.map("tag", tag, parallelism=3).sink("tags", bn.sinks.Collect())
@@ -208,7 +209,7 @@ def relayed(storage_dir: str) -> dict:
 
     records = 20_000
     with correlated.simulated_cluster():
-        reference = reference_runs(relayed_topology(records),
+        reference = reference_runs(relayed_topology(records, rate=None),
                                    storage=f"local://{storage_dir}",
                                    buffer_timeout_ms=50.0, workers=3)
     at_s = correlated.FAILURE_AT_S
