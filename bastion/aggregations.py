@@ -13,15 +13,23 @@ built-ins take an optional ``fn`` that extracts the number to aggregate from a v
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
+
+# For a type checker: an aggregation reads values (V), folds them into an accumulator
+# (A) and emits a result (R). It consumes V and produces R, hence the variances.
+V_contra = TypeVar("V_contra", contravariant=True)
+A = TypeVar("A")
+R_co = TypeVar("R_co", covariant=True)
 
 
 @runtime_checkable
-class Aggregation(Protocol):
-    def create(self) -> Any: ...
-    def add(self, acc: Any, value: Any) -> Any: ...
-    def merge(self, a: Any, b: Any) -> Any: ...
-    def result(self, acc: Any) -> Any: ...
+class Aggregation(Protocol[V_contra, A, R_co]):
+    """What a window aggregate needs; ``Aggregation[V, A, R]`` to a type checker."""
+
+    def create(self) -> A: ...
+    def add(self, acc: A, value: V_contra) -> A: ...
+    def merge(self, a: A, b: A) -> A: ...
+    def result(self, acc: A) -> R_co: ...
 
 
 def _identity(value: Any) -> Any:
@@ -108,14 +116,14 @@ class Mean:
     def __init__(self, fn: Callable[[Any], Any] | None = None):
         self.fn = fn or _identity
 
-    def create(self) -> tuple:
+    def create(self) -> tuple[Any, int]:
         return (0, 0)
 
-    def add(self, acc: tuple, value: Any) -> tuple:
+    def add(self, acc: tuple[Any, int], value: Any) -> tuple[Any, int]:
         return (acc[0] + self.fn(value), acc[1] + 1)
 
-    def merge(self, a: tuple, b: tuple) -> tuple:
+    def merge(self, a: tuple[Any, int], b: tuple[Any, int]) -> tuple[Any, int]:
         return (a[0] + b[0], a[1] + b[1])
 
-    def result(self, acc: tuple) -> float | None:
+    def result(self, acc: tuple[Any, int]) -> float | None:
         return acc[0] / acc[1] if acc[1] else None

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -45,16 +46,16 @@ class SinkWriter:
     keeps_values = True
 
     def __init__(self) -> None:
-        self.staged: list = []
+        self.staged: list[Any] = []
 
-    def write(self, values: list) -> None:
+    def write(self, values: list[Any]) -> None:
         self.staged.extend(values)
 
-    def take_staged(self) -> list:
+    def take_staged(self) -> list[Any]:
         staged, self.staged = self.staged, []
         return staged
 
-    def apply(self, commit: int, values: list) -> None:
+    def apply(self, commit: int, values: list[Any]) -> None:
         """Make the committed ``values`` of commit point ``commit`` visible outside."""
 
 
@@ -84,7 +85,7 @@ class Collect(Sink):
 class _DiscardWriter(SinkWriter):
     keeps_values = False
 
-    def write(self, values: list) -> None:
+    def write(self, values: list[Any]) -> None:
         pass
 
 
@@ -105,7 +106,7 @@ class File(Sink):
 
     lazy_outputs = True
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path).absolute()
 
     def prepare(self, parallelism: int) -> None:

@@ -48,9 +48,13 @@ imports nothing of storage. A reader that opens a store is a connector
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generic, Sequence, TypeVar
 
 from bastion.sinks import _normalise_log_url
+
+#: The type of the records a source produces (to a type checker only: ``Source[T]``
+#: makes ``Topology.source`` return a ``Stream[T]``).
+T_co = TypeVar("T_co", covariant=True)
 
 
 class SourceReader:
@@ -61,7 +65,7 @@ class SourceReader:
     #: that a slow store never holds up the loop running the worker's other tasks.
     reads_store: bool = False
 
-    def read(self, max_records: int, now_s: float) -> list | None:
+    def read(self, max_records: int, now_s: float) -> list[Any] | None:
         raise NotImplementedError
 
     def arrivals(self, n: int, now_s: float) -> list[float] | None:
@@ -70,7 +74,7 @@ class SourceReader:
         times whenever a record is read again. None (the default): at ``now_s``."""
         return None
 
-    def read_backlog(self, max_records: int) -> list | None:
+    def read_backlog(self, max_records: int) -> list[Any] | None:
         """The next records at once, whatever the pacing (a replay skipping what it
         already reflects); None once the share is read."""
         return self.read(max_records, math.inf)
@@ -90,8 +94,9 @@ class SourceReader:
         return 0
 
 
-class Source:
-    """A replayable input; `open` gives instance ``index`` of ``parallelism`` its reader."""
+class Source(Generic[T_co]):
+    """A replayable input of records of type ``T_co``; `open` gives instance ``index``
+    of ``parallelism`` its reader."""
 
     bounded: bool = True
 
@@ -100,11 +105,11 @@ class Source:
 
 
 class _CollectionReader(SourceReader):
-    def __init__(self, items: list):
+    def __init__(self, items: list[Any]):
         self.items = items
         self.offset = 0
 
-    def read(self, max_records: int, now_s: float) -> list | None:
+    def read(self, max_records: int, now_s: float) -> list[Any] | None:
         if self.offset >= len(self.items):
             return None
         chunk = self.items[self.offset : self.offset + max_records]
@@ -112,11 +117,11 @@ class _CollectionReader(SourceReader):
         return chunk
 
 
-class Collection(Source):
+class Collection(Source[T_co]):
     """A finite in-memory sequence. Instance ``i`` of ``p`` reads items ``i, i+p, i+2p, …``."""
 
-    def __init__(self, items: Sequence[Any]):
-        self.items = list(items)
+    def __init__(self, items: Sequence[T_co]):
+        self.items: list[T_co] = list(items)
 
     def open(self, index: int, parallelism: int) -> SourceReader:
         return _CollectionReader(self.items[index::parallelism])
@@ -155,11 +160,11 @@ class _GeneratorReader(SourceReader):
             due = min(due, self.share)
         return max(0, due - self.offset)
 
-    def read_backlog(self, max_records: int) -> list | None:
+    def read_backlog(self, max_records: int) -> list[Any] | None:
         # Unpaced, and the schedule not started: pacing starts after the skipped records.
         return self._read(max_records, None)
 
-    def read(self, max_records: int, now_s: float) -> list | None:
+    def read(self, max_records: int, now_s: float) -> list[Any] | None:
         return self._read(max_records, now_s)
 
     def arrivals(self, n: int, now_s: float) -> list[float] | None:
@@ -174,7 +179,7 @@ class _GeneratorReader(SourceReader):
             due = [min(t, now_s) for t in due]
         return due
 
-    def _read(self, max_records: int, now_s: float | None) -> list | None:
+    def _read(self, max_records: int, now_s: float | None) -> list[Any] | None:
         if self.share is not None and self.offset >= self.share:
             return None
         n = max_records
@@ -194,12 +199,12 @@ class _GeneratorReader(SourceReader):
         return out
 
 
-class Generator(Source):
+class Generator(Source[T_co]):
     """``fn(k)`` for ``k`` in ``range(count)`` (forever when ``count`` is None), at most
     ``rate`` records per second over all instances (as fast as possible when None).
     ``fn`` must be deterministic: replay after a failure calls it again."""
 
-    def __init__(self, fn: Callable[[int], Any], count: int | None = None,
+    def __init__(self, fn: Callable[[int], T_co], count: int | None = None,
                  rate: float | None = None):
         if count is not None and count < 0:
             raise ValueError(f"Generator count must be >= 0 or None, got {count}")
@@ -217,7 +222,7 @@ class Generator(Source):
         return f"Generator(count={self.count}, rate={self.rate})"
 
 
-class Log(Source):
+class Log(Source[Any]):
     """The records of a segmented log (`bastion.storage.log`) in an object store.
 
     ``url`` is the log's home, a store URL: ``local://PATH`` or

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Generic, Iterable, TypeVar
 
 from bastion import aggregations as _aggregations
 from bastion import windows as _windows
@@ -54,6 +54,19 @@ REBALANCE = "rebalance"
 HASH = "hash"
 BROADCAST = "broadcast"
 AUTO = "auto"  # forward when parallelism matches, rebalance otherwise
+
+# Type variables of the typed DSL (see the module docstring). A stream only produces
+# its records, so its record type is covariant: a Stream[bool] is a Stream[int]. A key
+# is invariant: a join pairs keys of one type.
+T = TypeVar("T")  # a source's records
+T_co = TypeVar("T_co", covariant=True)  # a stream's records
+V_co = TypeVar("V_co", covariant=True)  # a keyed stream's records (its values)
+K = TypeVar("K")  # a key
+U = TypeVar("U")  # what a function makes of a record
+W = TypeVar("W")  # the other side of a join
+A = TypeVar("A")  # a reduce's accumulator
+S = TypeVar("S")  # a stateful_map's state
+R = TypeVar("R")  # a window aggregation's result
 
 OPERATOR_KINDS = (
     "source", "map", "filter", "flat_map", "reduce", "stateful_map", "window", "join",
@@ -185,9 +198,9 @@ class Topology:
         self.nodes[name] = node
         return node
 
-    def source(self, name: str, source: Source, *, parallelism: int = 1,
-               timestamp: Callable[[Any], float] | None = None,
-               max_out_of_orderness: float = 0.0) -> "Stream":
+    def source(self, name: str, source: Source[T], *, parallelism: int = 1,
+               timestamp: Callable[[T], float] | None = None,
+               max_out_of_orderness: float = 0.0) -> Stream[T]:
         """Add a source. ``timestamp(value)`` gives event time in seconds (without it, the
         ingest time: when the record first arrived, `bastion.sources`); watermarks trail the largest timestamp by
         ``max_out_of_orderness`` seconds, and a record behind its source's watermark is
@@ -218,19 +231,19 @@ class Topology:
             raise TopologyError(f"query {name!r} names no outputs")
         self.queries[name] = Query(name, outputs, priority)
 
-    def feedback(self, from_op: "str | Stream", to_op: str, *,
+    def feedback(self, from_op: str | Stream[Any], to_op: str, *,
                  key: Callable[[Any], Any] | None = None) -> None:
         """Declare a back edge ``from_op → to_op`` that closes a cycle (e.g. an iteration).
         With ``key`` the edge is hash-partitioned by ``key(value)``."""
         self._edge(from_op, to_op, key, feedback=True)
 
-    def connect(self, from_op: "str | Stream", to_op: str, *,
+    def connect(self, from_op: str | Stream[Any], to_op: str, *,
                 key: Callable[[Any], Any] | None = None) -> None:
         """Add a plain edge between two existing operators (for graphs built from
         configuration). An edge that closes a cycle must be a `feedback` edge instead."""
         self._edge(from_op, to_op, key, feedback=False)
 
-    def _edge(self, from_op: "str | Stream", to_op: str, key: Callable | None,
+    def _edge(self, from_op: str | Stream[Any], to_op: str, key: Callable[[Any], Any] | None,
               feedback: bool) -> None:
         src = from_op.name if isinstance(from_op, Stream) else from_op
         what = "feedback edge" if feedback else "edge"
@@ -346,8 +359,9 @@ class Topology:
         return f"Topology({self.name!r}, operators={list(self.nodes)})"
 
 
-class Stream:
-    """The output of an operator; its methods add operators downstream of it."""
+class Stream(Generic[T_co]):
+    """The output of an operator, carrying records of type ``T_co`` (to a type
+    checker); its methods add operators downstream of it."""
 
     def __init__(self, topology: Topology, name: str, partition: str = AUTO):
         self.topology = topology
@@ -357,43 +371,45 @@ class Stream:
     def _input(self) -> Input:
         return Input(self.name, self._partition)
 
-    def _unary(self, kind: str, name: str, fn: Callable, parallelism: int | None,
-               **params: Any) -> "Stream":
+    def _unary(self, kind: str, name: str, fn: Callable[..., Any], parallelism: int | None,
+               **params: Any) -> Stream[Any]:
         _check_callable(name, "fn", fn)
         self.topology._add(name, kind, parallelism, [self._input()], fn=fn, **params)
         return Stream(self.topology, name)
 
-    def map(self, name: str, fn: Callable[[Any], Any], *, parallelism: int | None = None
-            ) -> "Stream":
+    def map(self, name: str, fn: Callable[[T_co], U], *, parallelism: int | None = None
+            ) -> Stream[U]:
         """``fn(value)`` for every record."""
         return self._unary("map", name, fn, parallelism)
 
-    def filter(self, name: str, fn: Callable[[Any], bool], *,
-               parallelism: int | None = None) -> "Stream":
+    def filter(self, name: str, fn: Callable[[T_co], object], *,
+               parallelism: int | None = None) -> Stream[T_co]:
         """Keep the records for which ``fn(value)`` is true."""
         return self._unary("filter", name, fn, parallelism)
 
-    def flat_map(self, name: str, fn: Callable[[Any], Iterable[Any]], *,
-                 parallelism: int | None = None) -> "Stream":
+    def flat_map(self, name: str, fn: Callable[[T_co], Iterable[U]], *,
+                 parallelism: int | None = None) -> Stream[U]:
         """Every element of ``fn(value)``, each a record with the input's timestamp."""
         return self._unary("flat_map", name, fn, parallelism)
 
-    def key_by(self, fn: Callable[[Any], Any]) -> "KeyedStream":
+    def key_by(self, fn: Callable[[T_co], K]) -> KeyedStream[K, T_co]:
         """Partition by ``fn(value)``: the next operator is keyed. Keys must be values
         msgpack can carry; they are routed by a stable hash."""
         _check_callable(f"key_by after {self.name}", "key", fn)
         return KeyedStream(self.topology, self.name, fn)
 
-    def rebalance(self) -> "Stream":
+    def rebalance(self) -> Stream[T_co]:
         """Send the next edge round-robin over the downstream instances."""
         return Stream(self.topology, self.name, REBALANCE)
 
-    def broadcast(self) -> "Stream":
+    def broadcast(self) -> Stream[T_co]:
         """Send every record on the next edge to every downstream instance."""
         return Stream(self.topology, self.name, BROADCAST)
 
-    def union(self, *others: "Stream", name: str, parallelism: int | None = None) -> "Stream":
-        """All records of this stream and of ``others``, interleaved."""
+    def union(self, *others: Stream[U], name: str, parallelism: int | None = None
+              ) -> Stream[T_co | U]:
+        """All records of this stream and of ``others``, interleaved. (Typed: a
+        ``Stream[A]`` with ``Stream[B]``s is a ``Stream[A | B]``.)"""
         for other in others:
             if not isinstance(other, Stream) or other.topology is not self.topology:
                 raise TopologyError(f"union {name!r}: every input must be a stream of the "
@@ -410,35 +426,36 @@ class Stream:
         self.topology._add(name, "sink", parallelism, [self._input()], sink=sink)
 
 
-class KeyedStream(Stream):
-    """A stream whose next operator is keyed by ``key_fn(value)``."""
+class KeyedStream(Stream[V_co], Generic[K, V_co]):
+    """A stream of ``V_co`` records whose next operator is keyed by ``key_fn(value)``,
+    a ``K``."""
 
-    def __init__(self, topology: Topology, name: str, key_fn: Callable[[Any], Any]):
+    def __init__(self, topology: Topology, name: str, key_fn: Callable[[V_co], K]):
         super().__init__(topology, name, HASH)
         self.key_fn = key_fn
 
     def _input(self) -> Input:
         return Input(self.name, HASH, self.key_fn)
 
-    def reduce(self, name: str, fn: Callable[[Any, Any], Any], initial: Any, *,
-               parallelism: int | None = None) -> Stream:
+    def reduce(self, name: str, fn: Callable[[A, V_co], A], initial: A, *,
+               parallelism: int | None = None) -> Stream[tuple[K, A]]:
         """Running fold per key: emits ``(key, acc)`` after every input, where
         ``acc = fn(acc, value)`` starting from ``initial``."""
         return self._unary("reduce", name, fn, parallelism, initial=initial)
 
-    def stateful_map(self, name: str, fn: Callable[[Any, Any], tuple[Any, Any]],
-                     initial: Any, *, parallelism: int | None = None) -> Stream:
+    def stateful_map(self, name: str, fn: Callable[[S, V_co], tuple[S, U]],
+                     initial: S, *, parallelism: int | None = None) -> Stream[U]:
         """Per-key state machine: ``fn(state, value) -> (state, out)``; emits ``out``."""
         return self._unary("stateful_map", name, fn, parallelism, initial=initial)
 
-    def window(self, spec: _windows.WindowSpec) -> "WindowedStream":
+    def window(self, spec: _windows.WindowSpec) -> WindowedStream[K, V_co]:
         if not isinstance(spec, (_windows.Tumbling, _windows.Sliding, _windows.Count)):
             raise TopologyError(f"window after {self.name!r}: expected a bn.windows spec, "
                                 f"got {spec!r}")
         return WindowedStream(self, spec)
 
-    def join(self, other: "KeyedStream", name: str, *, window: _windows.WindowSpec,
-             parallelism: int | None = None) -> Stream:
+    def join(self, other: KeyedStream[K, W], name: str, *, window: _windows.WindowSpec,
+             parallelism: int | None = None) -> Stream[tuple[K, V_co, W]]:
         """Emit ``(key, a_value, b_value)`` for every pair of records with the same key in
         the same time window (``a`` from this stream, ``b`` from ``other``)."""
         if not isinstance(other, KeyedStream):
@@ -456,16 +473,20 @@ class KeyedStream(Stream):
         return Stream(self.topology, name)
 
 
-class WindowedStream:
+class WindowedStream(Generic[K, V_co]):
     """A keyed stream cut into windows; `aggregate` turns each window into one result."""
 
-    def __init__(self, keyed: KeyedStream, spec: _windows.WindowSpec):
+    def __init__(self, keyed: KeyedStream[K, V_co], spec: _windows.WindowSpec):
         self.keyed = keyed
         self.spec = spec
 
-    def aggregate(self, name: str, agg: Any, *, parallelism: int | None = None) -> Stream:
+    def aggregate(self, name: str,
+                  agg: _aggregations.Aggregation[V_co, Any, R]
+                  | Callable[[], _aggregations.Aggregation[V_co, Any, R]], *,
+                  parallelism: int | None = None) -> Stream[tuple[K, float, float, R]]:
         """Emit ``(key, window_start, window_end, agg.result(acc))`` when a window fires
-        (for ``Count`` windows: the first and last record's event time)."""
+        (for ``Count`` windows: the first and last record's event time). ``agg`` is an
+        aggregation or its class (made with no arguments)."""
         if isinstance(agg, type):
             agg = agg()
         if not isinstance(agg, _aggregations.Aggregation):

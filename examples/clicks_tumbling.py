@@ -11,6 +11,7 @@ arrive at 3,000 a second, so the 20,000 clicks (100 s of event time) take about 
 """
 
 import random
+from typing import Any
 
 import bastion as bn
 
@@ -19,7 +20,7 @@ CLICKS = 20_000
 RATE = 3_000  # clicks per second
 
 
-def click(i: int) -> dict:
+def click(i: int) -> dict[str, Any]:
     # Deterministic in i (replay after a failure must produce the same click): one
     # click every 5 ms of event time, jittered by up to 2.2 s (a few end up late).
     rng = random.Random(i)

@@ -11,6 +11,7 @@ Each stream delivers 750 records a second: about 7 s for the 5,000 orders.
 """
 
 import random
+from typing import Any
 
 import bastion as bn
 
@@ -18,12 +19,12 @@ ORDERS = 5_000
 RATE = 750  # records per second, per stream
 
 
-def order(i: int) -> dict:
+def order(i: int) -> dict[str, Any]:
     rng = random.Random(i)
     return {"order_id": i, "amount": round(rng.uniform(5, 500), 2), "ts": i * 0.01}
 
 
-def payment(i: int) -> dict:
+def payment(i: int) -> dict[str, Any]:
     # a payment follows its order by up to 5 s of event time; every 7th order is unpaid
     rng = random.Random(-i - 1)
     paid = i if i % 7 else None

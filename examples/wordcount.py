@@ -45,7 +45,7 @@ topology.query("word-counts", outputs=["out"], priority=1)
 
 if __name__ == "__main__":
     result = bn.run(topology)
-    final = {}
+    final: dict[str, int] = {}
     for word, count in result.outputs["out"]:
         final[word] = max(final.get(word, 0), count)
     for word, count in sorted(final.items(), key=lambda kv: -kv[1])[:10]:
