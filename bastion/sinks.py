@@ -34,29 +34,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-
-class SinkWriter:
-    """One sink instance. It stages records (`write`); at each commit point the
-    runtime takes what was staged (`take_staged`) and stores it durably; once the
-    commit point is complete it calls `apply` with those records, in commit order,
-    for sinks with an outside effect (a file). `apply` must be idempotent per commit
-    point: after a failure it may be called again for a commit it already applied."""
-
-    # False for writers that drop values (Discard): lineage ids are not kept for them.
-    keeps_values = True
-
-    def __init__(self) -> None:
-        self.staged: list[Any] = []
-
-    def write(self, values: list[Any]) -> None:
-        self.staged.extend(values)
-
-    def take_staged(self) -> list[Any]:
-        staged, self.staged = self.staged, []
-        return staged
-
-    def apply(self, commit: int, values: list[Any]) -> None:
-        """Make the committed ``values`` of commit point ``commit`` visible outside."""
+# SinkWriter is defined in bastion.io_interfaces, which the connectors import without
+# importing this module back; the public name stays bastion.sinks.SinkWriter.
+from bastion.io_interfaces import SinkWriter  # noqa: F401 - re-exported
 
 
 class Sink:

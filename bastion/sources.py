@@ -52,46 +52,13 @@ from typing import Any, Callable, Generic, Sequence, TypeVar
 
 from bastion.sinks import _normalise_log_url
 
+# SourceReader is defined in bastion.io_interfaces, which the connectors import without
+# importing this module back; the public name stays bastion.sources.SourceReader.
+from bastion.io_interfaces import SourceReader  # noqa: F401 - re-exported
+
 #: The type of the records a source produces (to a type checker only: ``Source[T]``
 #: makes ``Topology.source`` return a ``Stream[T]``).
 T_co = TypeVar("T_co", covariant=True)
-
-
-class SourceReader:
-    """One instance's cursor over its share of a source."""
-
-    offset: int
-    #: Whether `read` may call the object store: its task then reads in a thread, so
-    #: that a slow store never holds up the loop running the worker's other tasks.
-    reads_store: bool = False
-
-    def read(self, max_records: int, now_s: float) -> list[Any] | None:
-        raise NotImplementedError
-
-    def arrivals(self, n: int, now_s: float) -> list[float] | None:
-        """When each of the ``n`` records the last read returned first arrived, in
-        wall-clock seconds, none later than ``now_s`` (that read's time): the same
-        times whenever a record is read again. None (the default): at ``now_s``."""
-        return None
-
-    def read_backlog(self, max_records: int) -> list[Any] | None:
-        """The next records at once, whatever the pacing (a replay skipping what it
-        already reflects); None once the share is read."""
-        return self.read(max_records, math.inf)
-
-    def seek(self, offset: int) -> None:
-        self.offset = offset
-
-    def state(self) -> Any:
-        """What a checkpoint stores to resume this reader (by default, its offset)."""
-        return self.offset
-
-    def restore(self, state: Any) -> None:
-        self.seek(state)
-
-    def lag(self, now_s: float) -> int:
-        """Records already due but not read yet (a paced source that fell behind)."""
-        return 0
 
 
 class Source(Generic[T_co]):

@@ -11,6 +11,10 @@ runs (in the driver for ``prepare``, in each worker for ``open``):
 - `logs`: ``Log``'s sink writer and source reader over segmented logs in an object
   store, and the layout they share.
 
-A connector may import storage and the descriptions it serves; nothing of the DSL
+A connector may import storage and the interfaces of `bastion.io_interfaces`
+(`SinkWriter`, `SourceReader`, the `LogDescription` it reads): never the description
+modules ``bastion.sinks`` and ``bastion.sources`` themselves, which import their
+connectors when a job runs — the arrows point one way, from a description to its
+connector to the interfaces (``tests/test_import_arrows.py``). Nothing of the DSL
 imports a connector at module level.
 """

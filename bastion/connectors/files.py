@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from bastion.sinks import SinkWriter
+from bastion.io_interfaces import SinkWriter
 
 
 def marker_path(path: Path) -> Path:

@@ -13,18 +13,14 @@ import json
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import msgpack
 
-from bastion.sinks import SinkWriter
-from bastion.sources import SourceReader
+from bastion.io_interfaces import LogDescription, SinkWriter, SourceReader
 from bastion.storage import (CorruptRecordError, KeyNotFoundError, LogReader, LogWriter,
                              ObjectStore, StorageError, open_store)
 from bastion.storage.log import LogRecord
-
-if TYPE_CHECKING:
-    from bastion.sources import Log as LogSource
 
 # The layout of a log at a URL, which sinks write and sources read. The URL's store is
 # the log's home: ``open_store(url)`` is rooted at it, and every key below is relative
@@ -279,7 +275,7 @@ class LogSourceReader(SourceReader):
 
     reads_store = True
 
-    def __init__(self, source: LogSource, index: int, parallelism: int):
+    def __init__(self, source: LogDescription, index: int, parallelism: int):
         self.source = source
         self.index = index
         self.parallelism = parallelism
