@@ -4,10 +4,10 @@ Each click carries the time it happened; clicks arrive up to 2 s out of order. T
 source's watermark trails the largest timestamp seen by 2 s, so a window
 ``[k*10, (k+1)*10)`` fires once the watermark passes its end, with the exact count.
 A click more than 2 s behind is *late*: it goes to the dead-letter output. Clicks
-arrive at 3,000 a second, so the 20,000 clicks (100 s of event time) take about 7 s.
+arrive at 4,000 a second, so the 20,000 clicks (100 s of event time) take about 5 s.
 
     bastion run examples/clicks_tumbling.py
-    bastion drill examples/clicks_tumbling.py --protocol cic --random-kills 2 --between 1,4
+    bastion drill examples/clicks_tumbling.py --protocol cic --random-kills 2 --between 1,3.5
 """
 
 import random
@@ -17,7 +17,7 @@ import bastion as bn
 
 PAGES = ["/", "/pricing", "/docs", "/blog", "/signup"]
 CLICKS = 20_000
-RATE = 3_000  # clicks per second
+RATE = 4_000  # clicks per second
 
 
 def click(i: int) -> dict[str, Any]:
