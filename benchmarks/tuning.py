@@ -199,6 +199,7 @@ def main() -> None:
               f"(cold start {cap.warmup_s:.2f} s), checkpoints complete "
               f"{result.model.completion_lag_s:.3f} s after their trigger (d)")
         print(table(result.rows(), header=result.HEADER))
+        print(result.fits())
         print("\neach profiling run: E of its kill, the TRT it showed, the W eq 5 solved "
               "for W reads from it")
         for m in sorted(result.measurements, key=lambda m: m.interval_s):
@@ -322,6 +323,12 @@ def main() -> None:
         print(f"  predicted L_avg within 15% of measured (per interval): ratios "
               f"{', '.join(f'{r:.2f}' for r in latency_ratios)} -> "
               f"{'met' if worst_latency is not None and worst_latency <= 0.15 else 'MISSED'}")
+        # Chiron reports R² of 0.819-0.996 for its fits; a fit under 0.8 explains too
+        # little of the profiled points for its prediction to be worth the name.
+        r2s = [r for r in (result.model.latency_r2, *result.model.trt_r2.values())
+               if r is not None]
+        print(f"  every fit's R² >= 0.8 (Chiron: 0.819-0.996): {result.fits()} -> "
+              f"{'met' if r2s and min(r2s) >= 0.8 else 'MISSED'}")
         if chosen is None:
             print("  chosen interval keeps the bound: no interval was chosen "
                   f"({result.reason})")
@@ -339,7 +346,8 @@ def main() -> None:
               f"predicted/measured L_avg "
               f"{statistics.mean(latency_ratios) if latency_ratios else float('nan'):.2f}; "
               f"chosen {fmt(chosen)} s kept the {args.bound:g} s bound in "
-              f"{bound_kept}/{bound_drills} drills")
+              f"{bound_kept}/{bound_drills} drills; least R² of the fits "
+              f"{fmt(min(r2s, default=None), '.3f')}")
 
 
 if __name__ == "__main__":
