@@ -24,20 +24,37 @@ measured points and the bound as an HTML page with inline SVG (no network assets
 
     result = bn.tune(topo, trt_bound_s=10, min_interval_s=0.5, max_interval_s=8, points=6)
     result.interval_s, result.trt_s, result.latency_ms
+
+**Who runs the jobs.** The model, the fits and the optimiser belong to the scheduler
+(`bastion.scheduler.tuning`), which sits below the launcher and the drills and so
+cannot start a job: it defines what it needs measured — the `Profiler` interface, a
+capacity run and one profiling run per interval — and this module, above both, fills
+it. `RayProfiler` runs each profiling job with `bastion.run` and reads it back
+(`measure_kills`) through the drills' matching of kills with the job master's events
+(`kill_outcomes_of`, over `bastion.drills.fault_outcomes`); `room_for_copies` asks the
+Ray cluster how many runs fit side by side. ``tune(profiler=...)`` takes any other
+`Profiler`, and its measurements are modelled the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from bastion.scheduler.tuning import (CASES, DEFAULT_STOP_TERM_S, Capacity, Case, Choice,
-                                      Measurement, Model, Profiler, RayProfiler, build_model,
-                                      grid, optimise, profile_all, room_for_copies)
+                                      KillOutcome, Measurement, Model, Profiler,
+                                      ProfilingError, _paced_sources, _plan_of, build_model,
+                                      capacity_of, checkpoint_duration_s, discard_outputs,
+                                      expected_run_s, grid, ingest_rate, lengthened,
+                                      optimise, own_outputs, profile_all, reprocessed_s,
+                                      steady_latency_ms, timeline_latency_ms, unthrottled)
 
 if TYPE_CHECKING:
+    from bastion.launcher import RunResult
     from bastion.topology import Topology
 
 #: The range ``checkpoint_interval="auto"`` (``bastion run --checkpoint-interval auto``)
@@ -52,8 +69,6 @@ def auto_range(topology: "Topology", duration_s: float | None = None) -> tuple[f
     """The (min, max) interval ``checkpoint_interval="auto"`` tunes over for a run of
     ``topology`` lasting ``duration_s`` (default: as long as its paced input). A
     ValueError when the run is too short to tune."""
-    from bastion.scheduler.tuning import expected_run_s
-
     length_s = duration_s or expected_run_s(topology)
     if length_s is None:
         return AUTO_MIN_INTERVAL_S, AUTO_MAX_INTERVAL_S
@@ -196,6 +211,315 @@ def _delete_profiles(storage: str | None, job_ids: list[str]) -> None:
     store = open_store(storage or inspect.signature(run).parameters["storage"].default)
     for job_id in {j for ids in job_ids for j in ids.split()}:
         delete_job(store, job_id)
+
+
+# -- profiling with real runs ------------------------------------------------------------------
+#
+# The scheduler defines what tuning needs measured (`bastion.scheduler.tuning.Profiler`)
+# and imports nothing above the runtime; the profiler that runs real jobs, and the
+# reading of those runs through the drills' matching of kills with events, live here,
+# above the launcher and the drills they use.
+
+
+# Seconds a recovery is given before the next kill of a run (`RayProfiler.kill_gap_s`):
+# detection and restart (0.1-0.3 s here, a heartbeat timeout at worst) plus a warm-up
+# and the settling before a latency is measured again ...
+RECOVERY_ALLOWANCE_S = 1.5
+# ... plus the catch-up of a backlog of up to the interval and the outage, at the
+# utilisation the capacity run implies (U/(1-U) seconds per second of backlog, at
+# least 1: a utilisation of one half, before the capacity is known)
+OUTAGE_ALLOWANCE_S = 1.0
+
+
+@dataclass
+class RayProfiler:
+    """Profiles ``topology`` with real `bastion.run` jobs under ``protocol``.
+
+    Each profiling run reads the topology's own input (``duration_s`` for an
+    unbounded one) and is killed ``failures_per_run`` times (Chiron injects three),
+    at random points, reproducibly from the seed.
+
+    One kill: at a random point of ``kill_between_s`` — by default the middle fifth of
+    the run, moved to after ``first_kill_after_s`` (the longest interval profiled: a
+    kill before the first checkpoint restarts the job from the beginning, where a paced
+    source starts its schedule over and nothing has to be caught up) as far as 80% of
+    the run allows.
+
+    Several kills: each recovery must complete before the next kill, so consecutive
+    kills are at least `kill_gap_s` apart (a recovery's allowance: it grows with the
+    interval, whose backlog is read again, and with the utilisation the capacity run
+    implies); the kills fall at random in ``kill_between_s`` (default: from after the
+    first checkpoint of the longest interval until one gap before the end), each
+    ``kill_gap_s`` after the one before plus a random share of the window's slack.
+    A bounded topology whose input is too short for that is read for longer (its
+    generators' ``count`` raised: the same records, and more of them, at the same
+    rate); a ``duration_s`` or a ``kill_between_s`` given too short is refused,
+    naming the length needed. A kill that still lands before the recovery from the
+    one before caught up (a burst of load) is not measured, and that recovery's TRT
+    is unknown (`kill_outcomes_of`).
+
+    The capacity run reads the unthrottled copy for ``max_rate_run_s``.
+    ``run_options`` go to every `bastion.run` (storage, heartbeat_timeout_s,
+    address, ...)."""
+
+    topology: "Topology"
+    protocol: str = "coordinated"
+    duration_s: float | None = None
+    kill_between_s: tuple[float, float] | None = None
+    max_rate_run_s: float = 4.0
+    capacity_interval_s: float | None = None
+    first_kill_after_s: float = 0.0
+    seed: int = 0
+    run_options: dict[str, Any] = field(default_factory=dict)
+    failures_per_run: int = 1
+    _utilisation: float | None = field(default=None, init=False, repr=False)
+    _window_given: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _paced_sources(self.topology)
+        if (isinstance(self.failures_per_run, bool) or not isinstance(self.failures_per_run, int)
+                or self.failures_per_run < 1):
+            raise ValueError(f"failures_per_run must be an int >= 1 (kills per profiling "
+                             f"run), got {self.failures_per_run!r}")
+        length = self.duration_s or expected_run_s(self.topology)
+        if length is None:
+            raise ValueError("the topology has an unbounded source: pass duration_s, the "
+                             "seconds each profiling run lasts")
+        self._window_given = self.kill_between_s is not None
+        if self.kill_between_s is None:
+            first = min(max(0.4 * length, 1.1 * self.first_kill_after_s + 0.25), 0.8 * length)
+            self.kill_between_s = (first, min(max(0.6 * length, first + 0.2 * length),
+                                              0.8 * length))
+        lo, hi = self.kill_between_s
+        if not 0 < lo <= hi:
+            raise ValueError(f"kill_between_s must be (first, last) seconds with 0 < first "
+                             f"<= last, got {self.kill_between_s}")
+        if self.max_rate_run_s <= 0:
+            raise ValueError(f"max_rate_run_s must be > 0 seconds, got {self.max_rate_run_s}")
+        if self.failures_per_run > 1:   # refuse a length given too short before any run
+            self.kill_layout(self.first_kill_after_s or lo)
+
+    def kill_gap_s(self, interval_s: float) -> float:
+        """The least time between two kills of a run at ``interval_s``: what its
+        recovery takes at most, with room to measure the latency after it —
+        `RECOVERY_ALLOWANCE_S` plus (the interval + `OUTAGE_ALLOWANCE_S`) times
+        ``U/(1-U)`` (at least 1; U from the capacity run once it ran)."""
+        u = 0.5 if self._utilisation is None else self._utilisation
+        return RECOVERY_ALLOWANCE_S + (interval_s + OUTAGE_ALLOWANCE_S) * max(1.0, u / (1 - u))
+
+    def kill_layout(self, interval_s: float) -> tuple[tuple[float, float], float]:
+        """Where the kills of a run at ``interval_s`` may fall, and how long the run
+        must read (seconds): ``failures_per_run`` kills `kill_gap_s` apart and one gap
+        after the last. A length or window the caller gave too short: a ValueError
+        naming what to change."""
+        k = self.failures_per_run
+        gap = self.kill_gap_s(interval_s)
+        length = self.duration_s or expected_run_s(self.topology)
+        assert length is not None and self.kill_between_s is not None
+        if self._window_given:
+            lo, hi = self.kill_between_s
+            if hi - lo < (k - 1) * gap:
+                raise ValueError(
+                    f"kill_between_s={self.kill_between_s}: {k} kills per profiling run at "
+                    f"a {interval_s:g}-s interval must be {gap:.1f} s apart (each recovery "
+                    f"completes before the next kill), so the window must span at least "
+                    f"{(k - 1) * gap:.1f} s; widen it, or lower failures_per_run")
+            return (lo, hi), max(length, hi + gap)
+        lo = 1.1 * self.first_kill_after_s + 0.25
+        # at least half a gap of slack: the kills' phases against the checkpoints vary
+        needed = lo + (k - 1) * gap + gap / 2 + gap
+        if self.duration_s is not None and self.duration_s < needed:
+            raise ValueError(
+                f"duration_s={self.duration_s:g}: {k} kills per profiling run at a "
+                f"{interval_s:g}-s interval, each {gap:.1f} s after the one before (its "
+                f"recovery completes first) and the first after {lo:.1f} s, need runs of "
+                f"at least {needed:.1f} s; raise duration_s, lower failures_per_run or the "
+                f"longest interval")
+        length = max(length, needed)
+        return (lo, length - gap), length
+
+    def _run(self, topology: "Topology", **options: Any) -> "RunResult":
+        from bastion.launcher import run
+
+        own = own_outputs(topology, f"tune-{uuid.uuid4().hex[:8]}")
+        try:
+            return run(own, protocol=self.protocol, **{**self.run_options, **options})
+        finally:
+            discard_outputs(own)
+
+    def capacity(self) -> Capacity:
+        options: dict[str, Any] = {"duration_s": self.max_rate_run_s}
+        if self.capacity_interval_s is not None:
+            options["checkpoint_interval"] = self.capacity_interval_s
+        result = self._run(unthrottled(self.topology), **options)
+        found = capacity_of(result.details["timeline"])
+        rate = sum(s.rate for s in _paced_sources(self.topology).values())
+        self._utilisation = min(0.9, rate / found.ingest_max_per_s)
+        return Capacity(found.ingest_max_per_s, found.warmup_s, result.job_id)
+
+    def kill_times(self, interval_s: float, seed: int) -> list[float]:
+        """When the kills of one run at ``interval_s`` fall (seconds after its start):
+        `kill_gap_s` apart, each plus a random share of the window's slack."""
+        import random
+
+        (lo, hi), _ = self.kill_layout(interval_s)
+        k, gap = self.failures_per_run, self.kill_gap_s(interval_s)
+        rng = random.Random(self.seed * 1000 + seed)
+        slack = max(0.0, hi - lo - (k - 1) * gap)
+        offsets = sorted(rng.uniform(0, slack) for _ in range(k))
+        return [round(lo + i * gap + offset, 3) for i, offset in enumerate(offsets)]
+
+    def profile(self, interval_s: float, seed: int) -> list[Measurement]:
+        from bastion.faults import RandomKills
+
+        assert self.kill_between_s is not None
+        topology = self.topology
+        options: dict[str, Any] = {"checkpoint_interval": interval_s}
+        if self.duration_s is not None:
+            options["duration_s"] = self.duration_s
+        if self.failures_per_run == 1:
+            kills = [RandomKills(1, between=self.kill_between_s,
+                                 seed=self.seed * 1000 + seed)]
+        else:
+            _, length = self.kill_layout(interval_s)
+            if self.duration_s is not None:
+                options["duration_s"] = length
+            else:
+                topology = lengthened(topology, length)
+            kills = [RandomKills(1, between=(at, at), seed=self.seed * 1000 + seed + 7 * i)
+                     for i, at in enumerate(self.kill_times(interval_s, seed))]
+        options["faults"] = kills
+        result = self._run(topology, **options)
+        plan = _plan_of(topology, self.run_options)
+        return measure_kills(result, [k for f in kills for k in f.schedule(plan)], interval_s)
+
+
+def room_for_copies(topology: "Topology", run_options: Mapping[str, Any], wanted: int
+                    ) -> int:
+    """How many profiling runs the cluster can hold side by side: its CPUs over the
+    worker processes one run uses (at least 1, at most ``wanted``)."""
+    import ray
+
+    from bastion.launcher import ensure_ray
+
+    ensure_ray(run_options.get("address"))
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    workers = max(1, _plan_of(topology, run_options).workers)
+    return max(1, min(wanted, cpus // workers))
+
+
+def kill_outcome(result: "RunResult", kills: Sequence[Any]) -> KillOutcome:
+    """The first landed kill of a run, through the drills' matching of kills with
+    the job master's events."""
+    events, timeline = result.details["events"], result.details["timeline"]
+    return kill_outcome_of(kills, events, timeline, result.metrics.duration_s, result.job_id)
+
+
+def kill_outcome_of(kills: Sequence[Any], events: Sequence[Mapping[str, Any]],
+                    timeline: Sequence[Mapping[str, Any]], ended_s: float | None = None,
+                    job_id: str = "") -> KillOutcome:
+    """`kill_outcome` from a run's (or a drill report's) events and timeline: the
+    figures a drill of the run reports (`bastion.runtime.recovery_times`)."""
+    return kill_outcomes_of(kills, events, timeline, ended_s, job_id)[0]
+
+
+def kill_outcomes_of(kills: Sequence[Any], events: Sequence[Mapping[str, Any]],
+                     timeline: Sequence[Mapping[str, Any]], ended_s: float | None = None,
+                     job_id: str = "") -> list[KillOutcome]:
+    """Every landed kill of a run, in order, each with its own T, R, E and observed
+    TRT. A kill that landed while the job was still recovering from the one before
+    (its restart is that recovery's) is left out; the one before keeps its T, R and
+    E, and its TRT is unknown (None): the second outage is inside its catch-up."""
+    from bastion.drills import fault_outcomes
+
+    outcomes = fault_outcomes(kills, events, timeline, ended_s)
+    landed = [o for o in outcomes if o.landed and o.restart_s is not None]
+    if not landed:
+        notes = "; ".join(o.describe() for o in outcomes) or "no kill was scheduled"
+        raise ProfilingError(f"job {job_id}: the injected kill did not land ({notes}); "
+                           "make the runs longer or kill earlier (kill_between_s)")
+    found: list[KillOutcome] = []
+    for o in landed:
+        at_s = o.at_s if o.at_s is not None else o.scheduled_s
+        if found and o.detection_s is None:   # inside the previous recovery
+            found[-1] = dataclasses.replace(found[-1], trt_s=None)
+            continue
+        if found and (found[-1].trt_s is None or found[-1].at_s + found[-1].trt_s > at_s):
+            found[-1] = dataclasses.replace(found[-1], trt_s=None)
+        found.append(KillOutcome(at_s=at_s, detection_s=o.detection_s or 0.0,
+                                 restart_s=o.restart_s, trt_s=o.trt_s,
+                                 reprocess_s=reprocessed_s(events, at_s)))
+    return found
+
+
+def measure_run(result: "RunResult", kills: Sequence[Any], interval_s: float,
+                settle_s: float | None = None) -> Measurement:
+    """A `Measurement` from a run with one injected kill: I_avg from ``settle_s``
+    after the start (default: 1 s, or 30% of the time to the kill if that is
+    shorter) until the kill; L_avg after the recovery (`steady_latency_ms`); T, R
+    and the observed TRT of the kill."""
+    outcome = kill_outcome(result, kills)
+    if settle_s is None:
+        settle_s = min(1.0, 0.3 * outcome.at_s)
+    timeline = result.details["timeline"]
+    rate = ingest_rate(timeline, settle_s, outcome.at_s)
+    if rate is None:
+        raise ProfilingError(f"job {result.job_id}: too little ran before the kill at "
+                           f"{outcome.at_s:.2f} s to measure the ingest rate; kill later")
+    latency = steady_latency_ms(result.metrics, result.details["started_s"], outcome)
+    return Measurement(interval_s=interval_s, ingest_avg_per_s=rate, latency_avg_ms=latency,
+                       detection_s=outcome.detection_s, restart_s=outcome.restart_s,
+                       measured_trt_s=outcome.trt_s, kill_at_s=outcome.at_s,
+                       reprocess_s=outcome.reprocess_s, job_id=result.job_id,
+                       checkpoint_s=checkpoint_duration_s(result.details["events"],
+                                                          outcome.at_s))
+
+
+def measure_kills(result: "RunResult", kills: Sequence[Any], interval_s: float,
+                  settle_s: float | None = None) -> list[Measurement]:
+    """One `Measurement` per landed kill of a run with several (`failures_per_run`),
+    each of its own recovery: T, R, E and the observed TRT of that kill; I_avg from
+    ``settle_s`` after the previous recovery caught up (after the start, for the
+    first) until the kill — the first kill's rate when that window read too little;
+    L_avg in the failure-free time from ``settle_s`` after it caught up until the
+    next kill (or the run's end), from the progress timeline's 0.1-s points — the
+    histograms' whole seconds left the last kill, whose run ends a recovery's
+    allowance after it, none at times, and the fallback (`steady_latency_ms`: the last
+    attempt's whole histogram, its catch-up included) read 956 ms beside 4-7 ms. One
+    kill: exactly `measure_run`."""
+    if len(kills) == 1:
+        return [measure_run(result, kills, interval_s, settle_s)]
+    events, timeline = result.details["events"], result.details["timeline"]
+    outcomes = kill_outcomes_of(kills, events, timeline, result.metrics.duration_s,
+                                result.job_id)
+    first = outcomes[0]
+    if settle_s is None:
+        settle_s = min(1.0, 0.3 * first.at_s)
+    first_rate = ingest_rate(timeline, settle_s, first.at_s)
+    if first_rate is None:
+        raise ProfilingError(f"job {result.job_id}: too little ran before the first kill "
+                             f"at {first.at_s:.2f} s to measure the ingest rate; kill later")
+    last_latency = steady_latency_ms(result.metrics, result.details["started_s"],
+                                     outcomes[-1])
+    measured = []
+    for i, o in enumerate(outcomes):
+        before = outcomes[i - 1] if i else None
+        rate = first_rate
+        if before is not None and before.trt_s is not None:
+            rate = ingest_rate(timeline, before.at_s + before.trt_s + settle_s,
+                               o.at_s) or first_rate
+        latency = last_latency
+        if o.trt_s is not None:
+            until = (outcomes[i + 1].at_s if i + 1 < len(outcomes)
+                     else result.metrics.duration_s)
+            seen = timeline_latency_ms(timeline, o.at_s + o.trt_s + settle_s, until)
+            latency = last_latency if seen is None else seen
+        measured.append(Measurement(
+            interval_s=interval_s, ingest_avg_per_s=rate, latency_avg_ms=latency,
+            detection_s=o.detection_s, restart_s=o.restart_s, measured_trt_s=o.trt_s,
+            kill_at_s=o.at_s, reprocess_s=o.reprocess_s, job_id=result.job_id,
+            checkpoint_s=checkpoint_duration_s(events, o.at_s), kill_index=i))
+    return measured
 
 
 # -- the HTML page ----------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import pytest
 
 import bastion as bn
 from bastion import faults as fault_injection
+from bastion import tuning as front
 from bastion.drills import GLOSSARY, FaultOutcome, fault_outcomes, reference_runs
 from bastion.runtime.metrics import LatencyHistogram
 from bastion.runtime.plan import build_plan
@@ -151,8 +152,8 @@ def test_every_printed_figure_of_a_drill_obeys_its_definition(protocol, storage,
     for name in ("detection_s", "restart_s", "recovery_s", "trt_s"):
         drilled, master = getattr(fault, name), getattr(first, name)
         assert master == (None if drilled is None else pytest.approx(drilled)), name
-    outcome = tuning.kill_outcome_of(kills_of(the_kill()), report.events, report.timeline,
-                                     report.metrics.duration_s, report.job_id)
+    outcome = front.kill_outcome_of(kills_of(the_kill()), report.events, report.timeline,
+                                    report.metrics.duration_s, report.job_id)
     assert outcome.trt_s == (None if fault.trt_s is None else pytest.approx(fault.trt_s))
     row = analyze_rows(report)[0]
     assert row[3] == fault.what
@@ -249,7 +250,7 @@ def test_drill_tune_and_analyze_give_the_same_times_for_one_timeline():
         job_id="j", details={"events": events, "timeline": timeline, "started_s": 1000.0},
         metrics=SimpleNamespace(duration_s=6.0, latency_windows={},
                                 latency_histogram=LatencyHistogram()))
-    measured = tuning.measure_run(run, kills, interval_s=0.5)
+    measured = front.measure_run(run, kills, interval_s=0.5)
     assert measured.detection_s == pytest.approx(drilled.detection_s)
     assert measured.restart_s == pytest.approx(drilled.restart_s)
     assert measured.measured_trt_s == pytest.approx(drilled.trt_s)

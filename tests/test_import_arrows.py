@@ -10,7 +10,16 @@ fails on an arrow that points the wrong way:
 - a protocol reaches the runtime only through the seam: of ``bastion.runtime`` it
   imports the wire types of ``bastion.runtime.records`` and nothing else, and nothing
   that drives a job (launcher, drills, command line, scheduler, the package root);
-- the scheduler imports no protocol module;
+- the scheduler imports no protocol module, and nothing above the runtime: not the
+  launcher, the drills, the command line, the front of tuning (``bastion.tuning``),
+  the reports and benchmarks, or the package root (``import bastion``, ``from bastion
+  import run``) — what drives a real job reaches the scheduler through an interface it
+  defines (`bastion.scheduler.tuning.Profiler`, which ``bastion.tuning`` fills with
+  ``bastion.run``);
+- the connectors do not import the descriptions that open them (``bastion.sinks``,
+  ``bastion.sources``): both sides import the interfaces of ``bastion.io_interfaces``
+  (`SinkWriter`, `SourceReader`, `LogDescription`), which import nothing of ours, so
+  description → connector → interfaces is no circle;
 - storage imports nothing of ours outside ``bastion.storage``;
 - the Spark jobs (``bastion.spark_jobs``) read the store and nothing else of a running
   engine: storage, the wire types of ``bastion.runtime.records`` and the event-log
@@ -21,7 +30,8 @@ fails on an arrow that points the wrong way:
   with the in-process recovery) — their Python workers must not load Ray, the
   runtime or the drills;
 - the descriptions — the DSL (``topology``, ``windows``, ``aggregations``, ``codecs``,
-  ``errors``), the sources and sinks a topology names, and the faults a drill names —
+  ``errors``), the sources and sinks a topology names and their reader/writer
+  interfaces (``io_interfaces``), and the faults a drill names —
   import, at module level, nothing that runs a job or does I/O: not the runtime, the
   scheduler, the protocols, the connectors, storage (but for the root error class in
   ``bastion.storage.errors``), the launcher, the drills or the command line. Only
@@ -60,10 +70,18 @@ def module_level(tree: ast.AST):
             child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
 
+def is_module(name: str, root: Path) -> bool:
+    """Whether ``name`` (``bastion.x.y``) is a module or package of the tree at ``root``."""
+    path = root.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def imports_of(path: Path, root: Path, only_module_level: bool = False) -> set[str]:
     """Every ``bastion`` module a file imports (with ``only_module_level``: at import
     time); ``from bastion import x`` names ``bastion.x`` (a submodule, or an attribute
-    of the package: both are arrows)."""
+    of the package: both are arrows) and, when ``x`` is an attribute rather than a
+    submodule, the package itself (``from bastion import run`` uses the package root;
+    ``from bastion import faults`` only the module ``bastion.faults``)."""
     name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
@@ -78,8 +96,10 @@ def imports_of(path: Path, root: Path, only_module_level: bool = False) -> set[s
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            found.add(target)
-            found.update(f"{target}.{alias.name}" for alias in node.names)
+            names = [f"{target}.{alias.name}" for alias in node.names]
+            found.update(names)
+            if not all(is_module(name, root) for name in names):
+                found.add(target)
     return {m for m in found if m == "bastion" or m.startswith("bastion.")}
 
 
@@ -90,6 +110,17 @@ def graph(root: Path = PACKAGE, only_module_level: bool = False) -> dict[str, se
 
 def under(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
+
+
+# What runs above the runtime and drives jobs: the scheduler imports none of it.
+ABOVE_RUNTIME = ("bastion.launcher", "bastion.drills", "bastion.cli", "bastion.tuning",
+                 "bastion.report", "bastion.bench")
+
+
+def above_runtime(target: str) -> bool:
+    """Whether ``target`` is a module above the runtime, or the package root (whose
+    names are the launcher's, the drills' and the tuning's)."""
+    return target == "bastion" or any(under(target, p) for p in ABOVE_RUNTIME)
 
 
 def wrong_arrows(modules: dict[str, set[str]]) -> list[str]:
@@ -115,6 +146,16 @@ def wrong_arrows(modules: dict[str, set[str]]) -> list[str]:
             if under(module, "bastion.runtime") and any(under(target, p)
                                                          for p in concrete_protocols):
                 why = "the runtime names a concrete protocol (use the registry)"
+            elif under(module, "bastion.scheduler") and above_runtime(target):
+                why = ("the scheduler imports what drives a job (define an interface "
+                       "that the layer above fills)")
+            elif under(module, "bastion.connectors") and any(
+                    under(target, p) for p in ("bastion.sinks", "bastion.sources")):
+                why = ("a connector imports the description that opens it, a circle "
+                       "(import bastion.io_interfaces)")
+            elif module == "bastion.io_interfaces":
+                why = ("the interfaces between descriptions and connectors import "
+                       "nothing of ours")
             elif under(module, "bastion.protocols") and not any(
                     under(target, p) for p in protocol_may_use):
                 why = "a protocol reaches past the seam"
@@ -132,7 +173,7 @@ def wrong_arrows(modules: dict[str, set[str]]) -> list[str]:
 
 DESCRIPTIONS = ("bastion.topology", "bastion.windows", "bastion.aggregations",
                 "bastion.codecs", "bastion.errors", "bastion.sources", "bastion.sinks",
-                "bastion.faults")
+                "bastion.io_interfaces", "bastion.faults")
 RUNS_OR_DOES_IO = ("bastion.runtime", "bastion.scheduler", "bastion.protocols",
                    "bastion.connectors", "bastion.storage", "bastion.launcher",
                    "bastion.drills", "bastion.cli", "bastion.report")
@@ -189,14 +230,72 @@ def test_a_description_may_open_its_connector_inside_a_method():
 ])
 def test_a_wrong_arrow_is_found(tmp_path, module, line):
     """The check itself can fail: a copy of the package with one wrong import added."""
+    copy = planted(tmp_path, module, line)
+    found = all_wrong_arrows(copy)
+    assert found and all(f.startswith(module_name(copy / module, copy) + " -> ")
+                         for f in found)
+
+
+def planted(tmp_path: Path, module: str, line: str) -> Path:
+    """A copy of the package under ``tmp_path`` with ``line`` (source text, perhaps a
+    whole function) appended to ``module``; returns the copy's root."""
     import shutil
 
     copy = tmp_path / "bastion"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     target = copy / module
     target.write_text(target.read_text() + f"\n{line}\n")
+    return copy
+
+
+@pytest.mark.parametrize("module,line,target", [
+    # the scheduler reaches nothing above the runtime: at module level, inside a
+    # function (the tuner's old ``from bastion.launcher import run``), under
+    # TYPE_CHECKING, relative, or through the package root
+    ("scheduler/tuning.py", "from bastion.launcher import run", "bastion.launcher.run"),
+    ("scheduler/tuning.py", "def _outcomes():\n    from bastion.drills import fault_outcomes",
+     "bastion.drills.fault_outcomes"),
+    ("scheduler/retune.py", "import typing\nif typing.TYPE_CHECKING:\n"
+     "    from bastion.tuning import TuningResult", "bastion.tuning.TuningResult"),
+    ("scheduler/pool.py", "import bastion.cli", "bastion.cli"),
+    ("scheduler/placement.py", "from ..drills import drill", "bastion.drills.drill"),
+    ("scheduler/detector.py", "import bastion as bn", "bastion"),
+    ("scheduler/recovery.py", "def _tune():\n    from bastion import tune", "bastion"),
+    ("scheduler/catchup.py", "from bastion.report import write_report", "bastion.report"),
+    # a connector imports the interfaces, never the description that opens it
+    ("connectors/logs.py", "from bastion.sources import Log", "bastion.sources.Log"),
+    ("connectors/files.py", "from ..sinks import SinkWriter", "bastion.sinks.SinkWriter"),
+    ("connectors/__init__.py", "def _lazy():\n    import bastion.sinks", "bastion.sinks"),
+    # the interfaces import nothing of ours: not storage, not a description
+    ("io_interfaces.py", "from bastion.storage import open_store",
+     "bastion.storage.open_store"),
+    ("io_interfaces.py", "def _kind():\n    from bastion.sources import Log",
+     "bastion.sources.Log"),
+])
+def test_a_wrong_arrow_is_reported_naming_the_module_and_the_import(tmp_path, module, line,
+                                                                     target):
+    """Each rule of the scheduler's, the connectors' and the interfaces' can fail: a
+    copy of the package with one offending import planted is reported, by the module
+    that imports and the name it imports, and nothing else is."""
+    copy = planted(tmp_path, module, line)
     found = all_wrong_arrows(copy)
-    assert found and all(f.startswith(module_name(target, copy) + " -> ") for f in found)
+    name = module_name(copy / module, copy)
+    assert any(f.startswith(f"{name} -> {target}: ") for f in found), found
+    assert all(f.startswith(f"{name} -> ") for f in found), found
+
+
+@pytest.mark.parametrize("module,line", [
+    ("scheduler/injector.py", "from bastion import faults"),   # a module, not the root
+    ("scheduler/tuning.py", "def _plan():\n    from bastion.runtime.plan import build_plan"),
+    ("scheduler/tuning.py", "from bastion.sources import Generator"),   # a description
+    ("connectors/logs.py", "from bastion.io_interfaces import SourceReader"),
+    ("sinks.py", "def _open():\n    from bastion.connectors.files import FileWriter"),
+])
+def test_an_arrow_that_points_down_is_not_reported(tmp_path, module, line):
+    """The new rules are no blanket ban: the scheduler may import the runtime and the
+    descriptions (and ``from bastion import faults`` names the module, not the root),
+    a connector the interfaces, and a description its connector inside a method."""
+    assert all_wrong_arrows(planted(tmp_path, module, line)) == []
 
 
 def seam_members(cls: type) -> set[str]:

@@ -17,9 +17,11 @@ import pytest
 
 import bastion as bn
 from bastion import cli
+from bastion import tuning as front
 from bastion.scheduler import tuning as tm
-from bastion.scheduler.tuning import (Capacity, Measurement, RayProfiler, build_model,
-                                      profile_all, timeline_latency_ms)
+from bastion.scheduler.tuning import (Capacity, Measurement, build_model, profile_all,
+                                      timeline_latency_ms)
+from bastion.tuning import RayProfiler
 
 
 def paced(count: int = 800, rate: float = 400.0) -> bn.Topology:
@@ -100,7 +102,7 @@ def test_kills_of_a_run_are_a_recovery_apart_and_a_short_input_is_read_for_longe
                            failures_per_run=3)
     gap = profiler.kill_gap_s(1.0)
     # before the capacity run: U taken as 1/2, so one second of backlog per second
-    assert gap == pytest.approx(tm.RECOVERY_ALLOWANCE_S + 1.0 + tm.OUTAGE_ALLOWANCE_S)
+    assert gap == pytest.approx(front.RECOVERY_ALLOWANCE_S + 1.0 + front.OUTAGE_ALLOWANCE_S)
     (lo, hi), length = profiler.kill_layout(1.0)
     assert length > 2.0                 # 800 records at 400/s: 2 s were too short
     assert hi == pytest.approx(length - gap)
@@ -115,7 +117,7 @@ def test_kills_of_a_run_are_a_recovery_apart_and_a_short_input_is_read_for_longe
     # a utilisation of 0.8 (from the capacity run) reads four seconds of backlog a second
     profiler._utilisation = 0.8   # noqa: SLF001 - what capacity() sets
     assert profiler.kill_gap_s(1.0) == pytest.approx(
-        tm.RECOVERY_ALLOWANCE_S + 4 * (1.0 + tm.OUTAGE_ALLOWANCE_S))
+        front.RECOVERY_ALLOWANCE_S + 4 * (1.0 + front.OUTAGE_ALLOWANCE_S))
     # one kill: the old layout, untouched
     one = RayProfiler(paced(count=4000, rate=400.0), first_kill_after_s=1.0)
     assert one.kill_between_s == pytest.approx((4.0, 6.0))
@@ -190,7 +192,7 @@ def test_a_kill_before_the_last_recovery_caught_up_leaves_that_recovery_without_
     # each recovery caught up before the next kill: both measured, each TRT the one
     # the drills' matching gives (`bastion.runtime.recovery_times`)
     kills, events, timeline = synthetic_run([(2.0, 2.01, 2.2, 2.8), (4.0, 4.01, 4.2, 4.8)])
-    apart = tm.kill_outcomes_of(kills, events, timeline, 6.0)
+    apart = front.kill_outcomes_of(kills, events, timeline, 6.0)
     drilled = fault_outcomes(kills, events, timeline, 6.0)
     assert [o.at_s for o in apart] == [2.0, 4.0]
     assert [o.trt_s for o in apart] == [d.trt_s for d in drilled]
@@ -198,7 +200,7 @@ def test_a_kill_before_the_last_recovery_caught_up_leaves_that_recovery_without_
     assert [round(o.reprocess_s, 2) for o in apart] == [0.5, 0.5]
     # the second kill after the restart, before the catch-up: the first TRT is unknown
     kills, events, timeline = synthetic_run([(2.0, 2.01, 2.2, 3.5), (2.6, 2.61, 2.8, 3.5)])
-    cut = tm.kill_outcomes_of(kills, events, timeline, 6.0)
+    cut = front.kill_outcomes_of(kills, events, timeline, 6.0)
     assert [o.at_s for o in cut] == [2.0, 2.6]
     # the drills' matching gives the first a TRT that spans the second outage
     assert fault_outcomes(kills, events, timeline, 6.0)[0].trt_s > 0.6
@@ -206,7 +208,7 @@ def test_a_kill_before_the_last_recovery_caught_up_leaves_that_recovery_without_
     assert cut[1].trt_s is not None
     # the second kill inside the first recovery (before its restart): not measured
     kills, events, timeline = synthetic_run([(2.0, 2.01, 2.4, 3.0), (2.1, None, 2.4, 3.0)])
-    inside = tm.kill_outcomes_of(kills, events, timeline, 6.0)
+    inside = front.kill_outcomes_of(kills, events, timeline, 6.0)
     assert [o.at_s for o in inside] == [2.0] and inside[0].trt_s is None
 
 

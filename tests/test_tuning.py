@@ -28,6 +28,7 @@ import pytest
 
 import bastion as bn
 from bastion import cli
+from bastion import tuning as front
 from bastion.runtime.recovery_times import caught_up_at
 from bastion.scheduler import tuning as tm
 from bastion.scheduler.tuning import (Capacity, Measurement, build_model, catch_up_s,
@@ -693,7 +694,7 @@ def test_a_restart_ends_when_the_tasks_run_not_when_the_job_master_hears_of_it(t
                  storage=f"local://{tmp_path}/store")
     from bastion.runtime.plan import build_plan
 
-    outcome = tm.kill_outcome(run, kills[0].schedule(build_plan(topo)))
+    outcome = front.kill_outcome(run, kills[0].schedule(build_plan(topo)))
     assert outcome.restart_s < first_call_s / 2, outcome
     # the restarted event keeps its place after the failure it recovers from
     kinds = [e["kind"] for e in run.details["events"]]
@@ -717,7 +718,7 @@ def test_profiling_runs_write_outputs_of_their_own_and_delete_them(tmp_path):
     assert own.nodes["file"].params["sink"].path == tmp_path / "out.tune-x.jsonl"
     assert own.nodes["log"].params["sink"].url == f"{log_url}.tune-x"
     assert topo.nodes["file"].params["sink"].path == user_file  # the original is untouched
-    profiler = tm.RayProfiler(topo, run_options={"storage": f"local://{tmp_path}/store"})
+    profiler = front.RayProfiler(topo, run_options={"storage": f"local://{tmp_path}/store"})
     [measurement] = profiler.profile(0.5, seed=1)   # one kill per run by default
     assert measurement.ingest_avg_per_s > 0
     assert user_file.read_text() == '"kept"\n'

@@ -44,18 +44,20 @@ measures the rate, applies a moved interval to the running coordinator
 and new interval, rate, utilisation, predicted TRT), or ``trt_bound_unreachable`` when
 the verdict turns to "no interval meets the bound" without a move. The model's latency
 fit is kept as profiled: latency was measured at one rate only.
+
+`RetunePolicy.of` takes a tuning by what it reads of it (`Tuned`: the model, the bound
+and the case), not by its class: `bastion.tuning.TuningResult` is defined above the
+launcher, and the scheduler imports nothing above the runtime
+(``tests/test_import_arrows.py``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from bastion.scheduler.tuning import CASES, Case, Model, optimise, utilisation
-
-if TYPE_CHECKING:
-    from bastion.tuning import TuningResult
 
 # Re-tune when the optimum moved by more than this share of the current interval.
 DEFAULT_MOVE_FRACTION = 0.25
@@ -64,6 +66,20 @@ DEFAULT_MOVE_FRACTION = 0.25
 # it) and a period's measured rate wobbling by a per cent would otherwise move a tight
 # interval by a per cent, period after period.
 DEFAULT_BOUND_TOLERANCE = 0.02
+
+
+class Tuned(Protocol):
+    """What a live re-tune keeps of a tuning (`bastion.tuning.TuningResult` is one):
+    its model, the bound it chose for, and the TRT case the bound applies to."""
+
+    @property
+    def model(self) -> Model: ...
+
+    @property
+    def trt_bound_s(self) -> float: ...   # seconds
+
+    @property
+    def case(self) -> str: ...   # "min", "avg" or "max"
 
 
 @dataclass(frozen=True)
@@ -98,7 +114,7 @@ class RetunePolicy:
             raise ValueError(f"bound_tolerance must be in [0, 1), got {self.bound_tolerance}")
 
     @classmethod
-    def of(cls, tuning: "TuningResult", period_s: float,
+    def of(cls, tuning: Tuned, period_s: float,
            move_fraction: float = DEFAULT_MOVE_FRACTION) -> "RetunePolicy":
         """The policy of a `bastion.tuning.TuningResult`: its model, bound, case and
         profiled range."""

@@ -50,16 +50,17 @@ the backlog ``(E+T+R+W)·I_avg`` drains at ``I_max - I_avg``.)
 
 **Profiling** (Chiron §IV-A) runs the user's topology once per interval of an evenly
 spaced grid between a minimum and a maximum, each on the same input, with
-``failures_per_run`` injected kills (the paper's three; `RayProfiler` spaces them so
-each recovery completes before the next, reading a bounded input for longer when it
-is too short for that), and measures per kill (`measure_kills`): I_avg before it
-(after the previous recovery caught up), the average latency L_avg in the
-failure-free seconds after its recovery (until the next kill, from the progress
-timeline's means — a run's latency histograms come from its last attempt only; after
-the last kill, from those), T and R of its recovery, and its E (how old the restored
-checkpoint was); every kill is one `Measurement`, and the model takes the medians
-over an interval's kills and ``repeats`` (`median_measurement`);
-one more run with the source's pacing removed measures I_max and a cold-start W.
+``failures_per_run`` injected kills (the paper's three; `bastion.tuning.RayProfiler`
+spaces them so each recovery completes before the next, reading a bounded input for
+longer when it is too short for that), and measures per kill
+(`bastion.tuning.measure_kills`): I_avg before it (after the previous recovery caught
+up), the average latency L_avg in the failure-free seconds after its recovery (until
+the next kill, from the progress timeline's means — a run's latency histograms come
+from its last attempt only; after the last kill, from those), T and R of its
+recovery, and its E (how old the restored checkpoint was); every kill is one
+`Measurement`, and the model takes the medians over an interval's kills and
+``repeats`` (`median_measurement`); one more run with the source's pacing removed
+measures I_max and a cold-start W.
 The warm-up after a *restart* is what eq 2 needs, and each profiling run shows it:
 eq 5 solved for W with the run's observed TRT (`recovery_warmup_s`). The observed
 TRT is the one a drill of the run reports, defined once for every command in
@@ -84,8 +85,8 @@ one interval are too few to say more than the load of the minute they ran in: th
 fastest of three restarts at CI 0.5 s took about 0.19 s, the validation's drills
 there 0.11-0.22 s, and two of four recovered in less than the minimum it gave (0.29
 and 0.31 s against 0.34 s).
-`Profiler` is the interface; `RayProfiler` runs real jobs with `bastion.run`, side
-by side when asked and the cluster has room.
+`Profiler` is the interface; `bastion.tuning.RayProfiler` runs real jobs with
+`bastion.run`, side by side when asked and the cluster has room.
 
 **Where the spread of W came from** — checked phase by phase (T, R and the catch-up
 of each validation drill against their predictions): T (a process death, ~0.01 s)
@@ -121,7 +122,17 @@ the longest interval, the fewest checkpoints). When no interval of the range mee
 bound, it says so.
 
 The model (`trt_estimate`, `fit_quadratic`, `build_model`, `optimise`) is plain
-arithmetic, importable and testable without Ray; only `RayProfiler` runs jobs.
+arithmetic, importable and testable without Ray. **What drives a real run is not
+here**: the scheduler sits below the launcher and the drills (DESIGN §3), so this
+module defines what it needs measured — the `Profiler` interface (a capacity run, and
+one profiling run per interval) — and the public front of tuning, `bastion.tuning`,
+fills it: its `RayProfiler` runs the jobs with `bastion.run` and matches the kills
+with the job master's events through the drills' `fault_outcomes`. What stays here of
+profiling is what needs neither: `profile_all` (the order of the runs), the figures
+read from a run's timeline and events (`ingest_rate`, `capacity_of`,
+`reprocessed_s`, ...), and the copies of a topology a profiling run reads
+(`unthrottled`, `lengthened`, `own_outputs`). ``tests/test_import_arrows.py`` keeps it
+so: nothing under ``bastion/scheduler/`` imports anything above ``bastion.runtime``.
 `Model.at_utilisation` evaluates it again at another input rate — what a live re-tune
 does while the job runs (`bastion.scheduler.retune`).
 """
@@ -134,7 +145,6 @@ import dataclasses
 import math
 import os
 import statistics
-import uuid
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol, Sequence
@@ -142,7 +152,6 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol, Seq
 from bastion.errors import BastionError
 
 if TYPE_CHECKING:
-    from bastion.launcher import RunResult
     from bastion.topology import Topology
 
 Case = Literal["min", "avg", "max"]
@@ -699,9 +708,12 @@ def grid(min_interval_s: float, max_interval_s: float, points: int) -> list[floa
 
 
 class Profiler(Protocol):
-    """What the tuner needs measured; `RayProfiler` measures it with real jobs.
-    ``profile`` returns one `Measurement` per kill of its run (a single one is taken
-    as a list of one)."""
+    """What the tuner needs measured: the interface through which the scheduler has
+    real runs made without importing what makes them (`bastion.tuning.RayProfiler`
+    measures it with real jobs; a test hands `profile_all` a scripted one).
+    ``capacity`` runs the unthrottled copy once; ``profile`` runs the topology at one
+    checkpoint interval with its injected kills and returns one `Measurement` per kill
+    of the run (a single one is taken as a list of one)."""
 
     def capacity(self) -> Capacity: ...
 
@@ -868,50 +880,6 @@ def checkpoint_duration_s(events: Sequence[Mapping[str, Any]], before_s: float
     return statistics.mean(durations) if durations else None
 
 
-def kill_outcome(result: "RunResult", kills: Sequence[Any]) -> KillOutcome:
-    """The first landed kill of a run, through the drills' matching of kills with
-    the job master's events."""
-    events, timeline = result.details["events"], result.details["timeline"]
-    return kill_outcome_of(kills, events, timeline, result.metrics.duration_s, result.job_id)
-
-
-def kill_outcome_of(kills: Sequence[Any], events: Sequence[Mapping[str, Any]],
-                    timeline: Sequence[Mapping[str, Any]], ended_s: float | None = None,
-                    job_id: str = "") -> KillOutcome:
-    """`kill_outcome` from a run's (or a drill report's) events and timeline: the
-    figures a drill of the run reports (`bastion.runtime.recovery_times`)."""
-    return kill_outcomes_of(kills, events, timeline, ended_s, job_id)[0]
-
-
-def kill_outcomes_of(kills: Sequence[Any], events: Sequence[Mapping[str, Any]],
-                     timeline: Sequence[Mapping[str, Any]], ended_s: float | None = None,
-                     job_id: str = "") -> list[KillOutcome]:
-    """Every landed kill of a run, in order, each with its own T, R, E and observed
-    TRT. A kill that landed while the job was still recovering from the one before
-    (its restart is that recovery's) is left out; the one before keeps its T, R and
-    E, and its TRT is unknown (None): the second outage is inside its catch-up."""
-    from bastion.drills import fault_outcomes
-
-    outcomes = fault_outcomes(kills, events, timeline, ended_s)
-    landed = [o for o in outcomes if o.landed and o.restart_s is not None]
-    if not landed:
-        notes = "; ".join(o.describe() for o in outcomes) or "no kill was scheduled"
-        raise ProfilingError(f"job {job_id}: the injected kill did not land ({notes}); "
-                           "make the runs longer or kill earlier (kill_between_s)")
-    found: list[KillOutcome] = []
-    for o in landed:
-        at_s = o.at_s if o.at_s is not None else o.scheduled_s
-        if found and o.detection_s is None:   # inside the previous recovery
-            found[-1] = dataclasses.replace(found[-1], trt_s=None)
-            continue
-        if found and (found[-1].trt_s is None or found[-1].at_s + found[-1].trt_s > at_s):
-            found[-1] = dataclasses.replace(found[-1], trt_s=None)
-        found.append(KillOutcome(at_s=at_s, detection_s=o.detection_s or 0.0,
-                                 restart_s=o.restart_s, trt_s=o.trt_s,
-                                 reprocess_s=reprocessed_s(events, at_s)))
-    return found
-
-
 def timeline_latency_ms(timeline: Sequence[Mapping[str, Any]], start_s: float,
                         end_s: float) -> float | None:
     """The mean end-to-end latency of what the sinks received between ``start_s`` and
@@ -942,76 +910,6 @@ def steady_latency_ms(metrics: Any, started_s: float, outcome: KillOutcome,
             return latency
     stats = metrics.latency_histogram.mean_std()
     return stats[0] * 1000.0 if stats else math.nan
-
-
-def measure_run(result: "RunResult", kills: Sequence[Any], interval_s: float,
-                settle_s: float | None = None) -> Measurement:
-    """A `Measurement` from a run with one injected kill: I_avg from ``settle_s``
-    after the start (default: 1 s, or 30% of the time to the kill if that is
-    shorter) until the kill; L_avg after the recovery (`steady_latency_ms`); T, R
-    and the observed TRT of the kill."""
-    outcome = kill_outcome(result, kills)
-    if settle_s is None:
-        settle_s = min(1.0, 0.3 * outcome.at_s)
-    timeline = result.details["timeline"]
-    rate = ingest_rate(timeline, settle_s, outcome.at_s)
-    if rate is None:
-        raise ProfilingError(f"job {result.job_id}: too little ran before the kill at "
-                           f"{outcome.at_s:.2f} s to measure the ingest rate; kill later")
-    latency = steady_latency_ms(result.metrics, result.details["started_s"], outcome)
-    return Measurement(interval_s=interval_s, ingest_avg_per_s=rate, latency_avg_ms=latency,
-                       detection_s=outcome.detection_s, restart_s=outcome.restart_s,
-                       measured_trt_s=outcome.trt_s, kill_at_s=outcome.at_s,
-                       reprocess_s=outcome.reprocess_s, job_id=result.job_id,
-                       checkpoint_s=checkpoint_duration_s(result.details["events"],
-                                                          outcome.at_s))
-
-
-def measure_kills(result: "RunResult", kills: Sequence[Any], interval_s: float,
-                  settle_s: float | None = None) -> list[Measurement]:
-    """One `Measurement` per landed kill of a run with several (`failures_per_run`),
-    each of its own recovery: T, R, E and the observed TRT of that kill; I_avg from
-    ``settle_s`` after the previous recovery caught up (after the start, for the
-    first) until the kill — the first kill's rate when that window read too little;
-    L_avg in the failure-free time from ``settle_s`` after it caught up until the
-    next kill (or the run's end), from the progress timeline's 0.1-s points — the
-    histograms' whole seconds left the last kill, whose run ends a recovery's
-    allowance after it, none at times, and the fallback (`steady_latency_ms`: the last
-    attempt's whole histogram, its catch-up included) read 956 ms beside 4-7 ms. One
-    kill: exactly `measure_run`."""
-    if len(kills) == 1:
-        return [measure_run(result, kills, interval_s, settle_s)]
-    events, timeline = result.details["events"], result.details["timeline"]
-    outcomes = kill_outcomes_of(kills, events, timeline, result.metrics.duration_s,
-                                result.job_id)
-    first = outcomes[0]
-    if settle_s is None:
-        settle_s = min(1.0, 0.3 * first.at_s)
-    first_rate = ingest_rate(timeline, settle_s, first.at_s)
-    if first_rate is None:
-        raise ProfilingError(f"job {result.job_id}: too little ran before the first kill "
-                             f"at {first.at_s:.2f} s to measure the ingest rate; kill later")
-    last_latency = steady_latency_ms(result.metrics, result.details["started_s"],
-                                     outcomes[-1])
-    measured = []
-    for i, o in enumerate(outcomes):
-        before = outcomes[i - 1] if i else None
-        rate = first_rate
-        if before is not None and before.trt_s is not None:
-            rate = ingest_rate(timeline, before.at_s + before.trt_s + settle_s,
-                               o.at_s) or first_rate
-        latency = last_latency
-        if o.trt_s is not None:
-            until = (outcomes[i + 1].at_s if i + 1 < len(outcomes)
-                     else result.metrics.duration_s)
-            seen = timeline_latency_ms(timeline, o.at_s + o.trt_s + settle_s, until)
-            latency = last_latency if seen is None else seen
-        measured.append(Measurement(
-            interval_s=interval_s, ingest_avg_per_s=rate, latency_avg_ms=latency,
-            detection_s=o.detection_s, restart_s=o.restart_s, measured_trt_s=o.trt_s,
-            kill_at_s=o.at_s, reprocess_s=o.reprocess_s, job_id=result.job_id,
-            checkpoint_s=checkpoint_duration_s(events, o.at_s), kill_index=i))
-    return measured
 
 
 def _paced_sources(topology: "Topology") -> dict[str, Any]:
@@ -1101,179 +999,6 @@ def discard_outputs(topology: "Topology") -> None:
                         os.rmdir(folder)
 
 
-# Seconds a recovery is given before the next kill of a run (`RayProfiler.kill_gap_s`):
-# detection and restart (0.1-0.3 s here, a heartbeat timeout at worst) plus a warm-up
-# and the settling before a latency is measured again ...
-RECOVERY_ALLOWANCE_S = 1.5
-# ... plus the catch-up of a backlog of up to the interval and the outage, at the
-# utilisation the capacity run implies (U/(1-U) seconds per second of backlog, at
-# least 1: a utilisation of one half, before the capacity is known)
-OUTAGE_ALLOWANCE_S = 1.0
-
-
-@dataclass
-class RayProfiler:
-    """Profiles ``topology`` with real `bastion.run` jobs under ``protocol``.
-
-    Each profiling run reads the topology's own input (``duration_s`` for an
-    unbounded one) and is killed ``failures_per_run`` times (Chiron injects three),
-    at random points, reproducibly from the seed.
-
-    One kill: at a random point of ``kill_between_s`` — by default the middle fifth of
-    the run, moved to after ``first_kill_after_s`` (the longest interval profiled: a
-    kill before the first checkpoint restarts the job from the beginning, where a paced
-    source starts its schedule over and nothing has to be caught up) as far as 80% of
-    the run allows.
-
-    Several kills: each recovery must complete before the next kill, so consecutive
-    kills are at least `kill_gap_s` apart (a recovery's allowance: it grows with the
-    interval, whose backlog is read again, and with the utilisation the capacity run
-    implies); the kills fall at random in ``kill_between_s`` (default: from after the
-    first checkpoint of the longest interval until one gap before the end), each
-    ``kill_gap_s`` after the one before plus a random share of the window's slack.
-    A bounded topology whose input is too short for that is read for longer (its
-    generators' ``count`` raised: the same records, and more of them, at the same
-    rate); a ``duration_s`` or a ``kill_between_s`` given too short is refused,
-    naming the length needed. A kill that still lands before the recovery from the
-    one before caught up (a burst of load) is not measured, and that recovery's TRT
-    is unknown (`kill_outcomes_of`).
-
-    The capacity run reads the unthrottled copy for ``max_rate_run_s``.
-    ``run_options`` go to every `bastion.run` (storage, heartbeat_timeout_s,
-    address, ...)."""
-
-    topology: "Topology"
-    protocol: str = "coordinated"
-    duration_s: float | None = None
-    kill_between_s: tuple[float, float] | None = None
-    max_rate_run_s: float = 4.0
-    capacity_interval_s: float | None = None
-    first_kill_after_s: float = 0.0
-    seed: int = 0
-    run_options: dict[str, Any] = field(default_factory=dict)
-    failures_per_run: int = 1
-    _utilisation: float | None = field(default=None, init=False, repr=False)
-    _window_given: bool = field(default=False, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        _paced_sources(self.topology)
-        if (isinstance(self.failures_per_run, bool) or not isinstance(self.failures_per_run, int)
-                or self.failures_per_run < 1):
-            raise ValueError(f"failures_per_run must be an int >= 1 (kills per profiling "
-                             f"run), got {self.failures_per_run!r}")
-        length = self.duration_s or expected_run_s(self.topology)
-        if length is None:
-            raise ValueError("the topology has an unbounded source: pass duration_s, the "
-                             "seconds each profiling run lasts")
-        self._window_given = self.kill_between_s is not None
-        if self.kill_between_s is None:
-            first = min(max(0.4 * length, 1.1 * self.first_kill_after_s + 0.25), 0.8 * length)
-            self.kill_between_s = (first, min(max(0.6 * length, first + 0.2 * length),
-                                              0.8 * length))
-        lo, hi = self.kill_between_s
-        if not 0 < lo <= hi:
-            raise ValueError(f"kill_between_s must be (first, last) seconds with 0 < first "
-                             f"<= last, got {self.kill_between_s}")
-        if self.max_rate_run_s <= 0:
-            raise ValueError(f"max_rate_run_s must be > 0 seconds, got {self.max_rate_run_s}")
-        if self.failures_per_run > 1:   # refuse a length given too short before any run
-            self.kill_layout(self.first_kill_after_s or lo)
-
-    def kill_gap_s(self, interval_s: float) -> float:
-        """The least time between two kills of a run at ``interval_s``: what its
-        recovery takes at most, with room to measure the latency after it —
-        `RECOVERY_ALLOWANCE_S` plus (the interval + `OUTAGE_ALLOWANCE_S`) times
-        ``U/(1-U)`` (at least 1; U from the capacity run once it ran)."""
-        u = 0.5 if self._utilisation is None else self._utilisation
-        return RECOVERY_ALLOWANCE_S + (interval_s + OUTAGE_ALLOWANCE_S) * max(1.0, u / (1 - u))
-
-    def kill_layout(self, interval_s: float) -> tuple[tuple[float, float], float]:
-        """Where the kills of a run at ``interval_s`` may fall, and how long the run
-        must read (seconds): ``failures_per_run`` kills `kill_gap_s` apart and one gap
-        after the last. A length or window the caller gave too short: a ValueError
-        naming what to change."""
-        k = self.failures_per_run
-        gap = self.kill_gap_s(interval_s)
-        length = self.duration_s or expected_run_s(self.topology)
-        assert length is not None and self.kill_between_s is not None
-        if self._window_given:
-            lo, hi = self.kill_between_s
-            if hi - lo < (k - 1) * gap:
-                raise ValueError(
-                    f"kill_between_s={self.kill_between_s}: {k} kills per profiling run at "
-                    f"a {interval_s:g}-s interval must be {gap:.1f} s apart (each recovery "
-                    f"completes before the next kill), so the window must span at least "
-                    f"{(k - 1) * gap:.1f} s; widen it, or lower failures_per_run")
-            return (lo, hi), max(length, hi + gap)
-        lo = 1.1 * self.first_kill_after_s + 0.25
-        # at least half a gap of slack: the kills' phases against the checkpoints vary
-        needed = lo + (k - 1) * gap + gap / 2 + gap
-        if self.duration_s is not None and self.duration_s < needed:
-            raise ValueError(
-                f"duration_s={self.duration_s:g}: {k} kills per profiling run at a "
-                f"{interval_s:g}-s interval, each {gap:.1f} s after the one before (its "
-                f"recovery completes first) and the first after {lo:.1f} s, need runs of "
-                f"at least {needed:.1f} s; raise duration_s, lower failures_per_run or the "
-                f"longest interval")
-        length = max(length, needed)
-        return (lo, length - gap), length
-
-    def _run(self, topology: "Topology", **options: Any) -> "RunResult":
-        from bastion.launcher import run
-
-        own = own_outputs(topology, f"tune-{uuid.uuid4().hex[:8]}")
-        try:
-            return run(own, protocol=self.protocol, **{**self.run_options, **options})
-        finally:
-            discard_outputs(own)
-
-    def capacity(self) -> Capacity:
-        options: dict[str, Any] = {"duration_s": self.max_rate_run_s}
-        if self.capacity_interval_s is not None:
-            options["checkpoint_interval"] = self.capacity_interval_s
-        result = self._run(unthrottled(self.topology), **options)
-        found = capacity_of(result.details["timeline"])
-        rate = sum(s.rate for s in _paced_sources(self.topology).values())
-        self._utilisation = min(0.9, rate / found.ingest_max_per_s)
-        return Capacity(found.ingest_max_per_s, found.warmup_s, result.job_id)
-
-    def kill_times(self, interval_s: float, seed: int) -> list[float]:
-        """When the kills of one run at ``interval_s`` fall (seconds after its start):
-        `kill_gap_s` apart, each plus a random share of the window's slack."""
-        import random
-
-        (lo, hi), _ = self.kill_layout(interval_s)
-        k, gap = self.failures_per_run, self.kill_gap_s(interval_s)
-        rng = random.Random(self.seed * 1000 + seed)
-        slack = max(0.0, hi - lo - (k - 1) * gap)
-        offsets = sorted(rng.uniform(0, slack) for _ in range(k))
-        return [round(lo + i * gap + offset, 3) for i, offset in enumerate(offsets)]
-
-    def profile(self, interval_s: float, seed: int) -> list[Measurement]:
-        from bastion.faults import RandomKills
-
-        assert self.kill_between_s is not None
-        topology = self.topology
-        options: dict[str, Any] = {"checkpoint_interval": interval_s}
-        if self.duration_s is not None:
-            options["duration_s"] = self.duration_s
-        if self.failures_per_run == 1:
-            kills = [RandomKills(1, between=self.kill_between_s,
-                                 seed=self.seed * 1000 + seed)]
-        else:
-            _, length = self.kill_layout(interval_s)
-            if self.duration_s is not None:
-                options["duration_s"] = length
-            else:
-                topology = lengthened(topology, length)
-            kills = [RandomKills(1, between=(at, at), seed=self.seed * 1000 + seed + 7 * i)
-                     for i, at in enumerate(self.kill_times(interval_s, seed))]
-        options["faults"] = kills
-        result = self._run(topology, **options)
-        plan = _plan_of(topology, self.run_options)
-        return measure_kills(result, [k for f in kills for k in f.schedule(plan)], interval_s)
-
-
 def lengthened(topology: "Topology", length_s: float) -> "Topology":
     """A copy of ``topology`` whose paced generators read for at least ``length_s``
     seconds: each one's ``count`` raised to ``rate · length_s`` (``fn`` is called past
@@ -1301,17 +1026,3 @@ def _plan_of(topology: "Topology", run_options: Mapping[str, Any]) -> Any:
 
     return build_plan(topology, chaining=run_options.get("chaining", True),
                       workers=run_options.get("workers"))
-
-
-def room_for_copies(topology: "Topology", run_options: Mapping[str, Any], wanted: int
-                    ) -> int:
-    """How many profiling runs the cluster can hold side by side: its CPUs over the
-    worker processes one run uses (at least 1, at most ``wanted``)."""
-    import ray
-
-    from bastion.launcher import ensure_ray
-
-    ensure_ray(run_options.get("address"))
-    cpus = int(ray.cluster_resources().get("CPU", 1))
-    workers = max(1, _plan_of(topology, run_options).workers)
-    return max(1, min(wanted, cpus // workers))
