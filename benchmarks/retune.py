@@ -38,6 +38,7 @@ import bastion as bn  # noqa: E402
 from bastion.faults import RandomKills  # noqa: E402
 from bastion.scheduler import tuning as tm  # noqa: E402
 from bastion.sources import Source, SourceReader  # noqa: E402
+from bastion.tuning import RECOVERY_ALLOWANCE_S, RayProfiler, kill_outcomes_of  # noqa: E402
 
 
 def _tuning_benchmark():
@@ -152,8 +153,8 @@ def live(topo: bn.Topology, kills_at: list[float], options: dict, **interval) ->
     plan = tm._plan_of(topo, options)  # noqa: SLF001 - the plan the kills target
     scheduled = [k for f in faults for k in f.schedule(plan)]
     events = run.details["events"]
-    outcomes = tm.kill_outcomes_of(scheduled, events, run.details["timeline"],
-                                   run.metrics.duration_s, run.job_id)
+    outcomes = kill_outcomes_of(scheduled, events, run.details["timeline"],
+                                run.metrics.duration_s, run.job_id)
     moves = [e for e in events if e["kind"] in ("interval_retuned", "trt_bound_unreachable")]
     return run, moves, outcomes
 
@@ -178,9 +179,9 @@ def main() -> None:
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="bastion-retune-") as tmp:
         options = {**bench.RUN_OPTIONS, "storage": f"local://{tmp}/store"}
-        probe = tm.RayProfiler(bench.workload(1000.0, 10.0, args.wait_ms / 1000),
-                               max_rate_run_s=4.0, capacity_interval_s=1.0,
-                               run_options=options)
+        probe = RayProfiler(bench.workload(1000.0, 10.0, args.wait_ms / 1000),
+                            max_rate_run_s=4.0, capacity_interval_s=1.0,
+                            run_options=options)
         probed = probe.capacity()
         rate = round(args.load * probed.ingest_max_per_s, -1)
         print(f"workload: paced source {rate:,.0f} records/s ({args.load:.0%} of a probed "
@@ -210,7 +211,7 @@ def main() -> None:
         # kills after the move: two periods after the surge, then a recovery apart —
         # the slower one, the fixed interval's (the same kill times for both runs)
         fixed_trt = model.trt_at(tuned.interval_s, u2).max_s if u2 < 1 else 3 * args.bound
-        gap = tm.RECOVERY_ALLOWANCE_S + max(args.bound, fixed_trt)
+        gap = RECOVERY_ALLOWANCE_S + max(args.bound, fixed_trt)
         first = args.surge_at + 2 * args.period + 1.5
         kills_at = [round(first + i * gap, 3) for i in range(args.kills)]
         seconds = kills_at[-1] + gap + 1.0

@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bastion as bn  # noqa: E402
 from bastion.faults import RandomKills  # noqa: E402
 from bastion.scheduler import tuning as tm  # noqa: E402
-from bastion.tuning import write_html  # noqa: E402
+from bastion.tuning import RayProfiler, kill_outcome, write_html  # noqa: E402
 
 # Small frames and source batches: a CPU-bound worker answers progress requests
 # between batches, so the timeline that measures catch-up has a sample every 0.1 s.
@@ -164,9 +164,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bastion-tuning-") as tmp:
         options = {**RUN_OPTIONS, "storage": f"local://{tmp}/store"}
         # The source's rate: a share of what this machine takes right now.
-        probe = tm.RayProfiler(workload(1000.0, args.seconds, args.wait_ms / 1000),
-                               max_rate_run_s=4.0, capacity_interval_s=1.0,
-                               run_options=options)
+        probe = RayProfiler(workload(1000.0, args.seconds, args.wait_ms / 1000),
+                            max_rate_run_s=4.0, capacity_interval_s=1.0,
+                            run_options=options)
         probed = probe.capacity()
         rate = round(args.load * probed.ingest_max_per_s, -1)
         topo = workload(rate, args.seconds, args.wait_ms / 1000)
@@ -238,7 +238,7 @@ def main() -> None:
                 kill = RandomKills(1, between=(times[interval][d],) * 2, seed=d)
                 run = bn.run(topo, protocol="coordinated", checkpoint_interval=interval,
                              faults=[kill], **options)
-                outcome = tm.kill_outcome(run, kill.schedule(plan))
+                outcome = kill_outcome(run, kill.schedule(plan))
                 latency = tm.steady_latency_ms(run.metrics, run.details["started_s"],
                                                outcome)
                 seen[interval].append((outcome, latency))
