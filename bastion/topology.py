@@ -34,6 +34,24 @@ on a case-insensitive file system (macOS, Windows) keeps ``Out`` and ``out`` in 
 folder, so two operator names that differ only in case are refused too. Names are
 checked as the graph is built and again by `Topology.validate`, before anything is
 deployed.
+
+**Typed streams.** To a type checker (mypy, pyright) and an editor, a stream carries
+records of one type, and each operator says what it makes of them: a ``Source[T]`` (a
+``Collection`` of ``T`` items, a ``Generator`` whose ``fn`` returns ``T``; a ``Log`` is
+``Source[Any]``) gives a ``Stream[T]``; ``map(fn: T -> U)`` a ``Stream[U]``;
+``key_by(fn: T -> K)`` a ``KeyedStream[K, T]``, whose ``reduce(fn: (A, T) -> A,
+initial: A)`` is a ``Stream[tuple[K, A]]`` (the ``(key, acc)`` pairs it emits),
+``stateful_map(fn: (S, T) -> (S, U), initial: S)`` a ``Stream[U]``, ``join`` with a
+``KeyedStream[K, W]`` a ``Stream[tuple[K, T, W]]``, and ``window(spec).aggregate`` of
+an ``Aggregation[T, A, R]`` a ``Stream[tuple[K, float, float, R]]``. So a reduce fed
+``str`` records whose function adds them to an ``int`` is an error before the job
+runs. A stream's record type is covariant (a ``Stream[bool]`` is a ``Stream[int]``;
+``union`` of a ``Stream[A]`` with ``Stream[B]`` streams is a ``Stream[A | B]``); a
+key's is invariant, since a join pairs keys of one type. The types exist for the
+checker only: at run time every stream is the same plain object, no record's type is
+checked, and a topology pickles (for Ray actors) as before.
+``tests/test_typed_dsl.py`` runs ``mypy --strict`` over these DSL modules and
+``examples/``.
 """
 
 from __future__ import annotations
