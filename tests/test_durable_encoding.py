@@ -15,6 +15,7 @@ import pytest
 import bastion as bn
 from bastion.runtime.columns import pack_ints, unpack_ints
 from bastion.runtime.config import JobConfig
+from bastion.errors import UnserialisableError
 from bastion.runtime.durable import (RESERVED_CODES, DurableCodec, open_bytes, seal)
 from bastion.runtime.instance import Task
 from bastion.runtime.outputs import committed_blobs, read_committed
@@ -113,6 +114,23 @@ def test_values_unpacked_together_come_back_as_unpacked_one_by_one():
     for damaged in (b"", b"\x00", b"\x00\xc1", codec.pack(1) + codec.pack(2)):
         with pytest.raises(CorruptBlobError, match="'parts'"):
             codec.unpack_many(plain + [damaged], "parts")
+
+
+def test_values_packed_together_are_the_bytes_packed_one_by_one():
+    """`pack_many` (a CEC burst's keys and states) packs a tuple without the packer's
+    call back: the bytes must be `pack`'s exactly, marks and big integers included,
+    and a value with no codec is refused as by `pack`."""
+    codec = DurableCodec()
+    rng = random.Random(20261127)
+    for _ in range(300):
+        values = [random_value(rng, 3) for _ in range(rng.randrange(0, 20))]
+        values += [tuple(values[:3]), (2**70, {1}), ()]
+        assert codec.pack_many(values) == [codec.pack(v) for v in values]
+    # the flags byte is the value's own, not the one before it
+    assert codec.pack_many([(1,), 2, {3}, 4]) == [codec.pack(v)
+                                                 for v in [(1,), 2, {3}, 4]]
+    with pytest.raises(UnserialisableError, match="object"):
+        codec.pack_many([1, object()])
 
 
 def test_state_shapes_operators_keep_come_back_exactly():

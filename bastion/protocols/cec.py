@@ -294,9 +294,8 @@ class CecOperator:
 
     # A part's key and state are packed, not sealed: the control tuple's CRC covers them.
     def _pack_many(self, values: list, what: str = "its state") -> list[bytes]:
-        pack = self.codec.pack
         try:
-            return [pack(value) for value in values]
+            return self.codec.pack_many(values)
         except UnserialisableError as exc:  # a user error: name the operator and type
             raise UnstorableValueError(self.ctx.name, self.ctx.index, exc.type_name,
                                        f"{what} cannot be logged", str(exc)) from None
