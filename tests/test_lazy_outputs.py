@@ -180,23 +180,43 @@ SMALL, LARGE = 5_000, 5_000_000
 MARGIN_MIB = 100
 
 
-def _run_json(tmp_path: Path, script: str, *args: str) -> dict:
-    """Run ``script`` in a fresh interpreter (its own Ray and its own peak RSS) and
-    return the JSON it prints last."""
+def _start(tmp_path: Path, script: str, *args: str) -> subprocess.Popen:
+    """``script`` in a fresh interpreter (its own Ray and its own peak RSS)."""
     path = tmp_path / "measure.py"
     path.write_text(script)
-    done = subprocess.run([sys.executable, str(path), *args], capture_output=True,
-                          text=True, timeout=240, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return subprocess.Popen([sys.executable, str(path), *args], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def test_a_5m_record_log_job_does_not_grow_the_driver(tmp_path):
+def _json(process: subprocess.Popen) -> dict:
+    """The JSON ``process`` prints last."""
+    out, err = process.communicate(timeout=240)
+    assert process.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> dict:
+    """Both measurements, each in a process of its own, side by side: a peak RSS is
+    the process's own, and two 5 M-record jobs one after the other cost ~35 s of a
+    2-core suite."""
+    api, cli = tmp_path_factory.mktemp("api"), tmp_path_factory.mktemp("cli")
+    jobs = []
+    for n in (SMALL, LARGE):
+        job = cli / f"lazy_cli_{n}.py"
+        job.write_text(JOB_FILE.format(n=n, log=cli / f"log-{n}"))
+        jobs.append(str(job))
+    running = {"api": _start(api, RSS_SCRIPT, f"local://{api}/jobs", f"local://{api}/log",
+                             str(SMALL), str(LARGE)),
+               "cli": _start(cli, CLI_SCRIPT, f"local://{cli}/jobs", *jobs)}
+    return {"jobs": jobs, **{name: _json(process) for name, process in running.items()}}
+
+
+def test_a_5m_record_log_job_does_not_grow_the_driver(measured):
     """The driver's peak RSS after a job that wrote 5 M records to a Log sink stays
     within 100 MiB of its peak after a 5 k-record job (read eagerly, 5 M ints alone
     took ~230 MiB more). Both jobs run in one fresh process, the small one first."""
-    report = _run_json(tmp_path, RSS_SCRIPT, f"local://{tmp_path}/jobs",
-                       f"local://{tmp_path}/log", str(SMALL), str(LARGE))
+    report = measured["api"]
     small, large = report[str(SMALL)], report[str(LARGE)]
     print(f"bn.run peak RSS: {small['peak_mib']:.1f} MiB after {SMALL:,} records, "
           f"{large['peak_mib']:.1f} MiB after {LARGE:,}")
@@ -205,13 +225,8 @@ def test_a_5m_record_log_job_does_not_grow_the_driver(tmp_path):
     assert large["peak_mib"] - small["peak_mib"] < MARGIN_MIB
 
 
-def test_bastion_run_prints_the_count_of_a_5m_record_log_without_loading_it(tmp_path):
-    jobs = []
-    for n in (SMALL, LARGE):
-        job = tmp_path / f"lazy_cli_{n}.py"
-        job.write_text(JOB_FILE.format(n=n, log=tmp_path / f"log-{n}"))
-        jobs.append(str(job))
-    report = _run_json(tmp_path, CLI_SCRIPT, f"local://{tmp_path}/jobs", *jobs)
+def test_bastion_run_prints_the_count_of_a_5m_record_log_without_loading_it(measured):
+    jobs, report = measured["jobs"], measured["cli"]
     small, large = report[jobs[0]], report[jobs[1]]
     print(f"bastion run peak RSS: {small['peak_mib']:.1f} MiB after {SMALL:,} records, "
           f"{large['peak_mib']:.1f} MiB after {LARGE:,}")
