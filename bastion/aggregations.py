@@ -127,3 +127,6 @@ class Mean:
 
     def result(self, acc: tuple[Any, int]) -> float | None:
         return acc[0] / acc[1] if acc[1] else None
+
+
+__all__ = ["Aggregation", "Count", "Max", "Mean", "Min", "Sum"]

@@ -16,7 +16,13 @@ from typing import Any, Callable
 
 @dataclass(frozen=True)
 class Codec:
+    """How values of type ``cls`` travel: as msgpack extension type ``code`` holding
+    ``encode(value)``, rebuilt by ``decode``. Made by ``Topology.register_codec``."""
+
     cls: type
     code: int
     encode: Callable[[Any], bytes]
     decode: Callable[[bytes], Any]
+
+
+__all__ = ["Codec"]

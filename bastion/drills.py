@@ -954,5 +954,5 @@ def _id_formatter(topology: Topology) -> Callable[[Any], str]:
 
 
 __all__ = ["Committed", "Comparison", "Disagreement", "DrillReport", "FaultOutcome",
-           "NotReproduced", "Verdict", "Violation", "compare", "drill", "fault_outcomes",
+           "NotReproduced", "Violation", "compare", "drill", "fault_outcomes",
            "not_reproduced", "producer", "reference_runs", "same_value"]

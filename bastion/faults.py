@@ -120,6 +120,10 @@ class ScheduledKill:
 
 @dataclass(frozen=True)
 class KillInstance:
+    """Kill the worker hosting instance ``index`` of operator ``op`` ``at`` seconds
+    after the job started; with ``during_checkpoint``, wait after ``at`` until a
+    checkpoint is in progress (an interrupted checkpoint must never be used)."""
+
     op: str
     index: int = 0
     at: float = 1.0
@@ -133,6 +137,9 @@ class KillInstance:
 
 @dataclass(frozen=True)
 class KillWorker:
+    """Kill worker process (slot) number ``worker`` ``at`` seconds after the job
+    started."""
+
     worker: int
     at: float = 1.0
 
@@ -145,6 +152,10 @@ class KillWorker:
 
 @dataclass(frozen=True)
 class KillNode:
+    """Kill every worker process Ray placed on a node ``at`` seconds after the job
+    started, as when the machine is lost. ``node``: the node's position among the live
+    nodes sorted by node id (``0`` on a single-machine Ray), or its node id (hex)."""
+
     node: int | str = 0
     at: float = 1.0
 
@@ -158,6 +169,9 @@ class KillNode:
 
 @dataclass(frozen=True)
 class AddNode:
+    """Capacity that arrives: a Ray node with ``cpus`` CPUs joins the simulated
+    cluster (``bn.run(..., cluster=...)``) ``at`` seconds after the job started."""
+
     at: float = 1.0
     cpus: int = 1
 
@@ -175,6 +189,9 @@ def node_additions(faults: Any) -> list[AddNode]:
 
 @dataclass(frozen=True)
 class RandomKills:
+    """``count`` kills of random instances at random times in ``between = (first_s,
+    last_s)``, reproducible from ``seed``."""
+
     count: int = 1
     between: tuple[float, float] = (1.0, 3.0)
     seed: int | None = None  # a drill fills in its own seed
@@ -326,6 +343,11 @@ def bounded_gap(rng: random.Random, mean: float, lo: float | None, hi: float | N
 
 @dataclass(frozen=True)
 class Timing:
+    """A computational performance fault: instances of ``op`` stall for ``magnitude``
+    seconds (a distribution) in ``phase`` (``"execute"``, ``"emit"`` or ``"ack"``), at
+    gaps exponential with mean ``mtbf_records`` records or ``mtbf_s`` seconds,
+    optionally only within ``active_s = (from_s, to_s)`` (see the module)."""
+
     op: str
     instances: tuple[int, ...] | None = None
     phase: str = "execute"
@@ -370,6 +392,10 @@ class Timing:
 
 @dataclass(frozen=True)
 class DropFrames:
+    """A single-shot communication fault: each data frame instances of ``op`` send is
+    lost with ``probability``; only a protocol that replays by acknowledgments makes
+    up for it."""
+
     op: str
     instances: tuple[int, ...] | None = None
     probability: float = 0.01
@@ -386,6 +412,10 @@ class DropFrames:
 
 @dataclass(frozen=True)
 class LinkOutage:
+    """A correlated communication fault: the outgoing links of instances of ``op`` go
+    down for ``mttr_s`` (mean; or drawn from ``mttr``) every ``mtbf_s`` (mean). Frames
+    wait for the link; with ``lose=True`` what is sent meanwhile is lost."""
+
     op: str
     instances: tuple[int, ...] | None = None
     mtbf_s: float = 5.0
@@ -422,6 +452,10 @@ class LinkOutage:
 
 @dataclass(frozen=True)
 class DropConnection:
+    """A dropped connection: at ``at_s`` seconds after the task started (or at
+    exponential times of mean ``mtbf_s``) the next frame instances of ``op`` send over
+    TCP is torn and the connection aborted; the link heals and resends."""
+
     op: str
     instances: tuple[int, ...] | None = None
     at_s: tuple[float, ...] | None = None   # (1.0,) when mtbf_s is not given either
@@ -454,6 +488,10 @@ class DropConnection:
 
 @dataclass(frozen=True)
 class Crash:
+    """An instance fault: the worker of each targeted instance of ``op`` is killed at
+    exponential times (mean ``mtbf_s``), its replacement starting only after a repair
+    time exponential with mean ``mttr_s``; ``max_crashes`` in all."""
+
     op: str
     instances: tuple[int, ...] | None = None
     mtbf_s: float = 10.0
@@ -917,3 +955,8 @@ def from_dict(doc: Any, source: str = "<dict>") -> list:
     """The faults a document shaped like a fault file describes (``load`` without
     the file)."""
     return _Reader(source).faults(_from_python(doc))
+
+
+__all__ = ["AddNode", "Constant", "Crash", "DropConnection", "DropFrames", "Exponential",
+           "FaultFileError", "Gaussian", "KillInstance", "KillNode", "KillWorker",
+           "LinkOutage", "RandomKills", "Timing", "Uniform", "from_dict", "load"]

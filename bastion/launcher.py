@@ -792,3 +792,6 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
                       "timeline": report["timeline"], "started_s": report["started_s"],
                       "workers": report["worker_ids"]},
                      output_ids, warnings)
+
+
+__all__ = ["RunResult", "run"]

@@ -225,9 +225,7 @@ def format_id(record_id: Any, topology: Any) -> str:
     return fmt(record_id)
 
 
-__all__ = ["IdRun", "RecordId", "ancestry", "broadcast_ids", "derived_ids", "format_id", "from_wire",
-           "ids_of", "op_codes", "root_ids", "source_root", "take_ids", "to_wire",
-           "union_ids"]
+__all__ = ["ancestry", "format_id", "op_codes", "source_root"]
 
 
 # -- tokens ------------------------------------------------------------------------------

@@ -293,3 +293,6 @@ def write_html(report: Any, path: str | Path, title: str = "Bastion recovery dri
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(render_html(report, title, compared), encoding="utf-8")
     return page
+
+
+__all__ = ["render_html", "write_html"]

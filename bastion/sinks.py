@@ -171,3 +171,6 @@ class Log(Sink):
 
     def __repr__(self) -> str:
         return f"Log({self.url!r})"
+
+
+__all__ = ["Collect", "Discard", "File", "Log", "SinkWriter"]

@@ -241,3 +241,6 @@ class Log(Source[Any]):
 
     def __repr__(self) -> str:
         return f"Log({self.url!r}" + (", follow=True)" if self.follow else ")")
+
+
+__all__ = ["Collection", "Generator", "Log", "Source", "SourceReader"]

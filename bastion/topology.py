@@ -513,3 +513,6 @@ class WindowedStream(Generic[K, V_co]):
         topo = self.keyed.topology
         topo._add(name, "window", parallelism, [self.keyed._input()], spec=self.spec, agg=agg)
         return Stream(topo, name)
+
+
+__all__ = ["KeyedStream", "Stream", "Topology", "WindowedStream", "check_name"]

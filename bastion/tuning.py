@@ -642,3 +642,6 @@ def write_html(result: TuningResult, path: str | Path, title: str = "checkpoint-
     out = Path(path)
     out.write_text(render_html(result, title), encoding="utf-8")
     return out
+
+
+__all__ = ["TuningResult", "render_html", "tune", "write_html"]

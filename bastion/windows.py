@@ -29,6 +29,9 @@ def _positive(kind: str, field: str, value: float) -> None:
 
 @dataclass(frozen=True)
 class Tumbling:
+    """Event-time windows ``[k*size, (k+1)*size)``, ``size`` in seconds: each record
+    is in exactly one."""
+
     size: float
 
     def __post_init__(self) -> None:
@@ -37,6 +40,9 @@ class Tumbling:
 
 @dataclass(frozen=True)
 class Sliding:
+    """Event-time windows ``size`` seconds long, one starting every ``slide`` seconds
+    (``slide <= size``): a record is in ``size / slide`` of them."""
+
     size: float
     slide: float
 
@@ -52,6 +58,8 @@ class Sliding:
 
 @dataclass(frozen=True)
 class Count:
+    """Windows of ``n`` records of a key, fired as the ``n``-th arrives."""
+
     n: int
 
     def __post_init__(self) -> None:
@@ -60,3 +68,6 @@ class Count:
 
 
 WindowSpec = Tumbling | Sliding | Count
+
+
+__all__ = ["Count", "Sliding", "Tumbling"]
