@@ -11,6 +11,21 @@ Build a `Topology` with the DSL, run it with `run`, and read `RunResult.outputs`
     counts.sink("out", bn.sinks.Collect())
     result = bn.run(topo)
     result.outputs["out"]   # [("a", 1), ("b", 1), ("b", 2), ("c", 1)] in some order
+
+**Public and internal.** The public API is exactly what the ``__all__`` of the public
+modules lists: this package's (the names above, as ``bn.NAME``) and those of
+``bastion.topology``, ``sources``, ``sinks``, ``windows``, ``aggregations``, ``codecs``,
+``errors``, ``faults``, ``launcher``, ``drills``, ``report``, ``tuning``, ``lineage``,
+``protocols`` and ``storage`` (the list is ``bastion._apidoc.PUBLIC_MODULES``;
+docs/api.md shows every name, generated from the docstrings). A public name keeps its
+meaning from one release to the next, or changes with a note in the changelog.
+
+Everything else is internal: the modules ``bastion.runtime``, ``bastion.scheduler``,
+``bastion.connectors``, ``bastion.spark_jobs``, ``bastion.bench``,
+``bastion.io_interfaces`` and ``bastion.cli``, the protocol implementations under
+``bastion.protocols``, every name a public module leaves out of its ``__all__``, and
+every name that starts with ``_``. Internal means it may change or disappear without
+notice; a test that uses an internal name carries the ``internal`` pytest marker.
 """
 
 from __future__ import annotations

@@ -224,6 +224,9 @@ def _private_names(annotation: Any, namespace: dict[str, Any]) -> list[str]:
     for node in ast.walk(tree):
         if id(node) in inner_nodes:  # a part of a dotted name, judged with the whole
             continue
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found += _private_names(node.value, namespace)  # "Name" quoted inside
+            continue
         if isinstance(node, ast.Attribute):
             parts: list[str] = []
             inner: ast.expr = node
@@ -420,6 +423,18 @@ def render(modules: tuple[str, ...] = PUBLIC_MODULES) -> str:
     sections.append("")
     sections += [render_module(m, public) for m in loaded]
     return "\n".join(sections).rstrip() + "\n"
+
+
+def first_difference(expected: str, actual: str) -> str | None:
+    """Where two renderings of the page part, as ``line N: 'a' != 'b'``; None when
+    they are the same."""
+    if expected == actual:
+        return None
+    old, new = expected.splitlines(), actual.splitlines()
+    for number, (a, b) in enumerate(zip(old, new), start=1):
+        if a != b:
+            return f"line {number}: {a!r} != {b!r}"
+    return f"line {min(len(old), len(new)) + 1}: one ends, the other goes on"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -139,6 +139,7 @@ needs_thread_nice = pytest.mark.skipif(
     reason="nice values are not per thread here, or this process may not lower one back")
 
 
+@pytest.mark.internal
 @needs_thread_nice
 def test_children_started_inside_run_niced_and_the_thread_goes_back(tmp_path):
     """What a simulated cluster's arriving node is booted with: its processes (and
@@ -171,6 +172,7 @@ def test_children_started_inside_run_niced_and_the_thread_goes_back(tmp_path):
         child.wait(10)
 
 
+@pytest.mark.internal
 def test_children_are_not_niced_where_the_thread_could_not_go_back(monkeypatch):
     """An unprivileged process may raise its nice value but not lower it again: the
     thread would stay niced, so nothing is lowered, and the caller is told."""
@@ -181,6 +183,7 @@ def test_children_are_not_niced_where_the_thread_could_not_go_back(monkeypatch):
         assert os.getpriority(os.PRIO_PROCESS, 0) == own
 
 
+@pytest.mark.internal
 def test_the_rlimit_floor_decides_whether_a_thread_may_go_back(monkeypatch):
     monkeypatch.setattr(priority.os, "geteuid", lambda: 1000)
     # a soft RLIMIT_NICE of r allows nice values down to 20 - r

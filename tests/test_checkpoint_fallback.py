@@ -172,6 +172,7 @@ class _Master:
         pass
 
 
+@pytest.mark.internal
 def test_a_fallback_behind_reclaimed_checkpoints_restores_none_of_them(tmp_path):
     """Reclamation deletes the checkpoints below the line, which only moves forward
     — until a damaged checkpoint is excluded and the line falls back behind it."""

@@ -148,6 +148,7 @@ async def tear_mid_run(link: PeerLink, receiver: GatedReceiver, before: int = 20
     return sent, acks
 
 
+@pytest.mark.internal
 async def test_a_connection_torn_mid_frame_heals_and_every_frame_arrives_once_in_order():
     receiver = GatedReceiver()
     receiver.acks_released.clear()
@@ -164,6 +165,7 @@ async def test_a_connection_torn_mid_frame_heals_and_every_frame_arrives_once_in
     await shutdown(server, link)
 
 
+@pytest.mark.internal
 async def test_a_reset_by_the_receiver_heals_too():
     """Not a tear of the sender's own: the receiver's end resets the connection (as
     a middlebox or a receiver-side timeout would), with frames unacknowledged."""
@@ -187,6 +189,7 @@ async def test_a_reset_by_the_receiver_heals_too():
     await shutdown(server, link)
 
 
+@pytest.mark.internal
 async def test_a_frame_half_read_when_its_connection_died_is_never_delivered():
     receiver = GatedReceiver()
     server = FrameServer(receiver.deliver)
@@ -213,6 +216,7 @@ def _frame(message_id: int, channel_id: int, seq: int, data: bytes) -> tuple[byt
     return transport._LENGTHS.pack(len(header), len(data)), header, data
 
 
+@pytest.mark.internal
 async def test_acknowledgment_messages_are_not_resent():
     """An ``acks``-protocol message (``resend=False``) written before a tear is not
     sent again (a copy would corrupt the protocol's XOR ledger); its future is
@@ -239,6 +243,7 @@ async def test_acknowledgment_messages_are_not_resent():
     await shutdown(server, link)
 
 
+@pytest.mark.internal
 async def test_a_peer_gone_for_good_is_still_a_peer_lost_error():
     # Refused: nothing listens at its address any more — its process is gone, and
     # the link breaks at once rather than wait out the heal time.
@@ -287,6 +292,7 @@ async def test_a_peer_that_takes_no_frames_breaks_the_link_after_the_heal_time()
     listener.close()
 
 
+@pytest.mark.internal
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_many_tears_under_load_lose_and_duplicate_nothing(seed):
     """Four channels, each with its credits (8 frames unacknowledged), frames of random
@@ -319,6 +325,7 @@ async def test_many_tears_under_load_lose_and_duplicate_nothing(seed):
 # -- the checks can fail: each new path, broken on purpose, is caught -----------------------
 
 
+@pytest.mark.internal
 async def test_a_sender_that_does_not_resend_is_caught_losing_the_torn_frame(monkeypatch):
     """Break the resend: after reconnecting, the link writes only what it never wrote
     (what was sent during the heal), not what the lost connection carried."""
@@ -344,6 +351,7 @@ async def test_a_sender_that_does_not_resend_is_caught_losing_the_torn_frame(mon
     await shutdown(server, link)
 
 
+@pytest.mark.internal
 async def test_a_receiver_that_does_not_deduplicate_is_caught_duplicating(monkeypatch):
     """Break the deduplication: the gate admits every frame, seen or not."""
     async def admit_everything(self, channel_id, seq, frame):

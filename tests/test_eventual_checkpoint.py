@@ -298,6 +298,7 @@ def test_the_checksum_covers_every_field():
     assert not eventual.valid(closing[:-1] + [base[-1]])
 
 
+@pytest.mark.internal
 def test_a_burst_whose_arrays_do_not_match_is_refused_though_its_checksum_holds():
     """The checksum covers the bytes as written; bytes of another shape (a state
     missing, a part that is not bytes) are refused all the same, never loaded."""

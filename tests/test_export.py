@@ -51,6 +51,7 @@ def reply(plan, attempt: int = 0) -> dict:
             "quiescence": {t.task_id: {"sent": {}, "processed": {}} for t in plan.tasks}}
 
 
+@pytest.mark.internal
 def test_a_poll_and_events_are_recorded_and_a_restart_closes_the_failure(ray_session,
                                                                          plan):
     probe = Probe.remote(plan)
@@ -65,6 +66,7 @@ def test_a_poll_and_events_are_recorded_and_a_restart_closes_the_failure(ray_ses
     assert outcome["detected"] is None  # the restart ended the failure it timed
 
 
+@pytest.mark.internal
 def test_a_malformed_reply_stops_the_exporter_and_not_the_caller(ray_session, plan):
     probe = Probe.remote(plan)
     outcome = ray.get(probe.feed.remote([{"attempt": 0, "tasks": {0: {}}}], [

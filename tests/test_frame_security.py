@@ -110,6 +110,7 @@ async def shutdown(server: FrameServer, *links) -> None:
 # -- the handshake ---------------------------------------------------------------------------
 
 
+@pytest.mark.internal
 async def test_a_link_with_the_key_sends_frames_and_gets_their_acknowledgments():
     receiver = Receiver()
     server, address = await serving(receiver)
@@ -122,6 +123,7 @@ async def test_a_link_with_the_key_sends_frames_and_gets_their_acknowledgments()
     await shutdown(server, link)
 
 
+@pytest.mark.internal
 async def test_a_link_that_never_handshakes_is_closed_within_2_s():
     server, address = await serving(Receiver())
     reader, writer = await asyncio.open_connection(*address)
@@ -133,6 +135,7 @@ async def test_a_link_that_never_handshakes_is_closed_within_2_s():
     await shutdown(server)
 
 
+@pytest.mark.internal
 async def test_a_correct_handshake_with_the_wrong_key_is_refused():
     receiver = Receiver()
     server, address = await serving(receiver)
@@ -180,6 +183,7 @@ class RecordingServer(FrameServer):
             reader.readexactly = read
 
 
+@pytest.mark.internal
 async def test_a_replayed_handshake_is_refused():
     receiver = Receiver()
     server = RecordingServer(receiver.deliver, authenticate=True)
@@ -200,6 +204,7 @@ async def test_a_replayed_handshake_is_refused():
     await shutdown(server, link)
 
 
+@pytest.mark.internal
 async def test_a_link_relayed_through_another_address_is_refused():
     """A process at another address (one that took a dead worker's port) relays a link
     to a live worker of the same job: the server's address is in the proof."""
@@ -229,6 +234,7 @@ async def test_a_link_relayed_through_another_address_is_refused():
     await shutdown(server, link)
 
 
+@pytest.mark.internal
 async def test_a_server_that_cannot_prove_the_key_gets_no_frames_and_forges_no_acks():
     """A rogue process at a worker's address: it speaks the protocol but has no key.
     The link refuses it before sending a frame, so no acknowledgment of it counts."""
@@ -252,6 +258,7 @@ async def test_a_server_that_cannot_prove_the_key_gets_no_frames_and_forges_no_a
     server.close()
 
 
+@pytest.mark.internal
 async def test_a_server_rebound_to_another_job_closes_the_links_of_the_job_before():
     receiver = Receiver()
     server, address = await serving(receiver)
@@ -284,6 +291,7 @@ async def test_a_server_rebound_to_another_job_closes_the_links_of_the_job_befor
 # -- bounded input -----------------------------------------------------------------------------
 
 
+@pytest.mark.internal
 async def test_oversize_lengths_close_the_link_before_the_payload_is_read():
     receiver = Receiver()
     server, address = await serving(receiver, limits=LinkLimits(max_payload_bytes=1 << 20))
@@ -323,6 +331,7 @@ MALFORMED = [
 ]
 
 
+@pytest.mark.internal
 async def test_malformed_headers_close_the_link_are_counted_and_logged_once_per_peer(caplog):
     receiver = Receiver()
     server, address = await serving(receiver)
@@ -348,6 +357,7 @@ async def test_malformed_headers_close_the_link_are_counted_and_logged_once_per_
     await shutdown(server, link)
 
 
+@pytest.mark.internal
 async def test_a_truncated_frame_is_never_delivered():
     receiver = Receiver()
     server, address = await serving(receiver)
@@ -361,6 +371,7 @@ async def test_a_truncated_frame_is_never_delivered():
     await shutdown(server)
 
 
+@pytest.mark.internal
 async def test_deliveries_in_flight_per_link_are_bounded_by_backpressure_not_drops():
     receiver = Receiver()
     receiver.held.clear()  # deliveries wait (a full inbox)
@@ -377,6 +388,7 @@ async def test_deliveries_in_flight_per_link_are_bounded_by_backpressure_not_dro
     await shutdown(server, link)
 
 
+@pytest.mark.internal
 async def test_a_frame_the_receiver_cannot_take_closes_its_link_not_the_process():
     async def deliver(*args) -> None:
         raise ValueError("garbage payload")
@@ -392,6 +404,7 @@ async def test_a_frame_the_receiver_cannot_take_closes_its_link_not_the_process(
     await shutdown(server)
 
 
+@pytest.mark.internal
 async def test_a_sender_refuses_a_frame_larger_than_links_carry():
     server, address = await serving(Receiver(), limits=LinkLimits(max_payload_bytes=4096))
     link = PeerLink(address, key=KEY, limits=LinkLimits(max_payload_bytes=4096))
@@ -463,6 +476,7 @@ def _certificates(directory: Path, name: str) -> TlsSettings:
                          "BASTION_TLS_CA": str(paths["ca"]), "BASTION_TLS_SAME_HOST": "1"})
 
 
+@pytest.mark.internal
 async def test_tls_links_carry_frames_and_refuse_the_clear_and_foreign_certificates(tmp_path):
     tls = _certificates(tmp_path, "cluster")
     foreign = _certificates(tmp_path, "foreign")
@@ -712,6 +726,7 @@ def fuzzed_job(ray_session, tmp_path_factory):
             "counters": {pid: counters[pid] for pid in baseline}}
 
 
+@pytest.mark.internal
 def test_the_fuzz_ran_against_a_running_job(fuzzed_job):
     closed = fuzzed_job["closed"]
     assert len(closed["random"]) + len(closed["random_keyed"]) == RANDOM_STRINGS
@@ -719,6 +734,7 @@ def test_the_fuzz_ran_against_a_running_job(fuzzed_job):
         f"the job ended before the fuzz did ({fuzzed_job['fuzz_s']:.1f} s)")
 
 
+@pytest.mark.internal
 def test_no_fuzzed_frame_is_accepted_the_output_is_exact(fuzzed_job):
     outcome = fuzzed_job["outcome"]
     assert "error" not in outcome, outcome.get("error")
@@ -727,6 +743,7 @@ def test_no_fuzzed_frame_is_accepted_the_output_is_exact(fuzzed_job):
     assert result.metrics.extra["attempts"] == 1  # no failure, no restart
 
 
+@pytest.mark.internal
 def test_every_bad_link_was_closed_by_the_server_within_2_s(fuzzed_job):
     slowest = {kind: max(times) for kind, times in fuzzed_job["closed"].items()}
     assert all(s < CLOSE_WITHIN_S for s in slowest.values()), slowest
@@ -743,6 +760,7 @@ def test_every_bad_link_was_closed_by_the_server_within_2_s(fuzzed_job):
             "malformed_header", "wrong_job"} <= reasons
 
 
+@pytest.mark.internal
 def test_the_workers_memory_grew_by_less_than_50_mib(fuzzed_job):
     grown = {pid: (fuzzed_job["peak"][pid] - fuzzed_job["baseline"][pid]) / 2**20
              for pid in fuzzed_job["baseline"]}

@@ -442,6 +442,7 @@ def test_cec_restarts_the_failed_instance_alone_fed_from_upstream_backups(three)
     assert loaded and not loaded[0]["replay_everything"]
 
 
+@pytest.mark.internal
 @pytest.mark.slow
 def test_the_drill_says_lost_when_a_cec_backup_forgets_what_a_restart_needs(three):
     report = cec_kill(three, BrokenCec())

@@ -124,6 +124,7 @@ def test_replayed_apply_appends_a_commit_once(tmp_path):
     assert read_log(url) == ["a", "b", "c", "d"]
 
 
+@pytest.mark.internal
 @pytest.mark.parametrize("crash_point", ["after_marker", "after_half_flushed",
                                          "after_flush"])
 def test_crash_inside_apply_does_not_duplicate(tmp_path, crash_point):
@@ -153,6 +154,7 @@ def test_crash_inside_apply_does_not_duplicate(tmp_path, crash_point):
     assert read_log(url) == ["first", *values, "last"]
 
 
+@pytest.mark.internal
 def test_failed_apply_is_finished_by_the_next_one(tmp_path, monkeypatch):
     """The runtime does not retry an apply that raised; the writer finishes it first
     when the next commit point is applied."""

@@ -365,6 +365,7 @@ def test_tasks_that_never_get_a_slot_fail_the_job_saying_why(tmp_path):
 # -- nodes lost and added: a simulated cluster, in a driver of its own ---------------------
 
 
+@pytest.mark.internal
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # three runs of 18 s, each on a cluster of its own
 def test_correlated_drills_on_a_simulated_cluster(tmp_path):

@@ -185,6 +185,7 @@ def _root_and_copies(mode: str) -> tuple[AcksTask, list]:
     return task, [source, map1, sink_of_map1, map0, sink_of_map0]
 
 
+@pytest.mark.internal
 @pytest.mark.parametrize("mode, complete_after", [("fine", 3), ("xor", 5)])
 def test_fine_acks_complete_on_the_first_copy_xor_on_every_copy(mode, complete_after):
     task, messages = _root_and_copies(mode)
@@ -196,6 +197,7 @@ def test_fine_acks_complete_on_the_first_copy_xor_on_every_copy(mode, complete_a
     assert complete_s >= 0
 
 
+@pytest.mark.internal
 def test_a_fine_root_completes_when_its_tuples_are_processed_whatever_the_order():
     """Messages from different tasks race: a root completes exactly once the map's and
     the sink's messages are both applied — never before, in any order (the source's

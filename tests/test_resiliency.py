@@ -182,6 +182,7 @@ class ReversedRule(ResiliencyManager):
         return super()._direction_over_bound(not helped)
 
 
+@pytest.mark.internal
 @pytest.mark.parametrize("bound, gain", [(200.0, 0.2), (150.0, GAIN)])
 def test_the_convergence_check_rejects_a_reversed_direction_rule(bound, gain):
     """The direction rule only acts over the bound, so the cases are ones that take

@@ -168,6 +168,7 @@ class _Master:
         return _Store()
 
 
+@pytest.mark.internal
 def test_the_coordinator_takes_a_new_interval_in_the_middle_of_its_wait():
     from bastion.protocols.coordinated import CheckpointCoordinator
 
@@ -298,6 +299,7 @@ topology.source("nums", bn.sources.Generator(lambda i: i, count=2400, rate=600))
 '''
 
 
+@pytest.mark.internal
 @pytest.mark.usefixtures("ray_session")
 def test_bastion_run_retune_every_moves_the_interval_of_the_job_it_runs(tmp_path, monkeypatch,
                                                                        capsys):

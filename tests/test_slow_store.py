@@ -99,6 +99,7 @@ def keyed_sums() -> dict[int, int]:
     return sums
 
 
+@pytest.mark.internal
 def test_cec_on_a_slow_store_keeps_loops_and_heartbeats_answering(slow_s3):
     topo = bn.Topology("slow-cec")
     topo.source("src", bn.sources.Generator(lambda i: i, count=N, rate=1500)).key_by(
@@ -119,6 +120,7 @@ def test_cec_on_a_slow_store_keeps_loops_and_heartbeats_answering(slow_s3):
     assert probe.p99(probe.ping_s) < DELAY_S, sorted(probe.ping_s)[-5:]
 
 
+@pytest.mark.internal
 @pytest.mark.parametrize("protocol", ["coordinated", "uncoordinated"])
 def test_a_log_sink_on_a_slow_store_keeps_loops_and_heartbeats_answering(slow_s3, protocol):
     """Also every commit reaches the Log: commits the coordinator completed after the
@@ -139,6 +141,7 @@ def test_a_log_sink_on_a_slow_store_keeps_loops_and_heartbeats_answering(slow_s3
     assert probe.p99(probe.ping_s) < DELAY_S, sorted(probe.ping_s)[-5:]
 
 
+@pytest.mark.internal
 def test_the_probe_sees_a_loop_that_is_held_up(tmp_path):
     """The control: a map that holds the loop 300 ms every 500 records is seen."""
     def hold(v):

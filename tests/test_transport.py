@@ -66,6 +66,7 @@ async def test_the_acknowledgment_waits_for_delivery_and_a_held_channel_holds_on
     links.close()
 
 
+@pytest.mark.internal
 async def test_a_lost_peer_fails_waiting_and_later_frames_with_peer_lost():
     receiver = Receiver()
     receiver.held[1] = asyncio.Event()  # never set: the frame waits for ever
@@ -89,6 +90,7 @@ async def test_a_lost_peer_fails_waiting_and_later_frames_with_peer_lost():
     links.close()
 
 
+@pytest.mark.internal
 async def test_an_unreachable_peer_is_a_peer_lost_error():
     server = FrameServer(Receiver().deliver)
     host, port = await server.start("127.0.0.1")

@@ -97,6 +97,7 @@ def test_profile_all_keeps_every_kill_of_every_run():
     assert len(result.measurements) == 6 and len(result.model.points) == 2
 
 
+@pytest.mark.internal
 def test_kills_of_a_run_are_a_recovery_apart_and_a_short_input_is_read_for_longer():
     profiler = RayProfiler(paced(count=800, rate=400.0), first_kill_after_s=1.0,
                            failures_per_run=3)

@@ -108,6 +108,7 @@ def test_keywords_become_flags_and_colour_codes_go():
     assert as_flags("pass duration_s to bn.run") == "pass duration_s to bn.run"
 
 
+@pytest.mark.internal
 def test_a_job_masters_error_reaches_the_driver_without_colour_codes():
     import ray
 

@@ -443,6 +443,7 @@ from hypothesis import strategies as st  # noqa: E402
 from bastion.storage import log as log_module  # noqa: E402
 
 
+@pytest.mark.internal
 def test_the_c_framing_is_built():
     # `make test` builds it; without it every log append runs the slower Python loop
     assert log_module._frame_records_c is not None, (
@@ -460,6 +461,7 @@ _values = st.one_of(
     st.dictionaries(st.text(max_size=3), st.integers(0, 9), max_size=3))
 
 
+@pytest.mark.internal
 @settings(max_examples=300, deadline=None)
 @given(first_seq=st.one_of(st.integers(0, 300), st.integers(0, 2**63 - 1000)),
        records=st.lists(st.tuples(_ts, _values), max_size=30))
@@ -479,6 +481,7 @@ def test_the_c_framing_gives_the_python_bytes(first_seq, records):
     assert seq == first_seq + len(records)
 
 
+@pytest.mark.internal
 def test_records_that_are_not_pairs_are_framed_by_the_python_loop():
     pack = msgpack.Packer(use_bin_type=True).pack
     odd = [(1.0, b"a"), [2.0, b"b"]]  # a list, not a tuple: the C loop declines it
