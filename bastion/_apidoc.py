@@ -194,7 +194,7 @@ def _private_object(obj: Any) -> bool:
     """Is ``obj`` a class or function of Bastion's that lives under a private name?"""
     module = getattr(obj, "__module__", None)
     qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
-    if not isinstance(module, str) or not module.startswith("bastion"):
+    if not isinstance(module, str) or not (module == "bastion" or module.startswith("bastion.")):
         return False
     return _private_part(module) or (isinstance(qualname, str) and _private_part(qualname))
 
@@ -206,14 +206,12 @@ def _private_names(annotation: Any, namespace: dict[str, Any]) -> list[str]:
     alias), one that does not (imported only for a type checker) by how it is spelled."""
     if annotation is inspect.Parameter.empty:
         return []
-    if not isinstance(annotation, str):
+    if not isinstance(annotation, str):  # evaluated: judge it and its arguments
         found = []
-        for arg in [annotation, *getattr(annotation, "__args__", ())]:
-            if isinstance(arg, (str, type)) or getattr(arg, "__args__", None):
-                if arg is not annotation:
-                    found += _private_names(arg, namespace)
-                elif _private_object(arg):
-                    found.append(f"{arg.__module__}.{arg.__qualname__}")
+        if _private_object(annotation):
+            found.append(f"{annotation.__module__}.{getattr(annotation, '__qualname__', '?')}")
+        for arg in getattr(annotation, "__args__", None) or ():
+            found += _private_names(arg, namespace)
         return found
     try:
         tree = ast.parse(annotation, mode="eval")

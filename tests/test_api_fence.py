@@ -150,6 +150,17 @@ def test_the_fence_check_names_each_planted_mistake_and_nothing_else(tmp_path, m
     assert "_Hidden" in next(p for p in problems if ".leaks:" in p)
 
 
+def test_an_evaluated_annotation_naming_a_private_type_is_reported(tmp_path, monkeypatch):
+    # without ``from __future__ import annotations`` the annotation is the class itself
+    source = ('"""Evaluated."""\nclass _Hidden:\n    """Private."""\n\n\n'
+              'def f(x: "list[int]", y: list[_Hidden]) -> None:\n    """F."""\n\n\n'
+              'def g(x: int) -> int:\n    """G."""\n    return x\n\n\n__all__ = ["f", "g"]\n')
+    module = _planted_module(tmp_path, monkeypatch, source, name="planted_evaluated")
+    assert _apidoc.fence_problems(module) == [
+        "bastion.planted_evaluated.f: y is annotated with private type "
+        "'bastion.planted_evaluated._Hidden'"]
+
+
 def test_a_module_without_all_has_no_public_api(tmp_path, monkeypatch):
     module = _planted_module(tmp_path, monkeypatch, '"""No list."""\ndef f():\n    """F."""\n',
                              name="planted_no_all")
