@@ -664,7 +664,16 @@ class JobMaster:
         regional = (self.regional and failure.udf is None
                     and not failure.fatal and failure.blob is None)
         whole_because = None
-        if regional and self._region_broken:
+        if regional and self.phase in ("spawn", "deploy", "start"):
+            # The attempt's tasks had not all started (a loss while a restart of the
+            # job deploys them): no task runs on outside a region, so the job
+            # restarts whole. Restarting the region alone left the tasks deployed
+            # outside it never started, and the job waited for them for ever.
+            regional = False
+            whole_because = (f"a failure came during {self.phase}, before every task of "
+                             "the attempt ran: no task runs on outside a region, so every "
+                             "task restarts")
+        elif regional and self._region_broken:
             regional = False
             whole_because = ("a failure came while a regional restart was rebuilding its "
                              "region: its tasks are half restored, so every task restarts")
