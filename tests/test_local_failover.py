@@ -449,3 +449,55 @@ def test_the_drill_says_lost_when_a_cec_backup_forgets_what_a_restart_needs(thre
     assert report.metrics.extra["attempts"] == 1
     assert report.verdict == "violated"
     assert report.lost > 0, report.verdict_reason
+
+
+# -- a loss while a restart deploys: the job restarts whole ------------------------------------
+
+
+def recovery_taken(phase: str) -> list[str]:
+    """Which way `JobMaster._recover` goes for a worker lost in ``phase``, under a
+    failover that restarts regions: the job master's own method, run on a stand-in
+    holding only what the decision reads (each way in records its name and stops)."""
+    from types import SimpleNamespace
+
+    from bastion.runtime.job import JobMaster
+    from bastion.scheduler.detector import Failure
+
+    taken: list[str] = []
+
+    async def nothing(*_args) -> None:
+        return None
+
+    async def lost(_failure) -> list[int]:
+        return [1]
+
+    async def region(_lost) -> None:
+        taken.append("region")
+
+    async def whole(_failure, _lost) -> None:
+        taken.append("whole")
+
+    master = SimpleNamespace(
+        phase=phase, regional=True, _region_broken=False, pending=set(), job_error=None,
+        attempt=1, region_restarts=0, _standby_after_catch_up=False,
+        config=SimpleNamespace(max_restarts=10, recovery=None),
+        failover=SimpleNamespace(name="local", adaptive_buffering=False),
+        protocol=SimpleNamespace(name="uncoordinated"),
+        coordinator=SimpleNamespace(checkpoint_in_progress=lambda: None, stop=nothing),
+        record_event=lambda kind, **fields: None, _lost_workers=lost,
+        _poll_progress=nothing, _restart_region=region, _replace_workers=whole,
+        _recovery_line=nothing, _restore=None)
+    asyncio.run(JobMaster._recover(master, Failure(f"a worker died during {phase}")))
+    return taken
+
+
+@pytest.mark.internal
+def test_a_loss_while_a_restart_deploys_restarts_the_job_whole():
+    """The first kill restarted the job; the second landed while its tasks were being
+    deployed. Restarting the lost worker's region alone left the tasks deployed outside
+    it never started, and the job waited for them for ever (two random kills under
+    uncoordinated and cic timed out at 300 s). Before every task of the attempt ran,
+    a loss restarts every task; once they run, only the region."""
+    for phase in ("spawn", "deploy", "start"):
+        assert recovery_taken(phase) == ["whole"], phase
+    assert recovery_taken("watch") == ["region"]
