@@ -947,8 +947,15 @@ class CecProtocol(Protocol):
     needs_checkpoint_interval = True   # how often sinks commit
     needs_lineage = True
 
-    def __init__(self, policy: CecPolicy | None = None):
+    def __init__(self, policy: CecPolicy | None = None, *, interval_s: float = 1.0):
+        """``policy``: when control tuples are written (`CecPolicy`); ``interval_s``:
+        how often sinks commit, in seconds (CEC itself never stops to checkpoint)."""
+        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) \
+                or not interval_s > 0:
+            raise ValueError(f"interval_s (how often sinks commit) must be a number of "
+                             f"seconds > 0, got {interval_s!r}")
         self.policy = policy or CecPolicy()
+        self.interval_s = float(interval_s)
 
     def check(self, topology: Any) -> None:
         nodes = topology.nodes
