@@ -76,7 +76,7 @@ from bastion.protocols.base import MasterContext, cancel
 from bastion.runtime.config import JobConfig, with_frame_key
 from bastion.runtime import export
 from bastion.runtime.events import EventLimits, EventLog
-from bastion.runtime.metrics import FailureRecovery, LatencyHistogram, query_availability
+from bastion.runtime.metrics import FailureRecovery, query_availability
 from bastion.runtime.recovery_times import failures_in, recovery_times
 from bastion.runtime.outputs import FINAL_COMMIT, committed_blobs, marker_key
 from bastion.runtime.plan import PhysicalPlan
@@ -86,8 +86,10 @@ from bastion.scheduler.failover import TaskGraph, failover_strategy
 from bastion.scheduler.recovery import (BlockingRecovery, Capacity, QueryNeeds,
                                        RecoveryPlanError, RecoveryPlanner, check_plan,
                                        queries_needs, recovery_policy, replacement_slots)
-from bastion.scheduler.resiliency import Exposure, RedundancyDecision, ResiliencyManager
-from bastion.scheduler.retune import RetuneDecision, Retuner
+from bastion.runtime.progress import (LoopTermination, ProgressTally, RedundancyLoop,
+                                      RetuneLoop, caught_up)
+from bastion.scheduler.resiliency import ResiliencyManager
+from bastion.scheduler.retune import Retuner
 from bastion.storage import CheckpointStore, open_store
 
 
@@ -292,11 +294,9 @@ class JobMaster:
                              == "source"}
         self.kills = fault_injection.validate(config.faults, plan)
         self.plan_channel_dst = {c.channel_id: t.task_id for t in plan.tasks for c in t.inputs}
-        self._counts: dict[int, tuple[int, int, int]] = {}  # task -> attempt, src, sink
-        self._latency_seen: dict[int, tuple[int, dict]] = {}  # task -> attempt, buckets
-        self._late_seen: dict[int, tuple[int, dict]] = {}     # the same, of late copies
-        self._quiet_since: Any = None  # the loop counters seen at the last quiet poll
-        self._totals = {"source_records": 0, "sink_records": 0}
+        # feedback loops end when nothing can circulate any more
+        self.loop_termination = (LoopTermination(self.plan_channel_dst, self.source_tasks)
+                                 if plan.topology.has_feedback() else None)
         self.coordinator = self.protocol.coordinator(_CoordinatorContext(self))
         # How failures are recovered (`bastion.scheduler.recovery`). With a capacity
         # model, tasks lost with their node wait for capacity; a task no available
@@ -310,9 +310,9 @@ class JobMaster:
         self.worker_nodes: list[str | None] = []  # the node of each of self.workers
         self.lost_nodes: set[str] = set()          # nodes a fault took down
         self.queries = _queries_of(plan)
-        self._sink_queries = {t.task_id: [q.name for q in self.queries
-                                          if set(q.outputs) & set(plan.chains[t.chain_id].ops)]
-                              for t in plan.tasks}
+        sink_queries = {t.task_id: [q.name for q in self.queries
+                                    if set(q.outputs) & set(plan.chains[t.chain_id].ops)]
+                        for t in plan.tasks}
         self.query_points: list[dict[str, Any]] = []  # per poll: per query output, latency
         self._restore: Any = None   # what joining tasks restore from (`_join`)
         # Regional restarts (`_restart_region`): which tasks a failure restarts (the
@@ -358,23 +358,23 @@ class JobMaster:
         # period from the latency sinks saw in it (`bastion.scheduler.resiliency`)
         self.redundancy = (None if config.resiliency is None
                            else ResiliencyManager(config.resiliency))
-        self._redundancy_window = LatencyHistogram()
-        self._hidden_window = LatencyHistogram()   # the late copies' latency, same window
-        self._redundancy_window_s: float | None = None  # when the current window began
-        # the tasks whose input holds copies: one stalled on a frame is a fault the
-        # manager may answer at once (`ResiliencyManager.on_stall`)
-        self._copied_tasks = {t.task_id for t in plan.tasks
-                              if set(plan.chains[t.chain_id].ops) & set(config.redundancy)}
+        self.redundancy_loop = (None if self.redundancy is None else RedundancyLoop(
+            self.redundancy, self._send_redundancy, self.record_event))
+        # The counters of the progress polls. The tasks whose input holds copies: one
+        # stalled on a frame is a fault the manager may answer at once
+        # (`ResiliencyManager.on_stall`).
+        self.tally = ProgressTally(
+            sink_queries, [q.name for q in self.queries],
+            {t.task_id for t in plan.tasks
+             if set(plan.chains[t.chain_id].ops) & set(config.redundancy)})
         # `checkpoint_interval="auto"` with `retune_every_s`: every period the re-tuner
         # (`bastion.scheduler.retune`) gets the input rate the sources saw in it; the
         # job master moves the coordinator's interval when it says so. The rate counts
         # only failure-free seconds: from a failure until the sources caught up after
         # the restart, a catch-up reads at the job's maximum, not its input's rate.
-        self.retuner = (None if config.retune is None
-                        else Retuner(config.retune, config.checkpoint_interval_s))
-        self._retune_window = (0, 0.0)  # arrived records, seconds: this period so far
-        self._retune_lag: int | None = None  # the sources' backlog at the last poll
-        self._retune_hold: str | None = None  # "recovering", then "catching_up"
+        self.retune_loop = (None if config.retune is None else RetuneLoop(
+            Retuner(config.retune, config.checkpoint_interval_s),
+            config.progress_interval_s, self.coordinator.set_interval, self.record_event))
 
     # -- what the coordinator's context and the workers call --------------------------------
 
@@ -382,12 +382,8 @@ class JobMaster:
         event = self.log.record(kind, self.started_s, **fields)
         if self.exporter is not None:
             self.exporter.observe_event(event)
-        if self.retuner is not None and kind in ("failure_detected", "restarted"):
-            # a recovery's seconds are no input rate (`_retune`)
-            if kind == "failure_detected" or self._retune_hold is not None:
-                self._retune_hold = ("recovering" if kind == "failure_detected"
-                                     else "catching_up")
-            self._retune_window, self._retune_lag = (0, 0.0), None
+        if self.retune_loop is not None:
+            self.retune_loop.on_event(kind)
 
     async def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
         by_worker: dict[int, list[int]] = {}
@@ -1475,230 +1471,88 @@ class JobMaster:
             await self._poll_once()
 
     async def _poll_once(self, timeout_s: float = _PROGRESS_TIMEOUT_S) -> None:
-        """Add one point to the timeline: records per second since the last point and
-        the latency of what sinks received meanwhile. Counters restart with each
-        attempt; only increments count, so a killed worker's history is kept. A
-        worker that does not answer within ``timeout_s`` is counted at the next point."""
+        """Add one point to the timeline — records per second since the last point and
+        the latency of what sinks received meanwhile (`ProgressTally`: a killed
+        worker's history is kept) — and feed the control loops that read it
+        (`bastion.runtime.progress`). A worker that does not answer within
+        ``timeout_s`` is counted at the next point."""
         asked_s = time.time()
         replies = await asyncio.gather(*[within(w.progress.remote(), timeout_s)
                                          for w in self.workers], return_exceptions=True)
-        gained = {"source_records": 0, "sink_records": 0}
-        lag = 0
-        latency = LatencyHistogram()
-        late = LatencyHistogram()   # of the copies dropped as late
-        by_query = {q.name: [0, LatencyHistogram()] for q in self.queries}
-        # how long the tasks with copies in their input have been on their frame
-        busy: list[float] = []
-        for reply in replies:
-            if isinstance(reply, BaseException):
-                continue
-            for task_id, p in reply["tasks"].items():
-                # counters restart with each attempt, and each incarnation of a task
-                stamp = (reply["attempt"], p["incarnation"])
-                attempt, src, snk = self._counts.get(task_id, (stamp, 0, 0))
-                if attempt != stamp:
-                    src, snk = 0, 0
-                gained["source_records"] += p["source_records"] - src
-                gained["sink_records"] += p["sink_records"] - snk
-                for name in self._sink_queries.get(task_id, ()):
-                    by_query[name][0] += p["sink_records"] - snk
-                self._counts[task_id] = (stamp, p["source_records"], p["sink_records"])
-                seen_attempt, seen = self._latency_seen.get(task_id, (stamp, {}))
-                current = LatencyHistogram(p["latency"])
-                new = current.minus(seen if seen_attempt == stamp else {})
-                latency.merge(new)
-                for name in self._sink_queries.get(task_id, ()):
-                    by_query[name][1].merge(new)
-                self._latency_seen[task_id] = (stamp, p["latency"])
-                seen_attempt, seen = self._late_seen.get(task_id, (stamp, {}))
-                late.merge(LatencyHistogram(p["late_copies"]).minus(
-                    seen if seen_attempt == stamp else {}))
-                self._late_seen[task_id] = (stamp, p["late_copies"])
-                if task_id in self._copied_tasks:
-                    busy.append(p["busy_s"])
-                lag += p["source_lag"]
-        for k, v in gained.items():
-            self._totals[k] += v
-        answering = sum(not isinstance(r, BaseException) for r in replies)
+        poll = self.tally.add(replies)
         polled_s, self._polled_at_s = self._polled_at_s, time.time()
-        if (self._standby_after_catch_up and answering == len(self.workers)
-                and polled_s is not None
-                and caught_up(lag, gained["source_records"], self._polled_at_s - polled_s,
+        elapsed_s = None if polled_s is None else self._polled_at_s - polled_s
+        # phase 1: the recovery's own follow-ups — the standby a restart deferred, and
+        # workers lowered while their tasks caught up
+        if (self._standby_after_catch_up and poll.complete and elapsed_s is not None
+                and caught_up(poll.source_lag, poll.source_records, elapsed_s,
                               self.config.progress_interval_s)):
             self._standby_after_catch_up = False
             if self.standby is None and self.protocol.needs_standby:
-                self.record_event("standby_borrowed", source_lag=lag)
+                self.record_event("standby_borrowed", source_lag=poll.source_lag)
             self._borrow_standby()
         if self._lowered:
             await self._restore_caught_up(
                 None if any(isinstance(r, BaseException) for r in replies)
                 else set().union(*[r.get("replaying", ()) for r in replies]), asked_s)
+        # phase 2: the control loops
         if self.exporter is not None:
             self.exporter.observe_poll(replies, time.time())
-        if self.plan.topology.has_feedback():
-            await self._check_loops(replies)
-        if self.redundancy is not None and self.started_s is not None:
-            self._manage_redundancy(latency, late, busy)
-        if self.retuner is not None and self.started_s is not None and polled_s is not None:
-            self._retune(gained["source_records"], lag, answering == len(self.workers),
-                         self._polled_at_s - polled_s)
-        if self.started_s is not None:
-            self.query_points.append({"t_s": time.time() - self.started_s, "queries": {
-                name: (records, None if h.percentile(50) is None else h.percentile(50) * 1000)
-                for name, (records, h) in by_query.items()},
-                # queries with a task waiting for capacity, or still being built and
-                # restored to join: their output, if any, comes from the partitions
-                # that kept running, and is incomplete
-                "down": sorted(q.name for q in self.queries
-                               if q.tasks & (self.pending | self._joining))})
-            if len(self.query_points) > 2 * self.limits.events.first_points:
-                # a long run: every other point, so memory stays flat and the
-                # points still span the run (the first ones give the baseline)
-                self.query_points = self.query_points[::2]
-            p50, p99 = latency.percentile(50), latency.percentile(99)
-            # the mean too: tuning's L_avg between kills (`timeline_latency_ms`), which
-            # the last attempt's histograms no longer hold
-            mean = latency.mean_std()
-            self.log.progress({"t_s": time.time() - self.started_s, **gained,
-                                  "source_lag": lag, "workers_answering": answering,
-                                  "latency_p50_ms": None if p50 is None else p50 * 1000,
-                                  "latency_p99_ms": None if p99 is None else p99 * 1000,
-                                  "latency_mean_ms": None if mean is None else mean[0] * 1000})
-
-    def _manage_redundancy(self, latency: LatencyHistogram, late: LatencyHistogram,
-                           busy_s_per_task: list[float]) -> None:
-        """Add what sinks saw since the last poll, and the late copies tasks dropped,
-        to the manager's window; tell it at once of a task with copies in its input
-        that has been on one frame longer than the bound (a stall in progress); once a
-        period is over, let it decide; send every new ratio to every worker."""
-        policy = self.config.resiliency
-        now_s = time.time()
-        if self._redundancy_window_s is None:
-            self._redundancy_window_s = now_s
-        self._redundancy_window.merge(latency)
-        self._hidden_window.merge(late)
-        stalled_ms = [b * 1000.0 for b in busy_s_per_task
-                      if b * 1000.0 > policy.latency_bound_ms]
-        if stalled_ms:
-            self._apply_redundancy(self.redundancy.on_stall(
-                now_s - self.started_s, max(stalled_ms), len(stalled_ms)))
-        if now_s - self._redundancy_window_s < policy.period_s:
+        if self.loop_termination is not None:
+            heads = self.loop_termination.heads_to_finish(replies)
+            if heads:
+                self._finish_loops(heads)
+        if self.started_s is None:
             return
-        seen = self._redundancy_window.percentile(policy.percentile)
-        # the latency the copies hid tells a calm window from one with hidden faults
-        hidden = (None if policy.hidden_percentile is None
-                  else self._hidden_window.percentile(policy.hidden_percentile))
-        bound_s = policy.latency_bound_ms / 1000.0
-        late_copies = self._hidden_window.count
-        exposure = Exposure(self._redundancy_window.share_above(bound_s),
-                            self._redundancy_window.count,
-                            self._hidden_window.share_above(bound_s) if late_copies else None,
-                            late_copies)
-        self._apply_redundancy(self.redundancy.decide(
-            now_s - self.started_s, None if seen is None else seen * 1000.0,
-            None if hidden is None else hidden * 1000.0, exposure))
-        self._redundancy_window = LatencyHistogram()
-        self._hidden_window = LatencyHistogram()
-        self._redundancy_window_s = now_s
-
-    def _apply_redundancy(self, decision: RedundancyDecision | None) -> None:
-        if decision is not None and decision.ratio != decision.ratio_before:
-            self._send_redundancy(decision.ratio)
-            self.record_event("redundancy_changed", ratio=decision.ratio,
-                              ratio_before=decision.ratio_before,
-                              latency_ms=decision.latency_ms, reason=decision.reason)
-
-    def _retune(self, read: int, lag: int, all_answered: bool, elapsed_s: float) -> None:
-        """Add one poll to the re-tuner's period — what arrived: the records read plus
-        the growth of the sources' backlog, so a job falling behind its input still
-        sees the input's rate — and once a period is full, let it decide and apply
-        what it moved. A poll some worker did not answer, or during a recovery, is
-        left out (and a recovery is over once the sources caught up after it), and so
-        is the end of a bounded input: a source that finished reads nothing more, which
-        is no input rate."""
-        if not all_answered or self.source_tasks & self.finished_tasks:
-            self._retune_lag = None
-            return
-        if self._retune_lag is None and read == 0 and lag == 0:
-            return   # the sources have not started: no input rate before they do
-        if self._retune_hold is not None:
-            if self._retune_hold == "catching_up" and caught_up(
-                    lag, read, elapsed_s, self.config.progress_interval_s):
-                self._retune_hold = None
-            self._retune_lag = lag
-            return
-        if self._retune_lag is not None:
-            records, seconds = self._retune_window
-            self._retune_window = (records + read + lag - self._retune_lag,
-                                   seconds + elapsed_s)
-        self._retune_lag = lag
-        records, seconds = self._retune_window
-        if seconds < self.retuner.policy.period_s:
-            return
-        self._retune_window = (0, 0.0)
-        self._apply_retune(self.retuner.decide(time.time() - self.started_s,
-                                               max(0.0, records / seconds)))
-
-    def _apply_retune(self, decision: RetuneDecision | None) -> None:
-        if decision is None:
-            return
-        fields = {"interval_s": decision.interval_s,
-                  "interval_before_s": decision.interval_before_s,
-                  "ingest_avg_per_s": decision.ingest_avg_per_s,
-                  "utilisation": decision.utilisation,
-                  "predicted_trt_s": decision.predicted_trt_s,
-                  "predicted_trt_before_s": decision.predicted_trt_before_s,
-                  "trt_bound_s": self.retuner.policy.trt_bound_s,
-                  "meets_bound": decision.meets_bound, "reason": decision.reason}
-        if decision.moved:
-            self.coordinator.set_interval(decision.interval_s)
-            self.record_event("interval_retuned", **fields)
-        elif not decision.meets_bound:   # at the shortest already: it can only say so
-            self.record_event("trt_bound_unreachable", **fields)
+        run_s = time.time() - self.started_s
+        if self.redundancy_loop is not None:
+            self.redundancy_loop.observe(poll, time.time(), run_s)
+        if self.retune_loop is not None and elapsed_s is not None:
+            self.retune_loop.observe(poll, elapsed_s,
+                                     bool(self.source_tasks & self.finished_tasks), run_s)
+        # phase 3: the timeline and the per-query points
+        self.query_points.append({"t_s": run_s, "queries": {
+            name: (records, None if h.percentile(50) is None else h.percentile(50) * 1000)
+            for name, (records, h) in poll.by_query.items()},
+            # queries with a task waiting for capacity, or still being built and
+            # restored to join: their output, if any, comes from the partitions
+            # that kept running, and is incomplete
+            "down": sorted(q.name for q in self.queries
+                           if q.tasks & (self.pending | self._joining))})
+        if len(self.query_points) > 2 * self.limits.events.first_points:
+            # a long run: every other point, so memory stays flat and the
+            # points still span the run (the first ones give the baseline)
+            self.query_points = self.query_points[::2]
+        latency = poll.latency
+        p50, p99 = latency.percentile(50), latency.percentile(99)
+        # the mean too: tuning's L_avg between kills (`timeline_latency_ms`), which
+        # the last attempt's histograms no longer hold
+        mean = latency.mean_std()
+        self.log.progress({"t_s": time.time() - self.started_s,
+                           "source_records": poll.source_records,
+                           "sink_records": poll.sink_records,
+                           "source_lag": poll.source_lag, "workers_answering": poll.answering,
+                           "latency_p50_ms": None if p50 is None else p50 * 1000,
+                           "latency_p99_ms": None if p99 is None else p99 * 1000,
+                           "latency_mean_ms": None if mean is None else mean[0] * 1000})
 
     def _send_redundancy(self, ratio: float) -> None:
         epoch = self._epoch(self.attempt)
         for w in self.workers:
             w.set_redundancy.remote(epoch, ratio)
 
-    async def _check_loops(self, replies: list) -> None:
-        """Distributed termination of feedback loops. When every unfinished task has
-        consumed all of its ordinary input, holds nothing back, and every frame sent
-        on every channel was processed — twice in a row with the same counters, so no
-        frame was on its way between the two looks — no record can appear in the
-        loops any more: tell the loop heads to finish."""
-        if any(isinstance(r, BaseException) for r in replies):
-            self._quiet_since = None
-            return
-        states = {t: q for r in replies for t, q in r["quiescence"].items()}
-        heads = sorted(t for t, q in states.items() if q["loop_head"])
-        sent: dict[int, int] = {}
-        processed: dict[int, int] = {}
-        for q in states.values():
-            sent.update(q["sent"])
-            processed.update(q["processed"])
-        quiet = heads and not (self.source_tasks & states.keys()) and all(
-            q["idle"] for q in states.values()) and all(
-            processed.get(cid, 0) == n for cid, n in sent.items()
-            if self.plan_channel_dst[cid] in states)
-        snapshot = (sorted(sent.items()), sorted(processed.items()))
-        if not quiet:
-            self._quiet_since = None
-        elif self._quiet_since != snapshot:
-            self._quiet_since = snapshot
-        else:
-            self._quiet_since = None
-            self.record_event("loops_quiescent", tasks=heads)
-            by_worker: dict[int, list[int]] = {}
-            for t in heads:
-                by_worker.setdefault(self.assignment[t], []).append(t)
-            for w, task_ids in by_worker.items():
-                self.workers[w].finish_loops.remote(self._epoch(self.attempt), task_ids)
+    def _finish_loops(self, heads: list[int]) -> None:
+        self.record_event("loops_quiescent", tasks=heads)
+        by_worker: dict[int, list[int]] = {}
+        for t in heads:
+            by_worker.setdefault(self.assignment[t], []).append(t)
+        for w, task_ids in by_worker.items():
+            self.workers[w].finish_loops.remote(self._epoch(self.attempt), task_ids)
 
     def progress(self) -> dict[str, Any]:
         elapsed = time.time() - self.started_s if self.started_s else 0.0
         return {"phase": self.phase, "elapsed_s": elapsed, "attempt": self.attempt,
-                **self._totals}
+                **self.tally.totals}
 
 
 def _cause(exc: BaseException) -> str:
@@ -1727,18 +1581,6 @@ def _queries_of(plan: PhysicalPlan) -> list[QueryNeeds]:
     sinks = [name for name, node in topology.nodes.items() if node.kind == "sink"]
     return queries_needs({q.name: (q.priority, q.outputs) for q in topology.queries.values()},
                          sinks, upstream, tasks_of_op)
-
-
-def caught_up(source_lag_records: int, read_records: int, elapsed_s: float,
-              within_s: float) -> bool:
-    """Whether the sources have caught up with their input, from one progress poll:
-    the records due and not yet read (the sources' summed lag) would be read within
-    ``within_s`` at the rate they read at since the poll before (``read_records`` in
-    ``elapsed_s``). Within a fixed time, not within one poll: polls stretch to
-    tenths of a second on a busy machine, and the catch-up's last poll-worth of
-    backlog is what a standby's process start would slow down. Sources that are not
-    paced have no lag, and are always caught up."""
-    return source_lag_records * elapsed_s <= read_records * within_s
 
 
 def _first_failure(events: list[dict[str, Any]]) -> tuple[float | None, float | None]:

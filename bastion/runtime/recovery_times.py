@@ -56,7 +56,7 @@ only on points after the restart, and TRT is the later milestone).
 
 Two things named alike are not figures: the job master borrows a new standby once a
 poll says the backlog *would be read within one poll interval*
-(`bastion.runtime.job.caught_up`, a scheduling decision that wants to start the
+(`bastion.runtime.progress.caught_up`, a scheduling decision that wants to start the
 standby slightly early), and `bastion.scheduler.catchup` restores a worker's CPU
 priority once no replay feeds its tasks.
 
