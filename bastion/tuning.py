@@ -118,13 +118,17 @@ class TuningResult:
               "TRT avg", "TRT max", "TRT seen")
 
     def fits(self) -> str:
-        """The R² of each fit, in one line (``-``: the points did not spread)."""
-        def r2(value: float | None) -> str:
-            return "-" if value is None else f"{value:.3f}"
+        """How well each fit goes through its points, in one line: the R² of a
+        series that varies with the interval, and for a flat one (every point within
+        5% of its mean, where R² would measure noise) its largest error as a share
+        of the mean (`bastion.scheduler.tuning.fit_quality`); ``-``: not judged."""
+        qualities = self.model.qualities()
 
-        model = self.model
-        return (f"fits R²: latency {r2(model.latency_r2)}, TRT min/avg/max "
-                + "/".join(r2(model.trt_r2.get(c)) for c in CASES))
+        def judged(name: str) -> str:
+            return str(qualities[name]) if name in qualities else "-"
+
+        return (f"fits R²: latency {judged('latency')}, TRT min/avg/max "
+                + "/".join(judged(f"TRT {c}") for c in CASES))
 
 
 def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.5,

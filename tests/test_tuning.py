@@ -15,6 +15,7 @@ written), never how fast anything ran.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import re
@@ -585,7 +586,9 @@ def test_bastion_tune_prints_the_table_and_the_choice(tmp_path, capsys):
     assert code == cli.EXIT_OK, err
     assert "profiling [" in err and "3/3 runs" in err
     assert "TRT max" in out and "checkpoint every" in out and "checkpoint_interval = " in out
-    assert re.search(r"fits R²: latency [-\d.]+, TRT min/avg/max [-\d.]+/[-\d.]+/[-\d.]+", out)
+    judged = r"([-\d.]+|flat \(off <= [\d.]+%\))"   # an R², or a flat fit's largest error
+    assert re.search(rf"fits R²: latency {judged}, TRT min/avg/max {judged}/{judged}/{judged}",
+                     out)
     assert "<svg" in html.read_text() and "fits R²" in html.read_text()
 
 
@@ -738,3 +741,87 @@ def test_r_squared_is_what_the_fit_explains_and_says_so_when_nothing_spreads():
         pytest.approx(1 - 1 / 2.75)
     assert tm.r_squared(line, xs, [3.0] * 4) is None
     assert tm.r_squared(line, [1.0], [3.0]) is None
+
+
+# -- judging a fit: R² where the points vary, the largest error where they are flat ---------
+
+XS = [0.5, 1.2, 1.9, 2.6, 3.3, 4.0]
+# a latency the interval does not move (ms), scattering by 2-3% with the machine's load
+FLAT_LATENCY = [1.01, 0.98, 1.03, 0.99, 1.02, 0.99]
+
+
+def test_a_flat_series_with_a_good_fit_passes_on_its_largest_error_not_its_r2():
+    fit = tm.fit_cross_validated(XS, FLAT_LATENCY)
+    quality = tm.fit_quality(fit, XS, FLAT_LATENCY)
+    assert quality.flat and quality.r_squared is None
+    assert quality.max_error < 0.03 and quality.good
+    assert str(quality).startswith("flat (off <= ")
+    # what R² said of it: the fit follows the noise, not what it predicts
+    mean = statistics.mean(FLAT_LATENCY)
+    ss_tot = sum((y - mean) ** 2 for y in FLAT_LATENCY)
+    raw = 1 - sum((fit(x) - y) ** 2 for x, y in zip(XS, FLAT_LATENCY)) / ss_tot
+    assert raw < tm.MIN_R_SQUARED   # would have failed a good fit
+
+
+def test_a_flat_series_with_a_bad_fit_fails():
+    off = tm.Quadratic(0.0, 0.0, 1.2)   # 1.2 ms against ~1.01: 19% off
+    quality = tm.fit_quality(off, XS, FLAT_LATENCY)
+    assert quality.flat and not quality.good
+    assert quality.max_error == pytest.approx((1.2 - 0.98) / statistics.mean(FLAT_LATENCY))
+    # a curve that leaves the points between them is judged where the points are; one
+    # 6% off at a point fails, 4% passes
+    mean = statistics.mean(FLAT_LATENCY)
+    assert not tm.fit_quality(tm.Quadratic(0, 0, mean * 1.06), XS, [mean] * 6).good
+    assert tm.fit_quality(tm.Quadratic(0, 0, mean * 1.04), XS, [mean] * 6).good
+
+
+def test_a_varying_series_is_judged_by_r2_and_a_poor_fit_fails():
+    # latency that falls with the interval, as checkpoints that cost latency make it
+    falling = [1.0 + 0.6 / x for x in XS]
+    assert not tm.is_flat(falling)
+    good = tm.fit_quality(tm.fit_cross_validated(XS, falling), XS, falling)
+    assert not good.flat and good.r_squared >= tm.MIN_R_SQUARED and good.good
+    # the mean through it explains nothing: R² 0 fails, though it is within 42% of
+    # every point
+    mean = tm.Quadratic(0.0, 0.0, statistics.mean(falling))
+    poor = tm.fit_quality(mean, XS, falling)
+    assert not poor.flat and poor.r_squared == pytest.approx(0.0, abs=1e-12)
+    assert not poor.good and str(poor) == "0.000"
+    # a line through the ends of the range misses the bend: R² under 0.8 fails
+    ends = tm.fit_polynomial([XS[0], XS[-1]], [falling[0], falling[-1]], 1)
+    assert not tm.fit_quality(ends, XS, falling).good
+
+
+def test_flatness_is_a_share_of_the_mean():
+    assert tm.is_flat([1.0, 1.05, 0.95])          # 5% either side
+    assert not tm.is_flat([1.0, 1.06, 0.94])
+    assert tm.is_flat([100.0, 104.0, 96.0]) and not tm.is_flat([0.1, 0.104, 0.09])
+    assert tm.is_flat([0.0, 0.0]) and not tm.is_flat([-1.0, 1.0])   # mean 0: only zeros
+    assert tm.fit_quality(tm.Quadratic(0, 0, 0.1), [1, 2], [0.0, 0.0]).max_error == math.inf
+
+
+def test_the_model_judges_each_fit_and_the_result_says_how():
+    # flat latency, best-case TRT flat by construction (T, R pooled, E = d): judged by
+    # their largest error; the average and worst cases vary with the interval: by R²
+    measurements = [Measurement(interval_s=ci, ingest_avg_per_s=500.0, latency_avg_ms=lat,
+                                detection_s=1.0, restart_s=0.5)
+                    for ci, lat in zip(XS, FLAT_LATENCY)]
+    model = build_model(measurements, Capacity(1000.0, 0.0))
+    q = model.qualities()
+    assert list(q) == ["latency", "TRT min", "TRT avg", "TRT max"]
+    assert q["latency"].flat and q["TRT min"].flat
+    assert not q["TRT avg"].flat and q["TRT avg"].r_squared == pytest.approx(1.0)
+    assert all(v.good for v in q.values())
+    assert model.latency_r2 is None and model.trt_r2["max"] == pytest.approx(1.0)
+    result = front.TuningResult(interval_s=None, trt_s=None, latency_ms=None,
+                                trt_bound_s=1.0, case="max", reason="", measurements=(),
+                                capacity=model.capacity, model=model)
+    assert re.fullmatch(r"fits R²: latency flat \(off <= \d\.\d%\), TRT min/avg/max "
+                        r"flat \(off <= 0\.0%\)/1\.000/1\.000", result.fits()), result.fits()
+    # a latency that falls with the interval is judged by R², and re-evaluating the
+    # model at another rate judges its TRT fits again
+    falling = [dataclasses.replace(m, latency_avg_ms=1.0 + 0.6 / m.interval_s)
+               for m in measurements]
+    varying = build_model(falling, Capacity(1000.0, 0.0))
+    assert not varying.latency_quality.flat and varying.latency_quality.good
+    assert varying.at_utilisation(0.8).trt_quality["max"].r_squared == pytest.approx(1.0)
