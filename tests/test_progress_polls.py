@@ -8,10 +8,11 @@ from bastion.runtime.progress import LoopTermination, ProgressTally
 
 
 def reply(attempt: int, tasks: dict[int, tuple[int, int, int]], lag: int = 0) -> dict:
-    """A worker's answer: task -> (incarnation, records read, records written)."""
+    """A worker's answer: task -> (incarnation, records read, records written); the
+    tasks that read records have ``lag`` records due and not yet read."""
     return {"attempt": attempt, "tasks": {
         t: {"incarnation": inc, "source_records": src, "sink_records": snk,
-            "latency": {}, "late_copies": {}, "busy_s": 0.0, "source_lag": lag}
+            "latency": {}, "late_copies": {}, "busy_s": 0.0, "source_lag": lag if src else 0}
         for t, (inc, src, snk) in tasks.items()}}
 
 
