@@ -92,13 +92,14 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from bastion import faults as fault_injection
 from bastion.faults import RandomKills, ScheduledKill
-from bastion.launcher import RunResult, ensure_ray, run
+from bastion.launcher import OLD_KEYWORDS, RunResult, ensure_ray, run, translate_old_keywords
 from bastion.lineage import ancestry, format_id, op_codes
-from bastion.protocols import Protocol, get_protocol
+from bastion.options import Redundancy
+from bastion.protocols import Protocol, default_of, get_protocol
 from bastion.runtime.merge import clock_dependent_operators, nondeterminism
 from bastion.runtime.metrics import describe_injected
 from bastion.runtime.plan import build_plan
@@ -113,9 +114,7 @@ GOOD = ("exactly-once", "at-least-once")  # verdicts that keep the protocol's pr
 EXAMPLES = 5  # violations of each kind kept as examples
 REFERENCE_PROTOCOL = "none"
 GLOSSARY = "docs/metrics.md"   # what each printed figure means, one meaning each
-# `bastion.run` options that configure the protocol under test (not the reference's)
-PROTOCOL_OPTIONS = ("cec", "acks_mode", "ack_timeout_s", "max_pending", "redundancy",
-                    "dedup_window_s")
+
 
 
 # -- comparing committed outputs by id ------------------------------------------------------
@@ -781,42 +780,59 @@ def reference_runs(topology: Topology, *, runs: int | None = None,
 def _protocol_name(protocol: str | Protocol) -> str:
     if isinstance(protocol, str):
         return protocol
+    if default_of(protocol):   # bn.protocols.Coordinated(...): its knobs are options
+        return protocol.name
     return f"{protocol.name} ({type(protocol).__name__})"
 
 
-def drill(topology: Topology, *, protocol: str | Protocol = "coordinated",
-          faults: Sequence = (), checkpoint_interval: float | None = None,
-          seed: int | None = None, reference: RunResult | Sequence[RunResult] | None = None,
+def drill(topology: Topology, protocol: str | Protocol = "coordinated", *,
+          faults: Sequence = (), seed: int | None = None,
+          reference: RunResult | Sequence[RunResult] | None = None,
           progress: Callable[[dict[str, Any]], None] | None = None,
+          redundancy: "Redundancy | float | Mapping[str, float] | str | None" = None,
           **run_options: Any) -> DrillReport:
     """Run ``topology`` failure-free and with ``faults`` under ``protocol``; compare
     the committed records by lineage id and report the verdict.
 
-    ``seed`` seeds `RandomKills` that have none of their own. ``reference``: runs from
-    `reference_runs` (or one `RunResult` made with ``lineage=True`` and, if the
-    topology allows it, ``deterministic=True``) to compare with instead of running
-    the reference again; the input must be the same (in deterministic mode a second
-    one, if given, is used too). ``progress`` is called about
-    twice a second during every run with the job's progress and ``"run"`` naming the
-    run. Other keyword arguments go to `bastion.run` (for every run; the protocol's
-    own, such as ``cec`` or ``acks_mode``, for the faulty run only). Bad fault
-    targets raise `ValueError` before anything runs.
+    ``protocol`` is a protocol object of `bastion.protocols` with its own knobs
+    (``bn.protocols.Coordinated(interval_s=0.3)``) or a name for its defaults: the
+    faulty run takes it, and the reference runs run under ``"none"``, without it.
+    ``redundancy`` (`bastion.options.Redundancy`, or a ratio) goes to the faulty run
+    only. ``seed`` seeds `RandomKills` that have none of their own. ``reference``:
+    runs from `reference_runs` (or one `RunResult` made with ``lineage=True`` and, if
+    the topology allows it, ``deterministic=True``) to compare with instead of
+    running the reference again; the input must be the same (in deterministic mode a
+    second one, if given, is used too). ``progress`` is called about twice a second
+    during every run with the job's progress and ``"run"`` naming the run. Other
+    keyword arguments go to `bastion.run` for every run: ``storage``, ``data_plane``,
+    ``recovery``, ``limits``, ``workers``, ``address``, ``duration_s``, … (the
+    keywords from before the options objects too: those of the protocol, such as
+    ``checkpoint_interval`` or ``acks_mode``, and of redundancy set the faulty run
+    only). Bad fault targets raise `ValueError` before anything runs.
     """
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    # Options of the protocol under test go to the faulty run only: the reference runs
-    # under protocol "none", which refuses them.
-    protocol_options = {name: run_options.pop(name) for name in PROTOCOL_OPTIONS
-                        if name in run_options}
+    # The old keywords become the objects here, once: the protocol's own (and
+    # redundancy) for the faulty run only — the reference runs under protocol "none",
+    # which takes no knobs — the others for every run.
+    options = translate_old_keywords(
+        protocol, {name: run_options.pop(name) for name in OLD_KEYWORDS
+                   if name in run_options},
+        data_plane=run_options.pop("data_plane", None),
+        recovery=run_options.pop("recovery", None), redundancy=redundancy,
+        limits=run_options.pop("limits", None), function="drill")
+    protocol, redundancy = options.protocol, options.redundancy
+    run_options.update(data_plane=options.data_plane, recovery=options.recovery,
+                       limits=options.limits)
     if seed is not None:  # every fault that draws at random and has no seed of its own
         faults = [dataclasses.replace(f, seed=seed) if dataclasses.is_dataclass(f)
                   and getattr(f, "seed", 0) is None else f for f in faults]
     faults = list(faults)
     # Everything that can be refused is refused before the first run.
     get_protocol(protocol).check(topology)
-    plan = build_plan(topology, chaining=run_options.get("chaining", True),
+    plan = build_plan(topology, chaining=options.data_plane.chaining,
                       workers=run_options.get("workers"),
-                      redundancy=resolve_redundancy(topology,
-                                                    protocol_options.get("redundancy")))
+                      redundancy=resolve_redundancy(
+                          topology, None if redundancy is None else redundancy.ratio))
     kills = fault_injection.validate(faults, plan)
     if any(kill.node is not None for kill in kills):
         ensure_ray(run_options.get("address"))
@@ -839,10 +855,10 @@ def drill(topology: Topology, *, protocol: str | Protocol = "coordinated",
     # reference still judges them value by value.
     # Redundant copies race each other: the faulty run cannot merge in order either.
     merge_in_order = (deterministic and get_protocol(protocol).nondeterministic_merge is None
-                      and not protocol_options.get("redundancy"))
-    result = run(topology, protocol=protocol, checkpoint_interval=checkpoint_interval,
-                 faults=faults, lineage=True, deterministic=merge_in_order,
-                 progress=_labelled(progress, "faulty"), **protocol_options, **run_options)
+                      and not (redundancy is not None and redundancy.ratio))
+    result = run(topology, protocol, faults=faults, lineage=True,
+                 deterministic=merge_in_order, redundancy=redundancy,
+                 progress=_labelled(progress, "faulty"), **run_options)
     committed = [Committed.of(r) for r in references]
     faulty = Committed.of(result)
 

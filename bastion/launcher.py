@@ -10,6 +10,7 @@ of a Ray session starts them, the next ones find them warm.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -28,6 +29,9 @@ from ray import cloudpickle
 from ray._private import ray_constants
 
 from bastion import faults as fault_injection
+from bastion import options as options_module
+from bastion.options import (AutoInterval, DataPlane, Limits, Recovery, Redundancy,
+                             Storage)
 from bastion.errors import BastionError, JobFailedError, TopologyError, UDFError
 from bastion.protocols import Protocol, get_protocol
 from bastion.protocols.acks import AcksProtocol
@@ -44,8 +48,7 @@ from bastion.runtime.plan import PhysicalPlan, build_plan
 from bastion.runtime.redundancy import resolve as resolve_redundancy
 from bastion.scheduler.pool import get_pool
 from bastion.scheduler.failover import failover_strategy
-from bastion.scheduler.recovery import RecoveryPolicy, recovery_policy
-from bastion.scheduler.resiliency import ResiliencyPolicy
+from bastion.scheduler.recovery import RecoveryPolicy
 from bastion.storage import ObjectStore, open_store
 from bastion.topology import Topology
 
@@ -247,118 +250,304 @@ def unpicklable(topology: Topology, exc: BaseException) -> TopologyError:
                          f"processes: {plain(str(cause)).splitlines()[0]}")
 
 
-def run(topology: Topology, *, protocol: str = "none",
-        checkpoint_interval: float | str | None = None, retained_checkpoints: int = 2,
-        storage: str = "local://.bastion",
-        address: str | None = None,
-        duration_s: float | None = None, buffer_timeout_ms: float = 5.0,
-        frame_records: int = JobConfig.frame_records,
-        max_inflight_frames: int = JobConfig.max_inflight_frames,
-        source_batch_records: int = JobConfig.source_batch_records, chaining: bool = True,
-        workers: int | None = None, fail_fast: bool = False,
-        heartbeat_timeout_s: float = 1.0, max_restarts: int = 10, faults: Sequence = (),
-        lineage: bool = False, deterministic: bool = False,
-        sink_spill_records: int = SINK_SPILL_RECORDS,
+#: Each keyword `bn.run` and `bn.drill` took before the options objects
+#: (`bastion.options`), and where its setting lives now. They are still accepted and
+#: translated (`translate_old_keywords`); a later release refuses them with a
+#: `TypeError` that quotes this table (`old_keyword_message`).
+OLD_KEYWORDS: dict[str, str] = {
+    "checkpoint_interval": "protocol=bn.protocols.Coordinated(interval_s=…) (the "
+                           "interval_s of the run's protocol object; 'auto' is "
+                           "interval_s=bn.AutoInterval(trt_bound_s=…))",
+    "retained_checkpoints": "protocol=bn.protocols.Coordinated(retained_checkpoints=…)",
+    "trt_bound_s": "protocol=bn.protocols.Coordinated(interval_s=bn.AutoInterval("
+                   "trt_bound_s=…))",
+    "retune_every_s": "protocol=bn.protocols.Coordinated(interval_s=bn.AutoInterval("
+                      "trt_bound_s=…, retune_every_s=…))",
+    "tuning": "protocol=bn.protocols.Coordinated(interval_s=bn.AutoInterval("
+              "trt_bound_s=…, tuning=…))",
+    "cec": "protocol=bn.protocols.Cec(policy=…)",
+    "acks_mode": "protocol=bn.protocols.Acks(mode=…)",
+    "ack_timeout_s": "protocol=bn.protocols.Acks(timeout_s=…)",
+    "max_pending": "protocol=bn.protocols.Acks(max_pending=…)",
+    "buffer_timeout_ms": "data_plane=bn.DataPlane(buffer_timeout_ms=…)",
+    "frame_records": "data_plane=bn.DataPlane(frame_records=…)",
+    "max_inflight_frames": "data_plane=bn.DataPlane(max_inflight_frames=…)",
+    "source_batch_records": "data_plane=bn.DataPlane(source_batch_records=…)",
+    "chaining": "data_plane=bn.DataPlane(chaining=…)",
+    "heartbeat_timeout_s": "recovery=bn.Recovery(heartbeat_timeout_s=…)",
+    "max_restarts": "recovery=bn.Recovery(max_restarts=…)",
+    "failover": "recovery=bn.Recovery(failover=…)",
+    "dedup_window_s": "redundancy=bn.Redundancy(dedup_window_s=…)",
+    "latency_bound_ms": "redundancy=bn.Redundancy(ratio='auto', latency_bound_ms=…)",
+    "resiliency": "redundancy=bn.Redundancy(ratio='auto', policy=…)",
+    "sink_spill_records": "limits=bn.Limits(sink_spill_records=…)",
+    "master_limits": "limits=bn.Limits(commit_attempts=…, commit_backoff_s=…, events=…)",
+    "pool_idle_timeout_s": "limits=bn.Limits(pool_idle_timeout_s=…)",
+}
+
+# The old keywords of each concern: passed beside the concern's object, they clash.
+_CONCERNS: dict[str, tuple[str, ...]] = {
+    "data_plane": ("buffer_timeout_ms", "frame_records", "max_inflight_frames",
+                   "source_batch_records", "chaining"),
+    "recovery": ("heartbeat_timeout_s", "max_restarts", "failover"),
+    "redundancy": ("dedup_window_s", "latency_bound_ms", "resiliency"),
+    "limits": ("sink_spill_records", "master_limits", "pool_idle_timeout_s"),
+}
+_PROTOCOL_KEYWORDS = ("checkpoint_interval", "retained_checkpoints", "trt_bound_s",
+                      "retune_every_s", "tuning", "cec", "acks_mode", "ack_timeout_s",
+                      "max_pending")
+
+
+def old_keyword_message(name: str, function: str = "bn.run") -> str:
+    """What `bn.run` (or ``function``) says of the old keyword ``name``: the object
+    that holds its setting now."""
+    return f"{function}() no longer takes {name}=: use {OLD_KEYWORDS[name]}"
+
+
+@dataclass(frozen=True)
+class Options:
+    """A run's protocol and options objects, after `translate_old_keywords`."""
+
+    protocol: "str | Protocol"
+    data_plane: DataPlane
+    recovery: Recovery
+    redundancy: Redundancy | None
+    limits: Limits
+
+
+def _renamed(exc: ValueError, names: Mapping[str, str]) -> ValueError:
+    """``exc`` with a field named at the start of its message called by the old
+    keyword that set it: a caller of the old keywords reads the names it wrote."""
+    message = str(exc)
+    for new, old in names.items():
+        if message.startswith(new + " "):
+            return ValueError(old + message[len(new):])
+    return exc
+
+
+_ACKS_KEYWORDS = (("acks_mode", "mode"), ("ack_timeout_s", "timeout_s"),
+                  ("max_pending", "max_pending"))
+
+
+def _protocol_of(protocol: "str | Protocol", old: dict[str, Any]) -> "str | Protocol":
+    """The protocol object that the old protocol keywords in ``old`` describe (they
+    are taken out of it), built on ``protocol`` (a name or an object); ``protocol``
+    itself if none was given. An old keyword may adjust a knob of a protocol object
+    that still holds its class's default, as before the objects (code that made a
+    protocol subclass and passed ``checkpoint_interval=``); one that says otherwise
+    clashes with it, and so does a protocol's own option (``cec=``, ``acks_mode=``)
+    beside an object: a `TypeError`."""
+    given = {name: old.pop(name) for name in _PROTOCOL_KEYWORDS if name in old}
+    given = {name: value for name, value in given.items() if value is not None}
+    if not given:
+        return protocol
+    proto = get_protocol(protocol)
+    is_object = isinstance(protocol, Protocol)
+    built = False   # a new object, made here: its knobs are not the caller's
+    cec = given.pop("cec", None)
+    acks = {knob: given.pop(name) for name, knob in _ACKS_KEYWORDS if name in given}
+    interval = given.pop("checkpoint_interval", None)
+    auto = {name: given.pop(name) for name in ("trt_bound_s", "retune_every_s", "tuning")
+            if name in given}
+    if interval == "auto":
+        if "trt_bound_s" not in auto:
+            raise ValueError("checkpoint_interval='auto' needs trt_bound_s (the "
+                             "worst-case total recovery time to keep under)")
+        interval = AutoInterval(**auto)
+    elif auto:
+        raise ValueError("trt_bound_s, retune_every_s and tuning set "
+                         "checkpoint_interval='auto'; this run has "
+                         f"checkpoint_interval={interval!r}")
+    if cec is not None:
+        if proto.name != "cec":
+            raise ValueError(f"cec=... is the policy of protocol 'cec'; this run uses "
+                             f"protocol {protocol!r}")
+        if is_object:
+            raise TypeError(f"cec= beside a protocol object: give the policy to the "
+                            f"object, as {OLD_KEYWORDS['cec']}")
+        proto, built = CecProtocol(cec), True
+    if acks:
+        if proto.name != "acks":
+            raise ValueError(f"acks_mode, ack_timeout_s and max_pending set protocol "
+                             f"'acks'; this run uses protocol {protocol!r}")
+        if is_object:
+            raise TypeError("acks_mode, ack_timeout_s and max_pending beside a protocol "
+                            "object: give them to the object, as "
+                            f"{OLD_KEYWORDS['ack_timeout_s']}")
+        try:
+            # with the run's interval, which its timeout is checked against
+            proto = AcksProtocol(**acks, **({} if interval is None
+                                            else {"interval_s": interval}))
+            built = True
+        except ValueError as exc:
+            raise _renamed(exc, {"mode": "acks_mode", "timeout_s": "ack_timeout_s"}
+                           ) from None
+    knobs = {knob: value for knob, value in (("interval_s", interval),
+             ("retained_checkpoints", given.pop("retained_checkpoints", None)))
+             if value is not None}
+    if not proto.needs_checkpoint_interval:
+        # As before the objects: a protocol that takes no checkpoints ignores an
+        # interval (a drill hands its interval to its reference runs' options too).
+        knobs = {}
+    for knob, value in knobs.items():
+        keyword = "checkpoint_interval" if knob == "interval_s" else knob
+        if is_object:
+            default = getattr(type(protocol), knob, None)
+            if default is None:
+                default = 1.0 if knob == "interval_s" else 2
+            mine = getattr(protocol, knob, default)
+            if mine != default:
+                raise TypeError(f"{keyword}={value!r} beside a protocol object with "
+                                f"{knob}={mine!r}: give it once, as {OLD_KEYWORDS[keyword]}")
+        if not built:
+            proto, built = copy.copy(proto), True
+        try:
+            if knob == "interval_s":
+                proto.interval_s = options_module.interval(value)
+            else:
+                proto.retained_checkpoints = options_module.retained(value)
+        except ValueError as exc:
+            raise _renamed(exc, {"interval_s": "checkpoint_interval"}) from None
+    return proto if built else protocol
+
+
+def translate_old_keywords(protocol: "str | Protocol", old: dict[str, Any], *,
+                           data_plane: DataPlane | None = None,
+                           recovery: "Recovery | str | RecoveryPolicy | None" = None,
+                           redundancy: "Redundancy | float | Mapping[str, float] | str | None"
+                           = None,
+                           limits: Limits | None = None, function: str = "run") -> Options:
+    """The one place where `bn.run`'s and `bn.drill`'s keywords from before the
+    options objects become those objects, so every run takes one code path.
+
+    ``old`` holds the old keywords a caller passed (see `OLD_KEYWORDS` for each and
+    the object that holds its setting now, e.g. ``ack_timeout_s=2.0`` ->
+    ``protocol=bn.protocols.Acks(timeout_s=2.0)``, ``frame_records=64`` ->
+    ``data_plane=bn.DataPlane(frame_records=64)``); it is emptied. A name that was
+    never a keyword is a `TypeError`, as Python's own. An old keyword beside the
+    object of its concern (``frame_records=`` with ``data_plane=``) is a `TypeError`
+    too: the setting would be given twice. Shorthands that stay: a recovery mode or
+    `RecoveryPolicy` as ``recovery=``, and a ratio, a mapping or ``"auto"`` as
+    ``redundancy=``."""
+    unknown = [name for name in old if name not in OLD_KEYWORDS]
+    if unknown:
+        raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
+    objects = {"data_plane": data_plane, "limits": limits,
+               "recovery": recovery if isinstance(recovery, Recovery) else None,
+               "redundancy": redundancy if isinstance(redundancy, Redundancy) else None}
+    for concern, names in _CONCERNS.items():
+        clash = [name for name in names if name in old]
+        if clash and objects[concern] is not None:
+            raise TypeError(f"{clash[0]}= beside {concern}={objects[concern]!r}: give it "
+                            f"once, as {OLD_KEYWORDS[clash[0]]}")
+    protocol = _protocol_of(protocol, old)
+    if data_plane is None:
+        data_plane = DataPlane(**{name: old.pop(name) for name in _CONCERNS["data_plane"]
+                                  if name in old})
+    if not isinstance(recovery, Recovery):
+        try:
+            recovery = Recovery(policy=recovery, **{name: old.pop(name) for name in
+                                                    _CONCERNS["recovery"] if name in old})
+        except ValueError as exc:
+            raise _renamed(exc, {"policy": "recovery"}) from None
+    if not isinstance(redundancy, Redundancy):
+        fields = {field: old.pop(name) for name, field in (
+            ("dedup_window_s", "dedup_window_s"), ("latency_bound_ms", "latency_bound_ms"),
+            ("resiliency", "policy")) if old.get(name) is not None}
+        for name in _CONCERNS["redundancy"]:
+            old.pop(name, None)
+        if redundancy is None and not fields:
+            redundancy = None
+        elif redundancy is None and "dedup_window_s" in fields and len(fields) == 1:
+            redundancy = Redundancy(dedup_window_s=fields["dedup_window_s"])
+        else:
+            try:
+                redundancy = Redundancy(ratio=0.0 if redundancy is None else redundancy,
+                                        **fields)
+            except ValueError as exc:
+                raise _renamed(exc, {"ratio": "redundancy", "policy": "resiliency"}
+                               ) from None
+    if limits is None:
+        master = old.pop("master_limits", None)
+        limits = Limits(**({} if master is None else {
+            "commit_attempts": master.commit_attempts,
+            "commit_backoff_s": master.commit_backoff_s, "events": master.events}),
+            **{name: old.pop(name) for name in ("sink_spill_records", "pool_idle_timeout_s")
+               if name in old})
+    assert not old, old   # every old keyword belongs to a concern above
+    return Options(protocol, data_plane, recovery, redundancy, limits)
+
+
+def run(topology: Topology, protocol: "str | Protocol" = "none", *,
+        storage: Storage | str = "local://.bastion",
+        data_plane: DataPlane | None = None,
+        recovery: "Recovery | str | RecoveryPolicy | None" = None,
+        redundancy: "Redundancy | float | Mapping[str, float] | str | None" = None,
+        limits: Limits | None = None,
+        faults: Sequence = (), duration_s: float | None = None,
+        lineage: bool = False, deterministic: bool = False, fail_fast: bool = False,
         progress: Callable[[dict[str, Any]], None] | None = None,
-        master_limits: MasterLimits | None = None,
-        pool_idle_timeout_s: float | None = None,
-        cec: CecPolicy | None = None, resume_from: str | None = None,
-        acks_mode: str | None = None, ack_timeout_s: float | None = None,
-        max_pending: int | None = None,
-        redundancy: float | Mapping[str, float] | str | None = None,
-        dedup_window_s: float | None = None, latency_bound_ms: float | None = None,
-        resiliency: ResiliencyPolicy | None = None,
-        recovery: str | RecoveryPolicy | None = None, failover: str = "local",
-        cluster: Any = None, export_metrics: bool = True,
-        trt_bound_s: float | None = None, retune_every_s: float | None = None,
-        tuning: Any = None) -> RunResult:
+        resume_from: str | None = None, workers: int | None = None,
+        address: str | None = None, cluster: Any = None, export_metrics: bool = True,
+        **old_keywords: Any) -> RunResult:
     """Run ``topology`` to completion and return its committed outputs and metrics.
 
-    ``protocol`` picks the fault-tolerance protocol (``"none"``, ``"acks"``,
-    ``"coordinated"``, ``"uncoordinated"``, ``"cic"``, ``"cec"``; ``cec`` is the
-    `CecPolicy` of the last, `bastion.protocols.cec`; ``acks_mode`` (``"fine"`` or
-    ``"xor"``), ``ack_timeout_s`` and ``max_pending`` set ``"acks"``,
-    `bastion.protocols.acks`); ``resume_from`` names an earlier job in the same
-    storage whose logged state this one starts from (protocol ``"cec"``: the eventual
-    checkpoints `bastion reconstruct` stored for it, else its logs; its committed
-    outputs are not committed again);
-    ``checkpoint_interval`` is in seconds (default 1.0 for checkpointing protocols),
-    or ``"auto"``: chosen for a bound ``trt_bound_s`` on the worst-case total
-    recovery time by `bn.tune` first (`bastion.tuning`; over `auto_range`, or with
-    ``tuning``'s keyword arguments — or ``tuning`` is a `TuningResult` already made,
-    and nothing is profiled). With ``retune_every_s`` the job master then re-tunes
-    while the job runs (`bastion.scheduler.retune`): every ``retune_every_s`` it
-    measures the input rate, re-evaluates the model at that utilisation and moves the
-    coordinator's interval when the bound would break or the optimum moved by more
-    than a quarter (``interval_retuned`` events; protocol ``coordinated``);
-    the newest ``retained_checkpoints`` complete checkpoints are kept, older ones
-    deleted (uncoordinated protocols delete what their recovery line has passed);
-    ``storage`` is where checkpoints, committed outputs and events live
-    (``local://PATH`` or ``s3://BUCKET/PREFIX?endpoint=HOST:PORT``). A worker that
-    dies or misses its heartbeat for ``heartbeat_timeout_s`` is replaced and the job
-    restored from the protocol's recovery line, at most ``max_restarts`` times.
-    ``faults`` (``bn.faults.*``) are injected on schedule, for drills.
-    ``buffer_timeout_ms`` bounds how long a record waits in an output buffer;
-    ``frame_records`` how many records one channel message carries;
-    ``max_inflight_frames`` the credits per channel; ``chaining=False`` runs every
-    operator as its own task; ``workers`` the number of worker actors (default: the
-    largest parallelism); ``fail_fast`` stops the job at the first user-function
-    error instead of sending the record to the dead-letter output; ``progress`` is
-    called about twice a second with the records read and written so far.
-    ``redundancy`` (a ratio from 0.0 to 2.0, or a dict operator -> ratio) sends that
-    share of the tuples into an operator to a second instance as well, and keeps the
-    first result of each (`bastion.runtime.redundancy`; protocols ``none`` and
-    ``acks``); a receiving task remembers tuple ids for ``dedup_window_s`` (default
-    5 s; under ``acks`` a third of ``ack_timeout_s``) to twice that.
-    ``redundancy="auto"`` lets the resiliency manager (`bastion.scheduler.resiliency`)
-    move the ratio every period to keep the windowed p90 latency under
-    ``latency_bound_ms`` (or follow a whole ``resiliency`` policy); its decisions are
-    in ``RunResult.metrics.extra["redundancy"]["decisions"]``.
-    ``recovery`` (``"blocking"``, ``"progressive"`` or a `RecoveryPolicy`) says how
-    failures are recovered (`bastion.scheduler.recovery`): bursts of losses are one
-    correlated failure, and with a capacity model (``task_slots_per_cpu``) lost tasks
-    wait for task slots — all of them (blocking) or whole queries by priority as slots
-    arrive (progressive); per query availability is in
-    ``RunResult.metrics.extra["queries"]``. ``failover`` says which tasks a failure
-    restarts (`bastion.scheduler.failover`): ``"local"`` (the default) only those
-    the protocol's recovery needs — the failed tasks' pipelined regions under
-    ``coordinated`` — while every other task runs on; ``"global"`` every task, from
-    the recovery line. ``cluster`` is a simulated
-    `ray.cluster_utils.Cluster` the driver adds `bn.faults.AddNode` nodes to.
-    ``lineage`` gives every record a lineage id (`bastion.lineage`) and fills
-    ``RunResult.output_ids``; ``deterministic`` merges every multi-input task's
-    inputs in a fixed order (`bastion.runtime.merge`), so every run commits the same
-    outputs in the same order — a topology that cannot (a feedback edge, windows on
-    ingest time) raises `TopologyError` saying why. A sink instance holds at most
-    ``sink_spill_records`` records in memory: more are written to the store as a
-    part of the coming commit point (`bastion.runtime.outputs`). ``master_limits``
-    (`bastion.runtime.job.MasterLimits`) bounds the job master: how often it retries a
-    sink's commit, and how many events and progress points it keeps in memory.
-    ``pool_idle_timeout_s``, when given, sets how long the cluster's pool of warm
-    processes (`bastion.scheduler.pool`) keeps an idle one before killing it (default
-    60 s) — a setting of the cluster, shared by every later job on it.
-    ``export_metrics`` (default on) has the job master record live series
-    (``bastion_*``: throughput, latency, backpressure, checkpoints, failures, restarts)
-    through `ray.util.metrics`, for Prometheus to scrape from Ray's metrics export port
+    ``protocol`` is the fault-tolerance protocol: an object of `bastion.protocols`
+    that carries its own knobs (``bn.protocols.Coordinated(interval_s=0.5)``,
+    ``Acks(timeout_s=…)``, ``Cec(policy)``, …; an `AutoInterval` as ``interval_s``
+    tunes the interval for a bound on the total recovery time), or a name
+    (``"none"``, ``"acks"``, ``"coordinated"``, ``"uncoordinated"``, ``"cic"``,
+    ``"cec"``) for its defaults. ``storage`` is where checkpoints, committed outputs
+    and events live (a `Storage`, or its URL: ``local://PATH`` or
+    ``s3://BUCKET/PREFIX?endpoint=HOST:PORT``).
+
+    The options objects (`bastion.options`) each gather one concern, checked when
+    they are made: ``data_plane`` (`DataPlane`: frames, credits, batches, buffer
+    timeout, chaining), ``recovery`` (`Recovery`: the recovery policy — per query
+    availability is in ``RunResult.metrics.extra["queries"]`` —, the failover
+    scope, the heartbeat timeout, the restarts allowed; a recovery mode or
+    `RecoveryPolicy` alone is shorthand), ``redundancy`` (`Redundancy`: redundant
+    copies of tuples, protocols ``none`` and ``acks``; a ratio, a mapping operator ->
+    ratio or ``"auto"`` alone is shorthand; the resiliency manager's decisions are in
+    ``RunResult.metrics.extra["redundancy"]["decisions"]``) and ``limits``
+    (`Limits`: commit retries, events kept, sink spilling, the warm-process pool's
+    idle timeout). None: the defaults.
+
+    ``faults`` (``bn.faults.*``) are injected on schedule, for drills; ``duration_s``
+    stops an unbounded job; ``lineage`` gives every record a lineage id
+    (`bastion.lineage`) and fills ``RunResult.output_ids``; ``deterministic`` merges
+    every multi-input task's inputs in a fixed order (`bastion.runtime.merge`), so
+    every run commits the same outputs in the same order — a topology that cannot (a
+    feedback edge, windows on ingest time) raises `TopologyError` saying why;
+    ``fail_fast`` stops the job at the first user-function error instead of sending
+    the record to the dead-letter output; ``progress`` is called about twice a
+    second with the records read and written so far; ``resume_from`` names an
+    earlier job in the same storage whose logged state this one starts from
+    (protocol ``"cec"``: the eventual checkpoints `bastion reconstruct` stored for
+    it, else its logs; its committed outputs are not committed again); ``workers``
+    is the number of worker actors (default: the largest parallelism); ``address``
+    is a Ray cluster to join (``"auto"``, ``"ray://head:10001"``; default: a local
+    Ray on 127.0.0.1); ``cluster`` is a simulated `ray.cluster_utils.Cluster` the
+    driver adds `bn.faults.AddNode` nodes to; ``export_metrics`` (default on) has
+    the job master record live series (``bastion_*``) through `ray.util.metrics`,
+    for Prometheus to scrape from Ray's metrics export port
     (`bastion.runtime.export`).
+
+    The keywords of earlier releases (``checkpoint_interval=``, ``frame_records=``,
+    ``ack_timeout_s=``, …) are still accepted and translated to the objects
+    (`translate_old_keywords`; `OLD_KEYWORDS` says where each lives now); one beside
+    the object of its concern is a `TypeError`.
 
     A job that fails raises `JobFailedError` — `SinkCommitError` when a sink kept
     failing to apply a commit, `NoUsableCheckpointError` when no checkpoint could be
     restored without committing outputs twice — or the `UDFError` of ``fail_fast``.
     """
-    if cec is not None:
-        if get_protocol(protocol).name != "cec":
-            raise ValueError(f"cec=... is the policy of protocol 'cec'; this run uses "
-                             f"protocol {protocol!r}")
-        protocol = CecProtocol(cec)
-    acks_options = {name: value for name, value in (
-        ("mode", acks_mode), ("ack_timeout_s", ack_timeout_s), ("max_pending", max_pending))
-        if value is not None}
-    if acks_options:
-        if get_protocol(protocol).name != "acks":
-            raise ValueError(f"acks_mode, ack_timeout_s and max_pending set protocol "
-                             f"'acks'; this run uses protocol {protocol!r}")
-        protocol = AcksProtocol(**acks_options)
+    options = translate_old_keywords(protocol, dict(old_keywords), data_plane=data_plane,
+                                     recovery=recovery, redundancy=redundancy,
+                                     limits=limits)
+    protocol, data_plane, limits = options.protocol, options.data_plane, options.limits
+    recovery_options, redundancy_options = options.recovery, options.redundancy
+    storage_url = Storage.of(storage).url
     proto = get_protocol(protocol)
     lineage = lineage or proto.needs_lineage
     # Worded for both ways in: ``resume_from=`` in Python, ``--resume-from`` on the
@@ -367,15 +556,18 @@ def run(topology: Topology, *, protocol: str = "none",
         raise ValueError(f"cannot resume from job {resume_from!r}: protocol {proto.name!r} "
                          "cannot start from an earlier job's state; only protocol 'cec' "
                          "can")
-    policy = _resiliency_policy(redundancy, latency_bound_ms, resiliency)
+    ratio = None if redundancy_options is None else redundancy_options.ratio
+    policy = None if redundancy_options is None else redundancy_options.resiliency_policy()
+    dedup_window_s = (None if redundancy_options is None
+                      else redundancy_options.dedup_window_s)
     if dedup_window_s is None:
         dedup_window_s = proto.dedup_window_s()
-    copied = resolve_redundancy(topology, redundancy,
+    copied = resolve_redundancy(topology, ratio,
                                 0.0 if policy is None else policy.initial_ratio)
     if copied:
         if not proto.tolerates_copies:
             raise TopologyError(
-                f"redundancy={redundancy!r} with protocol {proto.name!r}: an exactly-once "
+                f"redundancy={ratio!r} with protocol {proto.name!r}: an exactly-once "
                 "protocol processes every tuple once, and a redundant copy is a second "
                 "processing; use protocol 'none' or 'acks'")
         if deterministic:
@@ -383,7 +575,8 @@ def run(topology: Topology, *, protocol: str = "none",
                              "of a tuple arrives first is a race")
         proto.check_copies(dedup_window_s)
         lineage = True   # copies are told apart from new tuples by their ids
-    plan = build_plan(topology, chaining=chaining, workers=workers, redundancy=copied)
+    plan = build_plan(topology, chaining=data_plane.chaining, workers=workers,
+                      redundancy=copied)
     proto.check(topology)
     if deterministic and proto.nondeterministic_merge is not None:
         raise ValueError(f"protocol {proto.name!r} cannot run with deterministic=True: "
@@ -391,25 +584,28 @@ def run(topology: Topology, *, protocol: str = "none",
     if deterministic and (reason := nondeterminism(topology)) is not None:
         raise TopologyError(f"topology {topology.name!r} cannot run with "
                             f"deterministic=True: {reason}")
-    if pool_idle_timeout_s is not None and pool_idle_timeout_s <= 0:
-        raise ValueError(f"pool_idle_timeout_s must be > 0 seconds, got {pool_idle_timeout_s}")
+    recovery_policy = recovery_options.recovery_policy()
     # a bad failover, or a protocol that names no restart scope, fails before deploy
-    failover_strategy(failover, proto.restart_scope,
-                      None if recovery is None else recovery_policy(recovery))
+    failover_strategy(recovery_options.failover, proto.restart_scope, recovery_policy)
     retune = None
-    if checkpoint_interval == "auto":
-        checkpoint_interval, retune = _auto_interval(
-            topology, proto, trt_bound_s, retune_every_s, tuning, duration_s,
-            {"storage": storage, "address": address, "heartbeat_timeout_s": heartbeat_timeout_s,
-             "chaining": chaining, "workers": workers, "failover": failover})
-    elif trt_bound_s is not None or retune_every_s is not None or tuning is not None:
-        raise ValueError("trt_bound_s, retune_every_s and tuning set "
-                         "checkpoint_interval='auto'; this run has "
-                         f"checkpoint_interval={checkpoint_interval!r}")
-    if checkpoint_interval is None and proto.needs_checkpoint_interval:
-        checkpoint_interval = 1.0
-    proto.check_interval(checkpoint_interval)
-    store = open_store(storage)  # fails here, naming the URL, if it is unusable
+    interval_s = getattr(proto, "interval_s", None)
+    if isinstance(interval_s, AutoInterval):
+        interval_s, retune = _auto_interval(
+            topology, proto, interval_s, duration_s,
+            {"storage": storage_url, "address": address, "workers": workers,
+             "data_plane": DataPlane(chaining=data_plane.chaining),
+             "recovery": Recovery(failover=recovery_options.failover,
+                                  heartbeat_timeout_s=recovery_options.heartbeat_timeout_s)})
+        # the workers get the interval the model chose, not the tuning behind it
+        proto = copy.copy(proto)
+        proto.interval_s = interval_s
+        protocol = proto
+    if not proto.needs_checkpoint_interval:
+        interval_s = None
+    elif interval_s is None:   # a protocol object that does not say (a subclass's)
+        interval_s = 1.0
+    proto.check_interval(interval_s)
+    store = open_store(storage_url)  # fails here, naming the URL, if it is unusable
     if resume_from is not None and not store.list(f"jobs/{resume_from}/"):
         raise ValueError(f"cannot resume from job {resume_from!r}: storage {store.url} "
                          f"holds no job {resume_from!r} (a job's id is the one a failed "
@@ -419,32 +615,36 @@ def run(topology: Topology, *, protocol: str = "none",
     if unbounded and duration_s is None:
         raise TopologyError(f"source {unbounded[0]!r} is unbounded: pass duration_s to "
                             "bn.run (or --duration to bastion run) to say when to stop")
+    master_limits = MasterLimits(commit_attempts=limits.commit_attempts,
+                                 commit_backoff_s=limits.commit_backoff_s,
+                                 events=limits.events)
+    pool_idle_timeout_s = limits.pool_idle_timeout_s
     config = JobConfig(
         job_id=f"{topology.name}-{uuid.uuid4().hex[:8]}",
         protocol=protocol if isinstance(protocol, Protocol) else proto.name,
         lineage=lineage,
         deterministic=deterministic,
-        frame_records=frame_records,
-        buffer_timeout_s=buffer_timeout_ms / 1000.0,
-        max_inflight_frames=max_inflight_frames,
-        source_batch_records=source_batch_records,
+        frame_records=data_plane.frame_records,
+        buffer_timeout_s=data_plane.buffer_timeout_ms / 1000.0,
+        max_inflight_frames=data_plane.max_inflight_frames,
+        source_batch_records=data_plane.source_batch_records,
         fail_fast=fail_fast,
         duration_s=duration_s,
         codecs=tuple(topology.codecs),
         storage_url=store.url,
-        checkpoint_interval_s=checkpoint_interval,
-        retained_checkpoints=retained_checkpoints,
-        heartbeat_timeout_s=heartbeat_timeout_s,
-        max_restarts=max_restarts,
+        checkpoint_interval_s=interval_s,
+        retained_checkpoints=getattr(proto, "retained_checkpoints", 2),
+        heartbeat_timeout_s=recovery_options.heartbeat_timeout_s,
+        max_restarts=recovery_options.max_restarts,
         faults=tuple(faults),
-        sink_spill_records=sink_spill_records,
+        sink_spill_records=limits.sink_spill_records,
         resume_from=resume_from,
         redundancy=copied,
         dedup_window_s=dedup_window_s,
         resiliency=policy,
         retune=retune,
-        recovery=None if recovery is None else recovery_policy(recovery),
-        failover=failover,
+        recovery=recovery_policy,
+        failover=recovery_options.failover,
         export_metrics=export_metrics,
     )
     additions = fault_injection.node_additions(config.faults)
@@ -561,18 +761,17 @@ def _latency_summaries(tasks: list[dict[str, Any]]) -> dict[str, dict[str, float
     return summaries
 
 
-def _auto_interval(topology: Topology, proto: Protocol, trt_bound_s: float | None,
-                   retune_every_s: float | None, tuning: Any, duration_s: float | None,
-                   run_options: dict[str, Any]) -> tuple[float, Any]:
-    """``checkpoint_interval="auto"``: the tuned interval, and the re-tune policy of
-    ``retune_every_s`` (None without). Refused before anything is profiled: no bound,
-    a protocol that takes no checkpoints, or a re-tune its coordinator cannot apply."""
+def _auto_interval(topology: Topology, proto: Protocol, auto: AutoInterval,
+                   duration_s: float | None, run_options: dict[str, Any]
+                   ) -> tuple[float, Any]:
+    """An `AutoInterval` as the protocol's ``interval_s``: the tuned interval, and the
+    re-tune policy of its ``retune_every_s`` (None without). Refused before anything
+    is profiled: a protocol that takes no checkpoints, or a re-tune its coordinator
+    cannot apply."""
     from bastion.scheduler.retune import RetunePolicy
     from bastion.tuning import AUTO_POINTS, TuningResult, auto_range, tune
 
-    if trt_bound_s is None:
-        raise ValueError("checkpoint_interval='auto' needs trt_bound_s (the worst-case "
-                         "total recovery time to keep under)")
+    trt_bound_s, retune_every_s, tuning = auto.trt_bound_s, auto.retune_every_s, auto.tuning
     if not proto.needs_checkpoint_interval:
         raise ValueError(f"checkpoint_interval='auto': protocol {proto.name!r} takes no "
                          "checkpoints; pick a checkpointing protocol, e.g. 'coordinated'")
@@ -600,25 +799,6 @@ def _auto_interval(topology: Topology, proto: Protocol, trt_bound_s: float | Non
         raise ValueError(f"checkpoint_interval='auto': {result.reason}")
     policy = None if retune_every_s is None else RetunePolicy.of(result, retune_every_s)
     return result.interval_s, policy
-
-
-def _resiliency_policy(redundancy: Any, latency_bound_ms: float | None,
-                       resiliency: ResiliencyPolicy | None) -> ResiliencyPolicy | None:
-    """The policy of ``redundancy="auto"``; None for a fixed ratio."""
-    if redundancy != "auto":
-        if latency_bound_ms is not None or resiliency is not None:
-            raise ValueError("latency_bound_ms and resiliency set the resiliency manager "
-                             f"of redundancy='auto'; this run has redundancy={redundancy!r}")
-        return None
-    if resiliency is None:
-        if latency_bound_ms is None:
-            raise ValueError("redundancy='auto' needs latency_bound_ms (the p90 latency "
-                             "to stay under) or a resiliency=bn.ResiliencyPolicy(...)")
-        return ResiliencyPolicy(latency_bound_ms=latency_bound_ms)
-    if latency_bound_ms is not None and latency_bound_ms != resiliency.latency_bound_ms:
-        raise ValueError(f"latency_bound_ms={latency_bound_ms!r} contradicts the policy's "
-                         f"latency_bound_ms={resiliency.latency_bound_ms!r}: give one")
-    return resiliency
 
 
 def _add_node(cluster: Any, addition: fault_injection.AddNode, host: Any, job_id: str

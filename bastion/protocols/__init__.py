@@ -1,4 +1,14 @@
-"""Fault-tolerance protocols, one module each, behind the interface in `base`."""
+"""Fault-tolerance protocols, one module each, behind the interface in `base`.
+
+A run names its protocol by an object that carries the protocol's own knobs —
+``bn.run(topo, bn.protocols.Coordinated(interval_s=0.5))`` — or by its name, which is
+shorthand for the defaults (``protocol="coordinated"``). The objects: `NoCheckpoints`
+(``"none"``), `Acks` (``"acks"``), `Coordinated` (``"coordinated"``),
+`Uncoordinated` (``"uncoordinated"``), `Cic` (``"cic"``) and `Cec` (``"cec"``).
+Every protocol that checkpoints or commits takes ``interval_s`` (seconds); each
+checks its knobs when it is made. The options of the run itself (data plane,
+recovery, redundancy, limits, storage) are in `bastion.options`.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +26,25 @@ _PROTOCOLS: dict[str, type[Protocol]] = {"none": NoProtocol,
                                          "uncoordinated": UncoordinatedProtocol,
                                          "cic": CicProtocol,
                                          "cec": CecProtocol}
+#: ``protocol="none"``: no checkpoints, at-most-once (no knobs).
+NoCheckpoints = NoProtocol
+#: ``protocol="acks"``: tuple acknowledgments, at-least-once for stateless topologies;
+#: ``Acks(mode="fine", timeout_s=5.0, max_pending=100_000, interval_s=1.0)``.
+Acks = AcksProtocol
+#: ``protocol="coordinated"``: aligned-barrier checkpoints, exactly-once;
+#: ``Coordinated(interval_s=1.0, retained_checkpoints=2, timeout_s=None)``, where
+#: ``interval_s`` may be a `bastion.options.AutoInterval`.
+Coordinated = CoordinatedProtocol
+#: ``protocol="uncoordinated"``: independent checkpoints and logged frames,
+#: exactly-once; ``Uncoordinated(interval_s=1.0, retained_checkpoints=2)``.
+Uncoordinated = UncoordinatedProtocol
+#: ``protocol="cic"``: communication-induced checkpoints (HMNR), exactly-once;
+#: ``Cic(interval_s=1.0, retained_checkpoints=2)``.
+Cic = CicProtocol
+#: ``protocol="cec"``: causal logging with eventual checkpoints, exactly-once;
+#: ``Cec(policy=CecPolicy(), interval_s=1.0)`` (``interval_s``: how often sinks commit).
+Cec = CecProtocol
+
 KNOWN = ("none", "acks", "coordinated", "uncoordinated", "cic", "cec")
 
 
@@ -33,4 +62,11 @@ def get_protocol(name: str | Protocol) -> Protocol:
     return cls()
 
 
-__all__ = ["CecPolicy", "Protocol", "TaskProtocol", "get_protocol"]
+def default_of(protocol: Protocol) -> bool:
+    """Is ``protocol`` one of the protocol objects above (not a subclass of one): its
+    name then says all a report needs, as it does for the shorthand string."""
+    return type(protocol) is _PROTOCOLS.get(protocol.name)
+
+
+__all__ = ["Acks", "Cec", "CecPolicy", "Cic", "Coordinated", "NoCheckpoints", "Protocol",
+           "TaskProtocol", "Uncoordinated", "get_protocol"]

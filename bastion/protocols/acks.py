@@ -69,6 +69,7 @@ import asyncio
 import time
 from typing import Any
 
+from bastion import options
 from bastion.errors import TopologyError
 from bastion.lineage import IdRun, fold, path_token, source_root, token
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol, RegionLine,
@@ -358,6 +359,9 @@ class AcksCoordinator(Coordinator):
 
 
 class AcksProtocol(Protocol):
+    """Tuple acknowledgments (Storm's), ``bn.protocols.Acks``: at-least-once for
+    stateless topologies; an unacknowledged root is replayed from its source."""
+
     name = "acks"
     exactly_once = False
     at_least_once = True
@@ -371,18 +375,45 @@ class AcksProtocol(Protocol):
     tolerates_copies = True
     restart_scope = "task"
 
-    def __init__(self, mode: str = "fine", ack_timeout_s: float = 5.0,
-                 max_pending: int = 100_000):
+    interval_s: Any = 1.0
+    mode: str = "fine"
+    ack_timeout_s: float = 5.0
+    max_pending: int = 100_000
+
+    def __init__(self, mode: str = "fine", timeout_s: float = 5.0,
+                 max_pending: int = 100_000, *, interval_s: float | None = None,
+                 ack_timeout_s: float | None = None):
+        """``mode``: how acknowledgments are tracked, ``"fine"`` (per tuple) or
+        ``"xor"`` (Storm's XOR ledger); ``timeout_s``: how long a source root may
+        stay unacknowledged before it is replayed, in seconds; ``max_pending``: the
+        most unacknowledged roots per source before it waits; ``interval_s``: how
+        often sinks commit (and acknowledge), in seconds (None: 1 s) — shorter than
+        ``timeout_s``, checked here when it is given and when a run starts.
+        ``ack_timeout_s`` is the former name of ``timeout_s``, kept
+        while older code moves over."""
+        if ack_timeout_s is not None:
+            timeout_s = ack_timeout_s
         if mode not in MODES:
-            raise ValueError(f"acks_mode must be one of {list(MODES)}, got {mode!r}")
-        if not isinstance(ack_timeout_s, (int, float)) or ack_timeout_s <= 0:
-            raise ValueError(f"ack_timeout_s must be a number > 0, got {ack_timeout_s!r}")
+            raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+                or not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a number > 0 (the seconds a root may "
+                             f"stay unacknowledged), got {timeout_s!r}")
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) \
                 or max_pending < 1:
             raise ValueError(f"max_pending must be an int >= 1, got {max_pending!r}")
         self.mode = mode
-        self.ack_timeout_s = float(ack_timeout_s)
+        self.ack_timeout_s = float(timeout_s)
         self.max_pending = max_pending
+        if interval_s is not None:
+            self.interval_s = options.interval(interval_s, what="how often sinks commit")
+            if not isinstance(self.interval_s, options.AutoInterval):
+                self.check_interval(self.interval_s)
+
+    @property
+    def timeout_s(self) -> float:
+        """How long a source root may stay unacknowledged before it is replayed."""
+        return self.ack_timeout_s
 
     def check(self, topology: Any) -> None:
         for node in topology.nodes.values():

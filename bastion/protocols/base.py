@@ -650,6 +650,13 @@ class Protocol:
     # The coordinator takes a new checkpoint interval while the job runs
     # (`Coordinator.set_interval`): a live re-tune may move it.
     live_interval: bool = False
+    # The protocol's own knobs (`bastion.options`): how often it checkpoints (or
+    # commits), in seconds or as a `bastion.options.AutoInterval` — None for a
+    # protocol that takes no checkpoints — and how many complete checkpoints it keeps.
+    # The launcher copies them into the job's `JobConfig`, where tasks and the
+    # coordinator read them.
+    interval_s: Any = None
+    retained_checkpoints: int = 2
 
     def check(self, topology: "Topology") -> None:
         """Raise `TopologyError` if this protocol cannot run ``topology``."""

@@ -90,6 +90,11 @@ class HmnrCoordinator(RecoveryLineCoordinator):
 
 
 class CicProtocol(UncoordinatedProtocol):
+    """Communication-induced checkpoints (HMNR), ``bn.protocols.Cic``: uncoordinated
+    checkpoints plus the forced ones that keep every checkpoint on a recovery line.
+    Its knobs are `UncoordinatedProtocol`'s: ``interval_s`` and
+    ``retained_checkpoints``."""
+
     name = "cic"
 
     def task_protocol(self, task: TaskContext) -> TaskProtocol:

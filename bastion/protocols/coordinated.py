@@ -59,15 +59,19 @@ import asyncio
 import collections
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgpack
 
+from bastion import options
 from bastion.errors import TopologyError
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
                                     RegionLine, TaskContext, TaskProtocol, cancel)
 from bastion.runtime.records import ControlRecord, control_record
 from bastion.storage import BlobRef, StorageError
+
+if TYPE_CHECKING:
+    from bastion.options import AutoInterval
 
 
 @control_record
@@ -232,11 +236,15 @@ class UnalignedBarriers(AlignedBarriers):
 class CheckpointCoordinator(Coordinator):
     """Triggers checkpoints on a timer and completes them when every task acked."""
 
-    def __init__(self, master: MasterContext):
+    def __init__(self, master: MasterContext, timeout_s: float | None = None):
         super().__init__(master)
         self.checkpoints = master.checkpoint_store()
         self.interval_s = master.checkpoint_interval_s
-        self.timeout_s = max(10.0, 10 * self.interval_s)
+        # A checkpoint not complete after timeout_s is aborted: the protocol object's
+        # (`CoordinatedProtocol.timeout_s`), or ten intervals and at least 10 s,
+        # following the interval when a re-tune moves it.
+        self.fixed_timeout_s = timeout_s
+        self.timeout_s = timeout_s if timeout_s is not None else max(10.0, 10 * self.interval_s)
         self.next_id = 1 + max(self.checkpoints.list_complete() or [0])
         self.in_progress: dict[int, dict[str, Any]] = {}
         self.attempt = -1
@@ -286,7 +294,8 @@ class CheckpointCoordinator(Coordinator):
         if not interval_s > 0:
             raise ValueError(f"checkpoint interval must be > 0 seconds, got {interval_s}")
         self.interval_s = interval_s
-        self.timeout_s = max(10.0, 10 * interval_s)
+        if self.fixed_timeout_s is None:
+            self.timeout_s = max(10.0, 10 * interval_s)
         self.interval_changed.set()
         return True
 
@@ -471,12 +480,31 @@ class CheckpointCoordinator(Coordinator):
 
 
 class CoordinatedProtocol(Protocol):
+    """Coordinated checkpoints (aligned barriers), ``bn.protocols.Coordinated``:
+    exactly-once, a failure restores the failed tasks' pipelined regions.
+
+    ``interval_s``: seconds between checkpoints, or a `bastion.options.AutoInterval`
+    (chosen by the Chiron model for a bound on the total recovery time, and re-tuned
+    while the job runs if it says so); ``retained_checkpoints``: the newest complete
+    checkpoints kept, older ones deleted; ``timeout_s``: how long a checkpoint may
+    take before it is aborted, in seconds (None: ten intervals, at least 10 s)."""
+
     name = "coordinated"
     exactly_once = True
     restart_scope = "region"
     needs_checkpoint_interval = True
     live_interval = True
     needs_standby = True
+    interval_s: Any = 1.0
+    timeout_s: float | None = None
+
+    def __init__(self, interval_s: "float | AutoInterval" = 1.0, *,
+                 retained_checkpoints: int = 2, timeout_s: float | None = None):
+        self.interval_s = options.interval(interval_s)
+        self.retained_checkpoints = options.retained(retained_checkpoints)
+        self.timeout_s = (None if timeout_s is None else
+                          options.positive_seconds(timeout_s, "timeout_s",
+                                                   "how long a checkpoint may take"))
 
     def check(self, topology: Any) -> None:
         for node in topology.nodes.values():
@@ -493,4 +521,4 @@ class CoordinatedProtocol(Protocol):
         return AlignedBarriers(task) if task.merge is None else UnalignedBarriers(task)
 
     def coordinator(self, master: MasterContext) -> Coordinator:
-        return CheckpointCoordinator(master)
+        return CheckpointCoordinator(master, self.timeout_s)

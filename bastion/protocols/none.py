@@ -11,6 +11,9 @@ from bastion.protocols.base import Protocol
 
 
 class NoProtocol(Protocol):
+    """No checkpoints, at-most-once: ``bn.protocols.NoCheckpoints()``, or
+    ``protocol="none"``. It has no knobs."""
+
     name = "none"
     exactly_once = False
     tolerates_copies = True

@@ -46,6 +46,7 @@ from typing import Any
 
 import msgpack
 
+from bastion import options
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
                                     RegionLine, TaskContext, TaskProtocol, cancel)
 from bastion.protocols.recovery_line import (INITIAL, NOTHING, CheckpointGraph,
@@ -447,11 +448,25 @@ class RecoveryLineCoordinator(Coordinator):
 
 
 class UncoordinatedProtocol(Protocol):
+    """Uncoordinated checkpoints, ``bn.protocols.Uncoordinated``: every task
+    checkpoints on its own timer and logs what it sends; a failure rolls back to a
+    consistent recovery line and replays from the logs (exactly-once).
+
+    ``interval_s``: seconds between a task's checkpoints, or a
+    `bastion.options.AutoInterval` chosen before the job starts (no live re-tune);
+    ``retained_checkpoints``: kept for the interface's sake — what the recovery line
+    has passed is deleted whatever it says."""
+
     name = "uncoordinated"
     exactly_once = True
     restart_scope = "downstream"
     needs_checkpoint_interval = True
     needs_standby = True
+    interval_s: Any = 1.0
+
+    def __init__(self, interval_s: Any = 1.0, *, retained_checkpoints: int = 2):
+        self.interval_s = options.interval(interval_s)
+        self.retained_checkpoints = options.retained(retained_checkpoints)
 
     def task_protocol(self, task: TaskContext) -> TaskProtocol:
         return IndependentCheckpoints(task)
