@@ -12,11 +12,17 @@ Build a `Topology` with the DSL, run it with `run`, and read `RunResult.outputs`
     result = bn.run(topo)
     result.outputs["out"]   # [("a", 1), ("b", 1), ("b", 2), ("c", 1)] in some order
 
+A run's protocol is an object with its own knobs, or its name for the defaults
+(``bn.run(topo, bn.protocols.Coordinated(interval_s=0.5))``); its other settings are
+one options object per concern (``data_plane=bn.DataPlane(...)``,
+``recovery=bn.Recovery(...)``, ``redundancy=bn.Redundancy(...)``,
+``limits=bn.Limits(...)``, ``storage=bn.Storage(...)``: `bastion.options`).
+
 **Public and internal.** The public API is exactly what the ``__all__`` of the public
 modules lists: this package's (the names above, as ``bn.NAME``) and those of
 ``bastion.topology``, ``sources``, ``sinks``, ``windows``, ``aggregations``, ``codecs``,
-``errors``, ``faults``, ``launcher``, ``drills``, ``report``, ``tuning``, ``lineage``,
-``protocols`` and ``storage`` (the list is ``bastion._apidoc.PUBLIC_MODULES``;
+``errors``, ``faults``, ``options``, ``launcher``, ``drills``, ``report``, ``tuning``,
+``lineage``, ``protocols`` and ``storage`` (the list is ``bastion._apidoc.PUBLIC_MODULES``;
 docs/api.md shows every name, generated from the docstrings). A public name keeps its
 meaning from one release to the next, or changes with a note in the changelog.
 
@@ -38,13 +44,14 @@ from bastion.storage.lazy import lazy_exports
 # building a topology must not start Ray, the runtime or storage clients — the DSL is
 # a description, and a malformed topology fails before any of them is loaded.
 # ``bn.run`` loads the launcher (and with it Ray) when a program first runs a job.
-_SUBMODULES = ("aggregations", "faults", "sinks", "sources", "windows")
+_SUBMODULES = ("aggregations", "faults", "protocols", "sinks", "sources", "windows")
 _EXPORTS = {
     "codecs": ("Codec",),
     "drills": ("DrillReport", "drill"),
     "errors": ("BastionError", "JobFailedError", "NoUsableCheckpointError", "SinkCommitError",
                "TopologyError", "UDFError", "UnstorableValueError"),
     "launcher": ("RunResult", "run"),
+    "options": ("AutoInterval", "DataPlane", "Limits", "Recovery", "Redundancy", "Storage"),
     "protocols.cec": ("CecPolicy",),
     "runtime.operators": ("DeadLetter",),
     "runtime.records": ("stable_hash",),
@@ -55,13 +62,14 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__ loads
-    from bastion import aggregations, faults, sinks, sources, windows
+    from bastion import aggregations, faults, protocols, sinks, sources, windows
     from bastion.codecs import Codec
     from bastion.drills import DrillReport, drill
     from bastion.errors import (BastionError, JobFailedError, NoUsableCheckpointError,
                                 SinkCommitError, TopologyError, UDFError,
                                 UnstorableValueError)
     from bastion.launcher import RunResult, run
+    from bastion.options import AutoInterval, DataPlane, Limits, Recovery, Redundancy, Storage
     from bastion.protocols.cec import CecPolicy
     from bastion.runtime.operators import DeadLetter
     from bastion.runtime.records import stable_hash

@@ -57,6 +57,7 @@ PUBLIC_MODULES = (
     "bastion.codecs",
     "bastion.errors",
     "bastion.faults",
+    "bastion.options",
     "bastion.launcher",
     "bastion.drills",
     "bastion.report",

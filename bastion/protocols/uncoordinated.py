@@ -47,6 +47,7 @@ from typing import Any
 import msgpack
 
 from bastion import options
+from bastion.options import AutoInterval
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
                                     RegionLine, TaskContext, TaskProtocol, cancel)
 from bastion.protocols.recovery_line import (INITIAL, NOTHING, CheckpointGraph,
@@ -464,7 +465,8 @@ class UncoordinatedProtocol(Protocol):
     needs_standby = True
     interval_s: Any = 1.0
 
-    def __init__(self, interval_s: Any = 1.0, *, retained_checkpoints: int = 2):
+    def __init__(self, interval_s: "float | AutoInterval" = 1.0, *,
+                 retained_checkpoints: int = 2):
         self.interval_s = options.interval(interval_s)
         self.retained_checkpoints = options.retained(retained_checkpoints)
 
