@@ -76,6 +76,7 @@ from bastion.protocols.base import MasterContext, cancel
 from bastion.runtime.config import JobConfig, with_frame_key
 from bastion.runtime import export
 from bastion.runtime.events import EventLimits, EventLog
+from bastion.runtime.lease import WorkerLease
 from bastion.runtime.metrics import FailureRecovery, query_availability
 from bastion.runtime.recovery_times import failures_in, recovery_times
 from bastion.runtime.outputs import FINAL_COMMIT, committed_blobs, marker_key
@@ -95,9 +96,6 @@ from bastion.storage import CheckpointStore, open_store
 
 _PROGRESS_TIMEOUT_S = 1.0  # a worker busier than this is left out of one timeline point
 _FINAL_PROGRESS_TIMEOUT_S = 30.0  # ...but not out of the last one (`_watch`)
-# A worker that takes longer to drop its job (a user function holding the event loop)
-# is killed instead of given back to the pool.
-_RELEASE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -267,15 +265,13 @@ class JobMaster:
         # the config they are bound with, through Ray only
         self.config = with_frame_key(config)
         self.limits = limits or MasterLimits()
-        self.link = link
-        self.pool = pool
-        self.lent: list[Any] = []  # every worker the pool lent this job
-        self._borrowing: set[asyncio.Future] = set()  # lends not yet bound
         self.store = open_store(config.storage_url)
         self.checkpoints = CheckpointStore(self.store, config.job_id)
         self.protocol = get_protocol(config.protocol)
-        self.workers: list = []
-        self.standby: Any = None
+        self.workers: list = []   # the worker of each slot
+        # the workers borrowed from the pool, and the standby (`bastion.runtime.lease`)
+        self.lease = WorkerLease(pool, self.config, link, plan.workers,
+                                 self.protocol.needs_standby)
         self._committing = asyncio.Lock()
         self.attempt = 0
         self.phase = "created"
@@ -337,7 +333,6 @@ class JobMaster:
         self.backed_up: set[int] = set(self.source_tasks)
         self._buffering_change: asyncio.Future | None = None  # the workers being told
         self._telling: set[asyncio.Future] = set()
-        self._frame_addresses: dict[Any, tuple[str, int]] = {}  # by worker (`_peers`)
         # the tasks that restarted at the last failure: only they can be pending
         self.restarting: set[int] = set(range(len(plan.tasks)))
         self._planned_free = 0  # free task slots left after the last placement
@@ -351,7 +346,6 @@ class JobMaster:
         self._joining: set[int] = set()
         self._injector: asyncio.Task | None = None
         self.repaired_at_s: dict[int, float] = {}  # slot -> when its crash is repaired
-        self._standby_lending: asyncio.Future | None = None  # see _start
         self._standby_after_catch_up = False  # a restart's standby waits (`_start`)
         self._polled_at_s: float | None = None  # when the last progress poll ended
         # `redundancy="auto"`: the resiliency manager decides the redundancy ratio each
@@ -492,7 +486,7 @@ class JobMaster:
             # kills scheduled: none may reach a worker once another job borrowed it.
             await self.coordinator.stop()
             await cancel(self._injector)
-            released_at_s = await self._release_workers()
+            released_at_s = await self.lease.release()
             # frames held for a pending task, or an upstream backup, spilled
             if self.capacity_model or self.failover.backs_up_channels:
                 await asyncio.gather(*[self.store.adelete(key) for key in await
@@ -505,22 +499,6 @@ class JobMaster:
             report["deploy_s"] = self.started_s - self.entered_s
             report["teardown_s"] = released_at_s - report["finished_s"]
         return report
-
-    async def _release_workers(self) -> float:
-        """Give every worker lent to the job that resets in time back to the pool —
-        those it holds, and any a cancelled phase borrowed without taking; kill the
-        others (a worker the job lost fails its release at once). When it was done
-        (time.time())."""
-        await asyncio.gather(*self._borrowing, return_exceptions=True)
-        outcomes = await asyncio.gather(*[within(w.release.remote(), _RELEASE_TIMEOUT_S)
-                                          for w in self.lent], return_exceptions=True)
-        clean = [w for w, outcome in zip(self.lent, outcomes)
-                 if not isinstance(outcome, BaseException)]
-        lost = [w for w in self.lent if w not in clean]
-        for w in lost:
-            ray.kill(w, no_restart=True)
-        await self.pool.give_back.remote(clean, lost)
-        return time.time()
 
     async def _phases(self) -> dict[str, Any]:
         try:
@@ -559,14 +537,14 @@ class JobMaster:
         """Borrow every slot's worker and the standby; the seconds it took."""
         self.phase = "spawn"
         t0 = time.time()
-        self.workers = await self._new_workers(list(range(self.plan.workers)))
-        self.worker_nodes = await self._nodes_of(self.workers)
+        self.workers = await self.lease.borrow(list(range(self.plan.workers)))
+        self.worker_nodes = await self.lease.nodes_of(self.workers)
         # A standby worker, borrowed now, takes over the slot of the first worker
         # to die: a restart then costs a deploy, not a process start. Waiting for
         # it here keeps its start (about a core-second, when the pool has no idle
         # worker) out of the job's run.
-        await self._ensure_standby()
-        await asyncio.gather(*[w.ping.remote() for w in self.workers + self._spare()])
+        await self.lease.ensure_standby()
+        await asyncio.gather(*[w.ping.remote() for w in self.workers + self.lease.spare()])
         return time.time() - t0
 
     async def _deploy(self, restore: Any) -> None:
@@ -585,17 +563,11 @@ class JobMaster:
         self._raise_call_failures(outcomes)
 
     async def _peers(self) -> list[tuple[str, int]]:
-        """Every worker's frame address, by slot. A worker keeps its address for its
-        lifetime: only workers not asked before are asked (a round trip saved on
-        every restart). A worker that died meanwhile is a failure (`_phases`
-        recovers from it)."""
-        known = self._frame_addresses
-        asking = [w for w in self.workers if w._actor_id not in known]
-        answers = await asyncio.gather(*[w.frame_address.remote() for w in asking],
-                                       return_exceptions=True)
-        self._raise_call_failures(answers)
-        known.update((w._actor_id, address) for w, address in zip(asking, answers))
-        return [known[w._actor_id] for w in self.workers]
+        """Every worker's frame address, by slot (`WorkerLease.frame_addresses`). A
+        worker that died meanwhile is a failure (`_phases` recovers from it)."""
+        addresses = await self.lease.frame_addresses(self.workers)
+        self._raise_call_failures(addresses)
+        return addresses
 
     def _epoch(self, attempt: int) -> tuple[str, int]:
         """What a worker checks a call against: this job's id and the attempt."""
@@ -637,7 +609,7 @@ class JobMaster:
         if self.attempt:
             self._standby_after_catch_up = True
         else:
-            self._borrow_standby()
+            self.lease.borrow_standby()
         if self.attempt:
             self.record_event("restarted", at=running_s, attempt=self.attempt,
                               checkpoint=_line_summary(restore),
@@ -843,53 +815,10 @@ class JobMaster:
             failures.append(failure)
         return failures
 
-    def _borrow_standby(self) -> None:
-        """Borrow a standby in the background (none when there is one, or one is on
-        its way)."""
-        if self._standby_lending is None or self._standby_lending.done():
-            self._standby_lending = asyncio.ensure_future(self._ensure_standby())
-
-    async def _ensure_standby(self) -> None:
-        if self.standby is None and self.protocol.needs_standby:
-            [self.standby] = await self._new_workers([placement.STANDBY])
-
-    async def _standby_lent(self) -> None:
-        """Wait until a standby being borrowed in the background is bound (or failed)."""
-        if self._standby_lending is not None:
-            await asyncio.gather(self._standby_lending, return_exceptions=True)
-
-    def _spare(self) -> list[Any]:
-        return [self.standby] if self.standby is not None else []
-
-    async def _new_workers(self, slots: list[int], nodes: list[str] | None = None
-                           ) -> list[Any]:
-        """Borrow the workers of ``slots`` (`placement.STANDBY`: the standby), each on
-        the node placement puts it (or on ``nodes``), and bind them to the job.
-        Shielded: a job cancelled meanwhile still learns what it borrowed, and gives
-        it back."""
-        if not slots:
-            return []
-        borrowing = asyncio.ensure_future(self._borrow(slots, nodes))
-        self._borrowing.add(borrowing)
-        borrowing.add_done_callback(self._borrowing.discard)
-        return await asyncio.shield(borrowing)
-
-    async def _borrow(self, slots: list[int], nodes: list[str] | None) -> list[Any]:
-        if nodes is None:
-            live = placement.live_nodes()
-            nodes = [placement.node_for(slot, self.plan.workers, live) for slot in slots]
-        workers = await self.pool.lend.remote(nodes)
-        self.lent.extend(workers)
-        # Awaited: an async actor may run one caller's calls out of order. A worker
-        # that died meanwhile fails the next call made to it, a failure like any other.
-        await asyncio.gather(*[w.bind.remote(self.config, slot, self.link)
-                               for slot, w in zip(slots, workers)], return_exceptions=True)
-        return workers
-
     async def _replace_workers(self, failure: Failure, lost: list[int] | None = None) -> None:
         """Without a capacity model: replace every dead worker at once (`_refill`)
         and restart every slot (the survivors are reset by the next deploy). A new
-        standby is only started once the job runs again (`_ensure_standby`):
+        standby is only started once the job runs again (`WorkerLease.ensure_standby`):
         starting a process costs a core for about a second, which the restart needs
         more."""
         alive = await asyncio.gather(*[detector.answers(w, self.config.heartbeat_timeout_s)
@@ -906,12 +835,12 @@ class JobMaster:
         so a restart costs a deploy and not a process start, fresh workers the
         others; every task keeps its slot. ``restart``: the slots whose tasks
         restart (for the event)."""
-        await self._standby_lent()
-        standby_alive = self.standby is not None and await detector.answers(
-            self.standby, self.config.heartbeat_timeout_s)
-        if self.standby is not None and not standby_alive:
-            ray.kill(self.standby, no_restart=True)  # lost with the others (a node)
-            self.standby = None
+        lease = self.lease
+        await lease.standby_lent()
+        standby_alive = lease.standby is not None and await detector.answers(
+            lease.standby, self.config.heartbeat_timeout_s)
+        if not standby_alive:
+            lease.drop_standby()  # lost with the others (a node)
         to_standby, to_fresh = replacement_slots(lost, standby_alive)
         self.record_event("recovery_planned", lost=lost, to_standby=list(to_standby),
                           to_fresh=list(to_fresh), restart=restart)
@@ -919,17 +848,13 @@ class JobMaster:
             ray.kill(self.workers[i], no_restart=True)
         await self._await_repairs(lost)
         for i in to_standby:
-            self.workers[i], self.standby = self.standby, None
-            # bound as the standby: it serves slot i from now on (a death is a failure
-            # the next call to it reports)
-            await asyncio.gather(self.workers[i].bind.remote(self.config, i, self.link),
-                                 return_exceptions=True)
-        for i, worker in zip(to_fresh, await self._new_workers(list(to_fresh))):
+            self.workers[i] = await lease.bind_standby(i)
+        for i, worker in zip(to_fresh, await self.lease.borrow(list(to_fresh))):
             self.workers[i] = worker
         # Only the new workers' nodes are news; their frame addresses are asked now,
         # in the same round trip, for the deploy that follows (`_peers`).
         new = [self.workers[i] for i in lost]
-        nodes, _ = await asyncio.gather(self._nodes_of(new), self._peers(),
+        nodes, _ = await asyncio.gather(self.lease.nodes_of(new), self._peers(),
                                         return_exceptions=True)
         if isinstance(nodes, BaseException):
             raise nodes
@@ -946,11 +871,6 @@ class JobMaster:
     def _running_assignment(self) -> list[int | None]:
         """The worker of every task that runs; None for a pending one."""
         return [None if t in self.pending else w for t, w in enumerate(self.assignment)]
-
-    async def _nodes_of(self, workers: list[Any]) -> list[str | None]:
-        nodes = await asyncio.gather(*[w.node_id.remote() for w in workers],
-                                     return_exceptions=True)
-        return [None if isinstance(n, BaseException) else n for n in nodes]
 
     def _node_lost(self, node_id: str) -> None:
         """A fault took node ``node_id`` down: it offers no capacity any more."""
@@ -1110,10 +1030,8 @@ class JobMaster:
     async def _drop_workers(self, lost: list[int]) -> list[int]:
         """Kill the ``lost`` workers (and the standby) and forget them; the tasks they
         ran, now without a worker. Picks the planner of this failure."""
-        await self._standby_lent()
-        if self.standby is not None:  # a warm process is not capacity: let it go
-            ray.kill(self.standby, no_restart=True)
-            self.standby = None
+        await self.lease.standby_lent()
+        self.lease.drop_standby()  # a warm process is not capacity: let it go
         for i in lost:
             ray.kill(self.workers[i], no_restart=True)
         keep = [i for i in range(len(self.workers)) if i not in lost]
@@ -1217,7 +1135,7 @@ class JobMaster:
                     placed.setdefault(node, []).append(task)
         nodes = sorted(placed)
         first = len(self.workers)
-        workers = await self._new_workers(list(range(first, first + len(nodes))), nodes)
+        workers = await self.lease.borrow(list(range(first, first + len(nodes))), nodes)
         for offset, (node, worker) in enumerate(zip(nodes, workers)):
             self.workers.append(worker)
             self.worker_nodes.append(node)
@@ -1453,8 +1371,8 @@ class JobMaster:
         """The job's processes a kill may take down, by name: the worker of every slot
         and the standby."""
         named = {f"worker {i}": w for i, w in enumerate(self.workers)}
-        if self.standby is not None:
-            named["standby"] = self.standby
+        if self.lease.standby is not None:
+            named["standby"] = self.lease.standby
         return named
 
     async def _stop_after(self, duration_s: float) -> None:
@@ -1488,9 +1406,9 @@ class JobMaster:
                 and caught_up(poll.source_lag, poll.source_records, elapsed_s,
                               self.config.progress_interval_s)):
             self._standby_after_catch_up = False
-            if self.standby is None and self.protocol.needs_standby:
+            if self.lease.standby is None and self.protocol.needs_standby:
                 self.record_event("standby_borrowed", source_lag=poll.source_lag)
-            self._borrow_standby()
+            self.lease.borrow_standby()
         if self._lowered:
             await self._restore_caught_up(
                 None if any(isinstance(r, BaseException) for r in replies)
