@@ -93,7 +93,8 @@ class ProgressTally:
         """The increments of one round of replies (an exception: a worker that did not
         answer, counted at the next poll)."""
         poll = Poll(asked=len(replies))
-        by_query = {name: [0, LatencyHistogram()] for name in self.queries}
+        records_by_query = dict.fromkeys(self.queries, 0)
+        latency_by_query = {name: LatencyHistogram() for name in self.queries}
         for reply in replies:
             if isinstance(reply, BaseException):
                 continue
@@ -107,18 +108,19 @@ class ProgressTally:
                 poll.source_records += p["source_records"] - src
                 poll.sink_records += p["sink_records"] - snk
                 for name in queries:
-                    by_query[name][0] += p["sink_records"] - snk
+                    records_by_query[name] += p["sink_records"] - snk
                 self._counts[task_id] = (stamp, p["source_records"], p["sink_records"])
                 new = self._increment(self._latency_seen, task_id, stamp, p["latency"])
                 poll.latency.merge(new)
                 for name in queries:
-                    by_query[name][1].merge(new)
+                    latency_by_query[name].merge(new)
                 poll.late.merge(self._increment(self._late_seen, task_id, stamp,
                                                 p["late_copies"]))
                 if task_id in self.copied_tasks:
                     poll.busy_s.append(p["busy_s"])
                 poll.source_lag += p["source_lag"]
-        poll.by_query = {name: (records, h) for name, (records, h) in by_query.items()}
+        poll.by_query = {name: (records_by_query[name], latency_by_query[name])
+                         for name in self.queries}
         self.totals["source_records"] += poll.source_records
         self.totals["sink_records"] += poll.sink_records
         return poll
@@ -189,7 +191,7 @@ class RetuneLoop:
     interval (``set_interval``) when it says so, with an ``interval_retuned`` event."""
 
     def __init__(self, retuner: Retuner, progress_interval_s: float,
-                 set_interval: Callable[[float], None], record_event: RecordEvent):
+                 set_interval: Callable[[float], Any], record_event: RecordEvent):
         self.retuner = retuner
         self.progress_interval_s = progress_interval_s
         self.set_interval = set_interval
