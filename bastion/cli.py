@@ -372,26 +372,50 @@ def _warn_local_storage_on_a_cluster(args: argparse.Namespace) -> None:
              "multi-node run are lost; pass --storage s3://BUCKET/PREFIX?endpoint=HOST:PORT")
 
 
-def _acks_and_redundancy_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The flags of protocol acks and of redundancy that were given, as `bastion.run`
-    options."""
+def _acks_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags of protocol acks that were given, as fields of `bn.protocols.Acks`."""
     options = {name: value for name, value in (
-        ("acks_mode", args.acks_mode), ("ack_timeout_s", args.ack_timeout),
+        ("mode", args.acks_mode), ("timeout_s", args.ack_timeout),
         ("max_pending", args.max_pending)) if value is not None}
     if options and args.protocol != "acks":
         raise UsageError("--acks-mode, --ack-timeout and --max-pending set protocol acks; "
                          f"this run uses --protocol {args.protocol}")
-    if args.redundancy is not None:
-        options["redundancy"] = args.redundancy
-    if args.latency_bound is not None:
-        if args.redundancy != "auto":
-            raise UsageError("--latency-bound sets the resiliency manager of "
-                             "--redundancy auto")
-        options["latency_bound_ms"] = args.latency_bound
-    elif args.redundancy == "auto":
+    return options
+
+
+def _protocol(args: argparse.Namespace, interval: Any = None) -> Any:
+    """The run's protocol: ``--protocol``'s name alone when no flag sets a knob of it,
+    else its object (`bastion.protocols`) with ``--checkpoint-interval`` (or
+    ``interval``: the `bastion.options.AutoInterval` of ``--checkpoint-interval auto``)
+    and the acks flags. Protocol ``none`` has no knobs: an interval given to a drill
+    is its faulty run's, and a drill under ``none`` has none."""
+    import bastion as bn
+
+    knobs: dict[str, Any] = _acks_options(args)
+    interval = interval if interval is not None else args.checkpoint_interval
+    if interval is not None and args.protocol != "none":
+        knobs["interval_s"] = interval
+    if not knobs:
+        return args.protocol
+    objects = {"acks": bn.protocols.Acks, "coordinated": bn.protocols.Coordinated,
+               "uncoordinated": bn.protocols.Uncoordinated, "cic": bn.protocols.Cic,
+               "cec": bn.protocols.Cec}
+    return objects[args.protocol](**knobs)
+
+
+def _redundancy_options(args: argparse.Namespace) -> Any:
+    """``--redundancy`` and ``--latency-bound`` as a `bn.Redundancy` (None without)."""
+    import bastion as bn
+
+    if args.latency_bound is not None and args.redundancy != "auto":
+        raise UsageError("--latency-bound sets the resiliency manager of "
+                         "--redundancy auto")
+    if args.redundancy == "auto" and args.latency_bound is None:
         raise UsageError("--redundancy auto needs --latency-bound MS (the p90 latency to "
                          "keep under)")
-    return options
+    if args.redundancy is None:
+        return None
+    return bn.Redundancy(args.redundancy, latency_bound_ms=args.latency_bound)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -403,7 +427,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.retune_every is not None and args.checkpoint_interval != "auto":
         raise UsageError("--retune-every re-tunes the interval --checkpoint-interval auto "
                          "chose; pass --checkpoint-interval auto --trt-bound S too")
-    retune: dict[str, Any] = {}
+    auto = None   # the AutoInterval of a re-tuning run
     if args.checkpoint_interval == "auto":
         from bastion.protocols import get_protocol
 
@@ -416,9 +440,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             tuning = _auto_interval(args)
             args.checkpoint_interval = tuning.interval_s
             if args.retune_every is not None:   # the job re-tunes from the model
-                retune = {"checkpoint_interval": "auto", "tuning": tuning,
-                          "trt_bound_s": args.trt_bound,
-                          "retune_every_s": args.retune_every}
+                auto = bn.AutoInterval(trt_bound_s=args.trt_bound, tuning=tuning,
+                                       retune_every_s=args.retune_every)
         except (TopologyError, StorageError, UnstorableValueError):
             raise  # user errors: main prints them as one line, exit 2
         except BastionError as exc:  # a profiling run failed: the job did not run
@@ -433,14 +456,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     _warn_local_storage_on_a_cluster(args)
     progress = ProgressLine()
     try:
-        result = bn.run(topology, protocol=args.protocol, faults=faults,
-                        **({"checkpoint_interval": args.checkpoint_interval} | retune),
+        result = bn.run(topology, protocol=_protocol(args, auto), faults=faults,
                         storage=store.url,
                         address=args.address, duration_s=args.duration,
-                        buffer_timeout_ms=args.buffer_timeout_ms,
-                        chaining=not args.no_chaining, fail_fast=args.fail_fast,
-                        progress=progress, resume_from=args.resume_from,
-                        failover=args.failover, **_acks_and_redundancy_options(args))
+                        data_plane=bn.DataPlane(buffer_timeout_ms=args.buffer_timeout_ms,
+                                                chaining=not args.no_chaining),
+                        recovery=bn.Recovery(failover=args.failover),
+                        redundancy=_redundancy_options(args), fail_fast=args.fail_fast,
+                        progress=progress, resume_from=args.resume_from)
         # Only the count and the first --show records of each sink, read before
         # retention may delete this job's folder: a File or Log sink's outputs stay
         # in the store (`CommittedOutputs`), however many the job committed.
@@ -541,10 +564,10 @@ def cmd_drill(args: argparse.Namespace) -> int:
     progress = ProgressLine()
     try:
         # bn.drill checks every fault target against the plan before the first run
-        report = bn.drill(topology, protocol=args.protocol, faults=faults, seed=args.seed,
-                          checkpoint_interval=args.checkpoint_interval,
+        report = bn.drill(topology, protocol=_protocol(args), faults=faults, seed=args.seed,
                           storage=store.url, address=args.address, progress=progress,
-                          failover=args.failover, **_acks_and_redundancy_options(args))
+                          recovery=bn.Recovery(failover=args.failover),
+                          redundancy=_redundancy_options(args))
     except (StorageError, UnstorableValueError):
         raise  # a usage error (exit 2), printed by main
     except TopologyError as exc:  # refused (e.g. a cycle under coordinated): exit 4
@@ -670,7 +693,8 @@ def _tune(args: argparse.Namespace, topology: Topology, store: Any, *, trt_bound
                        protocol=args.protocol, parallel=parallel, duration_s=duration_s,
                        seed=seed, max_rate_run_s=max_rate_run_s, progress=progress,
                        storage=store.url, address=args.address,
-                       failover=args.failover, keep_profiles=keep_profiles)
+                       recovery=bn.Recovery(failover=args.failover),
+                       keep_profiles=keep_profiles)
     except (TopologyError, StorageError, BastionError):
         raise
     except ValueError as exc:  # a bad option or a topology tuning cannot profile
@@ -703,7 +727,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.faults is not None:
         raise UsageError("--faults: tune injects one kill of its own into every profiling "
                          "run; drop --faults")
-    if _acks_and_redundancy_options(args):
+    if _acks_options(args) or _redundancy_options(args) is not None:
         raise UsageError("--redundancy and --latency-bound are options of protocols none "
                          "and acks, which take no checkpoints; tune does not use them")
     check_report_path(args.html)

@@ -58,8 +58,8 @@ def exchange(n: int, parallelism: int, rate: float | None = None,
 
 
 CONFIGS = [("none", "none", {}), ("none+lineage", "none", {"lineage": True}),
-           ("acks fine", "acks", {"acks_mode": "fine", "checkpoint_interval": 0.2}),
-           ("acks xor", "acks", {"acks_mode": "xor", "checkpoint_interval": 0.2})]
+           ("acks fine", bn.protocols.Acks(mode="fine", interval_s=0.2), {}),
+           ("acks xor", bn.protocols.Acks(mode="xor", interval_s=0.2), {})]
 
 
 def throughput(records: int, repeats: int, storage: str) -> float:
@@ -71,7 +71,7 @@ def throughput(records: int, repeats: int, storage: str) -> float:
             best: dict[str, tuple[float, float]] = {}
             for _ in range(repeats):
                 for label, protocol, options in CONFIGS:
-                    metrics = bn.run(build(records, parallelism), protocol=protocol,
+                    metrics = bn.run(build(records, parallelism), protocol,
                                      storage=storage, **options).metrics
                     if metrics.tuples_per_s > best.get(label, (0.0, 0.0))[0]:
                         best[label] = (metrics.tuples_per_s,
@@ -90,13 +90,11 @@ def lost_frames(records: int, drop: float, ack_timeout_s: float, storage: str) -
     print(f"{'protocol':<10} {'verdict':<14} {'lost':>7} {'duplicated':>10} "
           f"{'frames lost':>11} {'roots replayed':>14}")
     faults = [bn.faults.DropFrames("first", probability=drop, seed=1)]
-    for protocol, options in (("none", {}), ("acks", {"ack_timeout_s": ack_timeout_s})):
+    for protocol in ("none", bn.protocols.Acks(timeout_s=ack_timeout_s, interval_s=0.2)):
         report = bn.drill(exchange(records, 2, rate=5000.0, sink=bn.sinks.Collect()),
-                          protocol=protocol, faults=faults, storage=storage,
-                          checkpoint_interval=0.2 if protocol == "acks" else None,
-                          **options)
+                          protocol, faults=faults, storage=storage)
         extra = report.metrics.extra
-        print(f"{protocol:<10} {report.verdict:<14} {report.lost:>7,} "
+        print(f"{report.protocol:<10} {report.verdict:<14} {report.lost:>7,} "
               f"{report.duplicated:>10,} {extra['faults_injected']['frames_dropped']:>11,.0f} "
               f"{extra['protocol_counters'].get('roots_replayed', 0):>14,.0f}")
 

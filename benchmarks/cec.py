@@ -336,9 +336,9 @@ RUNTIME_WORKLOADS = {
 RUNTIME_CONFIGS = {
     "none": dict(protocol="none"),
     "none + lineage": dict(protocol="none", lineage=True),
-    "cec G_open only": dict(protocol="cec", cec=CecPolicy.open_only()),
+    "cec G_open only": dict(protocol=bn.protocols.Cec(CecPolicy.open_only())),
     "cec default policy": dict(protocol="cec"),
-    "coordinated (1 s)": dict(protocol="coordinated", checkpoint_interval=1.0),
+    "coordinated (1 s)": dict(protocol=bn.protocols.Coordinated(interval_s=1.0)),
 }
 
 
@@ -492,7 +492,7 @@ def policy_sweeps(root: Path, records: int, keys: int, rate: float, repeats: int
     print(f"    {'policy':<12} {'records/s':>10} {'extent':>9} {'(tuples)':>10} "
           f"{'replayed':>9} {'G_checks':>9} {'EC-load':>8}")
     for label, policy in policies:
-        result = bn.run(_keyed_sum(records, keys, rate), protocol="cec", cec=policy,
+        result = bn.run(_keyed_sum(records, keys, rate), bn.protocols.Cec(policy),
                         storage=storage)
         prefix = log_prefix(result.job_id, "sum", 0)
         log = list(LogReader(store, prefix).records())
@@ -532,8 +532,8 @@ def ec_load_targets(root: Path, sizes: tuple[int, ...], repeats: int) -> list[tu
     store = open_store(storage)
 
     def extent(inputs: int) -> tuple[str, int]:
-        result = bn.run(_keyed_sum(inputs, inputs), protocol="cec",
-                        cec=CecPolicy.open_only(), storage=storage)
+        result = bn.run(_keyed_sum(inputs, inputs), bn.protocols.Cec(CecPolicy.open_only()),
+                        storage=storage)
         prefix = log_prefix(result.job_id, "sum", 0)
         ec = ec_load(store, prefix, None)[1]
         return prefix, extent_tuples(list(LogReader(store, prefix).records()), ec)
@@ -602,8 +602,7 @@ def ec_load_windows(root: Path, sizes: tuple[int, ...], repeats: int) -> list[tu
                 topo = _count_windows(size // 2 + size // 50)
             else:
                 topo = _sliding_windows(size // 4 + size // 50, 12)
-            result = bn.run(topo, protocol="cec", cec=CecPolicy.open_only(),
-                            storage=storage)
+            result = bn.run(topo, bn.protocols.Cec(CecPolicy.open_only()), storage=storage)
             prefix = log_prefix(result.job_id, "agg", 0)
             log = list(LogReader(store, prefix).records())
             at = None if kind == "count" else (log[0][1] + log[-1][1]) / 2
@@ -652,9 +651,9 @@ def response_times(storage: str, records: int, keys: int, rate: float, repeats: 
     configurations alternating. Returns the mean response time per configuration
     (ms)."""
     configs = {"none": dict(protocol="none")}
-    configs.update({f"cec CP={cp} ms": dict(protocol="cec", cec=CecPolicy(
+    configs.update({f"cec CP={cp} ms": dict(protocol=bn.protocols.Cec(CecPolicy(
         extent_target=1, replay_target=math.inf, check_interval_s=0.01,
-        period_s=cp / 1000)) for cp in RESPONSE_PERIODS_MS})
+        period_s=cp / 1000))) for cp in RESPONSE_PERIODS_MS})
     runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in configs}
     for _ in range(repeats):
         for name, options in configs.items():

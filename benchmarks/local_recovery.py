@@ -57,6 +57,13 @@ PROTOCOLS = ("coordinated", "uncoordinated", "cic", "cec", "acks")
 WORDS = "the quick brown fox jumps over a lazy dog and again away".split()
 
 
+def every(protocol: str, interval_s: float) -> "str | bn.protocols.Protocol":
+    """Protocol ``protocol`` checkpointing (or committing) every ``interval_s`` seconds:
+    its object with that knob; ``"none"`` has no interval, and stays a name."""
+    cls = type(bn.protocols.get_protocol(protocol))
+    return protocol if protocol == "none" else cls(interval_s=interval_s)
+
+
 def two_branches(rate: float, seconds: float) -> bn.Topology:
     count = int(rate * seconds)
     topo = bn.Topology("two-branches")
@@ -127,13 +134,14 @@ def section_per_protocol(args: argparse.Namespace, storage: str) -> dict[str, An
         for name, (build, victim, instance) in jobs.items():
             free_gap = None
             if name == "two-branches":
-                free = bn.run(build(args.rate, args.seconds), protocol=protocol,
-                              checkpoint_interval=args.interval, storage=storage)
+                free = bn.run(build(args.rate, args.seconds),
+                              every(protocol, args.interval), storage=storage)
                 free_gap = largest_gap_s(free.metrics, "a")
             for failover in ("local", "global"):
-                report = bn.drill(build(args.rate, args.seconds), protocol=protocol,
-                                  checkpoint_interval=args.interval, storage=storage,
-                                  reference=references[name], failover=failover,
+                report = bn.drill(build(args.rate, args.seconds),
+                                  every(protocol, args.interval), storage=storage,
+                                  reference=references[name],
+                                  recovery=bn.Recovery(failover=failover),
                                   faults=[bn.faults.KillInstance(victim, instance,
                                                                   at=args.kill_at)])
                 fault = report.faults[0]
@@ -177,8 +185,8 @@ def section_dynamo(args: argparse.Namespace, storage: str) -> dict[str, float]:
     runs: dict[tuple[float, bool], Any] = {}
     for ratio, crashing in ((0.0, False), (1.0, False), (0.0, True), (1.0, True)):
         runs[(ratio, crashing)] = bn.run(
-            grep(args.grep_rate, args.grep_seconds), protocol="acks",
-            checkpoint_interval=0.2, storage=storage, redundancy=ratio,
+            grep(args.grep_rate, args.grep_seconds), bn.protocols.Acks(interval_s=0.2),
+            storage=storage, redundancy=ratio,
             faults=[crash] if crashing else []).metrics
     # Two deadlines, each mean + 2 sigma: of the failure-free run without copies (what
     # the job promises when nothing fails), and of the crashing run without copies

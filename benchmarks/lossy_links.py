@@ -199,9 +199,9 @@ def one_run(args: argparse.Namespace, ratio: float, storage: str) -> dict[str, A
     options: dict[str, Any] = {}
     if ratio > 0:
         options["redundancy"] = {"view": ratio}
-    result = bn.run(dataclean(count, args.rate), protocol="acks",
-                    ack_timeout_s=args.ack_timeout_s,
-                    checkpoint_interval=args.checkpoint_interval_s,
+    result = bn.run(dataclean(count, args.rate),
+                    bn.protocols.Acks(timeout_s=args.ack_timeout_s,
+                                      interval_s=args.checkpoint_interval_s),
                     faults=outages(args), storage=storage, **options)
     m = result.metrics
     counted = count_failed(kept(count), result.outputs["out"], args.deadline_ms / 1000)

@@ -57,6 +57,13 @@ def fmt(value, spec: str = ".2f", unit: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{unit}"
 
 
+def every(protocol: str, interval_s: float) -> "str | bn.protocols.Protocol":
+    """Protocol ``protocol`` checkpointing (or committing) every ``interval_s`` seconds:
+    its object with that knob; ``"none"`` has no interval, and stays a name."""
+    cls = type(bn.protocols.get_protocol(protocol))
+    return protocol if protocol == "none" else cls(interval_s=interval_s)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=60_000)
@@ -69,8 +76,7 @@ def main() -> None:
     bn.launcher.ensure_ray()
 
     def run(topo, protocol, **kw):
-        return bn.run(topo, protocol=protocol, storage=storage,
-                      checkpoint_interval=None if protocol == "none" else args.interval, **kw)
+        return bn.run(topo, every(protocol, args.interval), storage=storage, **kw)
 
     config = nexmark.NexmarkConfig(seed=7, events=args.events, inter_event_s=0.001)
     print(f"NexMark, {args.events:,} events, parallelism 2, checkpoint interval "
@@ -109,7 +115,7 @@ def main() -> None:
             for protocol in PROTOCOLS[1:]:
                 topo = build(query, paced, rate, bn.sinks.Collect())
                 victim = list(topo.nodes)[-2]
-                report = bn.drill(topo, protocol=protocol, checkpoint_interval=args.interval,
+                report = bn.drill(topo, every(protocol, args.interval),
                                   faults=[bn.faults.KillInstance(victim, 0, at=2.0)],
                                   storage=storage)
                 print(f"{query:<5} {protocol:<14} {'yes' if report.exactly_once else 'NO':>12} "
@@ -132,7 +138,7 @@ def main() -> None:
     print(f"{'protocol':<14} {'state MB':>8} {'exactly once':>12} {'detect s':>9} "
           f"{'restart s':>9} {'TRT s':>7} {'TRT bound s':>11}")
     for protocol in PROTOCOLS[1:]:
-        report = bn.drill(big_state(), protocol=protocol, checkpoint_interval=1.0,
+        report = bn.drill(big_state(), every(protocol, 1.0),
                           faults=[bn.faults.KillInstance("remember", 0, at=3.0)],
                           storage=storage)
         p = report.metrics.protocol

@@ -127,8 +127,8 @@ def normal_time_overhead(storage: str) -> float | None:
     figures: dict[str, list[dict]] = {"adaptive": [], "always": []}
     for run in range(OVERHEAD_RUNS):
         for mode in ("adaptive", "always") if run % 2 == 0 else ("always", "adaptive"):
-            result = bn.run(backed_up_pipeline(), protocol="coordinated",
-                            checkpoint_interval=0.5, workers=3,
+            result = bn.run(backed_up_pipeline(), bn.protocols.Coordinated(interval_s=0.5),
+                            workers=3,
                             storage=f"local://{storage}/{mode}-{run}",
                             recovery=bn.RecoveryPolicy(task_slots_per_cpu=4.0,
                                                        upstream_backups=mode))

@@ -23,7 +23,7 @@ Every figure is measured in this run, in one Ray session:
     CPU (``cpu_s``) and channel traffic (records and bytes sent, copies included)
     relative to redundancy 0. ``--topologies`` picks some (Grep always).
 (2) **Fine vs coarse acks** — Grep under the same faults at redundancy 1.0 with
-    ``protocol="acks"``, ``acks_mode="fine"`` and ``"xor"``: complete latency (a
+    ``bn.protocols.Acks(mode="fine")`` and ``mode="xor"``: complete latency (a
     root's birth to its completion, as Storm and the thesis measure it), sink p99
     and roots replayed;
     and the failure-free throughput (unpaced source, same records, redundancy 1.0)
@@ -157,11 +157,21 @@ def timing(op: str, per_instance_rate: float, args: argparse.Namespace,
         seed=seed, **gaps)
 
 
-RUN_OPTIONS: dict[str, Any] = {}   # --buffer-timeout-ms, --max-inflight-frames
+# --buffer-timeout-ms and --max-inflight-frames (a bn.DataPlane), --dedup-window-s
+RUN_OPTIONS: dict[str, Any] = {"data_plane": bn.DataPlane(), "dedup_window_s": None}
 
 
-def run(topo: bn.Topology, **options: Any) -> Any:
-    return bn.run(topo, **RUN_OPTIONS, **options).metrics
+def run(topo: bn.Topology, *, redundancy: Any = None, policy: Any = None,
+        **options: Any) -> Any:
+    """A run with the command line's data plane; ``redundancy`` (a ratio, a mapping or
+    ``"auto"`` with the resiliency ``policy``) becomes a `bn.Redundancy` that
+    remembers copies for ``--dedup-window-s``."""
+    window = RUN_OPTIONS["dedup_window_s"]
+    if redundancy is not None or window is not None:
+        redundancy = bn.Redundancy(0.0 if redundancy is None else redundancy,
+                                   dedup_window_s=window, policy=policy)
+    return bn.run(topo, data_plane=RUN_OPTIONS["data_plane"], redundancy=redundancy,
+                  **options).metrics
 
 
 def ms(v: float | None) -> str:
@@ -294,8 +304,9 @@ def acks_section(args: argparse.Namespace, storage: str) -> dict[str, Any]:
     p99: dict[str, float] = {}
     for mode in ("fine", "xor"):
         topo, op, per_instance = grep(args.rate, args.seconds)
-        m = run(topo, storage=storage, protocol="acks", acks_mode=mode,
-                ack_timeout_s=args.ack_timeout, checkpoint_interval=0.2,
+        m = run(topo, storage=storage,
+                protocol=bn.protocols.Acks(mode=mode, timeout_s=args.ack_timeout,
+                                           interval_s=0.2),
                 redundancy=1.0, faults=[timing(op, per_instance, args, load=2.0)])
         # Storm's complete latency (a root's birth to its last acknowledgment): what
         # the thesis compares the two modes by, and what fine mode shortens under
@@ -307,9 +318,8 @@ def acks_section(args: argparse.Namespace, storage: str) -> dict[str, Any]:
               f"{ms(m.latency_ms.get('p99')):>9} {replayed:>14,.0f} {m.sink_records:>8,}")
     # the two configurations alternate, so that a slow spell of a shared machine hits
     # both; the ratio is of the medians
-    configs = (("none", {}), ("acks fine", {"protocol": "acks", "acks_mode": "fine",
-                                           "ack_timeout_s": args.ack_timeout,
-                                           "checkpoint_interval": 0.2}))
+    configs = (("none", {}), ("acks fine", {"protocol": bn.protocols.Acks(
+        mode="fine", timeout_s=args.ack_timeout, interval_s=0.2)}))
     rates: dict[str, list[float]] = {label: [] for label, _ in configs}
     for _ in range(args.repeats):
         for label, options in configs:
@@ -386,7 +396,7 @@ def managed_section(args: argparse.Namespace, storage: str) -> dict[str, Any]:
             return run(topo, storage=storage, redundancy=0.0)
         if label == "managed":
             return run(topo, storage=storage, faults=faults, redundancy="auto",
-                       resiliency=policy)
+                       policy=policy)
         return run(topo, storage=storage, faults=faults,
                    redundancy=0.0 if label == "r=0" else 1.6)
 
@@ -594,10 +604,9 @@ def main() -> None:
     args = parser.parse_args()
     if "Grep" not in args.topologies.split(","):
         parser.error("--topologies must include Grep: the targets are Grep's")
-    RUN_OPTIONS.update(buffer_timeout_ms=args.buffer_timeout_ms,
-                       max_inflight_frames=args.max_inflight_frames)
-    if args.dedup_window_s is not None:
-        RUN_OPTIONS["dedup_window_s"] = args.dedup_window_s
+    RUN_OPTIONS.update(data_plane=bn.DataPlane(buffer_timeout_ms=args.buffer_timeout_ms,
+                                               max_inflight_frames=args.max_inflight_frames),
+                       dedup_window_s=args.dedup_window_s)
     if args.seconds is None:
         args.seconds = 5.0 if args.quick else 15.0
     if args.records is None:

@@ -4,8 +4,8 @@ after the move (issue 37 item 5).
 1. Tunes the keyed job of ``benchmarks/tuning.py`` (a paced source at ``--load`` of
    what the job can take; the map waits on each record) with `bn.tune`, three kills
    per profiling run (``failures_per_run``), for a worst-case TRT bound.
-2. Runs the same job live with ``checkpoint_interval="auto"``, that tuning and
-   ``retune_every_s``, its source's rate doubling ``--surge-at`` seconds in
+2. Runs the same job live with ``bn.protocols.Coordinated(interval_s=
+   bn.AutoInterval(...))``: that tuning and ``retune_every_s``, its source's rate doubling ``--surge-at`` seconds in
    (`Surge`), and kills it ``--kills`` times after the re-tune should have moved the
    interval (two periods after the surge, and a recovery apart). Prints the moves
    (``interval_retuned`` events) and each kill's observed TRT (kill -> sources caught
@@ -145,11 +145,14 @@ def fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-def live(topo: bn.Topology, kills_at: list[float], options: dict, **interval) -> tuple:
-    """One live run with kills at ``kills_at`` (seconds); its moves and each kill's
-    outcome."""
+def live(topo: bn.Topology, kills_at: list[float], options: dict,
+         interval_s: "float | bn.AutoInterval") -> tuple:
+    """One live run with kills at ``kills_at`` (seconds), checkpointing every
+    ``interval_s`` (an `AutoInterval`: re-tuned while it runs); its moves and each
+    kill's outcome."""
     faults = [RandomKills(1, between=(t, t), seed=i) for i, t in enumerate(kills_at)]
-    run = bn.run(topo, protocol="coordinated", faults=faults, **interval, **options)
+    run = bn.run(topo, bn.protocols.Coordinated(interval_s=interval_s), faults=faults,
+                 **options)
     plan = tm._plan_of(topo, options)  # noqa: SLF001 - the plan the kills target
     scheduled = [k for f in faults for k in f.schedule(plan)]
     events = run.details["events"]
@@ -219,11 +222,11 @@ def main() -> None:
         print(f"\nlive runs: {seconds:.0f} s of input, kills at {kills_at} s after the job "
               f"started")
         worst: dict[str, float | None] = {}
-        for name, interval in (("re-tuned", {"checkpoint_interval": "auto",
-                                             "trt_bound_s": args.bound, "tuning": tuned,
-                                             "retune_every_s": args.period}),
-                               ("fixed", {"checkpoint_interval": tuned.interval_s})):
-            run, moves, outcomes = live(topo, kills_at, options, **interval)
+        for name, interval in (("re-tuned", bn.AutoInterval(trt_bound_s=args.bound,
+                                                             tuning=tuned,
+                                                             retune_every_s=args.period)),
+                               ("fixed", tuned.interval_s)):
+            run, moves, outcomes = live(topo, kills_at, options, interval)
             read_from = next(p["t_s"] for p in run.details["timeline"] if p["source_records"])
             print(f"\n{name}: job {run.job_id} (load {os.getloadavg()[0]:.1f}); the rate "
                   f"doubled at {read_from + args.surge_at:.2f} s")

@@ -134,7 +134,7 @@ def main() -> None:
         for p in args.parallelism:
             before, t0 = s3.snapshot(), time.time()
             result = bn.run(keyed_count(f"scale-p{p}", None, p, args.keys),
-                            protocol="coordinated", checkpoint_interval=args.interval,
+                            bn.protocols.Coordinated(interval_s=args.interval),
                             storage=storage, duration_s=args.seconds)
             wall_s = time.time() - t0
             requests = s3.snapshot() - before
@@ -145,7 +145,7 @@ def main() -> None:
                          sum(requests.values()) / max(1, proto.checkpoints_completed)))
             paced = bn.run(keyed_count(f"recover-p{p}", int(args.rate * 8), p, args.keys,
                                        rate=args.rate),
-                           protocol="coordinated", checkpoint_interval=args.interval,
+                           bn.protocols.Coordinated(interval_s=args.interval),
                            storage=storage, faults=[bn.faults.KillWorker(0, at=3.0)])
             failures = paced.metrics.protocol.failures
             recoveries.append((p, failures[0].restart_s if failures else None,

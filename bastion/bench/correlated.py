@@ -42,6 +42,10 @@ from typing import Any, Iterator
 import bastion as bn
 from bastion.drills import reference_runs
 
+# The data plane of every run of the scenario, the references' and the drills': a
+# frame waits up to 50 ms to fill.
+DATA_PLANE = bn.DataPlane(buffer_timeout_ms=50.0)
+
 PRIORITIES = {"alerts": 3, "per_auction": 2, "per_bidder": 1}
 NODE_CPUS = 4
 FAILURE_AT_S = 2.0
@@ -191,7 +195,7 @@ def references(shape: str = "all_hit", *, records: int = RECORDS,
     storage = storage_dir or tempfile.mkdtemp(prefix="bastion-correlated-")
     with simulated_cluster():
         return reference_runs(topology(records, None, shape), storage=f"local://{storage}",
-                              buffer_timeout_ms=50.0, workers=3)
+                              data_plane=DATA_PLANE, workers=3)
 
 
 def run_case(case: Case, *, protocol: str = "coordinated", records: int = RECORDS,
@@ -213,14 +217,17 @@ def run_case(case: Case, *, protocol: str = "coordinated", records: int = RECORD
     with simulated_cluster() as cluster:
         faults = [bn.faults.KillNode(node, at=FAILURE_AT_S + 0.2 * i)
                   for i, node in enumerate(case.lost_nodes)] + capacity(case.arrival)
-        return bn.drill(topology(records, rate, case.shape, parse_fn), protocol=protocol,
-                        faults=faults, checkpoint_interval=checkpoint_interval,
-                        cluster=cluster, storage=f"local://{storage}",
-                        buffer_timeout_ms=50.0, workers=3, reference=reference,
-                        progress=progress, heartbeat_timeout_s=heartbeat_timeout_s,
-                        recovery=bn.RecoveryPolicy(
+        checkpoints = bn.protocols.get_protocol(protocol)
+        if checkpoints.needs_checkpoint_interval:   # the protocol's object, its interval
+            checkpoints = type(checkpoints)(interval_s=checkpoint_interval)
+        return bn.drill(topology(records, rate, case.shape, parse_fn), checkpoints,
+                        faults=faults, cluster=cluster, storage=f"local://{storage}",
+                        data_plane=DATA_PLANE, workers=3, reference=reference,
+                        progress=progress,
+                        recovery=bn.Recovery(bn.RecoveryPolicy(
                             mode=case.recovery, task_slots_per_cpu=1.0,
                             held_frames_in_memory=held_frames_in_memory,
                             catch_up_priority=catch_up_priority,
                             **({} if catch_up_max_s is None
-                               else {"catch_up_max_s": catch_up_max_s})))
+                               else {"catch_up_max_s": catch_up_max_s})),
+                            heartbeat_timeout_s=heartbeat_timeout_s))

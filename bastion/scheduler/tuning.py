@@ -1121,5 +1121,6 @@ def _plan_of(topology: "Topology", run_options: Mapping[str, Any]) -> Any:
     """The physical plan a run of ``topology`` gets (to turn faults into kills)."""
     from bastion.runtime.plan import build_plan
 
-    return build_plan(topology, chaining=run_options.get("chaining", True),
-                      workers=run_options.get("workers"))
+    plane = run_options.get("data_plane")   # a `bastion.options.DataPlane`, or the old keyword
+    chaining = plane.chaining if plane is not None else run_options.get("chaining", True)
+    return build_plan(topology, chaining=chaining, workers=run_options.get("workers"))
