@@ -29,11 +29,10 @@ from ray import cloudpickle
 from ray._private import ray_constants
 
 from bastion import faults as fault_injection
-from bastion import options as options_module
 from bastion.options import (AutoInterval, DataPlane, Limits, Recovery, Redundancy,
                              Storage)
 from bastion.errors import BastionError, JobFailedError, TopologyError, UDFError
-from bastion.protocols import Protocol, get_protocol
+from bastion.protocols import Protocol, get_protocol, knobs
 from bastion.protocols.acks import AcksProtocol
 from bastion.protocols.cec import CecPolicy, CecProtocol
 from bastion.runtime import priority
@@ -382,14 +381,14 @@ def _protocol_of(protocol: "str | Protocol", old: dict[str, Any]) -> "str | Prot
         except ValueError as exc:
             raise _renamed(exc, {"mode": "acks_mode", "timeout_s": "ack_timeout_s"}
                            ) from None
-    knobs = {knob: value for knob, value in (("interval_s", interval),
+    settings = {knob: value for knob, value in (("interval_s", interval),
              ("retained_checkpoints", given.pop("retained_checkpoints", None)))
              if value is not None}
     if not proto.needs_checkpoint_interval:
         # As before the objects: a protocol that takes no checkpoints ignores an
         # interval (a drill hands its interval to its reference runs' options too).
-        knobs = {}
-    for knob, value in knobs.items():
+        settings = {}
+    for knob, value in settings.items():
         keyword = "checkpoint_interval" if knob == "interval_s" else knob
         if is_object:
             default = getattr(type(protocol), knob, None)
@@ -403,9 +402,9 @@ def _protocol_of(protocol: "str | Protocol", old: dict[str, Any]) -> "str | Prot
             proto, built = copy.copy(proto), True
         try:
             if knob == "interval_s":
-                proto.interval_s = options_module.interval(value)
+                proto.interval_s = knobs.interval(value)
             else:
-                proto.retained_checkpoints = options_module.retained(value)
+                proto.retained_checkpoints = knobs.retained(value)
         except ValueError as exc:
             raise _renamed(exc, {"interval_s": "checkpoint_interval"}) from None
     return proto if built else protocol

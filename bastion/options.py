@@ -43,39 +43,17 @@ The objects are frozen: `dataclasses.replace` makes a changed copy, checked agai
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
+from bastion.protocols.knobs import AutoInterval, positive_seconds
+from bastion.protocols.knobs import count as _count
+from bastion.protocols.knobs import number as _number
 from bastion.runtime.config import SINK_SPILL_RECORDS, JobConfig
 from bastion.runtime.events import EventLimits
 from bastion.scheduler.failover import check_failover
 from bastion.scheduler.recovery import RecoveryPolicy
 from bastion.scheduler.resiliency import ResiliencyPolicy
-
-if TYPE_CHECKING:
-    from bastion.tuning import TuningResult
-
-
-def _number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and not math.isnan(value))
-
-
-def positive_seconds(value: Any, name: str, what: str = "") -> float:
-    """``value`` as a float of seconds > 0, or `ValueError` naming ``name`` (and
-    what it sets, if ``what``)."""
-    if not _number(value) or not value > 0:
-        about = f" ({what})" if what else ""
-        raise ValueError(f"{name}{about} must be a number of seconds > 0, got {value!r}")
-    return float(value)
-
-
-def _count(value: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
 
 @dataclass(frozen=True)
 class DataPlane:
@@ -263,54 +241,6 @@ class Storage:
     def of(cls, storage: "Storage | str") -> "Storage":
         """``storage`` as a `Storage`: a URL string is shorthand for one."""
         return storage if isinstance(storage, Storage) else cls(storage)
-
-
-@dataclass(frozen=True)
-class AutoInterval:
-    """A checkpoint interval chosen for a bound on the worst-case total recovery time,
-    given as a protocol's ``interval_s`` (``bn.protocols.Coordinated(interval_s=
-    bn.AutoInterval(trt_bound_s=5.0))``).
-
-    Before the job starts, `bn.tune` profiles the topology and the Chiron model picks
-    the interval that keeps the total recovery time under ``trt_bound_s`` seconds
-    (`bastion.tuning`; over `bastion.tuning.auto_range`, or with ``tuning``'s keyword
-    arguments for `bn.tune` — or ``tuning`` is a `TuningResult` already made, and
-    nothing is profiled). With ``retune_every_s`` the job master re-tunes while the
-    job runs (`bastion.scheduler.retune`): every ``retune_every_s`` seconds it measures
-    the input rate and moves the interval when the bound would break or the optimum
-    moved by more than a quarter (protocol ``coordinated`` only)."""
-
-    trt_bound_s: float
-    retune_every_s: float | None = None
-    tuning: "Mapping[str, Any] | TuningResult | None" = None
-
-    def __post_init__(self) -> None:
-        positive_seconds(self.trt_bound_s, "trt_bound_s",
-                         "the worst-case total recovery time to keep under")
-        if self.retune_every_s is not None:
-            positive_seconds(self.retune_every_s, "retune_every_s")
-        if isinstance(self.tuning, (str, bytes)) or not (
-                self.tuning is None or isinstance(self.tuning, Mapping)
-                or type(self.tuning).__name__ == "TuningResult"):
-            raise ValueError(f"tuning must be a mapping of bn.tune keyword arguments or a "
-                             f"bn.TuningResult, got {self.tuning!r}")
-
-
-def interval(value: Any, name: str = "interval_s", *, auto: bool = True,
-             what: str = "how often the protocol checkpoints") -> "float | AutoInterval":
-    """A protocol's ``interval_s``, checked: seconds > 0, or an `AutoInterval` where
-    ``auto`` allows one."""
-    if isinstance(value, AutoInterval):
-        if not auto:
-            raise ValueError(f"{name}: this protocol cannot tune its interval; give a "
-                             "number of seconds")
-        return value
-    return positive_seconds(value, name, what)
-
-
-def retained(value: Any) -> int:
-    """A protocol's ``retained_checkpoints``, checked."""
-    return _count(value, "retained_checkpoints")
 
 
 __all__ = ["AutoInterval", "DataPlane", "EventLimits", "Limits", "Recovery", "Redundancy",

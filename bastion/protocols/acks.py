@@ -69,9 +69,9 @@ import asyncio
 import time
 from typing import Any
 
-from bastion import options
 from bastion.errors import TopologyError
 from bastion.lineage import IdRun, fold, path_token, source_root, token
+from bastion.protocols import knobs
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol, RegionLine,
                                     TaskContext, TaskProtocol)
 from bastion.protocols.pending import PendingRoots, pack_positions, pack_tokens
@@ -406,8 +406,8 @@ class AcksProtocol(Protocol):
         self.ack_timeout_s = float(timeout_s)
         self.max_pending = max_pending
         if interval_s is not None:
-            self.interval_s = options.interval(interval_s, what="how often sinks commit")
-            if not isinstance(self.interval_s, options.AutoInterval):
+            self.interval_s = knobs.interval(interval_s, what="how often sinks commit")
+            if not isinstance(self.interval_s, knobs.AutoInterval):
                 self.check_interval(self.interval_s)
 
     @property

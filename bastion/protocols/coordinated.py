@@ -63,15 +63,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgpack
 
-from bastion import options
 from bastion.errors import TopologyError
+from bastion.protocols import knobs
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
                                     RegionLine, TaskContext, TaskProtocol, cancel)
 from bastion.runtime.records import ControlRecord, control_record
 from bastion.storage import BlobRef, StorageError
 
 if TYPE_CHECKING:
-    from bastion.options import AutoInterval
+    from bastion.protocols.knobs import AutoInterval
 
 
 @control_record
@@ -500,10 +500,10 @@ class CoordinatedProtocol(Protocol):
 
     def __init__(self, interval_s: "float | AutoInterval" = 1.0, *,
                  retained_checkpoints: int = 2, timeout_s: float | None = None):
-        self.interval_s = options.interval(interval_s)
-        self.retained_checkpoints = options.retained(retained_checkpoints)
+        self.interval_s = knobs.interval(interval_s)
+        self.retained_checkpoints = knobs.retained(retained_checkpoints)
         self.timeout_s = (None if timeout_s is None else
-                          options.positive_seconds(timeout_s, "timeout_s",
+                          knobs.positive_seconds(timeout_s, "timeout_s",
                                                    "how long a checkpoint may take"))
 
     def check(self, topology: Any) -> None:

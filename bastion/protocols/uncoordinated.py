@@ -46,8 +46,8 @@ from typing import Any
 
 import msgpack
 
-from bastion import options
-from bastion.options import AutoInterval
+from bastion.protocols.knobs import AutoInterval
+from bastion.protocols import knobs
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
                                     RegionLine, TaskContext, TaskProtocol, cancel)
 from bastion.protocols.recovery_line import (INITIAL, NOTHING, CheckpointGraph,
@@ -467,8 +467,8 @@ class UncoordinatedProtocol(Protocol):
 
     def __init__(self, interval_s: "float | AutoInterval" = 1.0, *,
                  retained_checkpoints: int = 2):
-        self.interval_s = options.interval(interval_s)
-        self.retained_checkpoints = options.retained(retained_checkpoints)
+        self.interval_s = knobs.interval(interval_s)
+        self.retained_checkpoints = knobs.retained(retained_checkpoints)
 
     def task_protocol(self, task: TaskContext) -> TaskProtocol:
         return IndependentCheckpoints(task)
