@@ -61,7 +61,7 @@ from bastion.tuning import RayProfiler, kill_outcome, write_html  # noqa: E402
 
 # Small frames and source batches: a CPU-bound worker answers progress requests
 # between batches, so the timeline that measures catch-up has a sample every 0.1 s.
-RUN_OPTIONS = {"frame_records": 256, "source_batch_records": 128}
+RUN_OPTIONS = {"data_plane": bn.DataPlane(frame_records=256, source_batch_records=128)}
 
 
 def make_work(wait_s: float):
@@ -271,7 +271,7 @@ def main() -> None:
             for interval in intervals:
                 predicted = model.trt(interval)
                 kill = RandomKills(1, between=(times[interval][d],) * 2, seed=d)
-                run = bn.run(topo, protocol="coordinated", checkpoint_interval=interval,
+                run = bn.run(topo, bn.protocols.Coordinated(interval_s=interval),
                              faults=[kill], **options)
                 outcome = kill_outcome(run, kill.schedule(plan))
                 latency = tm.steady_latency_ms(run.metrics, run.details["started_s"],

@@ -21,7 +21,7 @@ import time
 import pytest
 
 import bastion as bn
-from bastion.runtime.events import EventLimits
+from bastion.options import EventLimits
 
 from test_drills import wordcount
 
