@@ -49,13 +49,14 @@ from __future__ import annotations
 import hashlib
 from itertools import repeat
 from operator import itemgetter
-from typing import Any, Sequence
+from typing import Any, Sequence, final
 
 import msgpack
 
 RecordId = tuple
 
 
+@final  # no subclasses: `type(column) is IdRun` tells the two kinds of `IdColumn` apart
 class IdRun:
     """The ids of records of one source instance, not built yet (see the module)."""
 

@@ -56,6 +56,8 @@ def first_seq(incarnation: int) -> int:
 class OutputChannel:
     """The sending end of one channel: a buffer plus a transport with credits."""
 
+    _codec: FrameCodec  # set by each concrete channel: `send` encodes frames with it
+
     def __init__(self, channel_id: int, frame_records: int, buffer_timeout_s: float):
         self.channel_id = channel_id
         self.frame_records = frame_records
@@ -170,9 +172,10 @@ class RemoteOutputChannel(OutputChannel):
     """To a task in another worker: msgpack over a Ray actor call, with credits."""
 
     def __init__(self, channel_id: int, frame_records: int, buffer_timeout_s: float,
-                 push: Callable[[int, int, bytes], Any], codec: FrameCodec,
+                 push: Callable[..., Any], codec: FrameCodec,
                  max_inflight_frames: int):
         super().__init__(channel_id, frame_records, buffer_timeout_s)
+        # push(channel_id, seq, payload, tear=False) -> an awaitable acknowledgement
         self._push = push
         self._codec = codec
         self._max_inflight = max_inflight_frames
@@ -253,7 +256,9 @@ class HeldOutputChannel(OutputChannel):
         self._store = store
         self._spill_prefix = spill_prefix
         self._held: list[tuple[int, bytes]] = []
-        self._spilled: list[str] = []   # keys of spilled blobs, oldest first
+        # keys of spilled blobs, oldest first (a `ReplayableOutputChannel` keeps
+        # (key, last seq, bytes) tuples here instead)
+        self._spilled: list[Any] = []
         self._target: OutputChannel | None = None
         self._lock = asyncio.Lock()     # a transmit and the attach never interleave
         self.attaching = False
@@ -582,6 +587,7 @@ class InputGate:
         """Enqueue frame ``seq`` of a channel once every earlier frame is enqueued.
         Returns when it is in the inbox: that return is the sender's credit."""
         delivery = asyncio.current_task()
+        assert delivery is not None  # a coroutine awaited by the event loop runs in a task
         self._delivering.add(delivery)
         try:
             await self._deliver(channel_id, seq, frame)

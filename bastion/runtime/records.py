@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Sequence
 import msgpack
 
 from bastion.codecs import Codec
-from bastion.lineage import IdRun, from_wire, take_ids, to_wire
+from bastion.lineage import IdColumn, IdRun, from_wire, take_ids, to_wire
 from bastion.runtime.columns import (exact_numbers, pack_float64, pack_ints, split_column,
                                      split_columns, unpack_float64, unpack_ints)
 from bastion.runtime.durable import unserialisable
@@ -52,8 +52,8 @@ class Batch:
 
     __slots__ = ("keys", "values", "ts", "born", "ids", "exact")
 
-    def __init__(self, keys: list | None, values: list, ts: list, born: list,
-                 ids: list | None = None, exact: bool = False):
+    def __init__(self, keys: Sequence | None, values: Sequence, ts: Sequence,
+                 born: Sequence, ids: IdColumn | None = None, exact: bool = False):
         self.keys = keys
         self.values = values
         self.ts = ts
@@ -298,7 +298,7 @@ class FrameCodec:
         return codec.decode(data)
 
     def encode(self, elements: list) -> bytes:
-        wire = []
+        wire: list[tuple] = []  # a data or a control element each
         for e in elements:
             if isinstance(e, Batch):
                 # int and float columns travel as packed machine words when they can

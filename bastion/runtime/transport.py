@@ -245,7 +245,8 @@ def tls_from_env(environ: Mapping[str, str] | None = None) -> TlsSettings | None
                   if not os.access(path, os.R_OK)]
     if unreadable:
         raise ValueError(f"TLS for frame links: cannot read {', '.join(unreadable)}")
-    settings = TlsSettings(*paths.values(),
+    cert_path, key_path, ca_path = (paths[name] for name in TLS_ENV)
+    settings = TlsSettings(cert_path, key_path, ca_path,
                            same_host=environ.get("BASTION_TLS_SAME_HOST", "") == "1")
     settings.context(server_side=True)  # a bad file fails here, naming itself
     return settings
@@ -339,7 +340,9 @@ class FrameServer:
         if self._server is None:
             self._server = await asyncio.start_server(self._serve, host, 0)
             self.address = (host, self._server.sockets[0].getsockname()[1])
-        return self.address
+        address = self.address
+        assert address is not None  # set with ``_server``, here or in an earlier call
+        return address
 
     def bind(self, key: JobKey | None, limits: LinkLimits | None = None) -> None:
         """Serve the job of ``key`` from now on (None: no job; every link is refused):
@@ -400,11 +403,13 @@ class FrameServer:
         key = self._key
         if key is None:
             raise _Violation("no_job", "a link connected while no job is bound here")
-        if not hmac.compare_digest(proof, _proof(key, b"link", self.address, server_nonce,
+        address = self.address
+        assert address is not None  # links reach us only once `start` bound the server
+        if not hmac.compare_digest(proof, _proof(key, b"link", address, server_nonce,
                                                  link_nonce)):
             raise _Violation("bad_proof", f"a link failed to prove the key of job "
                              f"{key.job_id!r} (a wrong key, another job's, or a replay)")
-        writer.write(_proof(key, b"server", self.address, server_nonce, link_nonce))
+        writer.write(_proof(key, b"server", address, server_nonce, link_nonce))
         return key
 
     async def _read_frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -546,6 +551,7 @@ class PeerLink:
         self.tears = 0      # connections this link tore itself (`DropConnection`)
 
     async def connect(self) -> None:
+        reader: asyncio.StreamReader | None
         try:
             reader, writer = await asyncio.open_connection(*self.address)
         except OSError as exc:
@@ -688,6 +694,7 @@ class PeerLink:
                 self._break(f"{lost} and its worker refuses connections: it is gone")
                 return None
             except LinkAuthError as exc:
+                assert writer is not None  # only `_secure` raises it, once connected
                 writer.transport.abort()
                 self._break(f"{lost}, and on reconnecting: {exc}")
                 return None
