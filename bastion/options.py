@@ -178,7 +178,10 @@ class Redundancy:
         fixed ratio."""
         if self.ratio != "auto":
             return None
-        return self.policy or ResiliencyPolicy(latency_bound_ms=self.latency_bound_ms)
+        if self.policy is not None:
+            return self.policy
+        assert self.latency_bound_ms is not None   # checked when the object was made
+        return ResiliencyPolicy(latency_bound_ms=self.latency_bound_ms)
 
 
 @dataclass(frozen=True)
