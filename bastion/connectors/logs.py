@@ -168,6 +168,7 @@ class LogSinkWriter(SinkWriter):
                 f"{self.name}: the log ends at seq {log.next_seq} but its commit marker "
                 f"accounts for {expected_end} records: another writer appended to it")
         self._begin(commit, log.next_seq, len(values))
+        assert self._marker is not None  # `_begin` has just set it
         self._finish(self._marker, values)
 
     def _begin(self, commit: int, start_seq: int, count: int) -> None:

@@ -182,7 +182,8 @@ class DurableCodec:
         a tuple — the commonest key — is packed as the marked array the packer's
         ``default`` would make of it (the same bytes), without the call back into
         Python that ``strict_types`` costs a tuple."""
-        pack, out = self._packer.pack, []
+        pack = self._packer.pack
+        out: list[bytes] = []
         append = out.append
         for value in values:
             if type(value) is tuple:

@@ -259,6 +259,7 @@ class MetricsExporter:
             carry = owed - times
             if times > 0:
                 value = LatencyHistogram({bucket: 1}).percentile(50)
+                assert value is not None  # a histogram of one sample has a median
                 for _ in range(times):
                     self.latency.observe(value, tags)
 

@@ -65,7 +65,9 @@ class _Stalls:
     def _gap(self) -> float:
         fault = self.fault
         if fault.mtbf_s is None:
-            return self.rng.expovariate(1.0 / fault.mtbf_records)
+            mtbf_records = fault.mtbf_records
+            assert mtbf_records is not None  # Timing.__post_init__ sets it without mtbf_s
+            return self.rng.expovariate(1.0 / mtbf_records)
         return bounded_gap(self.rng, fault.mtbf_s, fault.mtbf_min_s, fault.mtbf_max_s)
 
     def due(self, records_done: int, elapsed_s: float) -> tuple[float, int]:
@@ -140,13 +142,16 @@ class _Tears:
 
     def __post_init__(self) -> None:
         if self.fault.mtbf_s is None:
-            self._given = list(self.fault.at_s)
+            at_s = self.fault.at_s
+            assert at_s is not None  # DropConnection.__post_init__ sets it without mtbf_s
+            self._given = list(at_s)
             self.next_s = self._given.pop(0)
         else:
             self.next_s = self._gap()
 
     def _gap(self) -> float:
         fault = self.fault
+        assert fault.mtbf_s is not None  # asked only of a fault with a mean gap
         return bounded_gap(self.rng, fault.mtbf_s, fault.mtbf_min_s, fault.mtbf_max_s)
 
     def due(self, elapsed_s: float) -> bool:

@@ -302,8 +302,8 @@ class RunMetrics:
                          ) -> tuple[int, int]:
         """How many one-second windows with output had their ``percentile`` latency
         above ``bound_ms``, and how many windows had output."""
-        values = [h.percentile(percentile) for h in self.latency_windows.values()]
-        values = [v for v in values if v is not None]
+        percentiles = [h.percentile(percentile) for h in self.latency_windows.values()]
+        values = [v for v in percentiles if v is not None]
         return sum(v * 1000.0 > bound_ms for v in values), len(values)
 
     def summary_rows(self) -> list[tuple[str, str]]:

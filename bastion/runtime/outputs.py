@@ -133,6 +133,8 @@ def read_staged(store: ObjectStore, codec: DurableCodec, key: str
         part_values, part_ids = _read_part(store, codec, part, crc, key)
         all_values.extend(part_values)
         if all_ids is not None:
+            # one sink wrote the blob and its parts: all carry ids, or none does
+            assert part_ids is not None
             all_ids.extend(part_ids)
     all_values.extend(values)
     if all_ids is not None:

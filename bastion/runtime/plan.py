@@ -173,7 +173,8 @@ def build_plan(topology: Topology, *, chaining: bool = True, workers: int | None
     for name, node in nodes.items():  # insertion order is a topological order of the DSL
         if name in chained_from_upstream:
             continue
-        ops, keys = [name], [None]
+        ops: list[str] = [name]
+        keys: list[Callable[[Any], Any] | None] = [None]  # the chain's head has none
         while chains_into_next(ops[-1]):
             nxt = consumers[ops[-1]][0][0]
             ops.append(nxt)

@@ -56,8 +56,10 @@ def set_idle(idle: bool) -> str:
         _set(0, os.SCHED_OTHER)
         for thread in threading.enumerate():
             tid = thread.native_id
+            if tid is None:
+                continue  # not started yet: no thread to lower
             try:
-                lowered = tid is not None and os.sched_getscheduler(tid) == os.SCHED_IDLE
+                lowered = os.sched_getscheduler(tid) == os.SCHED_IDLE
             except OSError:
                 continue  # ended meanwhile
             if lowered:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import time
 from numbers import Real
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from bastion.errors import TopologyError
 from bastion.lineage import fold, record_hashes
@@ -97,8 +97,9 @@ def resolve(topology: Any, redundancy: float | Mapping[str, float] | str | None,
 
 
 def _ratio(value: Any, what: str) -> float:
+    # a Real compares as a float does; typeshed's numbers.Real declares only < and <=
     if isinstance(value, bool) or not isinstance(value, Real) \
-            or not 0.0 <= value <= MAX_RATIO:
+            or not 0.0 <= cast(float, value) <= MAX_RATIO:
         raise ValueError(f"{what} must be a number from 0.0 to {MAX_RATIO}, got {value!r}")
     return float(value)
 

@@ -221,4 +221,5 @@ def failover_strategy(failover: str, restart_scope: str,
         return RestartDownstream()
     if not capacity_model:
         return RestartPipelinedRegion()
+    assert recovery is not None  # a capacity model is a setting of ``recovery``
     return RestartDownstream(adaptive=recovery.upstream_backups == "adaptive")

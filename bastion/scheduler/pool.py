@@ -47,8 +47,10 @@ _SHRINK_INTERVAL_MAX_S = 5.0  # the longest the pool sleeps between two looks at
 
 def get_pool(worker_class: Any, host_class: Any) -> Any:
     """The cluster's pool (Ray must be connected), created on first use."""
-    return WorkerPool.options(name=POOL_NAME, namespace=POOL_NAMESPACE, get_if_exists=True,
-                              lifetime="detached").remote(worker_class, host_class)
+    # Ray's stubs type the @ray.remote class as the plain class, without .options
+    pool_options = WorkerPool.options  # type: ignore[attr-defined]
+    return pool_options(name=POOL_NAME, namespace=POOL_NAMESPACE, get_if_exists=True,
+                        lifetime="detached").remote(worker_class, host_class)
 
 
 @ray.remote(num_cpus=0)

@@ -112,6 +112,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from numbers import Real
+from typing import cast
 
 INCREASE = "increase"
 DECREASE = "decrease"
@@ -125,6 +126,8 @@ def _check(name: str, value: object, *, low: float, high: float = math.inf,
     the given range. Booleans are refused: ``True`` would pass as 1.0 and hide a bug."""
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
+    # a Real compares as a float does; typeshed's numbers.Real declares only < and <=
+    value = cast(float, value)
     if value < low or (low_open and value == low):
         raise ValueError(f"{name} must be {'>' if low_open else '>='} {low:g}, got {value!r}")
     if value > high or (high_open and value == high):
@@ -434,6 +437,7 @@ class ResiliencyManager(RedundancyController):
             return self._record(at_s, None, before, HOLD,
                                 f"no p{self.policy.percentile:g} latency this period "
                                 f"(no output in the window): hold at {_r(before)}")
+        assert latency_ms is not None  # not `_missing`, or we returned above
         direction, why, probe = self._choose(latency_ms, hidden_ms)
         # Line 18: Δl_old is updated every measured period, whichever branch ran.
         self._delta_old = latency_ms - self.policy.latency_bound_ms

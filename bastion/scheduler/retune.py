@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from bastion.scheduler.tuning import CASES, Case, Model, optimise, utilisation
 
@@ -121,7 +121,8 @@ class RetunePolicy:
         xs = [p.measurement.interval_s for p in tuning.model.points]
         return cls(model=tuning.model, trt_bound_s=tuning.trt_bound_s,
                    min_interval_s=min(xs), max_interval_s=max(xs), period_s=period_s,
-                   case=tuning.case, move_fraction=move_fraction)
+                   # __post_init__ checks that it is one of CASES
+                   case=cast(Case, tuning.case), move_fraction=move_fraction)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import builtins
 import io
 import logging
 import os
@@ -156,7 +157,7 @@ class ObjectStore(abc.ABC):
     async def aget(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         return await asyncio.to_thread(self.get, key, offset, length)
 
-    async def alist(self, prefix: str = "") -> list[str]:
+    async def alist(self, prefix: str = "") -> builtins.list[str]:  # not ``self.list``
         return await asyncio.to_thread(self.list, prefix)
 
     async def alist_sizes(self, prefix: str = "") -> dict[str, int]:
@@ -651,7 +652,7 @@ class MinioStore(ObjectStore):
                           lambda client: client.stat_object(self._bucket, name).size)
 
 
-_S3_HINTS = {
+_S3_HINTS: dict[str | None, str] = {  # by S3 error code (minio's may be None)
     "AccessDenied": "; check BASTION_S3_ACCESS_KEY/BASTION_S3_SECRET_KEY and the "
                     "bucket policy",
     "InvalidAccessKeyId": "; check BASTION_S3_ACCESS_KEY",
