@@ -236,7 +236,7 @@ def render_html(report: Any, title: str = "Bastion recovery drill",
                                ("duplicated", c.duplicated, report.duplicated_examples),
                                ("corrupted", c.corrupted, report.corrupted_examples)):
         if items:
-            rows = [(v.sink, report.format_id(v.record_id),
+            rows: list[tuple[Any, ...]] = [(v.sink, report.format_id(v.record_id),
                      "(none)" if v.unexpected else repr(v.expected),
                      ", ".join(map(repr, v.got)) or "(not committed)") for v in items]
             violations += (f"<h2>First {len(items)} of {total:,} {kind} records</h2>"

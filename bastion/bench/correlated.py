@@ -172,7 +172,8 @@ def simulated_cluster() -> Iterator[Any]:
     try:
         for _ in range(2):
             cluster.add_node(num_cpus=NODE_CPUS, node_ip_address="127.0.0.1")
-        ray.init(address=cluster.address, logging_level="WARNING")
+        # Ray's stub says int; ray.init takes a level's name as logging does
+        ray.init(address=cluster.address, logging_level="WARNING")  # type: ignore[arg-type]
         yield cluster
     finally:
         ray.shutdown()
@@ -215,11 +216,16 @@ def run_case(case: Case, *, protocol: str = "coordinated", records: int = RECORD
     (`bastion.scheduler.catchup`)."""
     storage = storage_dir or tempfile.mkdtemp(prefix="bastion-correlated-")
     with simulated_cluster() as cluster:
+        catch_up: dict[str, Any] = ({} if catch_up_max_s is None
+                                    else {"catch_up_max_s": catch_up_max_s})
         faults = [bn.faults.KillNode(node, at=FAILURE_AT_S + 0.2 * i)
                   for i, node in enumerate(case.lost_nodes)] + capacity(case.arrival)
         checkpoints = bn.protocols.get_protocol(protocol)
         if checkpoints.needs_checkpoint_interval:   # the protocol's object, its interval
-            checkpoints = type(checkpoints)(interval_s=checkpoint_interval)
+            # each protocol that needs an interval takes it as interval_s; the base
+            # class, which get_protocol is typed to return, takes none
+            protocol_class: Any = type(checkpoints)
+            checkpoints = protocol_class(interval_s=checkpoint_interval)
         return bn.drill(topology(records, rate, case.shape, parse_fn), checkpoints,
                         faults=faults, cluster=cluster, storage=f"local://{storage}",
                         data_plane=DATA_PLANE, workers=3, reference=reference,
@@ -227,7 +233,5 @@ def run_case(case: Case, *, protocol: str = "coordinated", records: int = RECORD
                         recovery=bn.Recovery(bn.RecoveryPolicy(
                             mode=case.recovery, task_slots_per_cpu=1.0,
                             held_frames_in_memory=held_frames_in_memory,
-                            catch_up_priority=catch_up_priority,
-                            **({} if catch_up_max_s is None
-                               else {"catch_up_max_s": catch_up_max_s})),
+                            catch_up_priority=catch_up_priority, **catch_up),
                             heartbeat_timeout_s=heartbeat_timeout_s))

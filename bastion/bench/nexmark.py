@@ -547,7 +547,7 @@ def reach_join_step(state: ReachState | None, item: Event) -> tuple[ReachState, 
     root, node, path = item["root"], item["node"], tuple(item["path"])
     if any(known == root for known, _ in facts):
         return (links, facts), []
-    out = [("reached", root, node, path)]
+    out: list[tuple] = [("reached", root, node, path)]
     out.extend(("pair", root, path, dst) for dst in links)
     return (links, (*facts, (root, path))), out
 
@@ -622,6 +622,7 @@ def reachability(topo: Topology, config: ReachabilityConfig, sink: Sink, *,
     """
     links, seeds = _reach_sources(topo, config, prefix)
     reached, pairs = _reach_stage(links, seeds, prefix, parallelism)
+    assert pairs is not None  # asked with_pairs (the default)
     facts = _select_project(pairs, prefix)
     topo.feedback(facts, f"{prefix}-join", key=reach_key)
     return _finish(topo, reached.map(f"{prefix}-output", reach_output), sink, prefix)

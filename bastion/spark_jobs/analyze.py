@@ -185,14 +185,14 @@ def _has_jobs(store: ObjectStore) -> bool:
 # -- the tasks: fetch and decode --------------------------------------------------------
 
 
-def _read_objects(url: str) -> Callable[[Iterator[tuple[str, int, str]]], Iterator[tuple]]:
+def _read_objects(url: str) -> Callable[[Iterable[tuple[str, int, str]]], Iterator[tuple]]:
     """The ``mapPartitions`` function: for each ``(job, position, key)`` of its share,
     ``("record", job, position, index, record)`` per event, or one ``("skipped", job,
     key, reason)`` for a damaged object, or ``("unreadable", ...)`` when the store
     failed (after its own retries). Only ``url`` is shipped: the store is opened in
     the task, with the credentials of the executor's environment."""
 
-    def read(partition: Iterator[tuple[str, int, str]]) -> Iterator[tuple]:
+    def read(partition: Iterable[tuple[str, int, str]]) -> Iterator[tuple]:
         store = None
         for job, position, key in partition:
             try:
@@ -428,7 +428,7 @@ SUMMARY_HEADER = ("job", "duration", "sink received", "received/s", "p50", "p99"
 
 def summary_rows(analysis: Analysis) -> list[tuple[str, ...]]:
     """One line per job for the terminal (`SUMMARY_HEADER`)."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for j in analysis.tables["jobs"]:
         rate = j.get("throughput_rps")
         mean_ckpt = j.get("checkpoint_duration_s_mean")
@@ -440,7 +440,7 @@ def summary_rows(analysis: Analysis) -> list[tuple[str, ...]]:
     return rows
 
 
-def _figure_png(draw: Callable[[Any], None], ylabel: str, xlabel: str,
+def _figure_png(draw: Callable[[Any], object], ylabel: str, xlabel: str,
                 size: tuple[float, float] = (8, 3)) -> str:
     """An ``<img>`` of what ``draw(ax)`` plots, as an embedded PNG."""
     import matplotlib

@@ -65,7 +65,7 @@ protocol modules, but no Ray (checked by the tests).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from bastion.protocols.eventual import (EventualCheckpoint, Reconstruction, eventual_prefix,
                                         is_control, log_prefix, parts_of,
@@ -170,12 +170,12 @@ def _newest_per_part(records: list[LogRecord], at: float | None) -> list[LogReco
 
 
 def _scan_partition(url: str, at: float | None
-                    ) -> Callable[[Iterator[tuple[str, str]]], Iterator[ObjectScan]]:
+                    ) -> Callable[[Iterable[tuple[str, str]]], Iterator[ObjectScan]]:
     """The ``mapPartitions`` function over ``(instance, key)`` pairs. Only ``url``
     and ``at`` are shipped: the store is opened in the task, with the credentials of
     the executor's environment."""
 
-    def scan(partition: Iterator[tuple[str, str]]) -> Iterator[ObjectScan]:
+    def scan(partition: Iterable[tuple[str, str]]) -> Iterator[ObjectScan]:
         store = None
         try:
             for instance, key in partition:
@@ -315,7 +315,7 @@ def _positions(position: dict[str, int] | None) -> str:
 
 def summary_rows(results: list[InstanceEC]) -> list[tuple[str, ...]]:
     """One line per instance for the terminal (`SUMMARY_HEADER`)."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for r in results:
         if r.empty:
             rows.append((r.instance, f"{r.objects:,}", f"{r.records:,}", "-", "-",
