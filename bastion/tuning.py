@@ -51,7 +51,7 @@ from bastion.scheduler.tuning import (CASES, DEFAULT_STOP_TERM_S, Capacity, Case
                                       capacity_of, checkpoint_duration_s, discard_outputs,
                                       expected_run_s, grid, ingest_rate, lengthened,
                                       optimise, own_outputs, profile_all, reprocessed_s,
-                                      steady_latency_ms, timeline_latency_ms, unthrottled)
+                                      failure_free_latency_ms, unthrottled)
 
 if TYPE_CHECKING:
     from bastion.launcher import RunResult
@@ -460,8 +460,8 @@ def measure_run(result: "RunResult", kills: Sequence[Any], interval_s: float,
                 settle_s: float | None = None) -> Measurement:
     """A `Measurement` from a run with one injected kill: I_avg from ``settle_s``
     after the start (default: 1 s, or 30% of the time to the kill if that is
-    shorter) until the kill; L_avg after the recovery (`steady_latency_ms`); T, R
-    and the observed TRT of the kill."""
+    shorter) until the kill; L_avg over the same failure-free seconds
+    (`failure_free_latency_ms`); T, R and the observed TRT of the kill."""
     outcome = kill_outcome(result, kills)
     if settle_s is None:
         settle_s = min(1.0, 0.3 * outcome.at_s)
@@ -470,7 +470,8 @@ def measure_run(result: "RunResult", kills: Sequence[Any], interval_s: float,
     if rate is None:
         raise ProfilingError(f"job {result.job_id}: too little ran before the kill at "
                            f"{outcome.at_s:.2f} s to measure the ingest rate; kill later")
-    latency = steady_latency_ms(result.metrics, result.details["started_s"], outcome)
+    latency = failure_free_latency_ms(timeline, result.metrics, result.details["started_s"],
+                                      outcome, settle_s)
     return Measurement(interval_s=interval_s, ingest_avg_per_s=rate, latency_avg_ms=latency,
                        detection_s=outcome.detection_s, restart_s=outcome.restart_s,
                        measured_trt_s=outcome.trt_s, kill_at_s=outcome.at_s,
@@ -485,12 +486,8 @@ def measure_kills(result: "RunResult", kills: Sequence[Any], interval_s: float,
     each of its own recovery: T, R, E and the observed TRT of that kill; I_avg from
     ``settle_s`` after the previous recovery caught up (after the start, for the
     first) until the kill — the first kill's rate when that window read too little;
-    L_avg in the failure-free time from ``settle_s`` after it caught up until the
-    next kill (or the run's end), from the progress timeline's 0.1-s points — the
-    histograms' whole seconds left the last kill, whose run ends a recovery's
-    allowance after it, none at times, and the fallback (`steady_latency_ms`: the last
-    attempt's whole histogram, its catch-up included) read 956 ms beside 4-7 ms. One
-    kill: exactly `measure_run`."""
+    L_avg, the run's, before its first kill (`failure_free_latency_ms`): the windows
+    between recoveries held their tails. One kill: exactly `measure_run`."""
     if len(kills) == 1:
         return [measure_run(result, kills, interval_s, settle_s)]
     events, timeline = result.details["events"], result.details["timeline"]
@@ -503,8 +500,10 @@ def measure_kills(result: "RunResult", kills: Sequence[Any], interval_s: float,
     if first_rate is None:
         raise ProfilingError(f"job {result.job_id}: too little ran before the first kill "
                              f"at {first.at_s:.2f} s to measure the ingest rate; kill later")
-    last_latency = steady_latency_ms(result.metrics, result.details["started_s"],
-                                     outcomes[-1])
+    # L_avg is the interval's, not the kill's: every kill of the run gets the run's
+    # failure-free latency, before its first kill (`failure_free_latency_ms`)
+    latency = failure_free_latency_ms(timeline, result.metrics, result.details["started_s"],
+                                      first, settle_s)
     measured = []
     for i, o in enumerate(outcomes):
         before = outcomes[i - 1] if i else None
@@ -512,12 +511,6 @@ def measure_kills(result: "RunResult", kills: Sequence[Any], interval_s: float,
         if before is not None and before.trt_s is not None:
             rate = ingest_rate(timeline, before.at_s + before.trt_s + settle_s,
                                o.at_s) or first_rate
-        latency = last_latency
-        if o.trt_s is not None:
-            until = (outcomes[i + 1].at_s if i + 1 < len(outcomes)
-                     else result.metrics.duration_s)
-            seen = timeline_latency_ms(timeline, o.at_s + o.trt_s + settle_s, until)
-            latency = last_latency if seen is None else seen
         measured.append(Measurement(
             interval_s=interval_s, ingest_avg_per_s=rate, latency_avg_ms=latency,
             detection_s=o.detection_s, restart_s=o.restart_s, measured_trt_s=o.trt_s,

@@ -12,8 +12,8 @@
    interval (`kill_times`: stratified, seeded), with the same run options as the
    profiling runs, in rounds over the intervals, and measures the actual total
    recovery time (kill -> sources caught up; `bastion.runtime.recovery_times`)
-   and the average latency in failure-free operation (after the recovery, as the
-   profiling runs measure it: `bastion.scheduler.tuning.steady_latency_ms`). The
+   and the average latency in failure-free operation (before the kill, as the
+   profiling runs measure it: `bastion.scheduler.tuning.failure_free_latency_ms`). The
    drills are plain `bn.run` jobs with a kill, not `bn.drill`: a drill's lineage ids
    cost every record time, and the latency being validated is that of the job as
    it runs.
@@ -283,8 +283,8 @@ def main() -> None:
                 run = bn.run(topo, bn.protocols.Coordinated(interval_s=interval),
                              faults=[kill], **options)
                 outcome = kill_outcome(run, kill.schedule(plan))
-                latency = tm.steady_latency_ms(run.metrics, run.details["started_s"],
-                                               outcome)
+                latency = tm.failure_free_latency_ms(run.details["timeline"], run.metrics,
+                                                     run.details["started_s"], outcome)
                 seen[interval].append((outcome, latency))
                 trt = "never caught up" if outcome.trt_s is None else (
                     f"TRT {outcome.trt_s:.2f} s "

@@ -825,3 +825,25 @@ def test_the_model_judges_each_fit_and_the_result_says_how():
     varying = build_model(falling, Capacity(1000.0, 0.0))
     assert not varying.latency_quality.flat and varying.latency_quality.good
     assert varying.at_utilisation(0.8).trt_quality["max"].r_squared == pytest.approx(1.0)
+
+
+def test_failure_free_latency_is_read_before_the_first_kill_not_in_a_recoverys_tail():
+    # 0.1-s points: 2 ms while the job runs failure-free, then a kill at 3 s whose
+    # restore and catch-up leave 80-ms latencies for seconds after the sources caught up
+    timeline = [{"t_s": round(0.1 * i, 1), "sink_records": 100,
+                 "latency_mean_ms": 2.0 if 0.1 * i <= 3.0 else 80.0} for i in range(1, 80)]
+    kill = tm.KillOutcome(at_s=3.0, detection_s=0.05, restart_s=0.2, trt_s=0.5)
+    metrics = types.SimpleNamespace(latency_windows={}, duration_s=8.0,
+                                    latency_histogram=None)
+    assert tm.failure_free_latency_ms(timeline, metrics, 0.0, kill) == pytest.approx(2.0)
+    # the window after the recovery, which the profiler read before, holds the tail
+    assert tm.timeline_latency_ms(timeline, 3.0 + 0.5 + 0.5, 8.0) == pytest.approx(80.0)
+    # a kill before any point: the last attempt's histogram, as before
+    from bastion.runtime.metrics import LatencyHistogram
+
+    histogram = LatencyHistogram()
+    histogram.add(0.004)
+    metrics.latency_histogram = histogram
+    early = tm.KillOutcome(at_s=0.05, detection_s=0.05, restart_s=0.2, trt_s=None)
+    assert tm.failure_free_latency_ms(timeline, metrics, 0.0, early) == pytest.approx(
+        histogram.mean_std()[0] * 1000.0)
