@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -62,7 +62,7 @@ class LatencyHistogram:
             histogram[b] = histogram.get(b, 0) + c
         self.count += len(latencies)
 
-    def add_batch(self, born: list, now_s: float) -> None:
+    def add_batch(self, born: Sequence[float], now_s: float) -> None:
         n = len(born)
         step = max(1, n // SAMPLES_PER_BATCH)
         for i in range(0, n, step):

@@ -35,7 +35,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from bastion import windows as window_specs
 from bastion.errors import UDFError
-from bastion.lineage import derived_ids, from_wire, ids_of, root_ids, to_wire, union_ids
+from bastion.lineage import (IdRun, derived_ids, from_wire, ids_of, root_ids, to_wire,
+                             union_ids)
 from bastion.runtime.metrics import LatencyHistogram
 from bastion.runtime.columns import field_column, float64_runs, pack_ints, unpack_ints
 from bastion.runtime.records import Batch, pack_column, unpack_column
@@ -141,7 +142,7 @@ class Operator:
     opened: list | None = None
     closed: list | None = None
 
-    def parts_of(self, batch: Batch) -> list:
+    def parts_of(self, batch: Batch) -> Sequence:
         """The part each record of ``batch`` goes into."""
         raise NotImplementedError
 
@@ -185,6 +186,14 @@ class Operator:
 
     def restore(self, state: Any) -> None:
         pass
+
+
+def _keys_of(batch: Batch) -> Sequence:
+    """The keys of a batch into a keyed operator: the plan partitions every input of
+    one by key, so each batch it is given carries them."""
+    keys = batch.keys
+    assert keys is not None, "a keyed operator was given a batch without keys"
+    return keys
 
 
 def _apply_udf(batch: Batch, ctx: OperatorContext, fn: Callable[[Any], Any]
@@ -262,12 +271,10 @@ class FlatMapOp(_UdfOp):
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         positions, outs = _apply_udf(batch, self.ctx, self.fn)
-        if positions is None:
-            positions = range(len(outs))
         values: list = []
         source_pos: list[int] = []
         emit_index: list[int] = []
-        for i, out in zip(positions, outs):
+        for i, out in zip(range(len(outs)) if positions is None else positions, outs):
             try:
                 items = list(out)
             except Exception as exc:  # noqa: BLE001 - fn returned something not iterable
@@ -279,7 +286,7 @@ class FlatMapOp(_UdfOp):
                 emit_index.extend(range(len(items)))
         out_batch = batch.take(source_pos)
         out_batch.values = values
-        if batch.ids is not None:
+        if out_batch.ids is not None:  # `take` keeps ids when the batch has them
             out_batch.ids = list(zip(repeat(self.ctx.code), ids_of(out_batch.ids), emit_index))
         return out_batch
 
@@ -345,7 +352,7 @@ class KeyedFoldOp(Operator):
         for i in range(len(out), len(batch)):
             before = len(out)
             try:
-                self._fold((batch.keys[i],), (batch.values[i],), out)
+                self._fold((_keys_of(batch)[i],), (batch.values[i],), out)
             except Exception as exc:  # noqa: BLE001
                 del out[before:]
                 self.ctx.dead_letter(batch.values[i], exc)
@@ -365,8 +372,8 @@ class KeyedFoldOp(Operator):
 
     parted = True  # a part per key, never closed
 
-    def parts_of(self, batch: Batch) -> list:
-        return batch.keys
+    def parts_of(self, batch: Batch) -> Sequence:
+        return _keys_of(batch)
 
     def part_state(self, part: Any) -> Any:
         return self.state[part]
@@ -452,7 +459,8 @@ class TimeWindowOp(_WindowParts):
                      input_index: int = 0) -> Batch | None:
         add, create = self.agg.add, self.agg.create
         open_, latest, ctx = self.open, self.latest_born, self.ctx
-        for key, value, born, windows in zip(batch.keys, batch.values, batch.born, parts):
+        for key, value, born, windows in zip(_keys_of(batch), batch.values, batch.born,
+                                             parts):
             for k in windows:
                 accs = open_.get(k)
                 if accs is None:
@@ -604,7 +612,7 @@ class CountWindowOp(Operator):
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         out = _Emitter(self.ctx.lineage)
         state, n, agg, fired, opened = self.state, self.n, self.agg, self.fired, self.opened
-        for key, value, ts, born in zip(batch.keys, batch.values, batch.ts, batch.born):
+        for key, value, ts, born in zip(_keys_of(batch), batch.values, batch.ts, batch.born):
             if key not in fired:
                 fired[key] = 0
                 if opened is not None:
@@ -639,8 +647,8 @@ class CountWindowOp(Operator):
 
     parted = True  # a part per key, never closed
 
-    def parts_of(self, batch: Batch) -> list:
-        return batch.keys
+    def parts_of(self, batch: Batch) -> Sequence:
+        return _keys_of(batch)
 
     def part_state(self, part: Any) -> Any:
         return [self.fired[part], self.state.get(part)]
@@ -703,7 +711,8 @@ class JoinOp(_WindowParts):
         super().__init__(node, ctx)
         self.windows = TimeWindows(node.params["spec"])
         self.overlapping = self.windows.slide != self.windows.size
-        self.open: dict[int, dict] = {}  # window -> {key: ([a values], [b values])}
+        # window -> {key: ([a records], [b records])}, each record (value, ts, id)
+        self.open: dict[int, dict[Any, tuple[list[tuple], list[tuple]]]] = {}
         self.pending: list[int] = []
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
@@ -715,7 +724,7 @@ class JoinOp(_WindowParts):
         open_, code = self.open, self.ctx.code
         left = input_index == 0
         ids = ids_of(batch.ids) if batch.ids is not None else repeat(None)
-        for key, value, ts, born, rid, windows in zip(batch.keys, batch.values, batch.ts,
+        for key, value, ts, born, rid, windows in zip(_keys_of(batch), batch.values, batch.ts,
                                                       batch.born, ids, parts):
             for k in windows:
                 sides = open_.get(k)
@@ -838,7 +847,7 @@ class SourceOp(Operator):
         self.max_ts = ts[-1]
         return born if ts == born else ts
 
-    def _stamp(self, values: list, born: float | list[float], ids: list | None) -> Batch:
+    def _stamp(self, values: list, born: float | list[float], ids: IdRun | None) -> Batch:
         """Event times by the ``timestamp`` function, dropping late records; ``born``
         is one read time for all or one arrival time per record."""
         fn, ctx = self.timestamp, self.ctx
@@ -958,7 +967,9 @@ class SinkOp(Operator):
             self.staged_records += len(batch.values)
             self.max_staged_records = max(self.max_staged_records, self.staged_records)
         if self.keeps_ids:
-            self.staged_ids.extend(ids_of(batch.ids))
+            ids = batch.ids
+            assert ids is not None  # kept with lineage on, and then every batch has ids
+            self.staged_ids.extend(ids_of(ids))
         second = int(now_s)
         window = self.latency_by_second.get(second)
         if window is None:
@@ -970,9 +981,11 @@ class SinkOp(Operator):
 
 
     def _drop_seen(self, batch: Batch) -> Batch:
-        seen, add = self.seen, self.seen.add
+        seen, ids = self.seen, batch.ids
+        assert seen is not None and ids is not None  # `process` asks only with both
+        add = seen.add
         kept = []
-        for i, rid in enumerate(ids_of(batch.ids)):
+        for i, rid in enumerate(ids_of(ids)):
             if rid not in seen:
                 add(rid)
                 kept.append(i)
