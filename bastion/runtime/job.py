@@ -65,7 +65,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import ray
 
@@ -207,7 +207,8 @@ class MasterLink:
         return await self.host.commit_now.remote(self.job_id, attempt, commit)
 
 
-@ray.remote(num_cpus=0, concurrency_groups={"liveness": 1})
+# Ray's stubs list no concurrency_groups among @ray.remote's options
+@ray.remote(num_cpus=0, concurrency_groups={"liveness": 1})  # type: ignore[call-overload]
 class JobHost:
     """The process job masters run in, lent by the pool to one job after another (and
     to several at once: each job is a `JobMaster` of its own, found by its id)."""
@@ -366,9 +367,14 @@ class JobMaster:
         # job master moves the coordinator's interval when it says so. The rate counts
         # only failure-free seconds: from a failure until the sources caught up after
         # the restart, a catch-up reads at the job's maximum, not its input's rate.
-        self.retune_loop = (None if config.retune is None else RetuneLoop(
-            Retuner(config.retune, config.checkpoint_interval_s),
-            config.progress_interval_s, self.coordinator.set_interval, self.record_event))
+        self.retune_loop: RetuneLoop | None = None
+        if config.retune is not None:
+            # the launcher sets a re-tune policy with the interval its tuning chose
+            assert config.checkpoint_interval_s is not None
+            self.retune_loop = RetuneLoop(
+                Retuner(config.retune, config.checkpoint_interval_s),
+                config.progress_interval_s, self.coordinator.set_interval,
+                self.record_event)
 
     # -- what the coordinator's context and the workers call --------------------------------
 
@@ -382,9 +388,10 @@ class JobMaster:
     async def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
         by_worker: dict[int, list[int]] = {}
         for task_id in self.source_tasks - self.pending:
-            if self.assignment[task_id] is None:
+            worker = self.assignment[task_id]
+            if worker is None:
                 continue  # lost, not placed yet (a regional restart): triggered at `_join`
-            by_worker.setdefault(self.assignment[task_id], []).append(task_id)
+            by_worker.setdefault(worker, []).append(task_id)
         for w, task_ids in by_worker.items():
             self.workers[w].trigger_checkpoint.remote(self._epoch(attempt), task_ids,
                                                      checkpoint_id)
@@ -496,6 +503,7 @@ class JobMaster:
         report["events_not_stored"] = self.log.summary()
         report["worker_ids"] = [w._actor_id.hex() for w in self.workers]
         if "finished_s" in report:  # a job that ran to its end
+            assert self.started_s is not None  # ... started first
             report["deploy_s"] = self.started_s - self.entered_s
             report["teardown_s"] = released_at_s - report["finished_s"]
         return report
@@ -568,6 +576,12 @@ class JobMaster:
         addresses = await self.lease.frame_addresses(self.workers)
         self._raise_call_failures(addresses)
         return addresses
+
+    def _home(self, task_id: int) -> int:
+        """The worker of a task that is placed (it runs, or restarts where it ran)."""
+        worker = self.assignment[task_id]
+        assert worker is not None, f"task {task_id} is not placed"
+        return worker
 
     def _epoch(self, attempt: int) -> tuple[str, int]:
         """What a worker checks a call against: this job's id and the attempt."""
@@ -700,6 +714,7 @@ class JobMaster:
         and return the line to deploy again from, as the next attempt — tasks that
         had started send nothing the new attempt takes. The workers are alive."""
         blob = failure.blob
+        assert blob is not None  # asked only about a failure that names its blob
         checkpoint = self.checkpoints.checkpoint_of(blob.key)
         if checkpoint is None or checkpoint in self.unusable:
             # not a checkpoint's blob, or the coordinator named it again: no way around
@@ -804,6 +819,7 @@ class JobMaster:
         for fault, detected, restarted in failures_in(self.log.events):
             times = recovery_times(timeline, (fault or detected)["t_s"], detected["t_s"],
                                    restarted["t_s"])
+            assert times.restart_s is not None  # known: the failure's restart is given
             failure = FailureRecovery(
                 reason=detected["reason"], detected_at_s=detected["t_s"],
                 restart_s=times.restart_s, recovery_s=times.recovery_s,
@@ -1003,7 +1019,7 @@ class JobMaster:
         self._restore, self._resume, self._retake = line, line.resume, line.retake
         if not self.capacity_model:
             await asyncio.gather(stopping, self._refill(
-                lost, restart=sorted({self.assignment[t] for t in region})))
+                lost, restart=sorted({self._home(t) for t in region})))
         else:
             await stopping
             # the planner is asked with every task without a worker: those lost now
@@ -1123,7 +1139,8 @@ class JobMaster:
         slots, start a worker on each node they go to, and work out which tasks are
         pending: those no available query needs."""
         free = self._free_slots()
-        capacity = Capacity(free_task_slots=sum(free.values()))
+        free_task_slots = sum(free.values())
+        capacity = Capacity(free_task_slots=free_task_slots)
         plan = planner.plan(unplaced, self.queries, capacity)
         check_plan(plan, unplaced, capacity.free_task_slots)
         placed: dict[str, list[int]] = {}
@@ -1141,7 +1158,7 @@ class JobMaster:
             self.worker_nodes.append(node)
             for task in placed[node]:
                 self.assignment[task] = first + offset
-        self._planned_free = capacity.free_task_slots - len(plan.recover)
+        self._planned_free = free_task_slots - len(plan.recover)
         running = set().union(*[q.tasks for q in self.queries
                                 if all(self.assignment[t] is not None for t in q.tasks)])
         # a task outside the restart (a regional one) runs on, whatever its queries
@@ -1201,7 +1218,7 @@ class JobMaster:
         assignment = self._running_assignment()
         by_worker: dict[int, list[int]] = {}
         for t in joining:
-            by_worker.setdefault(self.assignment[t], []).append(t)
+            by_worker.setdefault(self._home(t), []).append(t)
         # lowered before they build and restore their tasks: that is catch-up work too
         lowered = await self._lower_catching_up(set(joining), list(by_worker))
         await self._buffering_told([self.workers[w] for w in by_worker])
@@ -1290,11 +1307,12 @@ class JobMaster:
         # join later get a wait of their own
         waits = {asyncio.ensure_future(w.wait.remote(self._epoch(attempt))):
                  (i, self._tasks_on(i)) for i, w in enumerate(self.workers)}
-        helpers = [asyncio.ensure_future(detector.watch_heartbeats(
+        helpers: list[asyncio.Future] = [asyncio.ensure_future(detector.watch_heartbeats(
                        lambda: self.workers, self.config.heartbeat_timeout_s)),
                    asyncio.ensure_future(self._poll_progress())]
         if self.config.duration_s is not None:
             helpers.append(asyncio.ensure_future(self._stop_after(self.config.duration_s)))
+        assert self._job_error_set is not None  # made by `run` before any attempt
         ended = asyncio.ensure_future(asyncio.shield(self._job_error_set))
         helpers.append(ended)
         pending = set(waits) | set(helpers[:1]) | {ended}
@@ -1311,7 +1329,7 @@ class JobMaster:
                 for fut in done:
                     if fut is ended:
                         raise Failure(str(self.job_error), fatal=True)
-                    if fut is capacity:
+                    if capacity is not None and fut is capacity:
                         fut.result()  # raises when the wait for capacity timed out
                         for w in await self._bring_back():
                             joined = asyncio.ensure_future(self.workers[w].wait.remote(
@@ -1347,6 +1365,7 @@ class JobMaster:
                                   else _PROGRESS_TIMEOUT_S)
 
     async def _inject_faults(self) -> None:
+        assert self.started_s is not None  # injected from the start of the run on
         await injector.inject(self.kills, self.started_s, self._victims,
                               self.coordinator.checkpoint_in_progress, self.record_event,
                               self._under_repair, self._node_lost)
@@ -1412,7 +1431,9 @@ class JobMaster:
         if self._lowered:
             await self._restore_caught_up(
                 None if any(isinstance(r, BaseException) for r in replies)
-                else set().union(*[r.get("replaying", ()) for r in replies]), asked_s)
+                # no reply is an exception here
+                else set().union(*[r.get("replaying", ())
+                                   for r in cast(list[dict[str, Any]], replies)]), asked_s)
         # phase 2: the control loops
         if self.exporter is not None:
             self.exporter.observe_poll(replies, time.time())
@@ -1430,7 +1451,7 @@ class JobMaster:
                                      bool(self.source_tasks & self.finished_tasks), run_s)
         # phase 3: the timeline and the per-query points
         self.query_points.append({"t_s": run_s, "queries": {
-            name: (records, None if h.percentile(50) is None else h.percentile(50) * 1000)
+            name: (records, None if (p50_s := h.percentile(50)) is None else p50_s * 1000)
             for name, (records, h) in poll.by_query.items()},
             # queries with a task waiting for capacity, or still being built and
             # restored to join: their output, if any, comes from the partitions
@@ -1463,7 +1484,7 @@ class JobMaster:
         self.record_event("loops_quiescent", tasks=heads)
         by_worker: dict[int, list[int]] = {}
         for t in heads:
-            by_worker.setdefault(self.assignment[t], []).append(t)
+            by_worker.setdefault(self._home(t), []).append(t)
         for w, task_ids in by_worker.items():
             self.workers[w].finish_loops.remote(self._epoch(self.attempt), task_ids)
 

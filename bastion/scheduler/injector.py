@@ -29,7 +29,7 @@ _CHECKPOINT_POLL_S = 0.002  # how often a during-checkpoint kill looks for a che
 
 async def inject(kills: Sequence[ScheduledKill], started_s: float,
                  processes: Callable[[], dict[str, Any]],
-                 checkpoint_in_progress: Callable[[], bool],
+                 checkpoint_in_progress: Callable[[], int | None],
                  record_event: Callable[..., None],
                  under_repair: Callable[[list[str], float], None] = lambda names, s: None,
                  node_lost: Callable[[str], None] = lambda node_id: None) -> None:
@@ -44,6 +44,7 @@ async def inject(kills: Sequence[ScheduledKill], started_s: float,
         delay_s = started_s + kill.at_s - time.time()
         if delay_s > 0:
             await asyncio.sleep(delay_s)
+        # the id of the checkpoint in progress (ids start at 1), None when there is none
         while kill.during_checkpoint and not checkpoint_in_progress():
             await asyncio.sleep(_CHECKPOINT_POLL_S)
         victims = await victims_of(kill, processes())
