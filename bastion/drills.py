@@ -96,7 +96,8 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 from bastion import faults as fault_injection
 from bastion.faults import RandomKills, ScheduledKill
-from bastion.launcher import OLD_KEYWORDS, RunResult, ensure_ray, run, translate_old_keywords
+from bastion.launcher import (OLD_KEYWORDS, RunResult, ensure_ray, refuse_old_keywords,
+                              resolve_options, run)
 from bastion.lineage import ancestry, format_id, op_codes
 from bastion.options import Redundancy
 from bastion.protocols import Protocol, default_of, get_protocol
@@ -805,22 +806,19 @@ def drill(topology: Topology, protocol: str | Protocol = "coordinated", *,
     second one, if given, is used too). ``progress`` is called about twice a second
     during every run with the job's progress and ``"run"`` naming the run. Other
     keyword arguments go to `bastion.run` for every run: ``storage``, ``data_plane``,
-    ``recovery``, ``limits``, ``workers``, ``address``, ``duration_s``, … (the
-    keywords from before the options objects too: those of the protocol, such as
-    ``checkpoint_interval`` or ``acks_mode``, and of redundancy set the faulty run
-    only). Bad fault targets raise `ValueError` before anything runs.
+    ``recovery``, ``limits``, ``workers``, ``address``, ``duration_s``, … (a keyword
+    of earlier releases, such as ``checkpoint_interval``, is a `TypeError` naming
+    its new home). Bad fault targets raise `ValueError` before anything runs.
     """
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    # The old keywords become the objects here, once: the protocol's own (and
-    # redundancy) for the faulty run only — the reference runs under protocol "none",
-    # which takes no knobs — the others for every run.
-    options = translate_old_keywords(
-        protocol, {name: run_options.pop(name) for name in OLD_KEYWORDS
-                   if name in run_options},
-        data_plane=run_options.pop("data_plane", None),
-        recovery=run_options.pop("recovery", None), redundancy=redundancy,
-        limits=run_options.pop("limits", None), function="drill")
-    protocol, redundancy = options.protocol, options.redundancy
+    refuse_old_keywords({name: value for name, value in run_options.items()
+                         if name in OLD_KEYWORDS}, "bn.drill")
+    # The protocol object and redundancy go to the faulty run only (the reference
+    # runs under protocol "none", which takes neither); the others to every run.
+    options = resolve_options(run_options.pop("data_plane", None),
+                              run_options.pop("recovery", None), redundancy,
+                              run_options.pop("limits", None))
+    redundancy = options.redundancy
     run_options.update(data_plane=options.data_plane, recovery=options.recovery,
                        limits=options.limits)
     if seed is not None:  # every fault that draws at random and has no seed of its own

@@ -32,11 +32,9 @@ from bastion import faults as fault_injection
 from bastion.options import (AutoInterval, DataPlane, Limits, Recovery, Redundancy,
                              Storage)
 from bastion.errors import BastionError, JobFailedError, TopologyError, UDFError
-from bastion.protocols import Protocol, get_protocol, knobs
-from bastion.protocols.acks import AcksProtocol
-from bastion.protocols.cec import CecPolicy, CecProtocol
+from bastion.protocols import Protocol, get_protocol
 from bastion.runtime import priority
-from bastion.runtime.config import SINK_SPILL_RECORDS, JobConfig
+from bastion.runtime.config import JobConfig
 from bastion.runtime.instance import Worker
 from bastion.runtime.job import JobHost, MasterLimits
 from bastion.runtime.merge import nondeterminism
@@ -250,9 +248,9 @@ def unpicklable(topology: Topology, exc: BaseException) -> TopologyError:
 
 
 #: Each keyword `bn.run` and `bn.drill` took before the options objects
-#: (`bastion.options`), and where its setting lives now. They are still accepted and
-#: translated (`translate_old_keywords`); a later release refuses them with a
-#: `TypeError` that quotes this table (`old_keyword_message`).
+#: (`bastion.options`), and where its setting lives now: passing one is a `TypeError`
+#: that quotes this table (`old_keyword_message`), so code written for an earlier
+#: release learns in one line what to write instead.
 OLD_KEYWORDS: dict[str, str] = {
     "checkpoint_interval": "protocol=bn.protocols.Coordinated(interval_s=…) (the "
                            "interval_s of the run's protocol object; 'auto' is "
@@ -284,197 +282,52 @@ OLD_KEYWORDS: dict[str, str] = {
     "pool_idle_timeout_s": "limits=bn.Limits(pool_idle_timeout_s=…)",
 }
 
-# The old keywords of each concern: passed beside the concern's object, they clash.
-_CONCERNS: dict[str, tuple[str, ...]] = {
-    "data_plane": ("buffer_timeout_ms", "frame_records", "max_inflight_frames",
-                   "source_batch_records", "chaining"),
-    "recovery": ("heartbeat_timeout_s", "max_restarts", "failover"),
-    "redundancy": ("dedup_window_s", "latency_bound_ms", "resiliency"),
-    "limits": ("sink_spill_records", "master_limits", "pool_idle_timeout_s"),
-}
-_PROTOCOL_KEYWORDS = ("checkpoint_interval", "retained_checkpoints", "trt_bound_s",
-                      "retune_every_s", "tuning", "cec", "acks_mode", "ack_timeout_s",
-                      "max_pending")
-
-
 def old_keyword_message(name: str, function: str = "bn.run") -> str:
     """What `bn.run` (or ``function``) says of the old keyword ``name``: the object
     that holds its setting now."""
     return f"{function}() no longer takes {name}=: use {OLD_KEYWORDS[name]}"
 
 
+def refuse_old_keywords(given: Mapping[str, Any], function: str = "bn.run") -> None:
+    """Raise `TypeError` for the first of ``given`` (keywords a caller passed that the
+    function does not take): for a keyword of earlier releases, naming the object that
+    holds its setting now (`OLD_KEYWORDS`); for any other, as Python would."""
+    for name in given:
+        if name in OLD_KEYWORDS:
+            raise TypeError(old_keyword_message(name, function))
+        raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
+
+
 @dataclass(frozen=True)
 class Options:
-    """A run's protocol and options objects, after `translate_old_keywords`."""
+    """A run's options objects, the shorthands made objects (`resolve_options`)."""
 
-    protocol: "str | Protocol"
     data_plane: DataPlane
     recovery: Recovery
     redundancy: Redundancy | None
     limits: Limits
 
 
-def _renamed(exc: ValueError, names: Mapping[str, str]) -> ValueError:
-    """``exc`` with a field named at the start of its message called by the old
-    keyword that set it: a caller of the old keywords reads the names it wrote."""
-    message = str(exc)
-    for new, old in names.items():
-        if message.startswith(new + " "):
-            return ValueError(old + message[len(new):])
-    return exc
-
-
-_ACKS_KEYWORDS = (("acks_mode", "mode"), ("ack_timeout_s", "timeout_s"),
-                  ("max_pending", "max_pending"))
-
-
-def _protocol_of(protocol: "str | Protocol", old: dict[str, Any]) -> "str | Protocol":
-    """The protocol object that the old protocol keywords in ``old`` describe (they
-    are taken out of it), built on ``protocol`` (a name or an object); ``protocol``
-    itself if none was given. An old keyword may adjust a knob of a protocol object
-    that still holds its class's default, as before the objects (code that made a
-    protocol subclass and passed ``checkpoint_interval=``); one that says otherwise
-    clashes with it, and so does a protocol's own option (``cec=``, ``acks_mode=``)
-    beside an object: a `TypeError`."""
-    given = {name: old.pop(name) for name in _PROTOCOL_KEYWORDS if name in old}
-    given = {name: value for name, value in given.items() if value is not None}
-    if not given:
-        return protocol
-    proto = get_protocol(protocol)
-    is_object = isinstance(protocol, Protocol)
-    built = False   # a new object, made here: its knobs are not the caller's
-    cec = given.pop("cec", None)
-    acks = {knob: given.pop(name) for name, knob in _ACKS_KEYWORDS if name in given}
-    interval = given.pop("checkpoint_interval", None)
-    auto = {name: given.pop(name) for name in ("trt_bound_s", "retune_every_s", "tuning")
-            if name in given}
-    if interval == "auto":
-        if "trt_bound_s" not in auto:
-            raise ValueError("checkpoint_interval='auto' needs trt_bound_s (the "
-                             "worst-case total recovery time to keep under)")
-        interval = AutoInterval(**auto)
-    elif auto:
-        raise ValueError("trt_bound_s, retune_every_s and tuning set "
-                         "checkpoint_interval='auto'; this run has "
-                         f"checkpoint_interval={interval!r}")
-    if cec is not None:
-        if proto.name != "cec":
-            raise ValueError(f"cec=... is the policy of protocol 'cec'; this run uses "
-                             f"protocol {protocol!r}")
-        if is_object:
-            raise TypeError(f"cec= beside a protocol object: give the policy to the "
-                            f"object, as {OLD_KEYWORDS['cec']}")
-        proto, built = CecProtocol(cec), True
-    if acks:
-        if proto.name != "acks":
-            raise ValueError(f"acks_mode, ack_timeout_s and max_pending set protocol "
-                             f"'acks'; this run uses protocol {protocol!r}")
-        if is_object:
-            raise TypeError("acks_mode, ack_timeout_s and max_pending beside a protocol "
-                            "object: give them to the object, as "
-                            f"{OLD_KEYWORDS['ack_timeout_s']}")
-        try:
-            # with the run's interval, which its timeout is checked against
-            proto = AcksProtocol(**acks, **({} if interval is None
-                                            else {"interval_s": interval}))
-            built = True
-        except ValueError as exc:
-            raise _renamed(exc, {"mode": "acks_mode", "timeout_s": "ack_timeout_s"}
-                           ) from None
-    settings = {knob: value for knob, value in (("interval_s", interval),
-             ("retained_checkpoints", given.pop("retained_checkpoints", None)))
-             if value is not None}
-    if not proto.needs_checkpoint_interval:
-        # As before the objects: a protocol that takes no checkpoints ignores an
-        # interval (a drill hands its interval to its reference runs' options too).
-        settings = {}
-    for knob, value in settings.items():
-        keyword = "checkpoint_interval" if knob == "interval_s" else knob
-        if is_object:
-            default = getattr(type(protocol), knob, None)
-            if default is None:
-                default = 1.0 if knob == "interval_s" else 2
-            mine = getattr(protocol, knob, default)
-            if mine != default:
-                raise TypeError(f"{keyword}={value!r} beside a protocol object with "
-                                f"{knob}={mine!r}: give it once, as {OLD_KEYWORDS[keyword]}")
-        if not built:
-            proto, built = copy.copy(proto), True
-        try:
-            if knob == "interval_s":
-                proto.interval_s = knobs.interval(value)
-            else:
-                proto.retained_checkpoints = knobs.retained(value)
-        except ValueError as exc:
-            raise _renamed(exc, {"interval_s": "checkpoint_interval"}) from None
-    return proto if built else protocol
-
-
-def translate_old_keywords(protocol: "str | Protocol", old: dict[str, Any], *,
-                           data_plane: DataPlane | None = None,
-                           recovery: "Recovery | str | RecoveryPolicy | None" = None,
-                           redundancy: "Redundancy | float | Mapping[str, float] | str | None"
-                           = None,
-                           limits: Limits | None = None, function: str = "run") -> Options:
-    """The one place where `bn.run`'s and `bn.drill`'s keywords from before the
-    options objects become those objects, so every run takes one code path.
-
-    ``old`` holds the old keywords a caller passed (see `OLD_KEYWORDS` for each and
-    the object that holds its setting now, e.g. ``ack_timeout_s=2.0`` ->
-    ``protocol=bn.protocols.Acks(timeout_s=2.0)``, ``frame_records=64`` ->
-    ``data_plane=bn.DataPlane(frame_records=64)``); it is emptied. A name that was
-    never a keyword is a `TypeError`, as Python's own. An old keyword beside the
-    object of its concern (``frame_records=`` with ``data_plane=``) is a `TypeError`
-    too: the setting would be given twice. Shorthands that stay: a recovery mode or
-    `RecoveryPolicy` as ``recovery=``, and a ratio, a mapping or ``"auto"`` as
-    ``redundancy=``."""
-    unknown = [name for name in old if name not in OLD_KEYWORDS]
-    if unknown:
-        raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
-    objects = {"data_plane": data_plane, "limits": limits,
-               "recovery": recovery if isinstance(recovery, Recovery) else None,
-               "redundancy": redundancy if isinstance(redundancy, Redundancy) else None}
-    for concern, names in _CONCERNS.items():
-        clash = [name for name in names if name in old]
-        if clash and objects[concern] is not None:
-            raise TypeError(f"{clash[0]}= beside {concern}={objects[concern]!r}: give it "
-                            f"once, as {OLD_KEYWORDS[clash[0]]}")
-    protocol = _protocol_of(protocol, old)
-    if data_plane is None:
-        data_plane = DataPlane(**{name: old.pop(name) for name in _CONCERNS["data_plane"]
-                                  if name in old})
+def resolve_options(data_plane: DataPlane | None = None,
+                    recovery: "Recovery | str | RecoveryPolicy | None" = None,
+                    redundancy: "Redundancy | float | Mapping[str, float] | str | None" = None,
+                    limits: Limits | None = None) -> Options:
+    """The options objects of a run, defaults for those not given, and the shorthands
+    that stay made objects: a recovery mode or `RecoveryPolicy` as ``recovery=``; a
+    ratio, a mapping operator -> ratio or ``"auto"`` as ``redundancy=``."""
     if not isinstance(recovery, Recovery):
         try:
-            recovery = Recovery(policy=recovery, **{name: old.pop(name) for name in
-                                                    _CONCERNS["recovery"] if name in old})
+            recovery = Recovery(policy=recovery)
+        except ValueError as exc:   # named as the caller wrote it
+            raise ValueError(f"recovery{str(exc)[len('policy'):]}"
+                             if str(exc).startswith("policy ") else str(exc)) from None
+    if redundancy is not None and not isinstance(redundancy, Redundancy):
+        try:
+            redundancy = Redundancy(ratio=redundancy)
         except ValueError as exc:
-            raise _renamed(exc, {"policy": "recovery"}) from None
-    if not isinstance(redundancy, Redundancy):
-        fields = {field: old.pop(name) for name, field in (
-            ("dedup_window_s", "dedup_window_s"), ("latency_bound_ms", "latency_bound_ms"),
-            ("resiliency", "policy")) if old.get(name) is not None}
-        for name in _CONCERNS["redundancy"]:
-            old.pop(name, None)
-        if redundancy is None and not fields:
-            redundancy = None
-        elif redundancy is None and "dedup_window_s" in fields and len(fields) == 1:
-            redundancy = Redundancy(dedup_window_s=fields["dedup_window_s"])
-        else:
-            try:
-                redundancy = Redundancy(ratio=0.0 if redundancy is None else redundancy,
-                                        **fields)
-            except ValueError as exc:
-                raise _renamed(exc, {"ratio": "redundancy", "policy": "resiliency"}
-                               ) from None
-    if limits is None:
-        master = old.pop("master_limits", None)
-        limits = Limits(**({} if master is None else {
-            "commit_attempts": master.commit_attempts,
-            "commit_backoff_s": master.commit_backoff_s, "events": master.events}),
-            **{name: old.pop(name) for name in ("sink_spill_records", "pool_idle_timeout_s")
-               if name in old})
-    assert not old, old   # every old keyword belongs to a concern above
-    return Options(protocol, data_plane, recovery, redundancy, limits)
+            raise ValueError(f"redundancy{str(exc)[len('ratio'):]}"
+                             if str(exc).startswith("ratio ") else str(exc)) from None
+    return Options(data_plane or DataPlane(), recovery, redundancy, limits or Limits())
 
 
 def run(topology: Topology, protocol: "str | Protocol" = "none", *,
@@ -532,19 +385,17 @@ def run(topology: Topology, protocol: "str | Protocol" = "none", *,
     for Prometheus to scrape from Ray's metrics export port
     (`bastion.runtime.export`).
 
-    The keywords of earlier releases (``checkpoint_interval=``, ``frame_records=``,
-    ``ack_timeout_s=``, …) are still accepted and translated to the objects
-    (`translate_old_keywords`; `OLD_KEYWORDS` says where each lives now); one beside
-    the object of its concern is a `TypeError`.
+    A keyword of earlier releases (``checkpoint_interval=``, ``frame_records=``,
+    ``ack_timeout_s=``, …) is a `TypeError` that names the object holding its setting
+    now (`OLD_KEYWORDS`).
 
     A job that fails raises `JobFailedError` — `SinkCommitError` when a sink kept
     failing to apply a commit, `NoUsableCheckpointError` when no checkpoint could be
     restored without committing outputs twice — or the `UDFError` of ``fail_fast``.
     """
-    options = translate_old_keywords(protocol, dict(old_keywords), data_plane=data_plane,
-                                     recovery=recovery, redundancy=redundancy,
-                                     limits=limits)
-    protocol, data_plane, limits = options.protocol, options.data_plane, options.limits
+    refuse_old_keywords(old_keywords)
+    options = resolve_options(data_plane, recovery, redundancy, limits)
+    data_plane, limits = options.data_plane, options.limits
     recovery_options, redundancy_options = options.recovery, options.redundancy
     storage_url = Storage.of(storage).url
     proto = get_protocol(protocol)

@@ -178,6 +178,11 @@ def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.
         if name in run_options:
             raise ValueError(f"{name} is chosen by tune for each profiling run: do not "
                              "pass it")
+    from bastion.launcher import OLD_KEYWORDS, old_keyword_message
+
+    for name in run_options:
+        if name in OLD_KEYWORDS:
+            raise TypeError(old_keyword_message(name, "bn.tune"))
     intervals = grid(min_interval_s, max_interval_s, points)
     if profiler is None:
         profiler = RayProfiler(topology, protocol=protocol, duration_s=duration_s,
@@ -342,20 +347,23 @@ class RayProfiler:
         length = max(length, needed)
         return (lo, length - gap), length
 
-    def _run(self, topology: "Topology", **options: Any) -> "RunResult":
+    def _run(self, topology: "Topology", interval_s: float, **options: Any) -> "RunResult":
         from bastion.launcher import run
+        from bastion.protocols import named
 
         own = own_outputs(topology, f"tune-{uuid.uuid4().hex[:8]}")
         try:
-            return run(own, protocol=self.protocol, **{**self.run_options, **options})
+            return run(own, named(self.protocol, interval_s=interval_s),
+                       **{**self.run_options, **options})
         finally:
             discard_outputs(own)
 
     def capacity(self) -> Capacity:
-        options: dict[str, Any] = {"duration_s": self.max_rate_run_s}
-        if self.capacity_interval_s is not None:
-            options["checkpoint_interval"] = self.capacity_interval_s
-        result = self._run(unthrottled(self.topology), **options)
+        # the capacity run checkpoints as the profiling runs do (the middle of their range)
+        interval_s = (1.0 if self.capacity_interval_s is None
+                      else self.capacity_interval_s)
+        result = self._run(unthrottled(self.topology), interval_s,
+                           duration_s=self.max_rate_run_s)
         found = capacity_of(result.details["timeline"])
         rate = sum(s.rate for s in _paced_sources(self.topology).values())
         self._utilisation = min(0.9, rate / found.ingest_max_per_s)
@@ -378,7 +386,7 @@ class RayProfiler:
 
         assert self.kill_between_s is not None
         topology = self.topology
-        options: dict[str, Any] = {"checkpoint_interval": interval_s}
+        options: dict[str, Any] = {}
         if self.duration_s is not None:
             options["duration_s"] = self.duration_s
         if self.failures_per_run == 1:
@@ -393,7 +401,7 @@ class RayProfiler:
             kills = [RandomKills(1, between=(at, at), seed=self.seed * 1000 + seed + 7 * i)
                      for i, at in enumerate(self.kill_times(interval_s, seed))]
         options["faults"] = kills
-        result = self._run(topology, **options)
+        result = self._run(topology, interval_s, **options)
         plan = _plan_of(topology, self.run_options)
         return measure_kills(result, [k for f in kills for k in f.schedule(plan)], interval_s)
 

@@ -152,13 +152,14 @@ def second_wave(storage_dir: str) -> None:
               bn.faults.KillWorker(1, at=at_s + 7.0),
               bn.faults.AddNode(at=at_s + 9.0, cpus=correlated.NODE_CPUS)]
     with correlated.simulated_cluster() as cluster:
-        report = bn.drill(correlated.topology(records), protocol="coordinated",
-                          faults=faults, checkpoint_interval=0.5,
+        report = bn.drill(correlated.topology(records),
+                          protocol=bn.protocols.Coordinated(interval_s=0.5),
+                          faults=faults,
                           cluster=cluster, storage=f"local://{storage_dir}",
-                          buffer_timeout_ms=50.0, workers=3, reference=reference,
-                          heartbeat_timeout_s=correlated.HEARTBEAT_TIMEOUT_S,
-                          recovery=bn.RecoveryPolicy(mode="progressive",
-                                                     task_slots_per_cpu=1.0))
+                          data_plane=bn.DataPlane(buffer_timeout_ms=50.0), workers=3,
+                          reference=reference,
+                          recovery=bn.Recovery(policy=bn.RecoveryPolicy(mode="progressive",
+                                                     task_slots_per_cpu=1.0), heartbeat_timeout_s=correlated.HEARTBEAT_TIMEOUT_S))
     print(json.dumps({"regional": summary_of(report)}))
 
 
@@ -211,20 +212,22 @@ def relayed(storage_dir: str) -> dict:
     with correlated.simulated_cluster():
         reference = reference_runs(relayed_topology(records, rate=None),
                                    storage=f"local://{storage_dir}",
-                                   buffer_timeout_ms=50.0, workers=3)
+                                   data_plane=bn.DataPlane(buffer_timeout_ms=50.0),
+                                   workers=3)
     at_s = correlated.FAILURE_AT_S
     faults = [bn.faults.KillNode(1, at=at_s), bn.faults.KillNode(2, at=at_s + 0.2),
               bn.faults.AddNode(at=at_s + 1.0, cpus=correlated.NODE_CPUS),
               bn.faults.KillWorker(1, at=at_s + 7.0),
               bn.faults.AddNode(at=at_s + 9.0, cpus=correlated.NODE_CPUS)]
     with correlated.simulated_cluster() as cluster:
-        report = bn.drill(relayed_topology(records), protocol="coordinated",
-                          faults=faults, checkpoint_interval=0.5, cluster=cluster,
-                          storage=f"local://{storage_dir}", buffer_timeout_ms=50.0,
+        report = bn.drill(relayed_topology(records),
+                          protocol=bn.protocols.Coordinated(interval_s=0.5),
+                          faults=faults, cluster=cluster,
+                          storage=f"local://{storage_dir}",
+                          data_plane=bn.DataPlane(buffer_timeout_ms=50.0),
                           workers=3, reference=reference,
-                          heartbeat_timeout_s=correlated.HEARTBEAT_TIMEOUT_S,
-                          recovery=bn.RecoveryPolicy(mode="progressive",
-                                                     task_slots_per_cpu=1.0))
+                          recovery=bn.Recovery(policy=bn.RecoveryPolicy(mode="progressive",
+                                                     task_slots_per_cpu=1.0), heartbeat_timeout_s=correlated.HEARTBEAT_TIMEOUT_S))
     return summary_of(report)
 
 

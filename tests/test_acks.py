@@ -67,7 +67,7 @@ def expected(count: int = 4000) -> dict[str, Counter]:
 
 @pytest.mark.parametrize("mode", ["fine", "xor"])
 def test_failure_free_runs_commit_what_plain_python_computes(mode, tmp_path):
-    result = bn.run(pipeline(), protocol="acks", acks_mode=mode, checkpoint_interval=0.2,
+    result = bn.run(pipeline(), protocol=bn.protocols.Acks(mode=mode, interval_s=0.2),
                     storage=f"local://{tmp_path}")
     assert {sink: Counter(values) for sink, values in result.outputs.items()} == expected()
     counters = result.metrics.extra["protocol_counters"]
@@ -79,12 +79,18 @@ def test_failure_free_runs_commit_what_plain_python_computes(mode, tmp_path):
 # -- failures -------------------------------------------------------------------------------
 
 
-def acks_drill(tmp_path, faults, protocol="acks", count=6000, rate=3000.0, **options):
+def acks_drill(tmp_path, faults, protocol="acks", count=6000, rate=3000.0,
+               failover="local", **knobs):
+    """A drill of `pipeline`; ``protocol``: an object, or a name — its ``knobs`` and a
+    0.3-s interval where it takes one."""
+    if isinstance(protocol, str):
+        protocol = (bn.protocols.NoCheckpoints() if protocol == "none"
+                    else bn.protocols.named(protocol, interval_s=0.3, **knobs))
     # a killed process is seen at once; a 3-s heartbeat keeps a busy survivor from
     # being taken for dead as well, which would restart more than the kill did
     return bn.drill(pipeline(count, rate), protocol=protocol, faults=faults,
-                    checkpoint_interval=0.3, storage=f"local://{tmp_path}", seed=7,
-                    heartbeat_timeout_s=3.0, **options)
+                    storage=f"local://{tmp_path}", seed=7,
+                    recovery=bn.Recovery(heartbeat_timeout_s=3.0, failover=failover))
 
 
 def evidence(report: DrillReport) -> str:
@@ -128,7 +134,7 @@ def test_a_global_failover_restarts_every_instance(tmp_path):
 
 def test_lost_frames_are_replayed_after_the_ack_timeout(tmp_path):
     lossy = [bn.faults.DropFrames("score", probability=0.2, seed=3)]
-    report = acks_drill(tmp_path, lossy, ack_timeout_s=1.0)
+    report = acks_drill(tmp_path, lossy, timeout_s=1.0)
     injected = report.metrics.extra["faults_injected"]
     assert injected["frames_dropped"] > 0
     assert report.metrics.extra["protocol_counters"]["roots_replayed"] > 0
@@ -143,15 +149,16 @@ def test_lost_frames_are_replayed_after_the_ack_timeout(tmp_path):
 def test_slow_acknowledgments_are_replayed_around_not_lost(tmp_path):
     slow_acks = [bn.faults.Timing("tag", phase="ack", mtbf_records=500, seed=5,
                                   magnitude=bn.faults.Constant(0.8))]
-    report = acks_drill(tmp_path, slow_acks, ack_timeout_s=0.4)
+    report = acks_drill(tmp_path, slow_acks, timeout_s=0.4)
     assert report.metrics.extra["faults_injected"]["stalls"] > 0
     assert report.metrics.extra["protocol_counters"]["roots_replayed"] > 0
     assert report.verdict == "at-least-once", evidence(report)
 
 
 def test_max_pending_bounds_what_a_source_has_in_flight(tmp_path):
-    result = bn.run(pipeline(count=3000), protocol="acks", max_pending=100,
-                    checkpoint_interval=0.05, storage=f"local://{tmp_path}")
+    result = bn.run(pipeline(count=3000),
+                    protocol=bn.protocols.Acks(max_pending=100, interval_s=0.05),
+                    storage=f"local://{tmp_path}")
     assert result.metrics.extra["protocol_counters"]["max_pending_roots"] == 100
     assert {sink: Counter(values) for sink, values in result.outputs.items()} == \
         expected(3000)
@@ -204,8 +211,9 @@ def test_an_exhausted_source_asks_the_sinks_to_commit_instead_of_waiting(task_ha
     job much shorter than the interval ends long before it (the broken source shows
     the wait is real)."""
     interval_s = 6.0
-    result = bn.run(pipeline(count=500), protocol=Broken(task_half, ack_timeout_s=60.0),
-                    checkpoint_interval=interval_s, storage=f"local://{tmp_path}")
+    result = bn.run(pipeline(count=500),
+                    protocol=Broken(task_half, timeout_s=60.0, interval_s=interval_s),
+                    storage=f"local://{tmp_path}")
     assert {sink: Counter(values) for sink, values in result.outputs.items()} == \
         expected(500)
     assert (result.metrics.duration_s >= interval_s) == waits, result.metrics.duration_s
@@ -213,14 +221,14 @@ def test_an_exhausted_source_asks_the_sinks_to_commit_instead_of_waiting(task_ha
 
 def test_the_drill_says_violated_when_a_restart_skips_pending_roots(tmp_path):
     report = acks_drill(tmp_path, [bn.faults.KillInstance("tag", 0, at=1.0)],
-                        protocol=Broken(SkipsPendingRoots))
+                        protocol=Broken(SkipsPendingRoots, interval_s=0.3))
     assert report.faults_landed
     assert report.verdict == "violated" and report.lost > 0
 
 
 def test_the_drill_says_violated_when_lost_frames_are_never_replayed(tmp_path):
     report = acks_drill(tmp_path, [bn.faults.DropFrames("score", probability=0.2, seed=3)],
-                        protocol=Broken(NeverReplays, ack_timeout_s=0.5))
+                        protocol=Broken(NeverReplays, timeout_s=0.5, interval_s=0.3))
     assert report.verdict == "violated" and report.lost > 0
 
 
@@ -264,16 +272,16 @@ def test_acks_refuses_operator_state_naming_the_operator(build, operator):
 
 def test_acks_options_are_validated_and_belong_to_acks():
     with pytest.raises(ValueError, match="acks_mode must be one of"):
-        bn.run(pipeline(10), protocol="acks", acks_mode="fast")
+        bn.run(pipeline(10), protocol=bn.protocols.Acks(mode="fast"))
     with pytest.raises(ValueError, match="ack_timeout_s must be a number > 0"):
-        bn.run(pipeline(10), protocol="acks", ack_timeout_s=0)
+        bn.run(pipeline(10), protocol=bn.protocols.Acks(timeout_s=0))
     with pytest.raises(ValueError, match="max_pending must be an int >= 1"):
-        bn.run(pipeline(10), protocol="acks", max_pending=0)
-    with pytest.raises(ValueError, match="set protocol 'acks'; this run uses protocol"):
-        bn.run(pipeline(10), protocol="coordinated", acks_mode="xor")
+        bn.run(pipeline(10), protocol=bn.protocols.Acks(max_pending=0))
+    with pytest.raises(TypeError, match="mode"):   # an acknowledgment knob elsewhere
+        bn.protocols.Coordinated(mode="xor")
     with pytest.raises(ValueError, match=r"ack_timeout_s=0.5 must be longer than "
                                          r"checkpoint_interval=1: sinks acknowledge only"):
-        bn.run(pipeline(10), protocol="acks", ack_timeout_s=0.5)
+        bn.run(pipeline(10), protocol=bn.protocols.Acks(timeout_s=0.5))
     with pytest.raises(ValueError, match="cannot run with deterministic=True: a source "
                                          "ends only once its roots are acknowledged"):
         bn.run(pipeline(10), protocol="acks", deterministic=True)
@@ -312,7 +320,7 @@ def test_a_source_that_ends_while_its_receiver_is_down_still_ends_the_new_incarn
         "out", bn.sinks.Collect(), parallelism=1)
     crash = bn.faults.Crash("double", instances=(1,), mtbf_s=0.6, mttr_s=1.5,
                             max_crashes=1, seed=6)
-    result = bn.run(topo, protocol="acks", checkpoint_interval=0.2, faults=[crash],
+    result = bn.run(topo, protocol=bn.protocols.Acks(interval_s=0.2), faults=[crash],
                     storage=f"local://{tmp_path}")
     assert sorted(set(result.outputs["out"])) == [2 * i for i in range(3000)]
     [failure] = result.metrics.protocol.failures
@@ -334,7 +342,7 @@ def test_a_filter_instance_crashing_twice_restarts_alone_and_loses_nothing(tmp_p
         "out", bn.sinks.Collect(), parallelism=1)
     # 2.5 s apart: without a standby (acks has none) a restart may start a process, a
     # second or more here, and a kill during it would be part of the first recovery
-    report = bn.drill(topo, protocol="acks", checkpoint_interval=0.2, ack_timeout_s=1.0,
+    report = bn.drill(topo, protocol=bn.protocols.Acks(interval_s=0.2, timeout_s=1.0),
                       faults=[bn.faults.KillInstance("match", 1, at=0.8),
                               bn.faults.KillInstance("match", 1, at=3.3)],
                       storage=f"local://{tmp_path}", seed=3)
@@ -352,7 +360,7 @@ def test_a_lossy_link_outage_loses_frames_and_acks_which_acks_replays(tmp_path):
     outages only hold frames back."""
     outages = [bn.faults.LinkOutage("tag", mtbf_s=0.4, mttr_s=0.15, seed=2, lose=True),
                bn.faults.LinkOutage("score", mtbf_s=0.4, mttr_s=0.15, seed=3, lose=True)]
-    report = acks_drill(tmp_path, outages, ack_timeout_s=0.5)
+    report = acks_drill(tmp_path, outages, timeout_s=0.5)
     injected = report.metrics.extra["faults_injected"]
     assert injected["outage_frames_lost"] > 0 and injected["outage_acks_lost"] > 0
     assert report.metrics.extra["protocol_counters"]["roots_replayed"] > 0

@@ -76,7 +76,7 @@ def storage(tmp_path_factory):
 
 def cec_drill(workload, storage, *, reference_storage=None, protocol="cec", seed=None,
               faults=None):
-    return bn.drill(WORKLOADS[workload](), protocol=protocol, checkpoint_interval=0.3,
+    return bn.drill(WORKLOADS[workload](), protocol=bn.protocols.named(protocol, interval_s=0.3),
                     faults=faults or [bn.faults.RandomKills(count=1, between=(0.5, 1.4))],
                     seed=seed, reference=reference(workload, reference_storage or storage),
                     storage=storage)
@@ -157,7 +157,8 @@ def test_a_failed_job_resumed_from_its_logs_commits_the_rest_exactly_once(
                        storage=storage)
     with pytest.raises(bn.JobFailedError) as failed:
         bn.run(keyed_sum(), protocol="cec", deterministic=True, storage=storage,
-               max_restarts=0, faults=[bn.faults.KillInstance("sum", 1, at=1.2)])
+               recovery=bn.Recovery(max_restarts=0),
+               faults=[bn.faults.KillInstance("sum", 1, at=1.2)])
     first = failed.value.job_id
     if stored == "spark-ec-at-T":
         from bastion.spark_jobs.reconstruct import reconstruct_operator
@@ -276,7 +277,7 @@ def test_cec_policy_is_validated_and_belongs_to_cec():
     with pytest.raises(ValueError, match="check_interval_s .* must not exceed period_s"):
         CecPolicy(check_interval_s=1.0, period_s=0.5)
     with pytest.raises(ValueError, match="policy of protocol 'cec'"):
-        bn.run(keyed_sum(count=10), protocol="coordinated", cec=CecPolicy())
+        bn.run(keyed_sum(count=10), protocol=bn.protocols.Coordinated(policy=CecPolicy()))
 
 
 # -- the log the runtime writes ---------------------------------------------------------------
@@ -292,11 +293,14 @@ def control_kinds(store, job, operator, instance) -> list[int]:
 def test_policy_decides_how_many_g_checks_are_written(tmp_path):
     storage = f"local://{tmp_path}"
     store = open_store(storage)
-    eager = bn.run(keyed_sum(count=3000, rate=3000), protocol="cec", storage=storage,
-                   cec=CecPolicy(extent_target=5, replay_target=50, period_s=0.02),
+    eager = bn.run(keyed_sum(count=3000, rate=3000),
+                   protocol=bn.protocols.Cec(policy=CecPolicy(extent_target=5, replay_target=50,
+                                                              period_s=0.02)),
+                   storage=storage,
                    deterministic=True)
-    lazy = bn.run(keyed_sum(count=3000, rate=3000), protocol="cec", storage=storage,
-                  cec=CecPolicy.open_only(), deterministic=True)
+    lazy = bn.run(keyed_sum(count=3000, rate=3000),
+                  protocol=bn.protocols.Cec(policy=CecPolicy.open_only()), storage=storage,
+                  deterministic=True)
     assert lazy.outputs["out"] == eager.outputs["out"]
     for instance in (0, 1):
         eager_kinds = control_kinds(store, eager.job_id, "sum", instance)
@@ -322,8 +326,10 @@ def test_the_runtime_log_rebuilds_the_state_in_python_and_in_spark(tmp_path, spa
     storage = f"local://{tmp_path}"
     store = open_store(storage)
     topo = keyed_sum(count=3000, rate=3000)
-    result = bn.run(topo, protocol="cec", storage=storage,
-                    cec=CecPolicy(extent_target=20, replay_target=200, period_s=0.02))
+    result = bn.run(topo,
+                    protocol=bn.protocols.Cec(policy=CecPolicy(extent_target=20, replay_target=200,
+                                                               period_s=0.02)),
+                    storage=storage)
     code = op_codes(topo)["nums"]
     word = [WORDS[(i * 7) % len(WORDS)] for i in range(3000)]
     final: dict[str, int] = {}

@@ -169,9 +169,10 @@ EAGER = CecPolicy(extent_target=5, replay_target=50, period_s=0.02)
 
 
 def cec_drill(workload, storage, faults, protocol="cec", policy=None):
-    return bn.drill(WORKLOADS[workload](), protocol=protocol, checkpoint_interval=0.3,
-                    faults=faults, reference=reference(workload, storage), storage=storage,
-                    **({} if policy is None else {"cec": policy}))
+    knobs = {} if policy is None else {"policy": policy}
+    return bn.drill(WORKLOADS[workload](),
+                    protocol=bn.protocols.named(protocol, interval_s=0.3, **knobs),
+                    faults=faults, reference=reference(workload, storage), storage=storage)
 
 
 def loaded(report) -> list[dict]:
@@ -188,8 +189,8 @@ def failure_free(workload: str, storage: str) -> tuple:
     G_checks as well as G_opens — shared by the tests that read its outputs and log."""
     if workload not in _failure_free:
         topo = WORKLOADS[workload]()
-        _failure_free[workload] = topo, bn.run(topo, protocol="cec", storage=storage,
-                                               cec=EAGER)
+        _failure_free[workload] = topo, bn.run(topo,
+                                               protocol=bn.protocols.Cec(policy=EAGER), storage=storage)
     return _failure_free[workload]
 
 

@@ -85,8 +85,9 @@ def run(tmp_path: Path, which: str, keep: bool, protocol: str = "coordinated"
     if not keep:
         mapped = mapped.filter("last", lambda i: i >= COUNT - 10)
     mapped.sink("out", bn.sinks.Collect())
-    return bn.run(topo, protocol=protocol, checkpoint_interval=0.2,
-                  retained_checkpoints=3, storage=storage)
+    return bn.run(topo,
+                  protocol=bn.protocols.named(protocol, interval_s=0.2, retained_checkpoints=3),
+                  storage=storage)
 
 
 @pytest.mark.parametrize("protocol", ["coordinated", "uncoordinated"])

@@ -23,8 +23,9 @@ def stored_checkpoints(storage: str, job_id: str) -> set[int]:
 def test_coordinated_keeps_the_newest_complete_checkpoints(retained, tmp_path):
     storage = f"local://{tmp_path}"
     # 4 s of input: enough checkpoints to collect some even on a busy machine
-    result = bn.run(wordcount(count=6000), protocol="coordinated", checkpoint_interval=0.15,
-                    retained_checkpoints=retained, storage=storage)
+    result = bn.run(wordcount(count=6000),
+                    protocol=bn.protocols.Coordinated(interval_s=0.15, retained_checkpoints=retained),
+                    storage=storage)
     completed = result.metrics.protocol.checkpoints_completed
     assert completed > retained + 1
     complete = CheckpointStore(open_store(storage), result.job_id).list_complete()
@@ -35,13 +36,13 @@ def test_coordinated_keeps_the_newest_complete_checkpoints(retained, tmp_path):
 
 def test_retained_checkpoints_must_be_positive():
     with pytest.raises(ValueError, match="retained_checkpoints must be an int >= 1"):
-        bn.run(wordcount(count=10), protocol="coordinated", retained_checkpoints=0)
+        bn.run(wordcount(count=10), protocol=bn.protocols.Coordinated(retained_checkpoints=0))
 
 
 @pytest.mark.parametrize("protocol", ["uncoordinated", "cic"])
 def test_independent_checkpoints_below_the_recovery_line_are_reclaimed(protocol, tmp_path):
     storage = f"local://{tmp_path}"
-    report = bn.drill(wordcount(), protocol=protocol, checkpoint_interval=0.2,
+    report = bn.drill(wordcount(), protocol=bn.protocols.named(protocol, interval_s=0.2),
                       faults=[bn.faults.KillInstance("count", 0, at=1.4)],
                       reference=reference("wordcount", storage), storage=storage)
     assert report.exactly_once, report.verdict_reason

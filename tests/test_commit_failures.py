@@ -15,13 +15,12 @@ import pytest
 
 import bastion as bn
 from bastion.errors import SinkCommitError
-from bastion.runtime.job import MasterLimits
 from bastion.sinks import Sink, SinkWriter
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 COUNT = 2000
-FAST_RETRIES = MasterLimits(commit_attempts=4, commit_backoff_s=0.01)
+FAST_RETRIES = bn.Limits(commit_attempts=4, commit_backoff_s=0.01)
 
 
 class _FlakyWriter(SinkWriter):
@@ -62,9 +61,10 @@ def topology(directory: Path, failures: int | None) -> bn.Topology:
 
 
 def test_a_commit_that_fails_for_a_while_is_applied_after_retries(tmp_path):
-    result = bn.run(topology(tmp_path, failures=2), protocol="coordinated",
-                    checkpoint_interval=0.2, storage=f"local://{tmp_path / 'store'}",
-                    master_limits=FAST_RETRIES)
+    result = bn.run(topology(tmp_path, failures=2),
+                    protocol=bn.protocols.Coordinated(interval_s=0.2),
+                    storage=f"local://{tmp_path / 'store'}",
+                    limits=FAST_RETRIES)
     expected = [i * i for i in range(COUNT)]
     written = [json.loads(line) for line in (tmp_path / "part-0.jsonl").open()]
     assert written == expected
@@ -79,9 +79,10 @@ def test_a_commit_that_keeps_failing_fails_the_job_naming_the_sink(protocol, tmp
     # under "none" the one commit is the end of the stream (the finish phase); under
     # "coordinated" the first checkpoint's (the watch phase)
     with pytest.raises(SinkCommitError) as failed:
-        bn.run(topology(tmp_path, failures=None), protocol=protocol,
-               checkpoint_interval=0.2 if protocol == "coordinated" else None,
-               storage=f"local://{tmp_path / 'store'}", master_limits=FAST_RETRIES)
+        bn.run(topology(tmp_path, failures=None),
+               protocol=(bn.protocols.Coordinated(interval_s=0.2)
+                         if protocol == "coordinated" else protocol),
+               storage=f"local://{tmp_path / 'store'}", limits=FAST_RETRIES)
     message = str(failed.value)
     assert "sink 'out' [0]" in message
     assert "after 4 attempts" in message

@@ -405,8 +405,9 @@ def reference(ray_session, drill_storage):
 
 @pytest.fixture(scope="module")
 def coordinated_drill(reference, drill_storage):
-    return bn.drill(two_worker_pipeline(), protocol="coordinated", faults=[DROPS],
-                    checkpoint_interval=0.3, reference=reference, storage=drill_storage)
+    return bn.drill(two_worker_pipeline(),
+                    protocol=bn.protocols.Coordinated(interval_s=0.3), faults=[DROPS],
+                    reference=reference, storage=drill_storage)
 
 
 def assert_healed_without_restart(report) -> None:
@@ -436,7 +437,8 @@ def test_a_drill_that_drops_connections_under_upstream_backups_loses_nothing(
         reference, drill_storage, protocol):
     # These protocols wrap every channel in an upstream backup (a failure restarts the
     # failed tasks and their downstream alone): the TCP channel inside it is torn.
-    report = bn.drill(two_worker_pipeline(), protocol=protocol, faults=[DROPS],
-                      checkpoint_interval=0.3, reference=reference, storage=drill_storage)
+    report = bn.drill(two_worker_pipeline(),
+                      protocol=bn.protocols.named(protocol, interval_s=0.3), faults=[DROPS],
+                      reference=reference, storage=drill_storage)
     assert_healed_without_restart(report)
     assert report.exactly_once, report.verdict_reason

@@ -41,7 +41,7 @@ def _job(records: int, parallelism: int) -> bn.Topology:
 @pytest.mark.usefixtures("ray_session")
 def test_a_job_reports_the_cpu_of_each_worker_process_once():
     # Unchained, the three operators are three tasks of one worker: one process.
-    shared = bn.run(_job(20_000, 1), chaining=False, workers=1)
+    shared = bn.run(_job(20_000, 1), data_plane=bn.DataPlane(chaining=False), workers=1)
     assert len(shared.details["tasks"]) == 3
     assert shared.metrics.cpu_processes == 1
     assert shared.metrics.cpu_s > 0

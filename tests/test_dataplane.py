@@ -110,7 +110,7 @@ def pipeline(name):
 
 def test_chained_and_unchained_plans_give_the_same_results():
     chained = bn.run(pipeline("chained"))
-    unchained = bn.run(pipeline("unchained"), chaining=False)
+    unchained = bn.run(pipeline("unchained"), data_plane=bn.DataPlane(chaining=False))
     assert chained.plan.startswith("2 chains") and unchained.plan.startswith("6 chains")
     assert sorted(chained.outputs["out"]) == sorted(unchained.outputs["out"])
     assert len(chained.outputs["out"]) == 5000 - sum(1 for i in range(5000) if i * 7919 % 97 == 0)
@@ -125,7 +125,9 @@ def test_slow_sink_keeps_frames_in_flight_bounded():
     topo = bn.Topology("backpressure")
     src = topo.source("fast", bn.sources.Collection(range(8_000)))
     src.map("slow", slow, parallelism=2).sink("out", bn.sinks.Discard())
-    result = bn.run(topo, frame_records=256, max_inflight_frames=2, source_batch_records=256)
+    result = bn.run(topo,
+                    data_plane=bn.DataPlane(frame_records=256, max_inflight_frames=2,
+                                            source_batch_records=256))
     extra = result.metrics.extra
     # The source could produce all 8,000 records in milliseconds; credits held it to
     # at most 2 unacknowledged frames per channel and a bounded inbox.

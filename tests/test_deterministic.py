@@ -82,7 +82,7 @@ def test_three_runs_commit_identical_outputs_in_order(shape):
 def test_a_recovered_run_commits_exactly_the_failure_free_sequence(protocol, shape, seed,
                                                                    tmp_path):
     storage = f"local://{tmp_path}"
-    options = dict(protocol=protocol, checkpoint_interval=0.3, storage=storage,
+    options = dict(protocol=bn.protocols.named(protocol, interval_s=0.3), storage=storage,
                    deterministic=True, lineage=True)
     build = SHAPES[shape]
     reference = bn.run(build(count=5000, rate=2500), **options)

@@ -95,7 +95,7 @@ def named(report: bn.DrillReport) -> set[tuple]:
 ], ids=["clock", "random"])
 def test_an_exact_drill_of_impure_functions_is_exactly_once_and_names_them(
         shape, not_compared, storage):
-    report = bn.drill(shape(), protocol="coordinated", checkpoint_interval=0.3,
+    report = bn.drill(shape(), protocol=bn.protocols.Coordinated(interval_s=0.3),
                       faults=[bn.faults.KillInstance("stamp", 0, at=0.8)], storage=storage)
     assert report.verified_by == "deterministic"
     assert report.faults_landed, [f.note for f in report.faults]
@@ -126,7 +126,7 @@ def test_an_exact_drill_of_impure_functions_is_exactly_once_and_names_them(
 
 
 def test_a_record_lost_from_an_impure_sink_is_still_lost(storage, stamp_only_references):
-    report = bn.drill(stamp_only(), protocol=DropStagedCommit(), checkpoint_interval=0.3,
+    report = bn.drill(stamp_only(), protocol=DropStagedCommit(interval_s=0.3),
                       reference=stamp_only_references, storage=storage)
     assert report.verdict == "violated" and report.lost > 0, show(report)
     assert {v.sink for v in report.lost_examples} == {"stamped"}
@@ -138,7 +138,7 @@ def test_a_record_lost_from_an_impure_sink_is_still_lost(storage, stamp_only_ref
 
 def test_a_record_of_an_impure_sink_committed_twice_is_still_duplicated(
         storage, stamp_only_references):
-    report = bn.drill(stamp_only(), protocol=CommitTwice(), checkpoint_interval=0.3,
+    report = bn.drill(stamp_only(), protocol=CommitTwice(interval_s=0.3),
                       reference=stamp_only_references, storage=storage)
     assert report.verdict == "violated" and report.duplicated > 0, show(report)
     assert report.lost == 0 and report.corrupted == 0
@@ -148,7 +148,7 @@ def test_a_record_of_an_impure_sink_committed_twice_is_still_duplicated(
 def test_pure_values_beside_an_impure_map_are_still_compared(storage):
     # Sources replay input the restored sums already hold: the sums are corrupted,
     # the stamps are not compared.
-    report = bn.drill(clock(), protocol=SourcesRestoreOlder(), checkpoint_interval=0.3,
+    report = bn.drill(clock(), protocol=SourcesRestoreOlder(interval_s=0.3),
                       faults=[bn.faults.KillInstance("sum", 0, at=1.2)], storage=storage)
     assert report.faults_landed, [f.note for f in report.faults]
     assert report.verdict == "violated" and report.corrupted > 0, show(report)

@@ -104,7 +104,7 @@ def show(report: bn.DrillReport) -> str:
                                                ("accounts-ingest-time", "ids")])
 def test_a_failure_free_drill_of_an_order_sensitive_topology_is_clean(shape, verified_by,
                                                                        storage):
-    report = bn.drill(SHAPES[shape](), protocol="coordinated", checkpoint_interval=0.4,
+    report = bn.drill(SHAPES[shape](), protocol=bn.protocols.Coordinated(interval_s=0.4),
                       reference=reference(shape, storage), storage=storage)
     assert report.verified_by == verified_by
     assert (report.lost, report.duplicated, report.corrupted) == (0, 0, 0), show(report)
@@ -125,7 +125,7 @@ def test_a_failure_free_drill_of_an_order_sensitive_topology_is_clean(shape, ver
 @pytest.mark.parametrize("shape", ["accounts", "join-sum"])
 def test_random_kills_on_an_order_sensitive_topology_are_exactly_once(shape, protocol,
                                                                       storage):
-    report = bn.drill(SHAPES[shape](), protocol=protocol, checkpoint_interval=0.4,
+    report = bn.drill(SHAPES[shape](), protocol=bn.protocols.named(protocol, interval_s=0.4),
                       faults=[bn.faults.RandomKills(1, between=(0.6, 1.4))], seed=3,
                       reference=reference(shape, storage), storage=storage)
     assert report.verified_by == "deterministic"
@@ -141,7 +141,7 @@ def test_random_kills_on_an_order_sensitive_topology_are_exactly_once(shape, pro
 @pytest.mark.parametrize("seed", [11, 12])
 def test_more_kill_schedules_on_order_sensitive_topologies(protocol, seed, storage):
     for shape in ("accounts", "join-sum"):
-        report = bn.drill(SHAPES[shape](), protocol=protocol, checkpoint_interval=0.3,
+        report = bn.drill(SHAPES[shape](), protocol=bn.protocols.named(protocol, interval_s=0.3),
                           faults=[bn.faults.RandomKills(2, between=(0.5, 1.6))], seed=seed,
                           reference=reference(shape, storage), storage=storage)
         assert report.faults_landed, [f.note for f in report.faults]
@@ -151,8 +151,9 @@ def test_more_kill_schedules_on_order_sensitive_topologies(protocol, seed, stora
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_random_kills_verified_by_ids_are_exactly_once(protocol, storage):
-    report = bn.drill(SHAPES["accounts-ingest-time"](), protocol=protocol,
-                      checkpoint_interval=0.4, seed=5,
+    report = bn.drill(SHAPES["accounts-ingest-time"](),
+                      protocol=bn.protocols.named(protocol, interval_s=0.4),
+                      seed=5,
                       faults=[bn.faults.RandomKills(1, between=(0.6, 1.4))],
                       reference=reference("accounts-ingest-time", storage), storage=storage)
     assert report.verified_by == "ids"
@@ -274,7 +275,7 @@ class SourcesRestoreOlder(BrokenCoordinated):
 
 
 def broken_drill(protocol, storage, **options) -> bn.DrillReport:
-    return bn.drill(accounts(), protocol=protocol, checkpoint_interval=0.3,
+    return bn.drill(accounts(), protocol=bn.protocols.named(protocol, interval_s=0.3),
                     reference=reference("accounts", storage), storage=storage, **options)
 
 
@@ -296,8 +297,9 @@ def test_a_dropped_staged_commit_is_lost(storage):
 def test_a_dropped_staged_commit_is_lost_in_ids_mode_too(storage):
     # Ids mode does not require the ids of ingest-time windows; the running balances
     # beside them are still required, so a dropped commit is still seen.
-    report = bn.drill(SHAPES["accounts-ingest-time"](), protocol=DropStagedCommit(),
-                      checkpoint_interval=0.3, storage=storage,
+    report = bn.drill(SHAPES["accounts-ingest-time"](),
+                      protocol=DropStagedCommit(interval_s=0.3),
+                      storage=storage,
                       reference=reference("accounts-ingest-time", storage))
     assert report.verified_by == "ids"
     assert report.exactly_once is False and report.verdict == "violated"
@@ -321,7 +323,7 @@ def test_state_restored_from_a_checkpoint_newer_than_the_replay_start_is_corrupt
 
 
 def test_a_kill_that_never_lands_makes_the_drill_inconclusive(storage):
-    report = bn.drill(accounts(), protocol="coordinated", checkpoint_interval=0.4,
+    report = bn.drill(accounts(), protocol=bn.protocols.Coordinated(interval_s=0.4),
                       faults=[bn.faults.KillInstance("balance", 0, at=60.0)],
                       reference=reference("accounts", storage), storage=storage)
     assert (report.lost, report.duplicated, report.corrupted) == (0, 0, 0)

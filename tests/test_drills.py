@@ -100,7 +100,7 @@ def drill_storage(tmp_path_factory):
 def test_random_kills_lose_and_duplicate_nothing(protocol, workload, seed, drill_storage):
     ref = reference(workload, drill_storage)
     assert sum(map(len, ref[0].outputs.values())) > 0
-    report = bn.drill(WORKLOADS[workload](), protocol=protocol, checkpoint_interval=0.4,
+    report = bn.drill(WORKLOADS[workload](), protocol=bn.protocols.named(protocol, interval_s=0.4),
                       faults=[bn.faults.RandomKills(count=1, between=(0.6, 1.5))], seed=seed,
                       reference=ref, storage=drill_storage)
     assert [e["kind"] for e in report.events].count("fault") == 1
@@ -118,7 +118,7 @@ def test_random_kills_lose_and_duplicate_nothing(protocol, workload, seed, drill
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_two_kills_in_one_run(protocol, drill_storage):
-    report = bn.drill(wordcount(), protocol=protocol, checkpoint_interval=0.4,
+    report = bn.drill(wordcount(), protocol=bn.protocols.named(protocol, interval_s=0.4),
                       faults=[bn.faults.KillInstance("count", 0, at=0.6),
                               bn.faults.KillInstance("split", 1, at=1.6)],
                       reference=reference("wordcount", drill_storage),
@@ -132,7 +132,7 @@ def test_two_kills_in_one_run(protocol, drill_storage):
 
 def test_kill_during_a_checkpoint_in_progress_never_completes_it(drill_storage):
     topo = wordcount(rate=1500, count=3000)
-    report = bn.drill(topo, protocol="coordinated", checkpoint_interval=0.3,
+    report = bn.drill(topo, protocol=bn.protocols.Coordinated(interval_s=0.3),
                       faults=[bn.faults.KillInstance("count", 1, at=1.0,
                                                      during_checkpoint=True)],
                       reference=reference("wordcount", drill_storage), storage=drill_storage)
@@ -182,8 +182,8 @@ def test_outputs_staged_under_a_timed_out_checkpoint_are_still_committed(tmp_pat
     numbers.map("pass", lambda n: n).sink("direct", bn.sinks.Collect())
     numbers.map("stall", stall_once).sink("stalled", bn.sinks.Collect())
     # the stalled task must not look dead: the test is about a slow checkpoint
-    result = bn.run(topo, protocol="coordinated", checkpoint_interval=0.5, workers=2,
-                    storage=f"local://{tmp_path}", heartbeat_timeout_s=60.0)
+    result = bn.run(topo, protocol=bn.protocols.Coordinated(interval_s=0.5), workers=2,
+                    storage=f"local://{tmp_path}", recovery=bn.Recovery(heartbeat_timeout_s=60.0))
     kinds = [e["kind"] for e in result.details["events"]]
     aborted = kinds.index("checkpoint_aborted")
     assert "checkpoint_completed" in kinds[aborted:], "no checkpoint completed after it"
@@ -194,7 +194,7 @@ def test_outputs_staged_under_a_timed_out_checkpoint_are_still_committed(tmp_pat
 
 def test_a_checkpoint_with_a_missing_blob_is_never_used(tmp_path):
     storage = f"local://{tmp_path}"
-    result = bn.run(wordcount(count=3000), protocol="coordinated", checkpoint_interval=0.3,
+    result = bn.run(wordcount(count=3000), protocol=bn.protocols.Coordinated(interval_s=0.3),
                     storage=storage)
     store = open_store(storage)
     checkpoints = CheckpointStore(store, result.job_id)
@@ -223,7 +223,7 @@ def test_losing_a_whole_node_kills_every_process_on_it_and_loses_nothing(protoco
                                                                         drill_storage):
     # A single-machine Ray has one node: every worker and the standby die together, so
     # the job comes back on fresh processes from its checkpoints alone.
-    report = bn.drill(wordcount(), protocol=protocol, checkpoint_interval=0.4,
+    report = bn.drill(wordcount(), protocol=bn.protocols.named(protocol, interval_s=0.4),
                       faults=[bn.faults.KillNode(0, at=1.0)],
                       reference=reference("wordcount", drill_storage),
                       storage=drill_storage)
@@ -258,7 +258,7 @@ def test_a_node_that_does_not_exist_fails_before_the_run():
 def test_a_second_kill_during_the_recovery_is_recovered_too(protocol, drill_storage):
     # The second kill lands while the job master replaces workers or redeploys after
     # the first (detection takes ~0.05 s, a restart ~0.2 s).
-    report = bn.drill(wordcount(), protocol=protocol, checkpoint_interval=0.4,
+    report = bn.drill(wordcount(), protocol=bn.protocols.named(protocol, interval_s=0.4),
                       faults=[bn.faults.KillWorker(0, at=1.0), bn.faults.KillWorker(1, at=1.08)],
                       reference=reference("wordcount", drill_storage),
                       storage=drill_storage)

@@ -276,7 +276,7 @@ def test_state_without_codec_fails_the_job_naming_the_operator(tmp_path):
     _accounts(topo)
     with pytest.raises(bn.JobFailedError, match=r"operator 'accounts'.*cannot serialise "
                                                 r"a value of type Account"):
-        bn.run(topo, protocol="coordinated", checkpoint_interval=0.2,
+        bn.run(topo, protocol=bn.protocols.Coordinated(interval_s=0.2),
                storage=f"local://{tmp_path}")
 
 
@@ -286,7 +286,7 @@ def test_state_with_a_registered_codec_is_checkpointed(tmp_path):
     topo.register_codec(Account, 9, lambda a: str(a.total).encode(),
                         lambda b: Account(int(b)))
     _accounts(topo)
-    result = bn.run(topo, protocol="coordinated", checkpoint_interval=0.2,
+    result = bn.run(topo, protocol=bn.protocols.Coordinated(interval_s=0.2),
                     storage=f"local://{tmp_path}")
     assert result.metrics.protocol.checkpoints_completed >= 1
     expected_last = {k: sum(range(k, 3000, 4)) for k in range(4)}

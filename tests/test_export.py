@@ -78,7 +78,7 @@ def test_a_malformed_reply_stops_the_exporter_and_not_the_caller(ray_session, pl
 @pytest.mark.parametrize("export_metrics", [True, False])
 def test_a_job_commits_the_same_with_export_on_or_off(ray_session, tmp_path,
                                                       export_metrics):
-    result = bn.run(keyed(), protocol="coordinated", checkpoint_interval=0.2,
+    result = bn.run(keyed(), protocol=bn.protocols.Coordinated(interval_s=0.2),
                     storage=f"local://{tmp_path}", export_metrics=export_metrics)
     final = {}
     for key, count in result.outputs["out"]:
@@ -95,7 +95,7 @@ def test_every_aborted_checkpoint_is_an_event_the_exporter_counts(ray_session, t
         lambda x: x % 7).reduce("count", lambda acc, _: acc + 1, initial=0,
                                 parallelism=2).sink("out", bn.sinks.Collect())
     # a checkpoint every 20 ms is nearly always in flight when the kill lands
-    report = bn.drill(topo, protocol="coordinated", checkpoint_interval=0.02,
+    report = bn.drill(topo, protocol=bn.protocols.Coordinated(interval_s=0.02),
                       storage=f"local://{tmp_path}",
                       faults=[bn.faults.KillInstance("count", 0, at=1.0)])
     assert report.exactly_once, report.verdict_reason

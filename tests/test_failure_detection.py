@@ -95,9 +95,10 @@ def busy_keyed_count(count: int, keys: int) -> bn.Topology:
 @pytest.mark.parametrize("protocol", ["none", "coordinated"])
 def test_a_busy_run_with_a_short_heartbeat_commits_exact_outputs(protocol, tmp_path):
     count, keys = 200_000, 50
-    result = bn.run(busy_keyed_count(count, keys), protocol=protocol,
-                    checkpoint_interval=0.5 if protocol != "none" else None,
-                    heartbeat_timeout_s=0.5, storage=f"local://{tmp_path}")
+    result = bn.run(busy_keyed_count(count, keys),
+                    protocol=(protocol if protocol == "none"
+                              else bn.protocols.named(protocol, interval_s=0.5)),
+                    recovery=bn.Recovery(heartbeat_timeout_s=0.5), storage=f"local://{tmp_path}")
     assert result.metrics.source_records == count
     per_key = collections.defaultdict(list)
     for key, n in result.outputs["out"]:

@@ -56,8 +56,8 @@ def test_lost_frames_are_each_reported_lost_by_the_drill():
     drop = bn.faults.DropFrames("double", probability=0.2)
     # An unpaced source and one source batch per frame: frames are cut by size alone,
     # so the same seed loses the same records.
-    options = dict(protocol="coordinated", faults=[drop], seed=3, checkpoint_interval=0.3,
-                   frame_records=1024, source_batch_records=1024)
+    options = dict(protocol=bn.protocols.Coordinated(interval_s=0.3), faults=[drop], seed=3,
+                   data_plane=bn.DataPlane(frame_records=1024, source_batch_records=1024))
     report = bn.drill(pipeline(rate=None), **options)
     injected = report.metrics.extra["faults_injected"]
     assert injected["frames_dropped"] >= 1
@@ -76,8 +76,8 @@ def test_lost_frames_are_each_reported_lost_by_the_drill():
 
 def test_a_declared_fault_that_never_occurs_leaves_the_drill_inconclusive():
     rare = bn.faults.Timing("double", mtbf_records=10**9, seed=1)
-    report = bn.drill(pipeline(records=600), protocol="coordinated", faults=[rare],
-                      checkpoint_interval=0.3)
+    report = bn.drill(pipeline(records=600),
+                      protocol=bn.protocols.Coordinated(interval_s=0.3), faults=[rare])
     assert report.verdict == "inconclusive"
     assert "no declared fault occurred" in report.verdict_reason
 
@@ -85,8 +85,7 @@ def test_a_declared_fault_that_never_occurs_leaves_the_drill_inconclusive():
 def test_a_crash_is_survived_after_its_repair_time():
     crash = bn.faults.Crash("double", instances=(1,), mtbf_s=0.4, mttr_s=0.6, seed=4)
     [kill] = crash.schedule(bn.launcher.build_plan(pipeline()))
-    report = bn.drill(pipeline(), protocol="coordinated", faults=[crash],
-                      checkpoint_interval=0.3)
+    report = bn.drill(pipeline(), protocol=bn.protocols.Coordinated(interval_s=0.3), faults=[crash])
     assert report.verdict == "exactly-once", report.verdict_reason
     events = report.events
     fault = next(e for e in events if e["kind"] == "fault")

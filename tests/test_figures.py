@@ -130,9 +130,9 @@ def analyze_rows(report) -> list[tuple]:
     pytest.param("cic", marks=pytest.mark.slow),
     pytest.param("cec", marks=pytest.mark.slow)])
 def test_every_printed_figure_of_a_drill_obeys_its_definition(protocol, storage, reference):
-    report = bn.drill(pipeline(), protocol=protocol, checkpoint_interval=0.3,
+    report = bn.drill(pipeline(), protocol=bn.protocols.named(protocol, interval_s=0.3),
                       faults=the_kill(), reference=reference, storage=storage,
-                      heartbeat_timeout_s=3.0)
+                      recovery=bn.Recovery(heartbeat_timeout_s=3.0))
     [fault] = report.faults
     assert fault.landed, fault.describe()
     assert check_figures(report) == [], report.summary_rows()
@@ -180,9 +180,9 @@ def test_the_laws_catch_a_total_smaller_than_its_part():
 
 
 def test_the_checker_finds_a_doctored_drill_report(storage, reference):
-    report = bn.drill(pipeline(), protocol="coordinated", checkpoint_interval=0.3,
+    report = bn.drill(pipeline(), protocol=bn.protocols.Coordinated(interval_s=0.3),
                       faults=the_kill(), reference=reference, storage=storage,
-                      heartbeat_timeout_s=3.0)
+                      recovery=bn.Recovery(heartbeat_timeout_s=3.0))
     assert check_figures(report) == []
     doctored = copy.deepcopy(report)
     fault = doctored.faults[0]

@@ -139,7 +139,7 @@ def stamped_numbers() -> bn.Topology:
 @pytest.mark.usefixtures("ray_session")
 def test_latency_after_a_restart_counts_from_first_arrival_and_includes_the_outage(
         tmp_path):
-    result = bn.run(stamped_numbers(), protocol="coordinated", checkpoint_interval=0.3,
+    result = bn.run(stamped_numbers(), protocol=bn.protocols.Coordinated(interval_s=0.3),
                     storage=f"local://{tmp_path}",
                     faults=[bn.faults.KillInstance("stamp", 0, at=1.5)])
     out = result.outputs["out"]

@@ -1,7 +1,7 @@
 """The job master's events: complete in the store, bounded in memory, and never lost
 without the run's result saying so.
 
-The limits are set small (`MasterLimits`), so a few seconds of run make more events
+The limits are set small (`bn.Limits`), so a few seconds of run make more events
 and progress points than the job master may keep: what it keeps in memory must stay
 within the limits — counts, first examples, every failure event and the timeline
 around each failure — while the store gets every record, spilled in chunks as the job
@@ -18,7 +18,6 @@ import pytest
 
 import bastion as bn
 from bastion.runtime.events import KEPT_KINDS, EventLimits, read_events
-from bastion.runtime.job import MasterLimits
 from bastion.storage import open_store
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -41,10 +40,11 @@ def counting(name: str, count: int, rate: float, udf=None) -> bn.Topology:
 def test_memory_keeps_counts_examples_and_failures_while_the_store_gets_everything(
         tmp_path):
     storage = f"local://{tmp_path}"
-    result = bn.run(counting("events", 3000, rate=1000), protocol="coordinated",
-                    checkpoint_interval=0.05, storage=storage,
+    result = bn.run(counting("events", 3000, rate=1000),
+                    protocol=bn.protocols.Coordinated(interval_s=0.05),
+                    storage=storage,
                     faults=[bn.faults.KillInstance("count", 1, at=1.5)],
-                    master_limits=MasterLimits(events=SMALL))
+                    limits=bn.Limits(events=SMALL))
     assert sorted(n for _, n in result.outputs["out"]) == sorted(
         n for k in range(3) for n in range(1, 1001))
     events, counts = result.details["events"], result.details["event_counts"]
@@ -94,10 +94,10 @@ def block_events(storage_dir: Path):
 
 
 def test_events_the_store_does_not_take_are_a_warning_of_the_result(tmp_path):
-    limits = MasterLimits(events=EventLimits(store_attempts=2, store_backoff_s=0.01))
+    limits = bn.Limits(events=EventLimits(store_attempts=2, store_backoff_s=0.01))
     result = bn.run(counting("lost-events", 1000, rate=1000, udf=block_events(tmp_path)),
-                    protocol="coordinated", checkpoint_interval=0.05,
-                    storage=f"local://{tmp_path}", master_limits=limits)
+                    protocol=bn.protocols.Coordinated(interval_s=0.05),
+                    storage=f"local://{tmp_path}", limits=limits)
     assert len(result.outputs["out"]) == 1000          # the job itself succeeded
     [warning] = result.warnings
     assert f"run events of job {result.job_id} could not be stored" in warning
@@ -133,8 +133,8 @@ def test_the_command_line_prints_the_warning_of_a_run_that_lost_its_events(
     from bastion.cli import main
 
     real_run = bn.run
-    limits = MasterLimits(events=EventLimits(store_attempts=1))
-    monkeypatch.setattr(bn, "run", lambda *a, **kw: real_run(*a, master_limits=limits,
+    limits = bn.Limits(events=EventLimits(store_attempts=1))
+    monkeypatch.setattr(bn, "run", lambda *a, **kw: real_run(*a, limits=limits,
                                                               **kw))
     job = tmp_path / "job.py"
     job.write_text(JOB.format(store=str(tmp_path / "store")))

@@ -58,8 +58,8 @@ class CountingStore:
 def test_log_outputs_are_lazy_and_equal_the_committed_records(tmp_path):
     storage = f"local://{tmp_path}/jobs"
     result = bn.run(numbers("lazy-log", 500, bn.sinks.Log(f"local://{tmp_path}/log"), 2),
-                    protocol="coordinated", checkpoint_interval=0.1, storage=storage,
-                    sink_spill_records=SPILL, lineage=True)
+                    protocol=bn.protocols.Coordinated(interval_s=0.1), storage=storage,
+                    limits=bn.Limits(sink_spill_records=SPILL), lineage=True)
     out, ids = result.outputs["out"], result.output_ids["out"]
     assert isinstance(out, CommittedOutputs) and isinstance(ids, CommittedOutputs)
     values, stored_ids = read_committed(open_store(storage), result.job_id, "out")
@@ -83,7 +83,7 @@ def test_file_outputs_are_lazy_and_collect_keeps_its_list(tmp_path):
     src = topo.source("src", bn.sources.Collection(range(300)))
     src.sink("file", bn.sinks.File(tmp_path / "out.jsonl"))
     src.map("copy", lambda v: v).sink("kept", bn.sinks.Collect())
-    result = bn.run(topo, storage=storage, sink_spill_records=SPILL)
+    result = bn.run(topo, storage=storage, limits=bn.Limits(sink_spill_records=SPILL))
     assert isinstance(result.outputs["file"], CommittedOutputs)
     assert result.outputs["file"] == list(range(300))
     assert type(result.outputs["kept"]) is list and result.outputs["kept"] == list(range(300))
@@ -93,7 +93,8 @@ def test_file_outputs_are_lazy_and_collect_keeps_its_list(tmp_path):
 def test_length_comes_from_the_commit_records_not_from_the_parts(tmp_path):
     storage = f"local://{tmp_path}/jobs"
     result = bn.run(numbers("lazy-count", 1010, bn.sinks.Log(f"local://{tmp_path}/log")),
-                    storage=storage, sink_spill_records=SPILL, source_batch_records=10)
+                    storage=storage, limits=bn.Limits(sink_spill_records=SPILL),
+                                                      data_plane=bn.DataPlane(source_batch_records=10))
     store = CountingStore(open_store(storage))
     values, _ = committed_outputs(store, result.job_id, "out")
     assert len(values) == 1010

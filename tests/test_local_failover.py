@@ -104,7 +104,7 @@ def test_bn_run_refuses_an_unknown_failover_before_it_deploys():
     topo = bn.Topology("bad-failover")
     topo.source("src", bn.sources.Collection([1, 2])).sink("out", bn.sinks.Collect())
     with pytest.raises(ValueError, match="failover must be one of"):
-        bn.run(topo, failover="nearby")
+        bn.run(topo, recovery=bn.Recovery(failover="nearby"))
 
 
 # -- a channel into a task that restarts alone ----------------------------------------------
@@ -217,10 +217,11 @@ def branches(ray_session, tmp_path_factory):
 
 def drill(storage: str, reference: list, failover: str, chaining: bool = True,
           protocol: str = "coordinated") -> bn.DrillReport:
-    return bn.drill(two_branches(), protocol=protocol, checkpoint_interval=0.3,
+    return bn.drill(two_branches(), protocol=bn.protocols.named(protocol, interval_s=0.3),
                     faults=[bn.faults.KillInstance("b_map", 1, at=1.5)],
-                    reference=reference, storage=storage, failover=failover,
-                    chaining=chaining, heartbeat_timeout_s=3.0)  # see test_acks.acks_drill
+                    reference=reference, storage=storage,
+                    recovery=bn.Recovery(failover=failover, heartbeat_timeout_s=3.0),
+                    data_plane=bn.DataPlane(chaining=chaining))  # see test_acks.acks_drill
 
 
 def received_and_committed(report: bn.DrillReport, query: str) -> tuple[int, int]:
@@ -261,7 +262,8 @@ def test_uncoordinated_checkpoints_restart_the_rollback_set_alone(branches, prot
     with it, and sends ``b_map[1]`` again what its line checkpoint lacks, from its
     upstream backup. Branch ``a`` never rolls back."""
     storage, reference = branches
-    report = drill(storage, reference, "local", chaining=False, protocol=protocol)
+    report = drill(storage, reference, "local",
+                   data_plane=bn.DataPlane(chaining=False), protocol=protocol)
     assert report.exactly_once, report.verdict_reason
     [fault] = report.faults
     assert fault.landed and fault.restart_s is not None
@@ -321,9 +323,10 @@ def test_a_killed_receiver_of_a_keyed_exchange_is_fed_again_by_senders_that_ran_
     backup, what the checkpoint the instance restored lacked: nothing is lost or
     counted twice, by identity."""
     storage, reference = keyed
-    report = bn.drill(keyed_stages(), protocol="uncoordinated", checkpoint_interval=0.3,
+    report = bn.drill(keyed_stages(), protocol=bn.protocols.Uncoordinated(interval_s=0.3),
                       faults=[bn.faults.KillInstance("keyed", 1, at=1.5)],
-                      reference=reference, storage=storage, heartbeat_timeout_s=3.0)
+                      reference=reference, storage=storage,
+                      recovery=bn.Recovery(heartbeat_timeout_s=3.0))
     assert report.exactly_once, report.verdict_reason
     [fault] = report.faults
     assert report.metrics.extra["attempts"] == 1
@@ -367,7 +370,8 @@ class TakesFramesAgain(_ShiftedLine):
 
 
 class BrokenUncoordinated(UncoordinatedProtocol):
-    def __init__(self, coordinator):
+    def __init__(self, coordinator, **knobs):
+        super().__init__(**knobs)
         self.broken = coordinator
 
     def coordinator(self, master):
@@ -397,10 +401,11 @@ class BrokenCec(CecProtocol):
 def test_the_drill_says_violated_when_the_upstream_backup_is_misused(keyed, broken,
                                                                      violation):
     storage, reference = keyed
-    report = bn.drill(keyed_stages(), protocol=BrokenUncoordinated(broken),
-                      checkpoint_interval=0.3,
+    report = bn.drill(keyed_stages(),
+                      protocol=BrokenUncoordinated(broken, interval_s=0.3),
                       faults=[bn.faults.KillInstance("keyed", 1, at=1.5)],
-                      reference=reference, storage=storage, heartbeat_timeout_s=3.0)
+                      reference=reference, storage=storage,
+                      recovery=bn.Recovery(heartbeat_timeout_s=3.0))
     assert report.metrics.extra["attempts"] == 1  # the regional path ran
     assert report.verdict == "violated"
     assert getattr(report, violation) > 0, report.verdict_reason
@@ -423,9 +428,10 @@ def three(ray_session, tmp_path_factory):
 
 def cec_kill(three, protocol="cec") -> bn.DrillReport:
     storage, reference = three
-    return bn.drill(keyed_three(), protocol=protocol, checkpoint_interval=0.3,
+    return bn.drill(keyed_three(), protocol=bn.protocols.named(protocol, interval_s=0.3),
                     faults=[bn.faults.KillInstance("sum", 2, at=1.5)],
-                    reference=reference, storage=storage, heartbeat_timeout_s=3.0)
+                    reference=reference, storage=storage,
+                    recovery=bn.Recovery(heartbeat_timeout_s=3.0))
 
 
 @pytest.mark.slow

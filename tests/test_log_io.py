@@ -62,13 +62,14 @@ def test_round_trip_through_a_log_keeps_values_in_order(tmp_path):
     url = f"local://{tmp_path}/log"
     storage = f"local://{tmp_path}/jobs"
     written = bn.run(write_topology("log-write", list(range(300)), url),
-                     protocol="coordinated", checkpoint_interval=0.2, storage=storage)
+                     protocol=bn.protocols.Coordinated(interval_s=0.2), storage=storage)
     expected = [{"n": v, "sq": v * v} for v in range(300)]
     assert written.outputs["log"] == expected
     assert read_log(url) == expected  # one log at the URL's root, in commit order
 
-    read = bn.run(read_topology("log-read", url, 1), protocol="coordinated",
-                  checkpoint_interval=0.2, storage=storage)
+    read = bn.run(read_topology("log-read", url, 1),
+                  protocol=bn.protocols.Coordinated(interval_s=0.2),
+                  storage=storage)
     assert read.outputs["out"] == expected
 
 
@@ -76,7 +77,7 @@ def test_parallel_sink_is_read_back_at_any_parallelism(tmp_path):
     url = f"local://{tmp_path}/log"
     storage = f"local://{tmp_path}/jobs"
     written = bn.run(write_topology("log-write2", list(range(400)), url, parallelism=2),
-                     protocol="coordinated", checkpoint_interval=0.2, storage=storage)
+                     protocol=bn.protocols.Coordinated(interval_s=0.2), storage=storage)
     committed = written.outputs["log"]  # instance 0's values, then instance 1's
     assert sorted(v["n"] for v in committed) == list(range(400))
     assert sorted(open_store(url).list(""))[-1] == "layout"
@@ -255,7 +256,7 @@ def test_round_trip_over_s3(tmp_path, moto_endpoint):
     url = f"s3://bastion-log-io/clicks?endpoint={moto_endpoint}&secure=false"
     storage = f"local://{tmp_path}/jobs"
     written = bn.run(write_topology("log-s3-write", list(range(200)), url, parallelism=2),
-                     protocol="coordinated", checkpoint_interval=0.2, storage=storage)
+                     protocol=bn.protocols.Coordinated(interval_s=0.2), storage=storage)
     committed = written.outputs["log"]
     assert sorted(v["n"] for v in committed) == list(range(200))
     assert read_log(url) == committed
@@ -272,7 +273,7 @@ def test_killed_sink_instance_leaves_the_log_exactly_once(tmp_path):
     src.map("pair", lambda k: [k, k % 7], parallelism=2).sink(
         "log", bn.sinks.Log(url), parallelism=2)
     expected = [(k, k % 7) for k in range(count)]
-    report = bn.drill(topo, protocol="coordinated", checkpoint_interval=0.3,
+    report = bn.drill(topo, protocol=bn.protocols.Coordinated(interval_s=0.3),
                       faults=[bn.faults.KillInstance("log", 0, at=0.8)],
                       storage=f"local://{tmp_path}/jobs")
     assert any(e["kind"] == "fault" for e in report.events)

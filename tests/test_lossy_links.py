@@ -157,10 +157,10 @@ def lossy_run(tmp_path, redundancy: float) -> bn.RunResult:
                         mtbf_max_s=0.8, mttr=Constant(0.4), lose=True, seed=1)
     # With copies nothing may be replayed: a timeout long enough that a slow moment of
     # a shared host replays nothing either. Without, the replays are the point: soon.
-    options = ({"redundancy": {"triple": redundancy}, "ack_timeout_s": 2.0} if redundancy
-               else {"ack_timeout_s": 0.6})
-    return bn.run(topo, protocol="acks", checkpoint_interval=0.2, faults=[outage],
-                  storage=f"local://{tmp_path}/r{redundancy}", **options)
+    return bn.run(topo, protocol=bn.protocols.Acks(timeout_s=2.0 if redundancy else 0.6,
+                                                   interval_s=0.2),
+                  redundancy={"triple": redundancy} if redundancy else None, faults=[outage],
+                  storage=f"local://{tmp_path}/r{redundancy}")
 
 
 @pytest.mark.usefixtures("ray_session")

@@ -146,7 +146,7 @@ def test_unusual_good_names_run_and_commit(ray_session, tmp_path):
     doubled.sink("a.b", bn.sinks.Log(f"local://{tmp_path}/log"))
     stream.sink("committed-not", bn.sinks.Collect())
     topo.query("the.query", outputs=["a", "a.b"])
-    result = bn.run(topo, protocol="coordinated", checkpoint_interval=0.1,
+    result = bn.run(topo, protocol=bn.protocols.Coordinated(interval_s=0.1),
                     storage=f"local://{tmp_path}/jobs")
     assert result.outputs["a"] == result.outputs["a.b"] == [2 * v for v in range(50)]
     assert result.outputs["committed-not"] == list(range(50))

@@ -3,11 +3,12 @@
 - Each object (`DataPlane`, `Recovery`, `Redundancy`, `Limits`, `Storage`,
   `AutoInterval`) and each protocol object (`bn.protocols.Coordinated`, ``Acks``, …)
   refuses a bad value when it is made, with a `ValueError` naming the field.
-- A run given an object behaves as one given the old keyword it replaces: small real
-  runs on the session's Ray, compared on what the setting changes (tasks, frames,
-  checkpoints, restarts, copies), each beside a run without the setting, so the
-  comparison is shown able to fail.
-- An old keyword beside the object of its concern is a `TypeError`, raised before
+- A run given an object does what the setting says: small real runs on the session's
+  Ray, compared on what the setting changes (tasks, frames, checkpoints, restarts,
+  copies), each beside a run without the setting, so the comparison is shown able to
+  fail.
+- A keyword of earlier releases is a one-line `TypeError` naming the object and field
+  that hold its setting now — checked to exist and take that field — raised before
   anything runs; a keyword that never existed is one too.
 - `bn.drill` takes a protocol object: its knobs reach the faulty run, and the
   reference runs under ``"none"`` without them.
@@ -101,111 +102,88 @@ def test_good_values_make_objects_that_hold_them():
         dataclasses.replace(bn.DataPlane(), frame_records=0)
 
 
-# --- old keywords beside the object of their concern clash ----------------------------
+# --- a keyword of earlier releases says where its setting lives now -------------------
 
-CLASHES = [
-    ({"data_plane": bn.DataPlane(), "frame_records": 64}, "frame_records= beside data_plane"),
-    ({"recovery": bn.Recovery(), "failover": "global"}, "failover= beside recovery"),
-    ({"redundancy": bn.Redundancy(0.5), "dedup_window_s": 1.0},
-     "dedup_window_s= beside redundancy"),
-    ({"limits": bn.Limits(), "sink_spill_records": 10}, "sink_spill_records= beside limits"),
-    ({"protocol": bn.protocols.Coordinated(interval_s=0.5), "checkpoint_interval": 0.2},
-     r"checkpoint_interval=0.2 beside a protocol object with interval_s=0.5"),
-    ({"protocol": bn.protocols.Acks(), "ack_timeout_s": 2.0},
-     r"Acks\(timeout_s=…\)"),
-    ({"protocol": bn.protocols.Cec(), "cec": bn.CecPolicy()}, r"Cec\(policy=…\)"),
-    ({"frame_rekords": 64}, "unexpected keyword argument 'frame_rekords'"),
-]
-
-
-@pytest.mark.parametrize("keywords,message", CLASHES, ids=[m.split("=")[0].split(" ")[0]
-                                                           for _, m in CLASHES])
-def test_an_old_keyword_beside_its_object_is_a_type_error_before_anything_runs(
-        keywords, message, tmp_path):
-    keywords = {"protocol": "acks", **keywords}
-    with pytest.raises(TypeError, match=message):
-        bn.run(wordcount(count=10), storage=f"local://{tmp_path}", **keywords)
-    assert not list(tmp_path.iterdir())   # refused before the store was opened
-
-
-@pytest.mark.internal
-def test_an_old_keyword_still_adjusts_a_protocol_object_at_its_default():
-    # phase 1: code that made a protocol subclass and passes checkpoint_interval= runs on
-    from bastion.launcher import translate_old_keywords
-    made = translate_old_keywords(bn.protocols.Coordinated(), {"checkpoint_interval": 0.2,
-                                                               "retained_checkpoints": 4})
-    assert (made.protocol.interval_s, made.protocol.retained_checkpoints) == (0.2, 4)
-
-
-@pytest.mark.internal
-def test_every_old_keyword_is_translated_to_the_object_its_message_names():
-    from bastion.launcher import OLD_KEYWORDS, old_keyword_message, translate_old_keywords
-    from bastion.runtime.job import MasterLimits
-    from bastion.scheduler.resiliency import ResiliencyPolicy
-
-    values = {"checkpoint_interval": 0.4, "retained_checkpoints": 3, "trt_bound_s": 5.0,
+#: a value for each old keyword, for the message checks
+OLD_VALUES = {"checkpoint_interval": 0.4, "retained_checkpoints": 3, "trt_bound_s": 5.0,
               "retune_every_s": 2.0, "tuning": {"points": 3}, "cec": bn.CecPolicy(),
               "acks_mode": "xor", "ack_timeout_s": 3.0, "max_pending": 10,
               "buffer_timeout_ms": 1.0, "frame_records": 64, "max_inflight_frames": 2,
               "source_batch_records": 32, "chaining": False, "heartbeat_timeout_s": 2.0,
               "max_restarts": 3, "failover": "global", "dedup_window_s": 0.5,
-              "latency_bound_ms": 30.0, "resiliency": ResiliencyPolicy(latency_bound_ms=30.0),
-              "sink_spill_records": 100, "master_limits": MasterLimits(commit_attempts=2),
-              "pool_idle_timeout_s": 9.0}
-    assert set(values) == set(OLD_KEYWORDS)
-    # where each setting lands: (protocol the keyword needs, the value read back)
-    landed = {
-        "checkpoint_interval": ("coordinated", lambda o: o.protocol.interval_s),
-        "retained_checkpoints": ("coordinated", lambda o: o.protocol.retained_checkpoints),
-        "cec": ("cec", lambda o: o.protocol.policy),
-        "acks_mode": ("acks", lambda o: o.protocol.mode),
-        "ack_timeout_s": ("acks", lambda o: o.protocol.timeout_s),
-        "max_pending": ("acks", lambda o: o.protocol.max_pending),
-        "dedup_window_s": ("none", lambda o: o.redundancy.dedup_window_s),
-        "master_limits": ("none", lambda o: bn.Limits(commit_attempts=2)
-                          if o.limits.commit_attempts == 2 else None),
-    }
-    for name, value in values.items():
-        if name in ("trt_bound_s", "retune_every_s", "tuning"):
-            auto = {"trt_bound_s": 5.0, name: value}
-            made = translate_old_keywords("coordinated", {"checkpoint_interval": "auto",
-                                                          **auto})
-            assert made.protocol.interval_s == bn.AutoInterval(**auto)
-        elif name in ("latency_bound_ms", "resiliency"):
-            made = translate_old_keywords("none", {name: value}, redundancy="auto")
-            assert made.redundancy.resiliency_policy().latency_bound_ms == 30.0
-        elif name in landed:
-            protocol, read = landed[name]
-            made = translate_old_keywords(protocol, {name: value})
-            expected = bn.Limits(commit_attempts=2) if name == "master_limits" else value
-            assert read(made) == expected, name
-        else:
-            made = translate_old_keywords("none", {name: value})
-            holder = OLD_KEYWORDS[name].split("=", 1)[0]   # e.g. data_plane
-            assert getattr(getattr(made, holder), name) == value, name
-        # the message names the object and field that hold the setting now
-        assert "no longer takes" in old_keyword_message(name)
-        assert OLD_KEYWORDS[name].split("(")[0] in old_keyword_message(name)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'acks_timeout'"):
-        translate_old_keywords("acks", {"acks_timeout": 2.0})
+              "latency_bound_ms": 30.0, "resiliency": bn.ResiliencyPolicy(latency_bound_ms=30.0),
+              "sink_spill_records": 100, "master_limits": None, "pool_idle_timeout_s": 9.0}
 
 
-# --- an object does in a real run what its old keyword did -----------------------------
+def new_home(name: str) -> tuple[type, str]:
+    """The class and the field an old keyword's message points to, read from the
+    message itself: ``protocol=bn.protocols.Acks(timeout_s=…)`` -> (Acks, "timeout_s");
+    the innermost call names the field (``Coordinated(interval_s=bn.AutoInterval(
+    trt_bound_s=…))`` -> (AutoInterval, "trt_bound_s"))."""
+    import re
 
-def test_data_plane_object_runs_as_the_old_keywords(tmp_path):
+    from bastion.launcher import OLD_KEYWORDS
+
+    calls = re.findall(r"bn\.([\w.]+)\((\w+)=", OLD_KEYWORDS[name])
+    path, field = calls[-1]
+    holder = bn
+    for part in path.split("."):
+        holder = getattr(holder, part)
+    return holder, field
+
+
+@pytest.mark.parametrize("function", ["run", "drill"])
+def test_every_old_keyword_is_a_type_error_naming_a_home_that_takes_it(function, tmp_path):
+    import inspect
+
+    from bastion.launcher import OLD_KEYWORDS
+
+    assert set(OLD_VALUES) == set(OLD_KEYWORDS)
+    for name, value in OLD_VALUES.items():
+        with pytest.raises(TypeError) as refused:
+            getattr(bn, function)(wordcount(count=10), storage=f"local://{tmp_path}",
+                                  **{name: value})
+        message = str(refused.value)
+        assert message.startswith(f"bn.{function}() no longer takes {name}=: use "), message
+        assert "\n" not in message
+        # the object and field it points to exist and take a value
+        cls, field = new_home(name)
+        assert field in inspect.signature(cls).parameters, (name, cls, field)
+    assert not list(tmp_path.iterdir())   # refused before the store was opened
+    with pytest.raises(TypeError, match="unexpected keyword argument 'frame_rekords'"):
+        getattr(bn, function)(wordcount(count=10), frame_rekords=64)
+
+
+def test_the_pointer_check_fails_on_a_home_that_does_not_take_the_field(monkeypatch):
+    import inspect
+
+    from bastion import launcher
+
+    monkeypatch.setitem(launcher.OLD_KEYWORDS, "frame_records",
+                        "data_plane=bn.DataPlane(frame_recs=…)")
+    cls, field = new_home("frame_records")
+    assert cls is bn.DataPlane and field not in inspect.signature(cls).parameters
+
+
+def test_tune_refuses_an_old_keyword_in_its_run_options():
+    with pytest.raises(TypeError, match=r"bn.tune\(\) no longer takes heartbeat_timeout_s=: "
+                                        r"use recovery=bn.Recovery"):
+        bn.tune(wordcount(count=10), trt_bound_s=5.0, heartbeat_timeout_s=2.0)
+
+
+# --- an object does in a real run what its setting says --------------------------------
+
+def test_a_data_plane_object_changes_the_tasks_and_frames(tmp_path):
     storage = f"local://{tmp_path}"
     topo = wordcount(rate=None, count=600)
     new = bn.run(topo, storage=storage,
                  data_plane=bn.DataPlane(frame_records=8, chaining=False))
-    old = bn.run(topo, storage=storage, frame_records=8, chaining=False)
     default = bn.run(topo, storage=storage)
-    assert sorted(new.outputs["out"]) == sorted(old.outputs["out"]) \
-        == sorted(default.outputs["out"])
-    assert new.metrics.extra["tasks"] == old.metrics.extra["tasks"] \
-        > default.metrics.extra["tasks"]   # unchained: a task per operator instance
+    assert sorted(new.outputs["out"]) == sorted(default.outputs["out"])
+    # unchained: a task per operator instance
+    assert new.metrics.extra["tasks"] > default.metrics.extra["tasks"]
     # smaller frames, and more channels: more frames than the default sends
     assert new.metrics.extra["frames_sent"] > default.metrics.extra["frames_sent"]
-    assert old.metrics.extra["frames_sent"] > default.metrics.extra["frames_sent"]
 
 
 def test_coordinated_object_carries_interval_retention_and_timeout(tmp_path):
@@ -215,12 +193,11 @@ def test_coordinated_object_carries_interval_retention_and_timeout(tmp_path):
     topo = wordcount(count=3000)
     new = bn.run(topo, bn.protocols.Coordinated(interval_s=0.15, retained_checkpoints=1),
                  storage=storage)
-    old = bn.run(topo, protocol="coordinated", checkpoint_interval=0.15,
-                 retained_checkpoints=1, storage=storage)
-    for result in (new, old):
-        assert result.metrics.protocol.checkpoints_completed > 3
-        kept = CheckpointStore(open_store(storage), result.job_id).list_complete()
-        assert len(kept) == 1
+    default = bn.run(topo, "coordinated", storage=storage)   # every 1 s, two kept
+    assert new.metrics.protocol.checkpoints_completed > max(
+        3, default.metrics.protocol.checkpoints_completed)
+    kept = CheckpointStore(open_store(storage), new.job_id).list_complete()
+    assert len(kept) == 1
 
 
 def slow_pipeline() -> bn.Topology:
@@ -256,33 +233,28 @@ def test_the_coordinator_takes_its_checkpoint_timeout_from_the_protocol_object(t
     assert sorted(short.outputs["out"]) == sorted(patient.outputs["out"]) == list(range(1500))
 
 
-def test_recovery_object_runs_as_the_old_keywords(tmp_path):
+def test_a_recovery_object_bounds_the_restarts_and_picks_the_failover(tmp_path):
     storage = f"local://{tmp_path}"
     kill = [bn.faults.KillInstance("count", 0, at=0.8)]
     with pytest.raises(bn.JobFailedError):
         bn.run(wordcount(), "coordinated", storage=storage, faults=kill,
                recovery=bn.Recovery(max_restarts=0))
-    with pytest.raises(bn.JobFailedError):
-        bn.run(wordcount(), "coordinated", storage=storage, faults=kill, max_restarts=0)
     restarted = bn.run(wordcount(), "coordinated", storage=storage, faults=kill,
                        recovery=bn.Recovery(failover="global", max_restarts=2))
     assert len(restarted.metrics.protocol.failures) == 1
     assert restarted.metrics.extra["attempts"] == 2
 
 
-def test_redundancy_and_acks_objects_run_as_the_old_keywords(tmp_path):
+def test_redundancy_and_acks_objects_send_copies_and_change_no_result(tmp_path):
     storage = f"local://{tmp_path}"
     topo = bn.Topology("copies")
     topo.source("src", bn.sources.Collection(list(range(400)))).map(
         "double", lambda x: 2 * x, parallelism=2).sink("out", bn.sinks.Collect())
     new = bn.run(topo, bn.protocols.Acks(timeout_s=2.0), storage=storage,
                  redundancy=bn.Redundancy(0.5, dedup_window_s=0.5))
-    old = bn.run(topo, protocol="acks", ack_timeout_s=2.0, redundancy=0.5,
-                 dedup_window_s=0.5, storage=storage)
     plain = bn.run(topo, "acks", storage=storage)
-    for result in (new, old):
-        assert sorted(result.outputs["out"]) == sorted(plain.outputs["out"])
-        assert result.metrics.extra["redundancy"]["copies_sent"] > 0
+    assert sorted(new.outputs["out"]) == sorted(plain.outputs["out"])
+    assert new.metrics.extra["redundancy"]["copies_sent"] > 0
     assert plain.metrics.extra["redundancy"]["copies_sent"] == 0
 
 

@@ -333,7 +333,7 @@ def counting(count: int, rate: float) -> bn.Topology:
 
 @pytest.mark.usefixtures("ray_session")
 def test_with_room_to_spare_a_lost_worker_is_recovered_at_once(tmp_path):
-    result = bn.run(counting(3000, 1500), protocol="coordinated", checkpoint_interval=0.3,
+    result = bn.run(counting(3000, 1500), protocol=bn.protocols.Coordinated(interval_s=0.3),
                     storage=f"local://{tmp_path}",
                     recovery=bn.RecoveryPolicy("progressive", task_slots_per_cpu=8),
                     faults=[bn.faults.KillInstance("count", 1, at=1.0)])
@@ -355,7 +355,7 @@ def test_with_room_to_spare_a_lost_worker_is_recovered_at_once(tmp_path):
 def test_tasks_that_never_get_a_slot_fail_the_job_saying_why(tmp_path):
     # two slots per node's CPU... of which the survivors use every one
     with pytest.raises(bn.JobFailedError, match=r"waited 2 s for task slots"):
-        bn.run(counting(20_000, 2000), protocol="coordinated", checkpoint_interval=0.3,
+        bn.run(counting(20_000, 2000), protocol=bn.protocols.Coordinated(interval_s=0.3),
                storage=f"local://{tmp_path}",
                recovery=bn.RecoveryPolicy("progressive", task_slots_per_cpu=0.5,
                                           capacity_timeout_s=2.0),

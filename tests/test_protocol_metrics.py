@@ -21,8 +21,9 @@ def storage(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(storage):
-    return {protocol: bn.run(wordcount(rate=3000, count=3000), protocol=protocol,
-                             checkpoint_interval=0.2, storage=storage)
+    return {protocol: bn.run(wordcount(rate=3000, count=3000),
+                             protocol=bn.protocols.named(protocol, interval_s=0.2),
+                             storage=storage)
             for protocol in ("none", "coordinated", "uncoordinated", "cic")}
 
 
@@ -59,7 +60,7 @@ def test_latency_over_time(runs):
 
 
 def test_restart_and_recovery_time_of_a_failure_are_measured_and_stored(storage):
-    report = bn.drill(wordcount(), protocol="uncoordinated", checkpoint_interval=0.3,
+    report = bn.drill(wordcount(), protocol=bn.protocols.Uncoordinated(interval_s=0.3),
                       faults=[bn.faults.KillInstance("count", 1, at=1.0)], storage=storage)
     assert report.exactly_once
     [failure] = report.metrics.protocol.failures

@@ -23,7 +23,7 @@ def test_a_recovery_carries_out_the_plan_and_restarts_every_slot(tmp_path):
                                               rate=1500)) \
         .key_by(lambda w: w).reduce("count", lambda acc, _: acc + 1, initial=0,
                                     parallelism=2).sink("out", bn.sinks.Collect())
-    result = bn.run(topo, protocol="coordinated", checkpoint_interval=0.3,
+    result = bn.run(topo, protocol=bn.protocols.Coordinated(interval_s=0.3),
                     storage=f"local://{tmp_path}",
                     faults=[bn.faults.KillInstance("count", 1, at=1.0)])
     planned = [e for e in result.details["events"] if e["kind"] == "recovery_planned"]

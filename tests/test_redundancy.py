@@ -44,9 +44,10 @@ def copies(result: bn.RunResult) -> dict:
 
 @pytest.mark.parametrize("protocol, mode", [("none", None), ("acks", "fine"), ("acks", "xor")])
 def test_copies_change_no_result_across_fan_out_broadcast_and_union(protocol, mode, tmp_path):
-    options = {} if mode is None else {"acks_mode": mode, "checkpoint_interval": 0.2}
+    if mode is not None:
+        protocol = bn.protocols.Acks(mode=mode, interval_s=0.2)
     result = bn.run(pipeline(), protocol=protocol, redundancy=1.0,
-                    storage=f"local://{tmp_path}", **options)
+                    storage=f"local://{tmp_path}")
     assert {sink: Counter(values) for sink, values in result.outputs.items()} == expected()
     made = copies(result)
     assert set(made["ratios"]) == {"score", "pairs", "tag", "odd", "even", "both", "total"}
@@ -141,8 +142,8 @@ def test_a_drill_under_timing_faults_with_copies_loses_and_duplicates_nothing():
 
 
 def test_receivers_that_forget_ids_at_once_let_copies_through_and_the_drill_says_so():
-    report = bn.drill(grep(), protocol="none", faults=STALLS, redundancy=1.0, seed=1,
-                      dedup_window_s=1e-9)
+    report = bn.drill(grep(), protocol="none", faults=STALLS,
+                      redundancy=bn.Redundancy(ratio=1.0, dedup_window_s=1e-9), seed=1)
     assert report.verdict == "violated"
     assert report.comparison.duplicated > 0 and report.comparison.lost == 0
 
@@ -220,7 +221,8 @@ def test_a_fine_root_completes_when_its_tuples_are_processed_whatever_the_order(
 def test_auto_redundancy_raises_the_ratio_when_latency_is_over_the_bound(tmp_path):
     """A bound no run can meet (1 ms): every period is over it, so the manager's first
     decision increases the ratio and the workers are told."""
-    result = bn.run(grep(count=9000, rate=3000), redundancy="auto", latency_bound_ms=1.0,
+    result = bn.run(grep(count=9000, rate=3000),
+                    redundancy=bn.Redundancy(ratio="auto", latency_bound_ms=1.0),
                     storage=f"local://{tmp_path}")
     assert sorted(result.outputs["out"]) == sorted(
         f"LINE {i} NEEDLE" for i in range(0, 9000, 3))
@@ -238,7 +240,8 @@ def hidden_latencies(faults: list, tmp_path) -> list[float]:
     # a margin of all but 1 ms of the bound: every period holds
     policy = bn.ResiliencyPolicy(latency_bound_ms=1e4, initial_ratio=1.0, max_ratio=1.0,
                                  perf_margin=0.9999)
-    result = bn.run(grep(count=12_000, rate=3000), redundancy="auto", resiliency=policy,
+    result = bn.run(grep(count=12_000, rate=3000),
+                    redundancy=bn.Redundancy(ratio="auto", resiliency=policy),
                     faults=faults, storage=f"local://{tmp_path}")
     assert {d["ratio"] for d in copies(result)["decisions"]} == {1.0}
     return [d["hidden_ms"] for d in copies(result)["decisions"] if d["hidden_ms"] is not None]
@@ -267,7 +270,8 @@ def test_a_stall_in_progress_raises_the_ratio_before_its_tuples_come_out(tmp_pat
                                      stall_ratio=stall_ratio)
         stalls = [bn.faults.Timing("upper", instances=[0], magnitude=bn.faults.Constant(0.6),
                                    mtbf_s=1.5, seed=3)]
-        result = bn.run(grep(count=12_000, rate=3000), redundancy="auto", resiliency=policy,
+        result = bn.run(grep(count=12_000, rate=3000),
+                        redundancy=bn.Redundancy(ratio="auto", resiliency=policy),
                         faults=stalls, storage=f"local://{tmp_path}/{stall_ratio}")
         assert sorted(result.outputs["out"]) == sorted(
             f"LINE {i} NEEDLE" for i in range(0, 12_000, 3))
@@ -307,7 +311,9 @@ def test_what_cannot_take_copies_is_refused_naming_it():
     with pytest.raises(ValueError, match="deterministic"):
         bn.run(topo, redundancy=0.5, deterministic=True)
     with pytest.raises(ValueError, match="shorter than half of ack_timeout_s"):
-        bn.run(topo, protocol="acks", redundancy=0.5, ack_timeout_s=1.0, dedup_window_s=0.6)
+        bn.run(topo,
+               protocol=bn.protocols.Acks(timeout_s=1.0),
+               redundancy=bn.Redundancy(ratio=0.5, dedup_window_s=0.6))
     with pytest.raises(ValueError, match="needs latency_bound_ms"):
         bn.run(topo, redundancy="auto")
 

@@ -228,9 +228,11 @@ def test_a_job_whose_input_doubles_moves_its_interval_within_two_periods(tmp_pat
                     max_interval_s=RANGE[1], points=6, profiler=FixedProfiler())
     assert tuned.interval_s == pytest.approx(tuned_interval())
     period_s, surge_s, seconds = 1.0, 3.0, 8.0
-    run = bn.run(surging(300.0, surge_s, seconds), protocol="coordinated",
-                 checkpoint_interval="auto", trt_bound_s=BOUND_S, tuning=tuned,
-                 retune_every_s=period_s, storage=f"local://{tmp_path}/store")
+    run = bn.run(surging(300.0, surge_s, seconds),
+                 protocol=bn.protocols.Coordinated(interval_s=bn.AutoInterval(
+                     trt_bound_s=BOUND_S, tuning=tuned, retune_every_s=period_s)),
+                 
+                 storage=f"local://{tmp_path}/store")
     count = round(300.0 * surge_s + 600.0 * (seconds - surge_s))
     assert sorted(run.outputs["out"]) == [2 * i for i in range(count)]  # all, once
     events = run.details["events"]
@@ -272,15 +274,13 @@ def test_run_refuses_a_retune_it_cannot_do_before_anything_runs(tmp_path, capsys
     tuned = bn.tune(None, trt_bound_s=BOUND_S, min_interval_s=RANGE[0],
                     max_interval_s=RANGE[1], points=6, profiler=FixedProfiler())
     with pytest.raises(ValueError, match="protocol 'uncoordinated' cannot move its"):
-        bn.run(topology, protocol="uncoordinated", checkpoint_interval="auto",
-               trt_bound_s=BOUND_S, tuning=tuned, retune_every_s=1.0)
-    with pytest.raises(ValueError, match="needs trt_bound_s"):
-        bn.run(topology, protocol="coordinated", checkpoint_interval="auto")
-    with pytest.raises(ValueError, match="set checkpoint_interval='auto'"):
-        bn.run(topology, protocol="coordinated", checkpoint_interval=1.0, retune_every_s=1.0)
+        bn.run(topology,
+               protocol=bn.protocols.Uncoordinated(interval_s=bn.AutoInterval(
+                   trt_bound_s=BOUND_S, tuning=tuned, retune_every_s=1.0)))
     with pytest.raises(ValueError, match="contradicts the tuning's bound"):
-        bn.run(topology, protocol="coordinated", checkpoint_interval="auto",
-               trt_bound_s=9.0, tuning=tuned)
+        bn.run(topology,
+               protocol=bn.protocols.Coordinated(interval_s=bn.AutoInterval(
+                   trt_bound_s=9.0, tuning=tuned)))
     job = tmp_path / "job.py"
     job.write_text("import bastion as bn\ntopology = bn.Topology('t')\n")
     assert cli.main(["run", str(job), "--retune-every", "2"]) == cli.EXIT_USAGE

@@ -28,8 +28,8 @@ def test_none_spills_parts_and_commits_exactly_the_records(tmp_path):
         "pair", lambda v: (v, [v]), parallelism=2).sink("out", bn.sinks.Collect(),
                                                         parallelism=2)
     result = bn.run(topo, storage=f"local://{tmp_path}", lineage=True,
-                    sink_spill_records=SPILL_RECORDS,
-                    frame_records=BATCH_RECORDS, source_batch_records=BATCH_RECORDS)
+                    limits=bn.Limits(sink_spill_records=SPILL_RECORDS),
+                    data_plane=bn.DataPlane(frame_records=BATCH_RECORDS, source_batch_records=BATCH_RECORDS))
     assert sorted(result.outputs["out"]) == [(v, [v]) for v in range(2000)]
     assert len(set(result.output_ids["out"])) == 2000
     reports = _sink_reports(result, "out")
@@ -56,10 +56,11 @@ def test_coordinated_with_a_kill_and_spilling_is_exactly_once(tmp_path):
     topo.source("src", bn.sources.Generator(lambda i: i, count=4000, rate=1500)).key_by(
         lambda v: v % 7).reduce("sum", lambda acc, v: acc + v, initial=0,
                                 parallelism=2).sink("out", bn.sinks.Collect())
-    report = bn.drill(topo, protocol="coordinated", checkpoint_interval=0.5,
+    report = bn.drill(topo, protocol=bn.protocols.Coordinated(interval_s=0.5),
                       faults=[bn.faults.KillInstance("sum", 0, at=1.2)],
-                      storage=f"local://{tmp_path}", sink_spill_records=SPILL_RECORDS,
-                      frame_records=BATCH_RECORDS, source_batch_records=BATCH_RECORDS)
+                      storage=f"local://{tmp_path}",
+                      limits=bn.Limits(sink_spill_records=SPILL_RECORDS),
+                      data_plane=bn.DataPlane(frame_records=BATCH_RECORDS, source_batch_records=BATCH_RECORDS))
     assert [f.landed for f in report.faults] == [True]
     assert report.exactly_once, report.verdict_reason
     store = open_store(f"local://{tmp_path}")

@@ -108,7 +108,7 @@ def test_cec_on_a_slow_store_keeps_loops_and_heartbeats_answering(slow_s3):
     storage = f"s3://bastion-slow/cec?endpoint={slow_s3.endpoint}&secure=false"
     requests_before = slow_s3.requests
     with Probe() as probe:
-        result = bn.run(topo, protocol="cec", checkpoint_interval=0.2, storage=storage)
+        result = bn.run(topo, protocol=bn.protocols.Cec(interval_s=0.2), storage=storage)
     assert slow_s3.requests - requests_before > 20, "the job must have used the slow store"
     final = {}
     for key, acc in result.outputs["out"]:
@@ -132,7 +132,8 @@ def test_a_log_sink_on_a_slow_store_keeps_loops_and_heartbeats_answering(slow_s3
         "sq", lambda v: v * v).sink("log", bn.sinks.Log(out))
     storage = f"s3://bastion-slow/log-job?endpoint={slow_s3.endpoint}&secure=false"
     with Probe() as probe:
-        result = bn.run(topo, protocol=protocol, checkpoint_interval=0.2, storage=storage)
+        result = bn.run(topo,
+                        protocol=bn.protocols.named(protocol, interval_s=0.2), storage=storage)
     written = [r[2] for r in LogReader(open_store(out), "").records()]
     assert written == [i * i for i in range(N)]
     no_failure(result)

@@ -26,7 +26,6 @@ import pytest
 import bastion as bn
 from bastion.runtime.events import EventLimits, decode_events, event_keys, events_prefix, \
     read_events
-from bastion.runtime.job import MasterLimits
 from bastion.spark_jobs.analyze import AnalyzeError, analyze, find_event_logs
 from bastion.storage import CorruptRecordError, open_store
 
@@ -39,7 +38,7 @@ os.environ.setdefault("BASTION_S3_ACCESS_KEY", "AKIABASTIONLOGTEST")
 os.environ.setdefault("BASTION_S3_SECRET_KEY", "bastion-log-test-secret")
 
 # A few records per stored object: a two-second job leaves several chunks.
-SMALL_CHUNKS = MasterLimits(events=EventLimits(chunk_records=8))
+SMALL_CHUNKS = bn.Limits(events=EventLimits(chunk_records=8))
 
 
 def counting(name: str, count: int = 2000, rate: float = 1000) -> bn.Topology:
@@ -54,12 +53,12 @@ def counting(name: str, count: int = 2000, rate: float = 1000) -> bn.Topology:
 def run_two_jobs(storage: str) -> dict[str, str]:
     """A coordinated job killed once and an uncoordinated one without faults;
     their job ids by role."""
-    killed = bn.run(counting("analyze-killed"), protocol="coordinated",
-                    checkpoint_interval=0.2, storage=storage,
+    killed = bn.run(counting("analyze-killed"), protocol=bn.protocols.Coordinated(interval_s=0.2),
+                    storage=storage,
                     faults=[bn.faults.KillInstance("count", 1, at=1.0)],
-                    master_limits=SMALL_CHUNKS)
-    calm = bn.run(counting("analyze-calm"), protocol="uncoordinated",
-                  checkpoint_interval=0.2, storage=storage, master_limits=SMALL_CHUNKS)
+                    limits=SMALL_CHUNKS)
+    calm = bn.run(counting("analyze-calm"), protocol=bn.protocols.Uncoordinated(interval_s=0.2),
+                  storage=storage, limits=SMALL_CHUNKS)
     return {"killed": killed.job_id, "calm": calm.job_id}
 
 

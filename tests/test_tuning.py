@@ -649,10 +649,10 @@ def test_a_restarts_standby_is_borrowed_only_once_the_sources_caught_up(tmp_path
     topo = bn.Topology("standby-after-catch-up")
     topo.source("numbers", bn.sources.Generator(lambda i: i, count=7000, rate=1000.0)).map(
         "wait", waiting_map).sink("out", bn.sinks.Collect())
-    run = bn.run(topo, protocol="coordinated", checkpoint_interval=1.0,
+    run = bn.run(topo, protocol=bn.protocols.Coordinated(interval_s=1.0),
                  faults=[bn.faults.KillWorker(0, at=1.9)],
-                 storage=f"local://{tmp_path}/store", frame_records=256,
-                 source_batch_records=128)
+                 storage=f"local://{tmp_path}/store",
+                 data_plane=bn.DataPlane(frame_records=256, source_batch_records=128))
     events, timeline = run.details["events"], run.details["timeline"]
     restarted = [e["t_s"] for e in events if e["kind"] == "restarted"]
     borrowed = [e["t_s"] for e in events if e["kind"] == "standby_borrowed"]
@@ -693,7 +693,7 @@ def test_a_restart_ends_when_the_tasks_run_not_when_the_job_master_hears_of_it(t
     topo.source("numbers", bn.sources.Generator(lambda i: i, count=3000, rate=1000.0)).map(
         "busy", busy_on_its_first_record).sink("out", bn.sinks.Collect())
     kills = [bn.faults.KillWorker(0, at=1.8)]
-    run = bn.run(topo, protocol="coordinated", checkpoint_interval=0.5, faults=kills,
+    run = bn.run(topo, protocol=bn.protocols.Coordinated(interval_s=0.5), faults=kills,
                  storage=f"local://{tmp_path}/store")
     from bastion.runtime.plan import build_plan
 

@@ -128,7 +128,7 @@ def test_a_drill_kill_leaves_the_pool_healthy_and_pooled_runs_exactly_once(proto
     storage = f"local://{tmp_path}"
     expected = sorted(bn.run(generated(), storage=storage).outputs["out"])
     for round_ in range(2):  # the second drill runs on what the first one left
-        report = bn.drill(generated(), protocol=protocol, checkpoint_interval=0.4,
+        report = bn.drill(generated(), protocol=bn.protocols.named(protocol, interval_s=0.4),
                           faults=[bn.faults.KillWorker(round_, at=0.8)], storage=storage)
         assert report.faults_landed
         assert report.metrics.protocol.failures, "the kill must have forced a restart"
@@ -162,11 +162,11 @@ def test_idle_workers_are_killed_after_the_idle_timeout(tmp_path):
     mine = [w for w in idle_workers() if ids([w]) <= set(result.details["workers"])]
     assert len(mine) == 2
     with pytest.raises(ValueError, match="pool_idle_timeout_s"):
-        bn.run(counting("pool-shrink", WORDS), pool_idle_timeout_s=0)
+        bn.run(counting("pool-shrink", WORDS), limits=bn.Limits(pool_idle_timeout_s=0))
     # the knob is bn.run's: the next job borrows the same idle workers (idle ones are
     # lent first) and leaves them idle again under the short timeout
     bn.run(counting("pool-shrink", WORDS), storage=f"local://{tmp_path}",
-           pool_idle_timeout_s=0.5)
+           limits=bn.Limits(pool_idle_timeout_s=0.5))
     try:
         # no assertion on how long it takes: wait, up to a generous bound, until the
         # pool let them go, then check with Ray that their processes ended

@@ -32,7 +32,7 @@ def main(protocol: str, storage_dir: str) -> None:
     cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
     try:
         ray.init(address=cluster.address, logging_level="WARNING")
-        report = bn.drill(wordcount(), protocol=protocol, checkpoint_interval=0.4,
+        report = bn.drill(wordcount(), protocol=bn.protocols.named(protocol, interval_s=0.4),
                           faults=[bn.faults.KillNode(1, at=1.0)],
                           storage=f"local://{storage_dir}")
         fault = next(e for e in report.events if e["kind"] == "fault")

@@ -12,6 +12,8 @@ recovery, redundancy, limits, storage) are in `bastion.options`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from bastion.protocols.acks import AcksProtocol
 from bastion.protocols.base import Protocol, TaskProtocol
 from bastion.protocols.cec import CecPolicy, CecProtocol
@@ -62,6 +64,22 @@ def get_protocol(name: str | Protocol) -> Protocol:
     return cls()
 
 
+def named(name: str, **knobs: Any) -> Protocol:
+    """The protocol called ``name`` with ``knobs`` set — ``named("coordinated",
+    interval_s=0.5)`` is ``Coordinated(interval_s=0.5)`` — for code that holds a
+    protocol's name (a configuration file, a parametrized test, the command line). A
+    knob the protocol does not have is a `TypeError` naming the protocol."""
+    cls = _PROTOCOLS.get(name) if isinstance(name, str) else None
+    if cls is None:
+        get_protocol(name)   # raises, naming what is known
+        raise TypeError(f"named() takes a protocol's name, got {name!r}: give the "
+                        "knobs to the protocol object itself")
+    try:
+        return cls(**knobs)
+    except TypeError as exc:
+        raise TypeError(f"protocol {name!r} has no such knob: {exc}") from None
+
+
 def default_of(protocol: Protocol) -> bool:
     """Is ``protocol`` one of the protocol objects above (not a subclass of one): its
     name then says all a report needs, as it does for the shorthand string."""
@@ -69,4 +87,4 @@ def default_of(protocol: Protocol) -> bool:
 
 
 __all__ = ["Acks", "Cec", "CecPolicy", "Cic", "Coordinated", "NoCheckpoints", "Protocol",
-           "TaskProtocol", "Uncoordinated", "get_protocol"]
+           "TaskProtocol", "Uncoordinated", "get_protocol", "named"]

@@ -381,18 +381,13 @@ class AcksProtocol(Protocol):
     max_pending: int = 100_000
 
     def __init__(self, mode: str = "fine", timeout_s: float = 5.0,
-                 max_pending: int = 100_000, *, interval_s: float | None = None,
-                 ack_timeout_s: float | None = None):
+                 max_pending: int = 100_000, *, interval_s: float | None = None):
         """``mode``: how acknowledgments are tracked, ``"fine"`` (per tuple) or
         ``"xor"`` (Storm's XOR ledger); ``timeout_s``: how long a source root may
         stay unacknowledged before it is replayed, in seconds; ``max_pending``: the
         most unacknowledged roots per source before it waits; ``interval_s``: how
         often sinks commit (and acknowledge), in seconds (None: 1 s) — shorter than
-        ``timeout_s``, checked here when it is given and when a run starts.
-        ``ack_timeout_s`` is the former name of ``timeout_s``, kept
-        while older code moves over."""
-        if ack_timeout_s is not None:
-            timeout_s = ack_timeout_s
+        ``timeout_s``, checked here when it is given and when a run starts."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
