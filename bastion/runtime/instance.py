@@ -29,7 +29,7 @@ import os
 import pickle
 import time
 import traceback
-from typing import Any, Callable, Coroutine, Sequence
+from typing import Any, Callable, Coroutine, Sequence, cast
 
 import msgpack
 import ray
@@ -169,7 +169,7 @@ class Router:
         self.emitted(batch, channel.channel_id, copy)
         return channel.add_batch(batch)
 
-    def _split(self, batch: Batch, parts: list[int], copy: bool = False
+    def _split(self, batch: Batch, parts: bytes | list[int], copy: bool = False
                ) -> list[OutputChannel]:
         return [channel for channel, part in zip(self.channels,
                                                  batch.split(parts, len(self.channels)))
@@ -179,6 +179,7 @@ class Router:
         """Each record's channel: one byte a record (`columns.partitions`), or a list
         of ints beyond 256 channels."""
         memo, keys, n = self.memo, batch.keys, len(self.channels)
+        assert keys is not None  # a hash edge keys its batches (`apply_key`)
         try:
             return self._remembered_parts(keys)
         except KeyError:
@@ -214,9 +215,14 @@ class Router:
         n = len(self.channels)
         edge = self.edge
         if edge.partition == HASH:
-            hashes = [self._key_hash(k, batch, i) for i, k in enumerate(batch.keys)]
+            keys = batch.keys
+            assert keys is not None  # a hash edge keys its batches (`apply_key`)
+            hashes = [self._key_hash(k, batch, i) for i, k in enumerate(keys)]
         else:
-            hashes = record_hashes(batch.ids)
+            ids = batch.ids
+            # copies on an unkeyed edge are told apart by id: lineage is on for them
+            assert ids is not None
+            hashes = record_hashes(ids)
         ratio = self.copies
         if edge.partition == HASH or edge.by_id:
             parts = [h % n for h in hashes]
@@ -325,7 +331,7 @@ class Task(TaskContext):
         self.open_feedback = {c.channel_id for c in plan.inputs if c.feedback}
         self.loop_done = False
         # Deterministic mode: inputs are consumed in a fixed order, not as they arrive.
-        self.merge = (DeterministicMerge(self.open_inputs)
+        self.merge: DeterministicMerge | None = (DeterministicMerge(self.open_inputs)
                       if config.deterministic and self.open_inputs else None)
         self.watermark = -math.inf
         self.gate = InputGate(config.inbox_frames)
@@ -453,6 +459,7 @@ class Task(TaskContext):
 
     async def _run_source(self) -> None:
         source, batch_records = self.source, self.config.source_batch_records
+        assert source is not None  # `run` calls this for a source task only
         counts = self.counts[0]
         protocol = self.protocol
         reads_store = source.reader.reads_store
@@ -465,11 +472,12 @@ class Task(TaskContext):
                 await protocol.between_frames()
                 await asyncio.sleep(_IDLE_SOURCE_SLEEP_S)
                 continue
+            # a count of records: the protocol's room is a count or math.inf
+            max_records = int(min(batch_records, room))
             if reads_store:                                                 # receive
-                batch = await asyncio.to_thread(source.poll, min(batch_records, room),
-                                                time.time())
+                batch = await asyncio.to_thread(source.poll, max_records, time.time())
             else:
-                batch = source.poll(min(batch_records, room), time.time())
+                batch = source.poll(max_records, time.time())
             if batch is None:
                 break
             if len(batch):
@@ -517,6 +525,7 @@ class Task(TaskContext):
         """The loop in deterministic mode: process what the merge says comes next;
         receive only while the channel whose turn it is has nothing queued."""
         merge, gate, inputs, decode = self.merge, self.gate, self.inputs, self.codec.decode
+        assert merge is not None  # `run` calls this in deterministic mode only
         timeout_s = self.config.buffer_timeout_s
         while self.open_inputs:
             step = merge.next()
@@ -552,10 +561,12 @@ class Task(TaskContext):
         """A frame enters the merge's queues: it is now received. Protocol control
         records act on arrival (an unaligned barrier snapshots here)."""
         channel_id = channel.channel_id
+        merge = self.merge
+        assert merge is not None  # frames are admitted to the merge in deterministic mode
         await self.protocol.on_frame(channel_id, seq, elements)
         for element in elements:
             if type(element) in (Batch, Watermark, EndOfStream):
-                self.merge.push(channel_id, element)
+                merge.push(channel_id, element)
             else:
                 await self.protocol.on_control(channel_id, element)
         self.received_seq[channel_id] = seq
@@ -586,6 +597,8 @@ class Task(TaskContext):
             if kind is Batch:
                 batch = self.protocol.on_batch(channel_id, element)
                 if batch is not None and channel_id in self.copied_inputs:
+                    # made whenever some input is copied, as this one is
+                    assert self.first_copies is not None
                     keep = self.first_copies.keep(batch.ids)
                     if keep is not None:
                         kept = set(keep)
@@ -635,21 +648,24 @@ class Task(TaskContext):
             keyed = False
             c = counts[j]
             c.records_in += len(batch)
-            batch = ops[j].process(batch, input_index if j == start else 0)
+            processed = ops[j].process(batch, input_index if j == start else 0)
             if self.faults is not None:
                 await self._stall(j, c.records_in)
-            if batch is None or not len(batch):
+            if processed is None or not len(processed):
                 if self.sinks:  # a sink ends the chain: it may have staged enough
                     await self._spill_full_sinks()
                 return
+            batch = processed
             c.records_out += len(batch)
         await self._emit(batch)
 
     async def _stall(self, position: int, records_done: int) -> None:
         """An injected computational fault of the chain's operator at ``position``."""
-        stalls = self.faults.execute.get(position)
+        faults = self.faults
+        assert faults is not None  # called only when the task has faults injected
+        stalls = faults.execute.get(position)
         if stalls:
-            stall_s = self.faults.stall_s(stalls, records_done)
+            stall_s = faults.stall_s(stalls, records_done)
             if stall_s > 0:
                 await asyncio.sleep(stall_s)
 
@@ -884,6 +900,7 @@ class Task(TaskContext):
         return bool(self.sinks)
 
     def source_identity(self) -> tuple[int, int]:
+        assert self.source is not None  # asked of a source task only
         return self.source.ctx.code, self.index
 
     def source_task(self, source_code: int, instance: int) -> int:
@@ -1139,7 +1156,8 @@ class Task(TaskContext):
         }
 
 
-@ray.remote(num_cpus=0, concurrency_groups={"liveness": 1})
+# Ray's stubs list no concurrency_groups among @ray.remote's options
+@ray.remote(num_cpus=0, concurrency_groups={"liveness": 1})  # type: ignore[call-overload]
 class Worker:
     """A Ray actor hosting the tasks of one slot (instance ``i`` of every chain with
     ``i % workers == worker_index``). After a failure the job master resets it and
@@ -1194,7 +1212,9 @@ class Worker:
         self.worker_index = worker_index
         # The job's key (a fresh one per job, from its master): the server takes links
         # of this job only from now on, and links of the job before are not reused.
-        key, limits = JobKey(config.job_id, config.frame_key), LinkLimits.of(config)
+        # JobKey refuses a config without its key (None), naming where one comes from
+        key = JobKey(config.job_id, cast(bytes, config.frame_key))
+        limits = LinkLimits.of(config)
         self.frames.bind(key, limits)
         self.links.bind(key, limits)
         # which tasks a failure restarts: what the channels into them must survive
@@ -1235,6 +1255,7 @@ class Worker:
         of every task (default: the plan's; None: a task that is pending, whose
         inputs are held upstream — `HeldOutputChannel`)."""
         await self.reset()
+        assert self.config is not None  # `bind` comes before any deploy
         self.worker_index = worker_index
         self.attempt = attempt
         self.epoch = (self.config.job_id, attempt)
@@ -1305,12 +1326,13 @@ class Worker:
     async def _add_tasks(self, plan: PhysicalPlan, peers: list[tuple[str, int]],
                          restore: Any, assignment: list[int | None] | None,
                          task_ids: list[int]) -> list["Task"]:
-        config = self.config
+        config, store = self.config, self.store
+        assert config is not None and store is not None  # `bind` set both
         # Links to every other worker: frames go to the workers downstream, and a
         # protocol that acknowledges tuples sends to the workers of their sources.
         await self.links.connect([address for slot, address in enumerate(peers)
                                   if slot != self.worker_index])
-        added = [Task(plan.tasks[t], plan, config, self.store, self.master, self.attempt,
+        added = [Task(plan.tasks[t], plan, config, store, self.master, self.attempt,
                       self._incarnation(t))
                  for t in task_ids]
         self.tasks.update((task.task_id, task) for task in added)
@@ -1338,20 +1360,22 @@ class Worker:
         job's failover strategy needs to outlive a restart of ``dst``: an upstream
         backup (`ReplayableOutputChannel`) or a channel that drops frames while it
         is down (`ReroutableOutputChannel`)."""
-        config = self.config
+        config, failover, epoch = self.config, self.failover, self.epoch
+        # `bind` set the config and the failover, `deploy` the epoch, before any channel
+        assert config is not None and failover is not None and epoch is not None
         dst_worker = _worker_of(plan, assignment, dst)
         recovery = config.recovery
         held_frames_in_memory = 64 if recovery is None else recovery.held_frames_in_memory
-        if wrapped and self.failover.backs_up_channels:
+        if wrapped and failover.backs_up_channels:
             return ReplayableOutputChannel(
                 channel_id, config.frame_records, config.buffer_timeout_s, task.codec,
                 held_frames_in_memory, self.store,
                 f"jobs/{config.job_id}/held/{self.attempt}/{channel_id}/{task.incarnation}",
                 None if dst_worker is None else self._channel(
                     task, plan, peers, assignment, channel_id, dst, wrapped=False),
-                logs=(not self.failover.adaptive_buffering or self.buffering
+                logs=(not failover.adaptive_buffering or self.buffering
                       or task.source is not None))
-        if wrapped and self.failover.reroutes_channels and dst_worker is not None:
+        if wrapped and failover.reroutes_channels and dst_worker is not None:
             # a receiver lost for much longer than the job master takes to notice a
             # death and restart it was not lost: the link to it broke
             return ReroutableOutputChannel(
@@ -1368,7 +1392,7 @@ class Worker:
             return LocalOutputChannel(channel_id, config.frame_records, config.buffer_timeout_s,
                                       gate.deliver, task.codec, gate.inbox.full)
         remote = RemoteOutputChannel(channel_id, config.frame_records, config.buffer_timeout_s,
-                                     pusher(self.links[peers[dst_worker]], dst, self.epoch,
+                                     pusher(self.links[peers[dst_worker]], dst, epoch,
                                             self._incarnation(dst)),
                                      task.codec, config.max_inflight_frames)
         # Inside a wrapper too: a connection dropped by an injected fault is this
@@ -1421,7 +1445,8 @@ class Worker:
                                                           ReroutableOutputChannel)):
                     channel.detach()
         stopping = [self.tasks.pop(t) for t in task_ids if t in self.tasks]
-        stopped = {self.runner_of.pop(t.task_id, None) for t in stopping} - {None}
+        stopped = {runner for t in stopping
+                   if (runner := self.runner_of.pop(t.task_id, None)) is not None}
         self.unstarted = [t for t in self.unstarted if t.task_id not in region]
         self.runners = [r for r in self.runners if r not in stopped]
         running = set(stopped)
@@ -1487,6 +1512,7 @@ class Worker:
         this worker directly, another's over the link to its worker (no credits: an
         acknowledgment never waits for room in an inbox)."""
         tasks, epoch, links = self.tasks, self.epoch, self.links
+        assert epoch is not None  # made by deploy, join and attach, once the epoch is set
 
         def route(task_id: int, entries: list) -> None:
             local = tasks.get(task_id)
