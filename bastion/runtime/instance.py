@@ -826,7 +826,7 @@ class Task(TaskContext):
                 stored = True
         return stored
 
-    def acknowledge(self, checkpoint_id: int, ref: BlobRef, meta: Any = None) -> None:
+    def acknowledge(self, checkpoint_id: int, ref: BlobRef | None, meta: Any = None) -> None:
         self.acknowledged.append(checkpoint_id)
         self.protocol_message_bytes += len(pickle.dumps((checkpoint_id, ref, meta), protocol=5))
         self.master.acknowledge(self.attempt, self.task_id, checkpoint_id, ref, meta,
