@@ -25,6 +25,7 @@ import pytest
 import bastion as bn
 from bastion.drills import Committed, DrillReport, compare
 from bastion.protocols.acks import AcksProtocol, AcksTask, path_token, token
+from protocol_knobs import with_interval
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -85,7 +86,7 @@ def acks_drill(tmp_path, faults, protocol="acks", count=6000, rate=3000.0,
     0.3-s interval where it takes one."""
     if isinstance(protocol, str):
         protocol = (bn.protocols.NoCheckpoints() if protocol == "none"
-                    else bn.protocols.named(protocol, interval_s=0.3, **knobs))
+                    else with_interval(protocol, interval_s=0.3, **knobs))
     # a killed process is seen at once; a 3-s heartbeat keeps a busy survivor from
     # being taken for dead as well, which would restart more than the kill did
     return bn.drill(pipeline(count, rate), protocol=protocol, faults=faults,
@@ -271,9 +272,9 @@ def test_acks_refuses_operator_state_naming_the_operator(build, operator):
 
 
 def test_acks_options_are_validated_and_belong_to_acks():
-    with pytest.raises(ValueError, match="acks_mode must be one of"):
+    with pytest.raises(ValueError, match="mode must be one of"):
         bn.run(pipeline(10), protocol=bn.protocols.Acks(mode="fast"))
-    with pytest.raises(ValueError, match="ack_timeout_s must be a number > 0"):
+    with pytest.raises(ValueError, match="timeout_s must be a number > 0"):
         bn.run(pipeline(10), protocol=bn.protocols.Acks(timeout_s=0))
     with pytest.raises(ValueError, match="max_pending must be an int >= 1"):
         bn.run(pipeline(10), protocol=bn.protocols.Acks(max_pending=0))

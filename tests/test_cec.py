@@ -25,6 +25,7 @@ from bastion.runtime.merge import DeterministicMerge
 from bastion.runtime.records import Batch, EndOfStream
 from bastion.storage import LogReader, open_store
 from test_drills import keyed_join as join
+from protocol_knobs import with_interval
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -76,7 +77,7 @@ def storage(tmp_path_factory):
 
 def cec_drill(workload, storage, *, reference_storage=None, protocol="cec", seed=None,
               faults=None):
-    return bn.drill(WORKLOADS[workload](), protocol=bn.protocols.named(protocol, interval_s=0.3),
+    return bn.drill(WORKLOADS[workload](), protocol=with_interval(protocol, interval_s=0.3),
                     faults=faults or [bn.faults.RandomKills(count=1, between=(0.5, 1.4))],
                     seed=seed, reference=reference(workload, reference_storage or storage),
                     storage=storage)
@@ -276,8 +277,9 @@ def test_cec_policy_is_validated_and_belongs_to_cec():
         CecPolicy(extent_target=0)
     with pytest.raises(ValueError, match="check_interval_s .* must not exceed period_s"):
         CecPolicy(check_interval_s=1.0, period_s=0.5)
-    with pytest.raises(ValueError, match="policy of protocol 'cec'"):
-        bn.run(keyed_sum(count=10), protocol=bn.protocols.Coordinated(policy=CecPolicy()))
+    # the policy is a knob of the cec protocol object, and of no other
+    with pytest.raises(TypeError, match="policy"):
+        bn.protocols.Coordinated(policy=CecPolicy())
 
 
 # -- the log the runtime writes ---------------------------------------------------------------

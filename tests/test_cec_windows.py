@@ -25,6 +25,7 @@ from bastion.drills import reference_runs
 from bastion.protocols import eventual
 from bastion.protocols.cec import CecPolicy, CecProtocol, CecTask, log_prefix
 from bastion.storage import LogReader, open_store
+from protocol_knobs import with_interval
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -171,7 +172,7 @@ EAGER = CecPolicy(extent_target=5, replay_target=50, period_s=0.02)
 def cec_drill(workload, storage, faults, protocol="cec", policy=None):
     knobs = {} if policy is None else {"policy": policy}
     return bn.drill(WORKLOADS[workload](),
-                    protocol=bn.protocols.named(protocol, interval_s=0.3, **knobs),
+                    protocol=with_interval(protocol, interval_s=0.3, **knobs),
                     faults=faults, reference=reference(workload, storage), storage=storage)
 
 

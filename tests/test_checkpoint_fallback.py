@@ -22,6 +22,7 @@ from bastion.errors import NoUsableCheckpointError
 from bastion.protocols.uncoordinated import RecoveryLineCoordinator, checkpoint_number
 from bastion.scheduler.detector import unreadable_blob
 from bastion.storage import CheckpointStore, StorageError, open_store
+from protocol_knobs import with_interval
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -86,7 +87,7 @@ def run(tmp_path: Path, which: str, keep: bool, protocol: str = "coordinated"
         mapped = mapped.filter("last", lambda i: i >= COUNT - 10)
     mapped.sink("out", bn.sinks.Collect())
     return bn.run(topo,
-                  protocol=bn.protocols.named(protocol, interval_s=0.2, retained_checkpoints=3),
+                  protocol=with_interval(protocol, interval_s=0.2, retained_checkpoints=3),
                   storage=storage)
 
 

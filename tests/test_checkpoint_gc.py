@@ -7,6 +7,7 @@ import pytest
 
 import bastion as bn
 from bastion.storage import CheckpointStore, open_store
+from protocol_knobs import with_interval
 
 from test_drills import reference, wordcount
 
@@ -42,7 +43,7 @@ def test_retained_checkpoints_must_be_positive():
 @pytest.mark.parametrize("protocol", ["uncoordinated", "cic"])
 def test_independent_checkpoints_below_the_recovery_line_are_reclaimed(protocol, tmp_path):
     storage = f"local://{tmp_path}"
-    report = bn.drill(wordcount(), protocol=bn.protocols.named(protocol, interval_s=0.2),
+    report = bn.drill(wordcount(), protocol=with_interval(protocol, interval_s=0.2),
                       faults=[bn.faults.KillInstance("count", 0, at=1.4)],
                       reference=reference("wordcount", storage), storage=storage)
     assert report.exactly_once, report.verdict_reason

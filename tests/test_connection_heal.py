@@ -26,6 +26,7 @@ from bastion.runtime import transport
 from bastion.runtime.channel import InputGate
 from bastion.runtime.plan import build_plan
 from bastion.runtime.transport import FrameServer, PeerLink, PeerLinks, pusher
+from protocol_knobs import with_interval
 
 EPOCH = ("job-heal", 0)
 CHANNELS = (3, 4)
@@ -438,7 +439,7 @@ def test_a_drill_that_drops_connections_under_upstream_backups_loses_nothing(
     # These protocols wrap every channel in an upstream backup (a failure restarts the
     # failed tasks and their downstream alone): the TCP channel inside it is torn.
     report = bn.drill(two_worker_pipeline(),
-                      protocol=bn.protocols.named(protocol, interval_s=0.3), faults=[DROPS],
+                      protocol=with_interval(protocol, interval_s=0.3), faults=[DROPS],
                       reference=reference, storage=drill_storage)
     assert_healed_without_restart(report)
     assert report.exactly_once, report.verdict_reason

@@ -15,6 +15,7 @@ import pytest
 
 import bastion as bn
 from bastion.bench import nexmark as nx
+from protocol_knobs import with_interval
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -40,7 +41,7 @@ def storage(tmp_path_factory):
 def test_reachability_loop_terminates_with_the_bfs_answer(protocol, storage):
     topo, sink = reach_topology()
     assert topo.has_feedback()
-    result = bn.run(topo, protocol=bn.protocols.named(protocol, interval_s=0.05), storage=storage)
+    result = bn.run(topo, protocol=with_interval(protocol, interval_s=0.05), storage=storage)
     found = pairs(result.outputs[sink])
     assert set(found) == nx.reachability_reference(GRAPH)
     assert max(found.values()) == 1, "every (root, vertex) pair is reported once"
@@ -55,7 +56,7 @@ def test_reachability_loop_terminates_with_the_bfs_answer(protocol, storage):
 def test_a_kill_inside_the_loop_loses_and_duplicates_nothing(protocol, storage):
     topo, sink = reach_topology()
     join = next(name for name in topo.nodes if name.endswith("join"))
-    report = bn.drill(topo, protocol=bn.protocols.named(protocol, interval_s=0.05), storage=storage,
+    report = bn.drill(topo, protocol=with_interval(protocol, interval_s=0.05), storage=storage,
                       faults=[bn.faults.KillInstance(join, 1, at=0.25)])
     # at least the kill's restart (a missed heartbeat on a busy machine may add one)
     assert report.metrics.protocol.failures

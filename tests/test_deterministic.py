@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 import bastion as bn
+from protocol_knobs import with_interval
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -82,7 +83,7 @@ def test_three_runs_commit_identical_outputs_in_order(shape):
 def test_a_recovered_run_commits_exactly_the_failure_free_sequence(protocol, shape, seed,
                                                                    tmp_path):
     storage = f"local://{tmp_path}"
-    options = dict(protocol=bn.protocols.named(protocol, interval_s=0.3), storage=storage,
+    options = dict(protocol=with_interval(protocol, interval_s=0.3), storage=storage,
                    deterministic=True, lineage=True)
     build = SHAPES[shape]
     reference = bn.run(build(count=5000, rate=2500), **options)

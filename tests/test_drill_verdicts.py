@@ -27,6 +27,7 @@ import bastion.drills
 from bastion.drills import reference_runs
 from bastion.protocols.coordinated import CoordinatedProtocol
 from bastion.runtime.records import Batch
+from protocol_knobs import with_interval
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -125,7 +126,7 @@ def test_a_failure_free_drill_of_an_order_sensitive_topology_is_clean(shape, ver
 @pytest.mark.parametrize("shape", ["accounts", "join-sum"])
 def test_random_kills_on_an_order_sensitive_topology_are_exactly_once(shape, protocol,
                                                                       storage):
-    report = bn.drill(SHAPES[shape](), protocol=bn.protocols.named(protocol, interval_s=0.4),
+    report = bn.drill(SHAPES[shape](), protocol=with_interval(protocol, interval_s=0.4),
                       faults=[bn.faults.RandomKills(1, between=(0.6, 1.4))], seed=3,
                       reference=reference(shape, storage), storage=storage)
     assert report.verified_by == "deterministic"
@@ -141,7 +142,7 @@ def test_random_kills_on_an_order_sensitive_topology_are_exactly_once(shape, pro
 @pytest.mark.parametrize("seed", [11, 12])
 def test_more_kill_schedules_on_order_sensitive_topologies(protocol, seed, storage):
     for shape in ("accounts", "join-sum"):
-        report = bn.drill(SHAPES[shape](), protocol=bn.protocols.named(protocol, interval_s=0.3),
+        report = bn.drill(SHAPES[shape](), protocol=with_interval(protocol, interval_s=0.3),
                           faults=[bn.faults.RandomKills(2, between=(0.5, 1.6))], seed=seed,
                           reference=reference(shape, storage), storage=storage)
         assert report.faults_landed, [f.note for f in report.faults]
@@ -152,7 +153,7 @@ def test_more_kill_schedules_on_order_sensitive_topologies(protocol, seed, stora
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_random_kills_verified_by_ids_are_exactly_once(protocol, storage):
     report = bn.drill(SHAPES["accounts-ingest-time"](),
-                      protocol=bn.protocols.named(protocol, interval_s=0.4),
+                      protocol=with_interval(protocol, interval_s=0.4),
                       seed=5,
                       faults=[bn.faults.RandomKills(1, between=(0.6, 1.4))],
                       reference=reference("accounts-ingest-time", storage), storage=storage)
@@ -275,7 +276,7 @@ class SourcesRestoreOlder(BrokenCoordinated):
 
 
 def broken_drill(protocol, storage, **options) -> bn.DrillReport:
-    return bn.drill(accounts(), protocol=bn.protocols.named(protocol, interval_s=0.3),
+    return bn.drill(accounts(), protocol=with_interval(protocol, interval_s=0.3),
                     reference=reference("accounts", storage), storage=storage, **options)
 
 

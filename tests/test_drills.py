@@ -27,6 +27,7 @@ import pytest
 import bastion as bn
 from bastion.drills import reference_runs
 from bastion.storage import CheckpointStore, open_store
+from protocol_knobs import with_interval
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -100,7 +101,7 @@ def drill_storage(tmp_path_factory):
 def test_random_kills_lose_and_duplicate_nothing(protocol, workload, seed, drill_storage):
     ref = reference(workload, drill_storage)
     assert sum(map(len, ref[0].outputs.values())) > 0
-    report = bn.drill(WORKLOADS[workload](), protocol=bn.protocols.named(protocol, interval_s=0.4),
+    report = bn.drill(WORKLOADS[workload](), protocol=with_interval(protocol, interval_s=0.4),
                       faults=[bn.faults.RandomKills(count=1, between=(0.6, 1.5))], seed=seed,
                       reference=ref, storage=drill_storage)
     assert [e["kind"] for e in report.events].count("fault") == 1
@@ -118,7 +119,7 @@ def test_random_kills_lose_and_duplicate_nothing(protocol, workload, seed, drill
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_two_kills_in_one_run(protocol, drill_storage):
-    report = bn.drill(wordcount(), protocol=bn.protocols.named(protocol, interval_s=0.4),
+    report = bn.drill(wordcount(), protocol=with_interval(protocol, interval_s=0.4),
                       faults=[bn.faults.KillInstance("count", 0, at=0.6),
                               bn.faults.KillInstance("split", 1, at=1.6)],
                       reference=reference("wordcount", drill_storage),
@@ -223,7 +224,7 @@ def test_losing_a_whole_node_kills_every_process_on_it_and_loses_nothing(protoco
                                                                         drill_storage):
     # A single-machine Ray has one node: every worker and the standby die together, so
     # the job comes back on fresh processes from its checkpoints alone.
-    report = bn.drill(wordcount(), protocol=bn.protocols.named(protocol, interval_s=0.4),
+    report = bn.drill(wordcount(), protocol=with_interval(protocol, interval_s=0.4),
                       faults=[bn.faults.KillNode(0, at=1.0)],
                       reference=reference("wordcount", drill_storage),
                       storage=drill_storage)
@@ -258,7 +259,7 @@ def test_a_node_that_does_not_exist_fails_before_the_run():
 def test_a_second_kill_during_the_recovery_is_recovered_too(protocol, drill_storage):
     # The second kill lands while the job master replaces workers or redeploys after
     # the first (detection takes ~0.05 s, a restart ~0.2 s).
-    report = bn.drill(wordcount(), protocol=bn.protocols.named(protocol, interval_s=0.4),
+    report = bn.drill(wordcount(), protocol=with_interval(protocol, interval_s=0.4),
                       faults=[bn.faults.KillWorker(0, at=1.0), bn.faults.KillWorker(1, at=1.08)],
                       reference=reference("wordcount", drill_storage),
                       storage=drill_storage)

@@ -16,6 +16,7 @@ import collections
 import pytest
 
 import bastion as bn
+from protocol_knobs import with_interval
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -42,7 +43,7 @@ def test_checkpoints_in_flight_when_the_job_ends_lose_no_output(protocol, tmp_pa
     # Checkpoints every 10 ms of a half-second job: one is in flight at the end of
     # nearly every run, and which way the race goes varies, so the job runs many times.
     for run in range(25):
-        result = bn.run(running_count(), protocol=bn.protocols.named(protocol, interval_s=0.01),
+        result = bn.run(running_count(), protocol=with_interval(protocol, interval_s=0.01),
                         storage=f"local://{tmp_path}")
         outputs = sorted(tuple(o) for o in result.outputs["out"])
         assert outputs == expected(), (

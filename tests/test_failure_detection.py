@@ -20,6 +20,7 @@ import ray
 
 import bastion as bn
 from bastion.scheduler.detector import Failure, answers, watch_heartbeats
+from protocol_knobs import with_interval
 
 
 class _Call:
@@ -97,7 +98,7 @@ def test_a_busy_run_with_a_short_heartbeat_commits_exact_outputs(protocol, tmp_p
     count, keys = 200_000, 50
     result = bn.run(busy_keyed_count(count, keys),
                     protocol=(protocol if protocol == "none"
-                              else bn.protocols.named(protocol, interval_s=0.5)),
+                              else with_interval(protocol, interval_s=0.5)),
                     recovery=bn.Recovery(heartbeat_timeout_s=0.5), storage=f"local://{tmp_path}")
     assert result.metrics.source_records == count
     per_key = collections.defaultdict(list)

@@ -31,6 +31,7 @@ from bastion.runtime.recovery_times import (RecoveryTimes, caught_up_at, failure
                                             rate_recovered_at, recovery_times)
 from bastion.scheduler import tuning
 from bastion.spark_jobs.analyze import failures_of
+from protocol_knobs import with_interval
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -130,7 +131,7 @@ def analyze_rows(report) -> list[tuple]:
     pytest.param("cic", marks=pytest.mark.slow),
     pytest.param("cec", marks=pytest.mark.slow)])
 def test_every_printed_figure_of_a_drill_obeys_its_definition(protocol, storage, reference):
-    report = bn.drill(pipeline(), protocol=bn.protocols.named(protocol, interval_s=0.3),
+    report = bn.drill(pipeline(), protocol=with_interval(protocol, interval_s=0.3),
                       faults=the_kill(), reference=reference, storage=storage,
                       recovery=bn.Recovery(heartbeat_timeout_s=3.0))
     [fault] = report.faults

@@ -31,6 +31,7 @@ from bastion.scheduler.failover import (RestartAll, RestartDownstream, RestartFa
                                         RestartPipelinedRegion, TaskGraph, check_failover,
                                         failover_strategy)
 from bastion.scheduler.recovery import RecoveryPolicy
+from protocol_knobs import with_interval
 
 
 # -- the strategies ----------------------------------------------------------------------
@@ -217,7 +218,7 @@ def branches(ray_session, tmp_path_factory):
 
 def drill(storage: str, reference: list, failover: str, chaining: bool = True,
           protocol: str = "coordinated") -> bn.DrillReport:
-    return bn.drill(two_branches(), protocol=bn.protocols.named(protocol, interval_s=0.3),
+    return bn.drill(two_branches(), protocol=with_interval(protocol, interval_s=0.3),
                     faults=[bn.faults.KillInstance("b_map", 1, at=1.5)],
                     reference=reference, storage=storage,
                     recovery=bn.Recovery(failover=failover, heartbeat_timeout_s=3.0),
@@ -428,7 +429,7 @@ def three(ray_session, tmp_path_factory):
 
 def cec_kill(three, protocol="cec") -> bn.DrillReport:
     storage, reference = three
-    return bn.drill(keyed_three(), protocol=bn.protocols.named(protocol, interval_s=0.3),
+    return bn.drill(keyed_three(), protocol=with_interval(protocol, interval_s=0.3),
                     faults=[bn.faults.KillInstance("sum", 2, at=1.5)],
                     reference=reference, storage=storage,
                     recovery=bn.Recovery(heartbeat_timeout_s=3.0))

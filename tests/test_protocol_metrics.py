@@ -8,6 +8,7 @@ import pytest
 
 import bastion as bn
 from bastion.storage import open_store
+from protocol_knobs import with_interval
 
 from test_drills import wordcount
 
@@ -22,7 +23,7 @@ def storage(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(storage):
     return {protocol: bn.run(wordcount(rate=3000, count=3000),
-                             protocol=bn.protocols.named(protocol, interval_s=0.2),
+                             protocol=with_interval(protocol, interval_s=0.2),
                              storage=storage)
             for protocol in ("none", "coordinated", "uncoordinated", "cic")}
 

@@ -241,7 +241,7 @@ def hidden_latencies(faults: list, tmp_path) -> list[float]:
     policy = bn.ResiliencyPolicy(latency_bound_ms=1e4, initial_ratio=1.0, max_ratio=1.0,
                                  perf_margin=0.9999)
     result = bn.run(grep(count=12_000, rate=3000),
-                    redundancy=bn.Redundancy(ratio="auto", resiliency=policy),
+                    redundancy=bn.Redundancy(ratio="auto", policy=policy),
                     faults=faults, storage=f"local://{tmp_path}")
     assert {d["ratio"] for d in copies(result)["decisions"]} == {1.0}
     return [d["hidden_ms"] for d in copies(result)["decisions"] if d["hidden_ms"] is not None]
@@ -271,7 +271,7 @@ def test_a_stall_in_progress_raises_the_ratio_before_its_tuples_come_out(tmp_pat
         stalls = [bn.faults.Timing("upper", instances=[0], magnitude=bn.faults.Constant(0.6),
                                    mtbf_s=1.5, seed=3)]
         result = bn.run(grep(count=12_000, rate=3000),
-                        redundancy=bn.Redundancy(ratio="auto", resiliency=policy),
+                        redundancy=bn.Redundancy(ratio="auto", policy=policy),
                         faults=stalls, storage=f"local://{tmp_path}/{stall_ratio}")
         assert sorted(result.outputs["out"]) == sorted(
             f"LINE {i} NEEDLE" for i in range(0, 12_000, 3))

@@ -20,6 +20,7 @@ import ray
 
 import bastion as bn
 from bastion.storage import LogReader, open_store
+from protocol_knobs import with_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -133,7 +134,7 @@ def test_a_log_sink_on_a_slow_store_keeps_loops_and_heartbeats_answering(slow_s3
     storage = f"s3://bastion-slow/log-job?endpoint={slow_s3.endpoint}&secure=false"
     with Probe() as probe:
         result = bn.run(topo,
-                        protocol=bn.protocols.named(protocol, interval_s=0.2), storage=storage)
+                        protocol=with_interval(protocol, interval_s=0.2), storage=storage)
     written = [r[2] for r in LogReader(open_store(out), "").records()]
     assert written == [i * i for i in range(N)]
     no_failure(result)

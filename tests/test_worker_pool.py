@@ -26,6 +26,7 @@ from bastion.runtime.instance import Worker
 from bastion.runtime.job import JobHost
 from bastion.scheduler.pool import IDLE_TIMEOUT_S, get_pool
 from bastion.storage import open_store
+from protocol_knobs import with_interval
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -128,7 +129,7 @@ def test_a_drill_kill_leaves_the_pool_healthy_and_pooled_runs_exactly_once(proto
     storage = f"local://{tmp_path}"
     expected = sorted(bn.run(generated(), storage=storage).outputs["out"])
     for round_ in range(2):  # the second drill runs on what the first one left
-        report = bn.drill(generated(), protocol=bn.protocols.named(protocol, interval_s=0.4),
+        report = bn.drill(generated(), protocol=with_interval(protocol, interval_s=0.4),
                           faults=[bn.faults.KillWorker(round_, at=0.8)], storage=storage)
         assert report.faults_landed
         assert report.metrics.protocol.failures, "the kill must have forced a restart"

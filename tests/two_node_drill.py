@@ -24,6 +24,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 import bastion as bn  # noqa: E402
 from bastion.faults import live_nodes  # noqa: E402
 from test_drills import wordcount  # noqa: E402
+from protocol_knobs import with_interval
 
 
 def main(protocol: str, storage_dir: str) -> None:
@@ -32,7 +33,7 @@ def main(protocol: str, storage_dir: str) -> None:
     cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
     try:
         ray.init(address=cluster.address, logging_level="WARNING")
-        report = bn.drill(wordcount(), protocol=bn.protocols.named(protocol, interval_s=0.4),
+        report = bn.drill(wordcount(), protocol=with_interval(protocol, interval_s=0.4),
                           faults=[bn.faults.KillNode(1, at=1.0)],
                           storage=f"local://{storage_dir}")
         fault = next(e for e in report.events if e["kind"] == "fault")
