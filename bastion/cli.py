@@ -76,11 +76,14 @@ import textwrap
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterator, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn, Sequence
 
 from bastion.errors import (BastionError, StorageError, TopologyError,
                             UnstorableValueError)
 from bastion.topology import Topology
+
+if TYPE_CHECKING:
+    from bastion.scheduler.tuning import Case
 
 EXIT_OK, EXIT_VIOLATED, EXIT_USAGE, EXIT_INCONCLUSIVE, EXIT_FAILED = 0, 1, 2, 3, 4
 EXIT_JOB_FAILED = 1  # `bastion run`: the job failed (a drill's 1 is "violated")
@@ -475,8 +478,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc  # ray[client]); the message says what to do
     except BastionError as exc:  # the job ran and failed (a UDF error, a lost worker)
         progress.close()
-        if args.verbose and getattr(exc, "details", None):
-            print(exc.details, file=sys.stderr)  # a worker's traceback, for a bug report
+        details = getattr(exc, "details", None)
+        if args.verbose and details:
+            print(details, file=sys.stderr)  # a worker's traceback, for a bug report
         _say(str(exc))
         return EXIT_JOB_FAILED
     finally:
@@ -584,8 +588,9 @@ def cmd_drill(args: argparse.Namespace) -> int:
         raise UsageError(message) from exc
     except BastionError as exc:  # a job failed: exit 4
         progress.close()
-        if args.verbose and getattr(exc, "details", None):
-            print(exc.details, file=sys.stderr)  # a worker's traceback, for a bug report
+        details = getattr(exc, "details", None)
+        if args.verbose and details:
+            print(details, file=sys.stderr)  # a worker's traceback, for a bug report
         _say(str(exc))
         return EXIT_FAILED
     finally:
@@ -632,7 +637,7 @@ def _drill_scenario(args: argparse.Namespace) -> int:
             back = q["available_again_s"]
             print(f"  query {name} (priority {q['priority']:g}): available again "
                   + ("never" if back is None else f"{back:.2f} s") + " after the failure")
-    first = max(correlated.PRIORITIES, key=correlated.PRIORITIES.get)
+    first = max(correlated.PRIORITIES, key=lambda name: correlated.PRIORITIES[name])
     times = {label: r.metrics.extra["queries"][first]["available_again_s"]
              for label, r in reports.items()}
     if times["progressive"] is not None and times["blocking"]:
@@ -677,7 +682,7 @@ class TuneProgress:
 
 
 def _tune(args: argparse.Namespace, topology: Topology, store: Any, *, trt_bound_s: float,
-          min_interval_s: float, max_interval_s: float, points: int, case: str = "max",
+          min_interval_s: float, max_interval_s: float, points: int, case: Case = "max",
           parallel: int = 1, duration_s: float | None = None, seed: int = 0,
           max_rate_run_s: float = 4.0, repeats: int = 1, keep_profiles: bool = False,
           failures_per_run: int = 3) -> Any:

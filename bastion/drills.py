@@ -126,8 +126,8 @@ class Committed:
     """What one run committed: per sink, the values and their lineage ids (parallel
     lists, as `RunResult.outputs` and `RunResult.output_ids`)."""
 
-    outputs: dict[str, list]
-    ids: dict[str, list]
+    outputs: dict[str, Sequence[Any]]
+    ids: dict[str, Sequence[Any]]
 
     @classmethod
     def of(cls, result: RunResult) -> "Committed":
@@ -407,8 +407,8 @@ def _restarted_summary(names: Sequence[str], shown: int = 6) -> str:
     return f"{len(names)} operator instance{'s' if len(names) != 1 else ''} ({listed})"
 
 
-def fault_outcomes(kills: Sequence[ScheduledKill], events: Sequence[dict[str, Any]],
-                   timeline: Sequence[dict[str, Any]], ended_s: float | None = None
+def fault_outcomes(kills: Sequence[ScheduledKill], events: Sequence[Mapping[str, Any]],
+                   timeline: Sequence[Mapping[str, Any]], ended_s: float | None = None
                    ) -> list[FaultOutcome]:
     """Match each scheduled kill with what the job master recorded (``fault``,
     ``failure_detected`` and ``restarted`` events, in the order they happened) and
@@ -516,9 +516,9 @@ class DrillReport:
     faults: list[FaultOutcome]
     job_id: str                            # the faulty run
     reference_job_ids: list[str]
-    outputs: dict[str, list]
-    output_ids: dict[str, list]
-    reference_outputs: dict[str, list]     # the (first) reference's committed records
+    outputs: dict[str, Sequence[Any]]
+    output_ids: dict[str, Sequence[Any]]
+    reference_outputs: dict[str, Sequence[Any]]   # the (first) reference's committed records
     seed: int | None = None
     date: str = ""                         # when the drill started, ISO 8601, UTC
     nondeterminism: str | None = None      # why the topology cannot run deterministic
@@ -823,7 +823,8 @@ def drill(topology: Topology, protocol: str | Protocol = "coordinated", *,
                        limits=options.limits)
     if seed is not None:  # every fault that draws at random and has no seed of its own
         faults = [dataclasses.replace(f, seed=seed) if dataclasses.is_dataclass(f)
-                  and getattr(f, "seed", 0) is None else f for f in faults]
+                  and not isinstance(f, type) and getattr(f, "seed", 0) is None else f
+                  for f in faults]
     faults = list(faults)
     # Everything that can be refused is refused before the first run.
     get_protocol(protocol).check(topology)

@@ -115,7 +115,7 @@ def ensure_ray(address: str | None = None) -> None:
             include_dashboard=False,
             ignore_reinit_error=True,
             log_to_driver=True,
-            logging_level="WARNING",
+            logging_level="WARNING",   # type: ignore[arg-type]  # Ray takes a name too
             runtime_env={"env_vars": {k: v or "" for k, v in saved.items()}},
         )
     finally:
@@ -550,7 +550,7 @@ def run(topology: Topology, protocol: "str | Protocol" = "none", *,
                 continue
             if job_started_s is None and now["elapsed_s"] > 0:
                 job_started_s = time.time() - now["elapsed_s"]
-            if due:
+            if due and progress is not None:
                 last_progress_s = time.time()
                 progress(now)
         try:
@@ -605,9 +605,11 @@ def _latency_summaries(tasks: list[dict[str, Any]]) -> dict[str, dict[str, float
             merged.setdefault(name, LatencyHistogram()).merge(LatencyHistogram(buckets))
     summaries = {}
     for name, histogram in merged.items():
-        mean_s, _ = histogram.mean_std()
-        summaries[name] = {"mean": mean_s * 1000.0, **{
-            f"p{q}": histogram.percentile(q) * 1000.0 for q in (50, 90, 99)}}
+        stats = histogram.mean_std()
+        if stats is None:   # nothing measured under that name
+            continue
+        summaries[name] = {"mean": stats[0] * 1000.0, **{
+            f"p{q}": (histogram.percentile(q) or 0.0) * 1000.0 for q in (50, 90, 99)}}
     return summaries
 
 

@@ -104,7 +104,7 @@ class TuningResult:
 
     def rows(self) -> list[tuple[str, ...]]:
         """One row per profiled interval: what was measured and the TRT estimate."""
-        rows = []
+        rows: list[tuple[str, ...]] = []
         for p in self.model.points:
             m = p.measurement
             rows.append((f"{m.interval_s:.2f}", f"{m.ingest_avg_per_s:,.0f}",
@@ -458,6 +458,7 @@ def kill_outcomes_of(kills: Sequence[Any], events: Sequence[Mapping[str, Any]],
             continue
         if found and (found[-1].trt_s is None or found[-1].at_s + found[-1].trt_s > at_s):
             found[-1] = dataclasses.replace(found[-1], trt_s=None)
+        assert o.restart_s is not None   # `landed` kept only kills with a restart
         found.append(KillOutcome(at_s=at_s, detection_s=o.detection_s or 0.0,
                                  restart_s=o.restart_s, trt_s=o.trt_s,
                                  reprocess_s=reprocessed_s(events, at_s)))

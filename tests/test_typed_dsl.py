@@ -7,6 +7,7 @@ through ``map``, ``key_by``, ``reduce`` … to the sink. These tests run mypy as
 subprocess, as a user's CI would:
 
 - over the DSL modules and ``examples/`` with ``--strict``: zero errors;
+- over the whole package with mypy's defaults: zero errors besides a planted one;
 - over a deliberately mistyped topology: each mistake reported, on its line, with the
   message a user would read (so the check is shown able to fail), and nothing else;
 - over a correctly typed topology, whose ``assert_type`` lines pin the types the DSL
@@ -310,3 +311,32 @@ def test_py_typed_ships_with_the_package(tmp_path):
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert any(dep.startswith("mypy") for dep in
                pyproject["project"]["optional-dependencies"]["test"])
+
+
+#: The whole package, as `test_the_whole_package_passes_mypy` checks it: mypy's
+#: defaults (the DSL modules are held to ``--strict`` above; the internals are typed
+#: where a type says something), third-party modules without stubs skipped.
+PACKAGE_CONFIG = """\
+[mypy]
+ignore_missing_imports = True
+show_error_codes = True
+"""
+
+
+def test_the_whole_package_passes_mypy(tmp_path):
+    """Every module under ``bastion/`` type-checks; checked in the same run as a
+    planted mistake, which must be the one error reported — the check can fail."""
+    _mypy_available()
+    config = tmp_path / "mypy.ini"
+    config.write_text(PACKAGE_CONFIG)
+    planted = tmp_path / "planted.py"
+    planted.write_text("import bastion as bn\n\nwrong: int = bn.Topology('t')\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(config),
+         "--cache-dir", str(tmp_path / "cache"), "bastion", str(planted)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    errors = [(Path(m["file"]).name, int(m["line"]), m["message"])
+              for m in map(_ERROR.match, output.splitlines()) if m]
+    assert errors == [("planted.py", 3, 'Incompatible types in assignment (expression has '
+                       'type "Topology", variable has type "int")  [assignment]')], output

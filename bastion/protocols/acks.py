@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, cast
 
 from bastion.errors import TopologyError
 from bastion.lineage import IdRun, fold, path_token, source_root, token
@@ -140,7 +140,7 @@ class AcksTask(TaskProtocol):
     # -- what goes in and out -------------------------------------------------------------
 
     def on_source_batch(self, batch: Batch) -> None:
-        ids = batch.ids
+        ids = cast(IdRun, batch.ids)   # a source's batch: a run of its positions
         self._register(ids.positions, batch.values, batch.ts, batch.born)
         self.read_up_to = max(self.read_up_to, ids.positions[-1])
         self.inputs.append((ids, None))
@@ -208,7 +208,8 @@ class AcksTask(TaskProtocol):
                                        []).append([sign, pack_positions(column.positions),
                                                    self._path_token(column.path) ^ salt])
                     continue
-                kinds, per_source = self.kinds, {}
+                kinds = self.kinds
+                per_source: dict[Any, Any] = {}
                 for rid in column:
                     source, instance, position = source_root(rid, kinds)
                     entry = per_source.get((source, instance))
@@ -325,7 +326,7 @@ class AcksTask(TaskProtocol):
             await self.commit_and_acknowledge()
 
     def counters(self) -> dict[str, float]:
-        counters = {"ack_messages": self.messages_sent}
+        counters: dict[str, float] = {"ack_messages": self.messages_sent}
         if self.task.is_source():
             counters.update(roots_replayed=self.replayed, roots_completed=self.completed,
                             roots_pending=len(self.pending),

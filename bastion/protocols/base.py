@@ -38,6 +38,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Sequence,
 from bastion.runtime.records import Batch, ControlRecord, FrameCodec
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
     from bastion.storage import BlobRef, CheckpointStore, ObjectStore
     from bastion.topology import Topology
 
@@ -82,6 +83,7 @@ class PartedOperator(Structural):
     part sees it; `TaskContext.replace_operator` takes a wrapper with the same calls."""
 
     ctx: Any                      # name, index, code: for messages and dead letters
+    node: Any                     # the topology node it runs
     opened: list | None           # a list: `process` appends each part it opens
     closed: list | None           # a list: `on_watermark` appends each part it closes
     overlapping: bool             # a record goes into several parts (a sliding window)
@@ -110,6 +112,10 @@ class PartedOperator(Structural):
     def results_form(self, out: Batch) -> list: ...
 
     def results_batch(self, form: list) -> Batch: ...
+
+    def snapshot(self) -> Any: ...
+
+    def restore(self, state: Any) -> None: ...
 
 
 class TaskContext(abc.ABC):
@@ -246,8 +252,9 @@ class TaskContext(abc.ABC):
         """A stored blob by key (channel state of a checkpoint not yet complete)."""
 
     @abc.abstractmethod
-    def acknowledge(self, checkpoint_id: int, ref: "BlobRef", meta: Any = None) -> None:
-        """Tell the coordinator this task stored its part of ``checkpoint_id``."""
+    def acknowledge(self, checkpoint_id: int, ref: "BlobRef | None", meta: Any = None) -> None:
+        """Tell the coordinator this task stored its part of ``checkpoint_id`` (``ref``:
+        the blob it stored; None: nothing to store, as a sink's commit point)."""
 
     @abc.abstractmethod
     def count_protocol_bytes(self, n: int) -> None:
@@ -339,7 +346,8 @@ class TaskContext(abc.ABC):
         chain again; they are not counted as read again."""
 
     @abc.abstractmethod
-    def observe_latencies(self, name: str, latencies_s: Sequence[float]) -> None:
+    def observe_latencies(self, name: str, latencies_s: "Sequence[float] | np.ndarray"
+                          ) -> None:
         """Add latencies (seconds; a list or an array) the protocol measured to the
         task's histogram ``name``; merged over tasks into ``RunResult.metrics.extra[
         "protocol_latency_ms"][name]`` (mean, p50, p90, p99)."""

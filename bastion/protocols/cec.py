@@ -99,7 +99,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any
+from typing import Any, Sequence
 
 from bastion.errors import TopologyError, UnserialisableError, UnstorableValueError
 from bastion.lineage import IdRun
@@ -227,12 +227,13 @@ class CecOperator:
         self.position = position
         inner = self.inner
         into = None
-        if self.guard is not None:
+        guard = self.guard
+        if guard is not None:
+            source = f"{ids.source}/{ids.instance}"
             if inner.overlapping:
-                batch, into = self._drop_replayed_windows(batch,
-                                                          f"{ids.source}/{ids.instance}")
+                batch, into = self._drop_replayed_windows(guard, batch, ids.positions, source)
             else:
-                batch = self._drop_replayed(batch, f"{ids.source}/{ids.instance}")
+                batch = self._drop_replayed(guard, batch, ids.positions, source)
             if not len(batch):
                 return None
         self.records_in += len(batch)
@@ -409,7 +410,10 @@ class CecOperator:
         self.newest_control = ec.newest_position
         closed = set(self.codec.unpack_many(list(ec.closed), "eventual checkpoint part"))
         self.position = {s: p for s, p in replay_from.items() if "/" in s}
-        self.guard = _Guard(ec, parts, closed, replay_from, ec.watermark)
+        # no watermark in the checkpoint: the operator starts from nothing, and no
+        # window has fired yet
+        self.guard = _Guard(ec, parts, closed, replay_from,
+                            -math.inf if ec.watermark is None else ec.watermark)
 
     def adopt(self, logged: list, ec: eventual.EventualCheckpoint | None) -> None:
         """Start this (empty) log from an earlier job's: its results, then the loaded
@@ -439,9 +443,8 @@ class CecOperator:
                                                        ec.newest_watermark))
         self.log.flush()
 
-    def _drop_replayed(self, batch: Batch, source: str) -> Batch:
-        guard = self.guard
-        positions = batch.ids.positions
+    def _drop_replayed(self, guard: _Guard, batch: Batch, positions: Sequence[int],
+                       source: str) -> Batch:
         if positions[0] > guard.until.get(source, -1):
             if all(self.position.get(s, -1) >= p for s, p in guard.until.items()):
                 self.guard = None
@@ -462,14 +465,13 @@ class CecOperator:
             batch = batch.take(keep)
         return batch
 
-    def _drop_replayed_windows(self, batch: Batch, source: str) -> tuple[Batch, list | None]:
+    def _drop_replayed_windows(self, guard: _Guard, batch: Batch, positions: Sequence[int],
+                               source: str) -> tuple[Batch, list | None]:
         """`_drop_replayed` for an operator whose records go into several parts (a
         sliding window): each of a record's windows keeps or drops it on its own, as
         its footprint's position, its closing and the watermark say. The batch of the
         records some window keeps, and the windows each goes into (None: all of them,
         the guard having switched itself off)."""
-        guard = self.guard
-        positions = batch.ids.positions
         if positions[0] > guard.until.get(source, -1):
             if all(self.position.get(s, -1) >= p for s, p in guard.until.items()):
                 self.guard = None
@@ -574,7 +576,7 @@ class CecTask(TaskProtocol):
         # Upstream backups (kept when a failure restarts part of the job): per input,
         # the frames taken since the last trim, (seq, newest source position in it),
         # and the trim last sent to the input's sender.
-        self.frames_in: dict[int, deque[tuple[int, int, str | None]]] = {}
+        self.frames_in: dict[int, deque[tuple[int, float, str | None]]] = {}
         self.trimmed: dict[int, int] = {}
         self.trims: set[asyncio.Future] = set()
         self.next_trim_s = time.monotonic()
@@ -630,30 +632,35 @@ class CecTask(TaskProtocol):
         await task.deduplicate_sinks(recovery_line["dedup_jobs"])
 
     def _load(self, ec: eventual.EventualCheckpoint) -> None:
-        task, replay_from = self.task, ec.replay_from
-        self.operator.load(ec, replay_from)
-        task.set_watermark(ec.watermark)
+        task, replay_from, operator = self.task, ec.replay_from, self.operator
+        # only a complete checkpoint of a stateful instance is loaded
+        assert operator is not None and replay_from is not None
+        operator.load(ec, replay_from)
+        task.set_watermark(-math.inf if ec.watermark is None else ec.watermark)
         self.drop_below = {s: p for s, p in replay_from.items() if "/" in s}
         self.consumed = {int(s[1:]): p for s, p in replay_from.items() if s.startswith("#")}
         self.ended = {int(s[1:]) for s, p in replay_from.items()
                       if s.startswith("!") and p > 0}
-        counts = self.operator.channel_counts
+        counts = operator.channel_counts
         counts.update({f"#{c}": n for c, n in self.consumed.items()})
         counts.update({f"!{c}": 1 for c in self.ended})
-        self.operator.position = {**self.operator.position, **counts}
+        operator.position = {**operator.position, **counts}
         if task.merge is not None:
             task.merge.resume(self.consumed, self.ended)
             task.end_inputs(self.ended)
 
     def _batch(self, value: Any) -> Batch:
+        assert self.operator is not None   # logged results: a stateful instance's
         form = self.task.state_codec.unpack(value[1], "logged results")
         return self.operator.inner.results_batch(form)
 
     async def on_start(self) -> None:
         # Results the log holds go downstream again first: the sinks keep each once.
         resend, self.resend = self.resend, []
-        for batch in resend:
-            await self.task.emit_after(self.operator_name, batch)
+        if resend:
+            assert self.operator_name is not None   # results: a stateful instance's
+            for batch in resend:
+                await self.task.emit_after(self.operator_name, batch)
 
     async def on_frame(self, channel_id: int, seq: int, frame: list) -> None:
         if self.operator is not None:
@@ -675,7 +682,8 @@ class CecTask(TaskProtocol):
         """Remember the newest source position a frame of an input carried (a frame
         with an end of stream counts as never reflected: a restored instance must
         get it again)."""
-        newest, source = -1, None
+        newest: float = -1
+        source: str | None = None
         for element in frame:
             if type(element) is Batch:
                 ids = element.ids
@@ -706,7 +714,8 @@ class CecTask(TaskProtocol):
                 return
             for channel_id, frames in self.frames_in.items():
                 below = None
-                while frames and frames[0][1] <= replay.get(frames[0][2], -1):
+                # a frame without a source position is never reflected ("" is no source)
+                while frames and frames[0][1] <= replay.get(frames[0][2] or "", -1):
                     below = frames.popleft()[0] + 1
                 if below is not None and below > self.trimmed.get(channel_id, 0):
                     self.trimmed[channel_id] = below

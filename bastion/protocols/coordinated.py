@@ -198,15 +198,18 @@ class UnalignedBarriers(AlignedBarriers):
             return
         data = await self.task.load_channel_state(recovery_line,
                                                   _channel_state_name(self.task))
+        merge = self.task.merge
+        assert merge is not None   # unaligned barriers run under a deterministic merge only
         # msgpack, never pickle: the task checked the blob's CRC, not who wrote it.
         for channel_id, frame in msgpack.unpackb(data, strict_map_key=False).items():
-            self.task.merge.extend(channel_id, self.task.codec.decode(frame))
+            merge.extend(channel_id, self.task.codec.decode(frame))
 
     async def on_control(self, channel_id: int, control: ControlRecord) -> None:
         if not isinstance(control, Barrier):
             await TaskProtocol.on_control(self, channel_id, control)
             return
         task, merge, checkpoint_id = self.task, self.task.merge, control.checkpoint_id
+        assert merge is not None   # unaligned barriers run under a deterministic merge only
         entry = self.pending.get(checkpoint_id)
         if entry is None:
             # The first barrier: everything queued in the merge precedes the barriers.
@@ -239,7 +242,9 @@ class CheckpointCoordinator(Coordinator):
     def __init__(self, master: MasterContext, timeout_s: float | None = None):
         super().__init__(master)
         self.checkpoints = master.checkpoint_store()
-        self.interval_s = master.checkpoint_interval_s
+        interval_s = master.checkpoint_interval_s
+        assert interval_s is not None   # a checkpointing protocol's run always has one
+        self.interval_s: float = interval_s
         # A checkpoint not complete after timeout_s is aborted: the protocol object's
         # (`CoordinatedProtocol.timeout_s`), or ten intervals and at least 10 s,
         # following the interval when a re-tune moves it.

@@ -98,7 +98,7 @@ def _crc(kind: int, parts: bytes, states: bytes | None, n_open: int, meta: bytes
 
 
 def _control(kind: int, parts: list[bytes], states: list[bytes] | None, n_open: int,
-             position: Position, watermark: float) -> list:
+             position: Position, watermark: float | None) -> list:
     packed_parts = msgpack.packb(parts, use_bin_type=True)
     packed_states = None if states is None else msgpack.packb(states, use_bin_type=True)
     meta = msgpack.packb([position, watermark])
@@ -124,7 +124,8 @@ def footprint(kind: int, part: bytes, state: bytes, n_open: int, position: Posit
     return _control(kind, [part], [state], n_open, position, watermark)
 
 
-def closed(parts: list[bytes], n_open: int, position: Position, watermark: float) -> list:
+def closed(parts: list[bytes], n_open: int, position: Position,
+           watermark: float | None) -> list:
     """The value of the log record saying ``parts`` closed (N counts them no more)."""
     if not parts:
         raise ValueError("a closing names at least one part")
@@ -334,18 +335,19 @@ class Reconstruction:
 
     def _take(self, seq: int, value: Any) -> bool:
         ec = self.ec
-        burst = meta = None
+        burst = decoded = None
         if _checked(value):
             meta = value[4]
             if meta != self._meta:
                 self._meta, self._decoded = meta, _decode_meta(meta)
-            if self._decoded is not None:
+            decoded = self._decoded
+            if decoded is not None:
                 burst = _decode_burst(value)
-        if burst is None:
+        if burst is None or decoded is None:
             ec.skipped.append(seq)
             return False
         # Footprints of one burst share their (position, watermark): read-only here.
-        position, watermark = self._decoded
+        position, watermark = decoded
         kind = value[0]
         if self._n_target is None:
             self._n_target = ec.n_open = value[3]
@@ -355,23 +357,25 @@ class Reconstruction:
         target = self._n_target
         if kind == CLOSED:
             closed.update(p for p in part_keys if p not in found)
-        elif found.keys().isdisjoint(part_keys) and closed.isdisjoint(part_keys):
-            # Every part of the burst is new (a G_open burst always is): the newest
-            # ones, as many as are missing, taken in C — no Python step per part.
-            take = min(len(part_keys), target - len(found))
-            if take > 0:
-                found.update(zip(part_keys[:-take - 1:-1], map(Footprint, zip(
-                    repeat(kind), repeat(seq), states[:-take - 1:-1], repeat(position),
-                    repeat(watermark)))))
         else:
-            # Newest first inside the burst too; a part of it already found or closed
-            # later keeps what the newer record said.
-            for i in range(len(part_keys) - 1, -1, -1):
-                part = part_keys[i]
-                if part not in found and part not in closed:
-                    found[part] = Footprint((kind, seq, states[i], position, watermark))
-                    if len(found) == target:
-                        break
+            assert states is not None   # a footprint burst carries its parts' states
+            if found.keys().isdisjoint(part_keys) and closed.isdisjoint(part_keys):
+                # Every part of the burst is new (a G_open burst always is): the newest
+                # ones, as many as are missing, taken in C — no Python step per part.
+                take = min(len(part_keys), target - len(found))
+                if take > 0:
+                    found.update(zip(part_keys[:-take - 1:-1], map(Footprint, zip(
+                        repeat(kind), repeat(seq), states[:-take - 1:-1], repeat(position),
+                        repeat(watermark)))))
+            else:
+                # Newest first inside the burst too; a part of it already found or closed
+                # later keeps what the newer record said.
+                for i in range(len(part_keys) - 1, -1, -1):
+                    part = part_keys[i]
+                    if part not in found and part not in closed:
+                        found[part] = Footprint((kind, seq, states[i], position, watermark))
+                        if len(found) == target:
+                            break
         self.done = len(found) == target
         return self.done
 
@@ -381,7 +385,7 @@ class Reconstruction:
         if not self.done and self._n_target is not None:
             ec.complete = False
         if ec.seq >= 0:
-            oldest = self._oldest_seq if self.done else 0
+            oldest = (self._oldest_seq or 0) if self.done else 0
             ec.extent_records = ec.seq - oldest + 1
         return ec
 

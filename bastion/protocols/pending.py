@@ -92,8 +92,9 @@ class _Block:
         self.born = np.asarray(born, dtype=np.float64)
         # records to replay: lists indexed by ``position - start``, or after
         # `compact` a dict holding the pending roots' only
-        self.values: Sequence | dict | None = values
-        self.ts: Sequence | dict | None = ts
+        # (typed Any: a list, then a dict, indexed alike)
+        self.values: Any = values
+        self.ts: Any = ts
         # fine: token -> counts (emissions - acknowledgments) per root; the root's own
         # token starts at 1 (it is outstanding until its source takes it in)
         self.counts: dict[int, np.ndarray] = (
@@ -118,6 +119,7 @@ class _Block:
         if self.sparse:
             for i in local.tolist():
                 self.sparse.pop(i, None)
+            assert self.sparse_busy is not None   # kept whenever sparse tokens are
             self.sparse_busy[local] = 0
 
     def add_sparse(self, sign: int, local: np.ndarray, tokens: np.ndarray) -> None:
@@ -150,9 +152,10 @@ class _Block:
         if self.xor is not None:
             done = self.pending & (self.xor == 0)
         else:
-            busy = None
+            busy: np.ndarray | None = None
             for counts in self.counts.values():
                 busy = counts > 0 if busy is None else busy | (counts > 0)
+            assert busy is not None   # fine mode: every block counts its roots' own token
             if self.sparse_busy is not None:
                 busy |= self.sparse_busy > 0
             done = self.pending & ~busy
@@ -237,6 +240,7 @@ class PendingRoots:
             for block, local, picked in self._locate(pos):
                 touched[id(block)] = block
                 if not fine:
+                    assert block.xor is not None   # xor mode keeps a ledger per block
                     np.bitwise_xor.at(block.xor, local, tokens[picked] if per_tuple
                                       else np.uint64(tokens))
                 elif per_tuple:

@@ -58,13 +58,15 @@ named ``(process, number)``. Processes are any hashable ids, e.g. task ids or
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import NamedTuple, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
-Process: TypeAlias = Hashable
-ChannelId: TypeAlias = Hashable
+# Any hashable value (the runtime uses task and channel ids, the tests letters): Any,
+# not Hashable, so that a caller's dict[int, ...] is a Mapping[Process, ...] as well
+Process: TypeAlias = Any
+ChannelId: TypeAlias = Any
 CheckpointId: TypeAlias = tuple[Process, int]   # (process, checkpoint number)
 
 NOTHING = -1          # "no message sent / received yet" on a channel

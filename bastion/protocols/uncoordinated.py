@@ -109,7 +109,9 @@ class IndependentCheckpoints(TaskProtocol):
 
     def __init__(self, task: TaskContext):
         super().__init__(task)
-        self.interval_s = task.checkpoint_interval_s
+        interval_s = task.checkpoint_interval_s
+        assert interval_s is not None   # a checkpointing protocol's run always has one
+        self.interval_s: float = interval_s
         # Spread the tasks' timers so they do not checkpoint in lockstep.
         self.rng = random.Random(task.task_id * 7919 + task.attempt)
         self.due_s = time.monotonic() + self.interval_s * self.rng.uniform(0.3, 1.0)
@@ -177,6 +179,14 @@ class IndependentCheckpoints(TaskProtocol):
         return None
 
 
+def _latest(graph: CheckpointGraph) -> dict[Any, int]:
+    """The most recent consistent line of ``graph``: one always exists when it need
+    contain no given checkpoint — the initial checkpoints are one."""
+    line = graph.recovery_line()
+    assert line is not None
+    return line
+
+
 @dataclass
 class _Checkpoint:
     record: CheckpointRecord
@@ -201,7 +211,9 @@ class RecoveryLineCoordinator(Coordinator):
         self.reclaimed: set[int] = set()   # checkpoints deleted from the store
         self.attempt = -1
         self.loop: asyncio.Task | None = None
-        self.interval_s = master.checkpoint_interval_s
+        interval_s = master.checkpoint_interval_s
+        assert interval_s is not None   # a checkpointing protocol's run always has one
+        self.interval_s: float = interval_s
         self.log_bytes = 0
         self.durations_s: list[float] = []
         self.trimmed: dict[int, int] = {}  # channel -> upstream backups hold from here
@@ -242,7 +254,7 @@ class RecoveryLineCoordinator(Coordinator):
         while True:
             await asyncio.sleep(self.interval_s)
             graph = self._graph()
-            line = graph.recovery_line()
+            line = _latest(graph)
             replay_from = graph.replay_from(line)
             await self._commit_sinks(line)
             await self._reclaim(line, replay_from)
@@ -297,7 +309,7 @@ class RecoveryLineCoordinator(Coordinator):
         # is final, including those whose acknowledgment has not arrived yet.
         await self._commit_sinks(None)
         graph = self._graph()
-        line = graph.recovery_line()
+        line = _latest(graph)
         await self._reclaim(line, graph.replay_from(line))
         for report in task_reports:
             if report["task_id"] in self.sink_tasks:
@@ -311,7 +323,7 @@ class RecoveryLineCoordinator(Coordinator):
         # a damaged checkpoint is excluded and the line falls back behind it: the
         # reclaimed ones are gone from the store, so the line is drawn without them.
         graph = self._graph(restorable_only=True)
-        line = graph.recovery_line()
+        line = _latest(graph)
         # A task without channels whose every checkpoint was reclaimed is not in the
         # graph at all: like a task with channels in that state, it restarts from its
         # initial checkpoint.

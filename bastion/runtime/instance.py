@@ -29,7 +29,7 @@ import os
 import pickle
 import time
 import traceback
-from typing import Any, Callable, Coroutine, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, cast
 
 import msgpack
 import ray
@@ -63,6 +63,9 @@ from bastion.runtime.transport import (FrameServer, JobKey, LinkLimits, PeerLink
 from bastion.scheduler.failover import FailoverStrategy, failover_strategy
 from bastion.sinks import SinkWriter
 from bastion.storage import BlobRef, CheckpointStore, ObjectStore, open_store
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _STATELESS = ("map", "filter", "flat_map", "union")
 _ROUTE_MEMO_KEYS = 65536  # keys whose partition a router remembers before starting over
@@ -911,7 +914,8 @@ class Task(TaskContext):
         return [t.task_id for t in physical.tasks
                 if any(nodes[op].kind == "sink" for op in physical.chains[t.chain_id].ops)]
 
-    def observe_latencies(self, name: str, latencies_s: Sequence[float]) -> None:
+    def observe_latencies(self, name: str, latencies_s: "Sequence[float] | np.ndarray"
+                          ) -> None:
         histogram = self.protocol_latency.get(name)
         if histogram is None:
             histogram = self.protocol_latency[name] = LatencyHistogram()

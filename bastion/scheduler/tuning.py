@@ -561,7 +561,7 @@ class Model:
                        for p in self.points)
         xs = [p.measurement.interval_s for p in points]
         at_u = {c: [p.trt.of(c) for p in points] for c in CASES}
-        fits = {c: fit_quadratic(xs, at_u[c]) for c in CASES}
+        fits: dict[str, Quadratic] = {c: fit_quadratic(xs, at_u[c]) for c in CASES}
         return dataclasses.replace(self, points=points, trt_fits=fits,
                                    trt_quality={c: fit_quality(fits[c], xs, at_u[c])
                                                 for c in CASES})
@@ -713,7 +713,7 @@ def build_model(measurements: Sequence[Measurement], capacity: Capacity,
     latencies = [p.measurement.latency_avg_ms for p in points]
     latency_fit = fit_cross_validated(xs, latencies)
     trts = {c: [p.trt.of(c) for p in points] for c in CASES}
-    trt_fits = {c: fit_quadratic(xs, trts[c]) for c in CASES}
+    trt_fits: dict[str, Quadratic] = {c: fit_quadratic(xs, trts[c]) for c in CASES}
     return Model(
         points=tuple(points), capacity=capacity, warmup_s=warmup_s,
         catch_up_per_s=catch_up_per_s, completion_lag_s=completion_lag_s,
