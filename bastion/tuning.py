@@ -178,11 +178,10 @@ def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.
         if name in run_options:
             raise ValueError(f"{name} is chosen by tune for each profiling run: do not "
                              "pass it")
-    from bastion.launcher import OLD_KEYWORDS, old_keyword_message
+    from bastion.launcher import OLD_KEYWORDS, refuse_old_keywords
 
-    for name in run_options:
-        if name in OLD_KEYWORDS:
-            raise TypeError(old_keyword_message(name, "bn.tune"))
+    refuse_old_keywords({name: value for name, value in run_options.items()
+                         if name in OLD_KEYWORDS}, "bn.tune")
     intervals = grid(min_interval_s, max_interval_s, points)
     if profiler is None:
         profiler = RayProfiler(topology, protocol=protocol, duration_s=duration_s,
