@@ -287,7 +287,7 @@ def test_a_burst_turns_buffering_on_until_the_next_checkpoint(tmp_path):
 def test_a_failure_no_region_can_take_restarts_the_job_and_says_why(tmp_path):
     # no checkpoint completes before the kill: there is no line a region restores
     result = run(tmp_path, faults=[bn.faults.KillInstance("count", 1, at=1.0)],
-                 protocol=bn.protocols.NoCheckpoints(interval_s=30.0))
+                 checkpoint_interval=30.0)
     assert counts_of(result) == reference_counts()
     [whole] = events(result, "whole_restart")
     assert "no checkpoint has completed in this attempt yet" in whole["reason"], whole
