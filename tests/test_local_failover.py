@@ -263,8 +263,7 @@ def test_uncoordinated_checkpoints_restart_the_rollback_set_alone(branches, prot
     with it, and sends ``b_map[1]`` again what its line checkpoint lacks, from its
     upstream backup. Branch ``a`` never rolls back."""
     storage, reference = branches
-    report = drill(storage, reference, "local",
-                   data_plane=bn.DataPlane(chaining=False), protocol=protocol)
+    report = drill(storage, reference, "local", chaining=False, protocol=protocol)
     assert report.exactly_once, report.verdict_reason
     [fault] = report.faults
     assert fault.landed and fault.restart_s is not None
