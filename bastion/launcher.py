@@ -22,7 +22,7 @@ import sysconfig
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import ray
 from ray import cloudpickle
@@ -308,6 +308,21 @@ class Options:
     limits: Limits
 
 
+_Made = TypeVar("_Made")
+
+
+def _shorthand(cls: type[_Made], field: str, value: Any, keyword: str) -> _Made:
+    """``cls(field=value)``, a shorthand made its object; a refusal names the field as
+    the caller wrote it (``keyword``), not as the object calls it."""
+    try:
+        return cls(**{field: value})
+    except ValueError as exc:
+        message = str(exc)
+        if message.startswith(field + " "):
+            message = keyword + message[len(field):]
+        raise ValueError(message) from None
+
+
 def resolve_options(data_plane: DataPlane | None = None,
                     recovery: "Recovery | str | RecoveryPolicy | None" = None,
                     redundancy: "Redundancy | float | Mapping[str, float] | str | None" = None,
@@ -315,19 +330,12 @@ def resolve_options(data_plane: DataPlane | None = None,
     """The options objects of a run, defaults for those not given, and the shorthands
     that stay made objects: a recovery mode or `RecoveryPolicy` as ``recovery=``; a
     ratio, a mapping operator -> ratio or ``"auto"`` as ``redundancy=``."""
-    if not isinstance(recovery, Recovery):
-        try:
-            recovery = Recovery(policy=recovery)
-        except ValueError as exc:   # named as the caller wrote it
-            raise ValueError(f"recovery{str(exc)[len('policy'):]}"
-                             if str(exc).startswith("policy ") else str(exc)) from None
-    if redundancy is not None and not isinstance(redundancy, Redundancy):
-        try:
-            redundancy = Redundancy(ratio=redundancy)
-        except ValueError as exc:
-            raise ValueError(f"redundancy{str(exc)[len('ratio'):]}"
-                             if str(exc).startswith("ratio ") else str(exc)) from None
-    return Options(data_plane or DataPlane(), recovery, redundancy, limits or Limits())
+    made_recovery = (recovery if isinstance(recovery, Recovery)
+                     else _shorthand(Recovery, "policy", recovery, "recovery"))
+    made_redundancy = (redundancy if redundancy is None or isinstance(redundancy, Redundancy)
+                       else _shorthand(Redundancy, "ratio", redundancy, "redundancy"))
+    return Options(data_plane or DataPlane(), made_recovery, made_redundancy,
+                   limits or Limits())
 
 
 def run(topology: Topology, protocol: "str | Protocol" = "none", *,
