@@ -461,12 +461,13 @@ def test_the_drill_says_lost_when_a_cec_backup_forgets_what_a_restart_needs(thre
 
 
 def recovery_taken(phase: str) -> list[str]:
-    """Which way `JobMaster._recover` goes for a worker lost in ``phase``, under a
-    failover that restarts regions: the job master's own method, run on a stand-in
-    holding only what the decision reads (each way in records its name and stops)."""
+    """Which way `FailureHandler.recover` goes for a worker lost in ``phase``, under a
+    failover that restarts regions: the failure handler's own method, run on a
+    stand-in holding only what the decision reads (each way in records its name and
+    stops)."""
     from types import SimpleNamespace
 
-    from bastion.runtime.job import JobMaster
+    from bastion.runtime.failures import FailureHandler
     from bastion.scheduler.detector import Failure
 
     taken: list[str] = []
@@ -483,17 +484,18 @@ def recovery_taken(phase: str) -> list[str]:
     async def whole(_failure, _lost) -> None:
         taken.append("whole")
 
-    master = SimpleNamespace(
-        phase=phase, regional=True, _region_broken=False, pending=set(), job_error=None,
-        attempt=1, region_restarts=0, _standby_after_catch_up=False,
+    handler = SimpleNamespace(
+        stage=SimpleNamespace(phase=phase, attempt=1), regional=True, _region_broken=False,
+        deployment=SimpleNamespace(pending=set()), job_error=lambda: None,
+        region_restarts=0, standby_after_catch_up=False,
         config=SimpleNamespace(max_restarts=10, recovery=None),
         failover=SimpleNamespace(name="local", adaptive_buffering=False),
         protocol=SimpleNamespace(name="uncoordinated"),
         coordinator=SimpleNamespace(checkpoint_in_progress=lambda: None, stop=nothing),
         record_event=lambda kind, **fields: None, _lost_workers=lost,
-        _poll_progress=nothing, _restart_region=region, _replace_workers=whole,
+        poll_progress=nothing, _restart_region=region, _replace_workers=whole,
         _recovery_line=nothing, _restore=None)
-    asyncio.run(JobMaster._recover(master, Failure(f"a worker died during {phase}")))
+    asyncio.run(FailureHandler.recover(handler, Failure(f"a worker died during {phase}")))
     return taken
 
 

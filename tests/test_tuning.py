@@ -631,7 +631,7 @@ def test_a_tuning_result_is_frozen():
 
 @pytest.mark.usefixtures("ray_session")
 def test_a_restarts_standby_is_borrowed_only_once_the_sources_caught_up(tmp_path):
-    from bastion.runtime.job import caught_up
+    from bastion.runtime.progress import caught_up
 
     # within 0.1 s at the rate of the last poll: 100 left at 1,370/s is; 490 left at
     # 512 read in 0.6 s (853/s) is not, though less than the last poll read
