@@ -173,8 +173,8 @@ class SkipsPendingRoots(AcksTask):
     pending, whose tuples were in flight or staged and not committed."""
 
     def _report_frontier(self) -> None:
-        source, instance = self.task.source_identity()
-        self.task.acknowledge(0, None, {"frontier": {f"{source}/{instance}": self.read_up_to}})
+        source, instance = self.task.sources.identity()
+        self.task.state.acknowledge(0, None, {"frontier": {f"{source}/{instance}": self.read_up_to}})
 
 
 class NeverReplays(AcksTask):

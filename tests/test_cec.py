@@ -211,16 +211,16 @@ class SinksKeepEverything(CecTask):
     instances send again from their logs are committed twice."""
 
     async def restore(self, recovery_line):
-        deduplicate, self.task.deduplicate_sinks = self.task.deduplicate_sinks, None
+        deduplicate, self.task.sinks.deduplicate = self.task.sinks.deduplicate, None
 
         async def nothing(jobs):
             return None
 
-        self.task.deduplicate_sinks = nothing
+        self.task.sinks.deduplicate = nothing
         try:
             await super().restore(recovery_line)
         finally:
-            self.task.deduplicate_sinks = deduplicate
+            self.task.sinks.deduplicate = deduplicate
 
 
 class Broken(CecProtocol):

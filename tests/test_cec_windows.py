@@ -307,7 +307,7 @@ class ForgetsLoadedParts(CecTask):
     records its footprint said it held."""
 
     async def restore(self, recovery_line):
-        found = self.task.parted_operator()
+        found = self.task.chain.parted_operator()
         if found is not None:
             found[1].load_part = lambda part, state: None
         await super().restore(recovery_line)

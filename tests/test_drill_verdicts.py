@@ -168,14 +168,15 @@ def test_random_kills_verified_by_ids_are_exactly_once(protocol, storage):
 class BrokenCoordinated(CoordinatedProtocol):
     """Coordinated checkpoints with one deliberate defect, planted in every task as
     it is built. The task half stays the real one (aligned barriers, or unaligned in
-    deterministic mode): the defect sits in the task mechanics it calls."""
+    deterministic mode): the defect sits in the task mechanics it calls — the views of
+    its context (``ctx``) or the runtime task behind them (``task``)."""
 
-    def task_protocol(self, task):
-        half = super().task_protocol(task)
-        self.plant(task)
+    def task_protocol(self, ctx):
+        half = super().task_protocol(ctx)
+        self.plant(ctx, ctx._task)
         return half
 
-    def plant(self, task) -> None:
+    def plant(self, ctx, task) -> None:
         raise NotImplementedError
 
 
@@ -192,10 +193,10 @@ class CommitTwice(BrokenCoordinated):
     """A sink task stages the outputs of its first checkpoint under that checkpoint
     and again under the next commit point: one commit applied twice."""
 
-    def plant(self, task) -> None:
+    def plant(self, ctx, task) -> None:
         if not task.sinks:
             return
-        checkpoint, done = task.checkpoint, []
+        checkpoint, done = ctx.state.checkpoint, []
 
         def twice(checkpoint_id):
             staged = [(sink, *sink.take_staged()) for sink in task.sinks]
@@ -206,17 +207,17 @@ class CommitTwice(BrokenCoordinated):
                 restage(task, staged)                # ... and under the next one
             return upload
 
-        task.checkpoint = twice
+        ctx.state.checkpoint = twice
 
 
 class DropStagedCommit(BrokenCoordinated):
     """A sink task loses what it staged for its first checkpoint: the state moves on,
     the records are never committed."""
 
-    def plant(self, task) -> None:
+    def plant(self, ctx, task) -> None:
         if not task.sinks:
             return
-        checkpoint, done = task.checkpoint, []
+        checkpoint, done = ctx.state.checkpoint, []
 
         def dropping(checkpoint_id):
             if not done and any(sink.writer.staged for sink in task.sinks):
@@ -225,7 +226,7 @@ class DropStagedCommit(BrokenCoordinated):
                     sink.take_staged()
             return checkpoint(checkpoint_id)
 
-        task.checkpoint = dropping
+        ctx.state.checkpoint = dropping
 
 
 class DropFrame(BrokenCoordinated):
@@ -236,7 +237,7 @@ class DropFrame(BrokenCoordinated):
     def __init__(self, op: str):
         self.op = op
 
-    def plant(self, task) -> None:
+    def plant(self, ctx, task) -> None:
         if task.op_names[0] != self.op or task.index != 0:
             return
         connect, done = task.connect, []
@@ -261,10 +262,10 @@ class SourcesRestoreOlder(BrokenCoordinated):
     before the kill), not at all: they replay from the beginning — while every other
     task restores the line: the others' state already holds input the sources replay."""
 
-    def plant(self, task) -> None:
+    def plant(self, ctx, task) -> None:
         if task.source is None:
             return
-        restore_from = task.restore_from
+        restore_from = ctx.state.restore_from
 
         async def older(checkpoint_id):
             complete = await asyncio.to_thread(task.checkpoints.list_complete)
@@ -272,7 +273,7 @@ class SourcesRestoreOlder(BrokenCoordinated):
             if earlier:
                 await restore_from(max(earlier))
 
-        task.restore_from = older
+        ctx.state.restore_from = older
 
 
 def broken_drill(protocol, storage, **options) -> bn.DrillReport:

@@ -100,7 +100,7 @@ class AcksTask(TaskProtocol):
         self.mode = mode
         self.ack_timeout_s = ack_timeout_s
         self.max_pending = max_pending
-        self.kinds = task.op_kinds()
+        self.kinds = task.chain.op_kinds()
         # (id column, channel) taken in / emitted since the last message
         self.inputs: list[tuple[Any, int | None]] = []
         self.outputs: list[tuple[Any, int | None]] = []
@@ -123,14 +123,14 @@ class AcksTask(TaskProtocol):
     # -- restore and start ---------------------------------------------------------------
 
     async def restore(self, recovery_line: Any) -> None:
-        await self.task.reapply_commits()
+        await self.task.sinks.reapply_commits()
         if isinstance(recovery_line, RegionLine):  # restarted alone
             recovery_line = recovery_line.line
         if recovery_line is not None:
-            self.task.rewind_sources(recovery_line["replay_from"])
+            self.task.sources.rewind(recovery_line["replay_from"])
 
     async def on_start(self) -> None:
-        if self.task.has_sinks():
+        if self.task.chain.has_sinks():
             self.committer = asyncio.ensure_future(self._commit_periodically())
 
     def on_stop(self) -> None:
@@ -164,13 +164,13 @@ class AcksTask(TaskProtocol):
 
     async def between_frames(self) -> None:
         self._report_frame()
-        if self.pending or self.task.is_source():
+        if self.pending or self.task.chain.is_source():
             await self._replay_overdue()
             self._report_frontier()
 
     async def before_source_end(self) -> None:
         # The last records' frames are not full: send them, or nothing acknowledges them.
-        await self.task.flush_outputs()
+        await self.task.outputs.flush()
         nudged_s = 0.0
         while self.pending:
             await self._replay_overdue()
@@ -186,7 +186,7 @@ class AcksTask(TaskProtocol):
         """What keeps an exhausted source waiting are mostly acknowledgments the sinks
         hold until their next commit: ask for it now rather than up to a checkpoint
         interval later (the job ends that much sooner)."""
-        for task_id in self.task.sink_tasks():
+        for task_id in self.task.sinks.tasks():
             self.task.send_acks(task_id, [[_COMMIT_NOW]])
 
     # -- messages ---------------------------------------------------------------------------
@@ -204,7 +204,7 @@ class AcksTask(TaskProtocol):
             for column, channel_id in columns:
                 salt = self._salt(channel_id) if salted else 0
                 if type(column) is IdRun:  # one source instance's: positions are roots
-                    by_task.setdefault(self.task.source_task(column.source, column.instance),
+                    by_task.setdefault(self.task.sources.task_of(column.source, column.instance),
                                        []).append([sign, pack_positions(column.positions),
                                                    self._path_token(column.path) ^ salt])
                     continue
@@ -218,10 +218,10 @@ class AcksTask(TaskProtocol):
                     entry[1].append(position)
                     entry[2].append(token(rid) ^ salt)
                 for (source, instance), (_, positions, tokens) in per_source.items():
-                    by_task.setdefault(self.task.source_task(source, instance), []).append(
+                    by_task.setdefault(self.task.sources.task_of(source, instance), []).append(
                         [sign, pack_positions(positions), pack_tokens(tokens)])
         self.inputs, self.outputs = [], []
-        if self.task.has_sinks():
+        if self.task.chain.has_sinks():
             for task_id, listed in by_task.items():
                 self.held.setdefault(task_id, []).extend(listed)
         else:
@@ -276,13 +276,13 @@ class AcksTask(TaskProtocol):
         if overdue is None:
             return
         positions, values, ts, born = overdue
-        source, instance = self.task.source_identity()
+        source, instance = self.task.sources.identity()
         ids = IdRun(source, instance, tuple(positions))
         self.inputs.append((ids, None))
         self.replayed += len(positions)
-        await self.task.replay_source_records(Batch(None, values, ts, born, ids))
+        await self.task.sources.replay(Batch(None, values, ts, born, ids))
         self._report_frame()
-        await self.task.flush_outputs()  # a source waiting at its end flushes nothing else
+        await self.task.outputs.flush()  # a source waiting at its end flushes nothing else
 
     def _report_frontier(self) -> None:
         now_s = time.monotonic()
@@ -290,8 +290,8 @@ class AcksTask(TaskProtocol):
             return
         self.last_report_s = now_s
         frontier = self.pending.frontier(self.read_up_to)
-        source, instance = self.task.source_identity()
-        self.task.acknowledge(0, None, {"frontier": {f"{source}/{instance}": frontier}})
+        source, instance = self.task.sources.identity()
+        self.task.state.acknowledge(0, None, {"frontier": {f"{source}/{instance}": frontier}})
 
     # -- sinks commit, then acknowledge -------------------------------------------------------
 
@@ -316,18 +316,18 @@ class AcksTask(TaskProtocol):
         commit = (((task.attempt * 1_000 + task.incarnation) * 1_000_000 + self.commits)
                   * task.task_count + task.task_id + 1)
         self.commits += 1
-        if await task.commit_sink_outputs(commit):
+        if await task.sinks.commit(commit):
             self._send(held)
         # else: the attempt is over; the roots are read again by the next one
 
     async def on_finished(self) -> None:
         self._report_frame()
-        if self.task.has_sinks():
+        if self.task.chain.has_sinks():
             await self.commit_and_acknowledge()
 
     def counters(self) -> dict[str, float]:
         counters: dict[str, float] = {"ack_messages": self.messages_sent}
-        if self.task.is_source():
+        if self.task.chain.is_source():
             counters.update(roots_replayed=self.replayed, roots_completed=self.completed,
                             roots_pending=len(self.pending),
                             max_pending_roots=self.max_pending_seen)

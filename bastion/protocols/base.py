@@ -118,36 +118,22 @@ class PartedOperator(Structural):
     def restore(self, state: Any) -> None: ...
 
 
-class TaskContext(abc.ABC):
-    """What a task protocol may see and do in its task. Channels are named by their
-    channel ids; sequence numbers count frames per channel from 0."""
-
-    task_id: int
-    name: str                    # for messages: "<chain>[<index>]"
-    index: int                   # the chain instance this task runs
-    job_id: str
-    watermark: float             # the task's event-time watermark now
-    attempt: int                 # grows with every restart of the job
-    incarnation: int             # grows each time this task restarts on its own
-    task_count: int              # tasks in the job (task ids are 0..task_count-1)
-    checkpoint_interval_s: float | None
-    codec: FrameCodec            # encodes elements the protocol stores (channel state)
-    state_codec: StateCodec      # encodes operator state exactly (sealed blobs)
-    merge: InputMerge | None     # the deterministic merge, None unless deterministic
-
-    # -- channels ------------------------------------------------------------------------
+class TaskInputs(abc.ABC):
+    """A task's input channels, as a protocol sees them: where each stands, and a way
+    to hold one back. Channels are named by their channel ids; sequence numbers count
+    frames per channel from 0."""
 
     @abc.abstractmethod
-    def input_ids(self) -> list[int]:
+    def ids(self) -> list[int]:
         """Every input channel, feedback channels included."""
 
     @abc.abstractmethod
-    def open_input_ids(self) -> set[int]:
+    def open_ids(self) -> set[int]:
         """The ordinary (not feedback) inputs that have not delivered end-of-stream."""
 
     @abc.abstractmethod
-    def output_ids(self) -> list[int]:
-        """Every output channel."""
+    def sender_of(self, channel_id: int) -> int:
+        """The task that sends on input ``channel_id``."""
 
     @abc.abstractmethod
     def last_received(self, channel_id: int) -> int:
@@ -164,8 +150,34 @@ class TaskContext(abc.ABC):
         (`InputGate.resync`): its sender's upstream backup resends what it kept."""
 
     @abc.abstractmethod
-    def sender_of(self, channel_id: int) -> int:
-        """The task that sends on input ``channel_id``."""
+    def end(self, channel_ids: set[int]) -> None:
+        """Inputs that had ended at the point a replay restores (their end-of-stream
+        arrives again, and is ignored)."""
+
+    @abc.abstractmethod
+    def hold_back(self, channel_id: int) -> None:
+        """Take no more frames from an input (its senders stall on their credits). The
+        rest of a frame being processed goes to `TaskProtocol.stash`."""
+
+    @abc.abstractmethod
+    def is_held(self, channel_id: int) -> bool: ...
+
+    @abc.abstractmethod
+    def let_through(self, channel_id: int) -> None:
+        """Take frames from a held input again."""
+
+    @abc.abstractmethod
+    async def process(self, channel_id: int, elements: list) -> None:
+        """Process elements the protocol stashed, as if they had just arrived."""
+
+
+class TaskOutputs(abc.ABC):
+    """A task's output channels, as a protocol sees them: their sequence numbers, the
+    frames they keep for a resend, and control records sent in order with the data."""
+
+    @abc.abstractmethod
+    def ids(self) -> list[int]:
+        """Every output channel."""
 
     @abc.abstractmethod
     def next_seq(self, channel_id: int) -> int:
@@ -196,7 +208,7 @@ class TaskContext(abc.ABC):
         on; its bytes count as protocol overhead."""
 
     @abc.abstractmethod
-    async def flush_outputs(self) -> None:
+    async def flush(self) -> None:
         """Send every buffered output frame now."""
 
     @abc.abstractmethod
@@ -204,25 +216,10 @@ class TaskContext(abc.ABC):
         """Send a control record on every output channel, now, in order with the data;
         its bytes count as protocol overhead."""
 
-    # -- holding an input back -------------------------------------------------------------
 
-    @abc.abstractmethod
-    def hold_back(self, channel_id: int) -> None:
-        """Take no more frames from an input (its senders stall on their credits). The
-        rest of a frame being processed goes to `TaskProtocol.stash`."""
-
-    @abc.abstractmethod
-    def is_held(self, channel_id: int) -> bool: ...
-
-    @abc.abstractmethod
-    def let_through(self, channel_id: int) -> None:
-        """Take frames from a held input again."""
-
-    @abc.abstractmethod
-    async def process(self, channel_id: int, elements: list) -> None:
-        """Process elements the protocol stashed, as if they had just arrived."""
-
-    # -- state -------------------------------------------------------------------------------
+class TaskState(abc.ABC):
+    """Snapshots of a task's state and of its channels, in the job's store, and the
+    acknowledgment that tells the coordinator one is stored."""
 
     @abc.abstractmethod
     def checkpoint(self, checkpoint_id: int) -> Coroutine[Any, Any, "BlobRef"]:
@@ -235,16 +232,11 @@ class TaskContext(abc.ABC):
         """Load the task's state from a complete checkpoint (and re-apply commits)."""
 
     @abc.abstractmethod
-    async def reapply_commits(self) -> None:
-        """Starting from nothing: sinks with outside effects re-apply committed outputs."""
-
-    @abc.abstractmethod
-    async def store_channel_state(self, checkpoint_id: int, name: str,
-                                  data: bytes) -> "BlobRef":
+    async def store_channel(self, checkpoint_id: int, name: str, data: bytes) -> "BlobRef":
         """Store in-flight input or output with checkpoint ``checkpoint_id``."""
 
     @abc.abstractmethod
-    async def load_channel_state(self, checkpoint_id: int, name: str) -> bytes:
+    async def load_channel(self, checkpoint_id: int, name: str) -> bytes:
         """Channel state stored with a complete checkpoint, CRC-verified."""
 
     @abc.abstractmethod
@@ -257,10 +249,13 @@ class TaskContext(abc.ABC):
         the blob it stored; None: nothing to store, as a sink's commit point)."""
 
     @abc.abstractmethod
-    def count_protocol_bytes(self, n: int) -> None:
-        """Add protocol information the task sent inside data frames (message overhead)."""
+    def object_store(self) -> "ObjectStore":
+        """The job's store (a protocol that keeps logs of its own writes them here)."""
 
-    # -- operators, for protocols that checkpoint state part by part -----------------------
+
+class TaskChain(abc.ABC):
+    """The chain of operators a task runs, for protocols that checkpoint state part by
+    part (CEC) and for those that track tuples through the topology (acks)."""
 
     @abc.abstractmethod
     def parted_operator(self) -> tuple[str, PartedOperator] | None:
@@ -277,44 +272,12 @@ class TaskContext(abc.ABC):
         rest of the chain and out on the task's channels."""
 
     @abc.abstractmethod
-    def end_inputs(self, channel_ids: set[int]) -> None:
-        """Inputs that had ended at the point a replay restores (their end-of-stream
-        arrives again, and is ignored)."""
-
-    @abc.abstractmethod
     def set_watermark(self, watermark: float) -> None:
         """Restore the task's watermark (and its inputs') to ``watermark``."""
 
     @abc.abstractmethod
-    def object_store(self) -> "ObjectStore":
-        """The job's store (a protocol that keeps logs of its own writes them here)."""
-
-    @abc.abstractmethod
-    def rewind_sources(self, replay_from: dict[str, int]) -> None:
-        """Source instances read on after the offset ``replay_from["<op code>/<index>"]``
-        (from the beginning when missing): what they read before is skipped."""
-
-    @abc.abstractmethod
-    async def deduplicate_sinks(self, jobs: list[str]) -> None:
-        """From now on the task's sinks drop records whose lineage id they committed
-        before in any of ``jobs`` (read back now) or staged since."""
-
-    @abc.abstractmethod
-    async def stage_sink_outputs(self, commit: int) -> bool:
-        """Store what the sinks staged since their last commit point as commit point
-        ``commit`` (nothing else: no state). False when they staged nothing."""
-
-    @abc.abstractmethod
-    async def commit_sink_outputs(self, commit: int) -> bool:
-        """Stage as `stage_sink_outputs`, then have the job master commit it now; True
-        once it is committed (or nothing was staged), False when the attempt is over
-        and it was not."""
-
-    # -- tuple tracking, for protocols that acknowledge tuples ---------------------------
-
-    @abc.abstractmethod
     def op_kinds(self) -> list[str]:
-        """Every operator's kind, by operator code (`bastion.lineage`)."""
+        """Every operator's kind in the topology, by operator code (`bastion.lineage`)."""
 
     @abc.abstractmethod
     def is_source(self) -> bool: ...
@@ -322,17 +285,90 @@ class TaskContext(abc.ABC):
     @abc.abstractmethod
     def has_sinks(self) -> bool: ...
 
+
+class TaskSources(abc.ABC):
+    """Where the job's sources stand: rewinding this task's source to a replay point,
+    and finding any source instance's task (to acknowledge its tuples)."""
+
     @abc.abstractmethod
-    def source_identity(self) -> tuple[int, int]:
+    def identity(self) -> tuple[int, int]:
         """``(source operator code, instance)`` of this source task."""
 
     @abc.abstractmethod
-    def source_task(self, source_code: int, instance: int) -> int:
+    def task_of(self, source_code: int, instance: int) -> int:
         """The task that runs instance ``instance`` of source ``source_code``."""
 
     @abc.abstractmethod
-    def sink_tasks(self) -> list[int]:
-        """The tasks whose chain holds a sink."""
+    def rewind(self, replay_from: dict[str, int]) -> None:
+        """Source instances read on after the offset ``replay_from["<op code>/<index>"]``
+        (from the beginning when missing): what they read before is skipped."""
+
+    @abc.abstractmethod
+    async def replay(self, batch: Batch) -> None:
+        """Send records this source task read before (with their ids) through its
+        chain again; they are not counted as read again."""
+
+
+class TaskSinks(abc.ABC):
+    """The task's sinks' commit points: staging, committing, re-applying and
+    deduplicating what they write."""
+
+    @abc.abstractmethod
+    def tasks(self) -> list[int]:
+        """The job's tasks whose chain holds a sink."""
+
+    @abc.abstractmethod
+    async def stage(self, commit: int) -> bool:
+        """Store what the sinks staged since their last commit point as commit point
+        ``commit`` (nothing else: no state). False when they staged nothing."""
+
+    @abc.abstractmethod
+    async def commit(self, commit: int) -> bool:
+        """Stage as `stage`, then have the job master commit it now; True once it is
+        committed (or nothing was staged), False when the attempt is over and it was
+        not."""
+
+    @abc.abstractmethod
+    async def reapply_commits(self) -> None:
+        """Starting from nothing: sinks with outside effects re-apply committed outputs."""
+
+    @abc.abstractmethod
+    async def deduplicate(self, jobs: list[str]) -> None:
+        """From now on the task's sinks drop records whose lineage id they committed
+        before in any of ``jobs`` (read back now) or staged since."""
+
+
+class TaskContext(abc.ABC):
+    """What a task protocol may see and do in its task: who the task is, and six
+    narrow views, one per concern — ``inputs`` and ``outputs`` (channels, sequence
+    numbers, holding back, control records), ``state`` (snapshots, channel state,
+    acknowledgments), ``chain`` (the operators it runs), ``sources`` and ``sinks``
+    (replay points and commit points) — plus the two calls that reach other tasks and
+    the metrics (`send_acks`, `observe_latencies`)."""
+
+    task_id: int
+    name: str                    # for messages: "<chain>[<index>]"
+    index: int                   # the chain instance this task runs
+    job_id: str
+    attempt: int                 # grows with every restart of the job
+    incarnation: int             # grows each time this task restarts on its own
+    task_count: int              # tasks in the job (task ids are 0..task_count-1)
+    checkpoint_interval_s: float | None
+    codec: FrameCodec            # encodes elements the protocol stores (channel state)
+    state_codec: StateCodec      # encodes operator state exactly (sealed blobs)
+    merge: InputMerge | None     # the deterministic merge, None unless deterministic
+
+    inputs: TaskInputs
+    outputs: TaskOutputs
+    state: TaskState
+    chain: TaskChain
+    sources: TaskSources
+    sinks: TaskSinks
+
+    @property
+    @abc.abstractmethod
+    def watermark(self) -> float:
+        """The task's event-time watermark now."""
 
     @abc.abstractmethod
     def send_acks(self, task_id: int, entries: list) -> None:
@@ -341,16 +377,51 @@ class TaskContext(abc.ABC):
         plane — without waiting; lost if either task's attempt ends first."""
 
     @abc.abstractmethod
-    async def replay_source_records(self, batch: Batch) -> None:
-        """Send records this source task read before (with their ids) through its
-        chain again; they are not counted as read again."""
-
-    @abc.abstractmethod
     def observe_latencies(self, name: str, latencies_s: "Sequence[float] | np.ndarray"
                           ) -> None:
         """Add latencies (seconds; a list or an array) the protocol measured to the
         task's histogram ``name``; merged over tasks into ``RunResult.metrics.extra[
         "protocol_latency_ms"][name]`` (mean, p50, p90, p99)."""
+
+
+#: Where each call of the flat `TaskContext` of earlier releases lives now, for the
+#: error a protocol written against it gets (`moved_context_call`).
+MOVED_CONTEXT_CALLS: dict[str, str] = {
+    "input_ids": "inputs.ids", "open_input_ids": "inputs.open_ids",
+    "last_received": "inputs.last_received", "expect": "inputs.expect",
+    "resync": "inputs.resync", "sender_of": "inputs.sender_of",
+    "hold_back": "inputs.hold_back", "is_held": "inputs.is_held",
+    "let_through": "inputs.let_through", "process": "inputs.process",
+    "end_inputs": "inputs.end",
+    "output_ids": "outputs.ids", "next_seq": "outputs.next_seq",
+    "set_next_seq": "outputs.set_next_seq", "trim_sent": "outputs.trim_sent",
+    "resend": "outputs.resend", "watch_sent": "outputs.watch_sent",
+    "piggyback": "outputs.piggyback", "flush_outputs": "outputs.flush",
+    "send_control": "outputs.send_control",
+    "checkpoint": "state.checkpoint", "restore_from": "state.restore_from",
+    "store_channel_state": "state.store_channel",
+    "load_channel_state": "state.load_channel", "load_blob": "state.load_blob",
+    "acknowledge": "state.acknowledge", "object_store": "state.object_store",
+    "parted_operator": "chain.parted_operator",
+    "replace_operator": "chain.replace_operator", "emit_after": "chain.emit_after",
+    "set_watermark": "chain.set_watermark", "op_kinds": "chain.op_kinds",
+    "is_source": "chain.is_source", "has_sinks": "chain.has_sinks",
+    "source_identity": "sources.identity", "source_task": "sources.task_of",
+    "rewind_sources": "sources.rewind", "replay_source_records": "sources.replay",
+    "sink_tasks": "sinks.tasks", "stage_sink_outputs": "sinks.stage",
+    "commit_sink_outputs": "sinks.commit", "reapply_commits": "sinks.reapply_commits",
+    "deduplicate_sinks": "sinks.deduplicate",
+}
+
+
+def moved_context_call(name: str) -> str | None:
+    """The message for a protocol that asks a `TaskContext` for ``name`` as the flat
+    context of earlier releases had it, or None when ``name`` never was one."""
+    if name == "count_protocol_bytes":
+        return ("TaskContext.count_protocol_bytes() is gone: control records sent with "
+                "outputs.send_control() or outputs.piggyback() are counted as they go")
+    new = MOVED_CONTEXT_CALLS.get(name)
+    return None if new is None else f"TaskContext.{name}() moved: use task.{new}()"
 
 
 class MasterContext(abc.ABC):
@@ -480,9 +551,9 @@ class TaskProtocol:
         """Before the task starts: restore it from the coordinator's recovery line
         (None: start from the beginning, re-applying outputs already committed)."""
         if recovery_line is None:
-            await self.task.reapply_commits()
+            await self.task.sinks.reapply_commits()
         else:
-            await self.task.restore_from(recovery_line)
+            await self.task.state.restore_from(recovery_line)
 
     async def on_start(self) -> None:
         """The task's loop is about to start (replay in-flight messages here)."""

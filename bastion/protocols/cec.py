@@ -594,11 +594,11 @@ class CecTask(TaskProtocol):
         if isinstance(recovery_line, RegionLine):  # restarted with part of the job
             recovery_line = recovery_line.line
             for channel_id in recovery_line["resync"].get(task.task_id, ()):
-                task.resync(channel_id)
-        found = task.parted_operator()
+                task.inputs.resync(channel_id)
+        found = task.chain.parted_operator()
         if found is not None:
             name, inner = found
-            store = task.object_store()
+            store = task.state.object_store()
             ec, logged = None, []
             if recovery_line is not None:
                 # this job's own log after a failure, or the earlier job's it resumes
@@ -617,7 +617,7 @@ class CecTask(TaskProtocol):
                                           blocking=False)
             self.operator = CecOperator(inner, task, self.policy, log)
             self.operator_name = name
-            task.replace_operator(name, self.operator)
+            task.chain.replace_operator(name, self.operator)
             self.resend = [self._batch(value) for value in logged]
             if ec is not None and ec.complete and ec.seq >= 0:
                 self._load(ec)
@@ -626,17 +626,17 @@ class CecTask(TaskProtocol):
                 # starts with the earlier job's results and the footprints loaded.
                 await asyncio.to_thread(self.operator.adopt, logged, ec)
         if recovery_line is None:
-            await task.reapply_commits()
+            await task.sinks.reapply_commits()
             return
-        task.rewind_sources(recovery_line["replay_from"])
-        await task.deduplicate_sinks(recovery_line["dedup_jobs"])
+        task.sources.rewind(recovery_line["replay_from"])
+        await task.sinks.deduplicate(recovery_line["dedup_jobs"])
 
     def _load(self, ec: eventual.EventualCheckpoint) -> None:
         task, replay_from, operator = self.task, ec.replay_from, self.operator
         # only a complete checkpoint of a stateful instance is loaded
         assert operator is not None and replay_from is not None
         operator.load(ec, replay_from)
-        task.set_watermark(-math.inf if ec.watermark is None else ec.watermark)
+        task.chain.set_watermark(-math.inf if ec.watermark is None else ec.watermark)
         self.drop_below = {s: p for s, p in replay_from.items() if "/" in s}
         self.consumed = {int(s[1:]): p for s, p in replay_from.items() if s.startswith("#")}
         self.ended = {int(s[1:]) for s, p in replay_from.items()
@@ -647,7 +647,7 @@ class CecTask(TaskProtocol):
         operator.position = {**operator.position, **counts}
         if task.merge is not None:
             task.merge.resume(self.consumed, self.ended)
-            task.end_inputs(self.ended)
+            task.inputs.end(self.ended)
 
     def _batch(self, value: Any) -> Batch:
         assert self.operator is not None   # logged results: a stateful instance's
@@ -660,7 +660,7 @@ class CecTask(TaskProtocol):
         if resend:
             assert self.operator_name is not None   # results: a stateful instance's
             for batch in resend:
-                await self.task.emit_after(self.operator_name, batch)
+                await self.task.chain.emit_after(self.operator_name, batch)
 
     async def on_frame(self, channel_id: int, seq: int, frame: list) -> None:
         if self.operator is not None:
@@ -702,11 +702,11 @@ class CecTask(TaskProtocol):
         task = self.task
         trims: dict[int, list] = {}
         if self.operator is None:
-            for channel_id in task.input_ids():
-                below = task.last_received(channel_id) + 1
+            for channel_id in task.inputs.ids():
+                below = task.inputs.last_received(channel_id) + 1
                 if below > self.trimmed.get(channel_id, 0):
                     self.trimmed[channel_id] = below
-                    trims.setdefault(task.sender_of(channel_id), []).append(
+                    trims.setdefault(task.inputs.sender_of(channel_id), []).append(
                         [channel_id, below])
         else:
             replay = self.operator.replay_position()
@@ -719,7 +719,7 @@ class CecTask(TaskProtocol):
                     below = frames.popleft()[0] + 1
                 if below is not None and below > self.trimmed.get(channel_id, 0):
                     self.trimmed[channel_id] = below
-                    trims.setdefault(task.sender_of(channel_id), []).append(
+                    trims.setdefault(task.inputs.sender_of(channel_id), []).append(
                         [channel_id, below])
         for sender, entries in trims.items():
             task.send_acks(sender, entries)
@@ -727,7 +727,7 @@ class CecTask(TaskProtocol):
     def on_acks(self, entries: list) -> None:
         # Trims from this task's receivers (`_trim_senders`).
         for channel_id, below in entries:
-            trim = asyncio.ensure_future(self.task.trim_sent(channel_id, below))
+            trim = asyncio.ensure_future(self.task.outputs.trim_sent(channel_id, below))
             self.trims.add(trim)
             trim.add_done_callback(self.trims.discard)
 
@@ -764,8 +764,8 @@ class CecTask(TaskProtocol):
             commit = ((generation * 1_000_000 + self.commits) * task.task_count
                       + task.task_id + 1)
             self.commits += 1
-            if await task.stage_sink_outputs(commit):
-                task.acknowledge(commit, None, {"commit": True})
+            if await task.sinks.stage(commit):
+                task.state.acknowledge(commit, None, {"commit": True})
 
     async def on_finished(self) -> None:
         if self.operator is not None:

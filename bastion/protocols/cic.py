@@ -55,7 +55,7 @@ class HmnrCheckpoints(IndependentCheckpoints):
 
     async def on_start(self) -> None:
         await super().on_start()
-        self.task.piggyback(lambda dst: ProtocolClock(self.hmnr.on_send(dst)))
+        self.task.outputs.piggyback(lambda dst: ProtocolClock(self.hmnr.on_send(dst)))
 
     async def on_frame(self, channel_id: int, seq: int, frame: list) -> None:
         if frame and isinstance(frame[0], ProtocolClock):

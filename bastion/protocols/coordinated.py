@@ -109,10 +109,10 @@ class AlignedBarriers(TaskProtocol):
             return
         task, resume = self.task, recovery_line.resume
         await super().restore(recovery_line.line)
-        for channel_id in task.input_ids():
-            task.expect(channel_id, resume[channel_id])
-        for channel_id in task.output_ids():
-            task.set_next_seq(channel_id, resume[channel_id])
+        for channel_id in task.inputs.ids():
+            task.inputs.expect(channel_id, resume[channel_id])
+        for channel_id in task.outputs.ids():
+            task.outputs.set_next_seq(channel_id, resume[channel_id])
 
     async def on_trigger(self, checkpoint_id: int) -> None:
         await self._checkpoint(checkpoint_id)
@@ -122,7 +122,7 @@ class AlignedBarriers(TaskProtocol):
             sent = self.sent_at.pop(done)
             if done == checkpoint_id:
                 for channel_id, seq in sent.items():
-                    await self.task.trim_sent(channel_id, seq)
+                    await self.task.outputs.trim_sent(channel_id, seq)
 
     async def on_control(self, channel_id: int, control: ControlRecord) -> None:
         if not isinstance(control, Barrier):
@@ -130,7 +130,7 @@ class AlignedBarriers(TaskProtocol):
             return
         arrived = self.aligning.setdefault(control.checkpoint_id, set())
         arrived.add(channel_id)
-        self.task.hold_back(channel_id)
+        self.task.inputs.hold_back(channel_id)
         await self._maybe_aligned()
 
     def stash(self, channel_id: int, elements: list) -> None:
@@ -143,7 +143,7 @@ class AlignedBarriers(TaskProtocol):
     async def _maybe_aligned(self) -> None:
         for checkpoint_id in sorted(self.aligning):
             arrived = self.aligning[checkpoint_id]
-            if not self.task.open_input_ids() <= arrived:
+            if not self.task.inputs.open_ids() <= arrived:
                 return
             del self.aligning[checkpoint_id]
             await self._checkpoint(checkpoint_id)
@@ -154,27 +154,27 @@ class AlignedBarriers(TaskProtocol):
         hold an input back again, at the next barrier)."""
         task = self.task
         for channel_id in channel_ids:
-            task.let_through(channel_id)
+            task.inputs.let_through(channel_id)
             stash = self.stashed[channel_id]
-            while stash and not task.is_held(channel_id):
-                await task.process(channel_id, stash.popleft())
+            while stash and not task.inputs.is_held(channel_id):
+                await task.inputs.process(channel_id, stash.popleft())
 
     async def _checkpoint(self, checkpoint_id: int) -> None:
-        upload = self.task.checkpoint(checkpoint_id)      # snapshot, synchronously
+        upload = self.task.state.checkpoint(checkpoint_id)      # snapshot, synchronously
         try:
             await _forward(self.task, checkpoint_id)
         except BaseException:
             upload.close()  # the attempt ended meanwhile: the snapshot is not stored
             raise
         # the barrier went out as one frame on each output: what follows is after C
-        sent = {c: self.task.next_seq(c) for c in self.task.output_ids()}
+        sent = {c: self.task.outputs.next_seq(c) for c in self.task.outputs.ids()}
         self.sent_at[checkpoint_id] = sent
         ref = await upload                                 # state + staged outputs stored
-        self.task.acknowledge(checkpoint_id, ref, {"sent": sent})
+        self.task.state.acknowledge(checkpoint_id, ref, {"sent": sent})
 
 
 async def _forward(task: TaskContext, checkpoint_id: int) -> None:
-    await task.send_control(Barrier(checkpoint_id))
+    await task.outputs.send_control(Barrier(checkpoint_id))
 
 
 def _channel_state_name(task: TaskContext) -> str:
@@ -196,7 +196,7 @@ class UnalignedBarriers(AlignedBarriers):
             recovery_line = recovery_line.line
         if recovery_line is None:
             return
-        data = await self.task.load_channel_state(recovery_line,
+        data = await self.task.state.load_channel(recovery_line,
                                                   _channel_state_name(self.task))
         merge = self.task.merge
         assert merge is not None   # unaligned barriers run under a deterministic merge only
@@ -213,14 +213,14 @@ class UnalignedBarriers(AlignedBarriers):
         entry = self.pending.get(checkpoint_id)
         if entry is None:
             # The first barrier: everything queued in the merge precedes the barriers.
-            others = {c for c in task.open_input_ids()
+            others = {c for c in task.inputs.open_ids()
                       if c != channel_id and c not in merge.ended_on_arrival}
             # The upload starts now: the other barriers may take a while.
-            entry = (asyncio.ensure_future(task.checkpoint(checkpoint_id)),
+            entry = (asyncio.ensure_future(task.state.checkpoint(checkpoint_id)),
                      merge.capture(others), {})
             self.pending[checkpoint_id] = entry
             await _forward(task, checkpoint_id)
-            self.sent_at[checkpoint_id] = {c: task.next_seq(c) for c in task.output_ids()}
+            self.sent_at[checkpoint_id] = {c: task.outputs.next_seq(c) for c in task.outputs.ids()}
         else:
             entry[2][channel_id] = merge.end_capture(entry[1], channel_id)
         upload, capture, recorded = entry
@@ -230,9 +230,9 @@ class UnalignedBarriers(AlignedBarriers):
         ref = await upload
         channel_state = msgpack.packb({c: task.codec.encode(elements)
                                        for c, elements in recorded.items() if elements})
-        channel_ref = await task.store_channel_state(checkpoint_id, _channel_state_name(task),
+        channel_ref = await task.state.store_channel(checkpoint_id, _channel_state_name(task),
                                                      channel_state)
-        task.acknowledge(checkpoint_id, ref, {"channel_state": channel_ref,
+        task.state.acknowledge(checkpoint_id, ref, {"channel_state": channel_ref,
                                               "sent": self.sent_at.get(checkpoint_id)})
 
 

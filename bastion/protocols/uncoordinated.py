@@ -125,26 +125,26 @@ class IndependentCheckpoints(TaskProtocol):
         info = None if recovery_line is None else recovery_line["tasks"].get(self.task.task_id)
         self.restored = info
         if info is None or info.checkpoint is None:
-            await self.task.reapply_commits()
+            await self.task.sinks.reapply_commits()
         else:
-            await self.task.restore_from(info.checkpoint)
+            await self.task.state.restore_from(info.checkpoint)
         if info is not None:
             for channel_id, seq in info.expected.items():
-                self.task.expect(channel_id, seq)
+                self.task.inputs.expect(channel_id, seq)
 
     async def on_start(self) -> None:
         task, info = self.task, self.restored
         if info is not None:
             for channel_id, seq in info.next_seq.items():
-                task.set_next_seq(channel_id, seq)
+                task.outputs.set_next_seq(channel_id, seq)
             for channel_id, blobs in info.replay.items():
                 for key, first, last in blobs:
-                    frames = msgpack.unpackb(await task.load_blob(key), use_list=False)
+                    frames = msgpack.unpackb(await task.state.load_blob(key), use_list=False)
                     for seq, payload in frames:
                         if first <= seq <= last:
-                            await task.resend(channel_id, seq, payload)
+                            await task.outputs.resend(channel_id, seq, payload)
         # Replayed frames are logged already, in the checkpoints they came from.
-        task.watch_sent(self.log.record)
+        task.outputs.watch_sent(self.log.record)
 
     async def between_frames(self) -> None:
         if time.monotonic() >= self.due_s:
@@ -153,21 +153,21 @@ class IndependentCheckpoints(TaskProtocol):
     async def checkpoint(self, forced: bool = False) -> None:
         task = self.task
         started_s = time.monotonic()
-        await task.flush_outputs()    # what the state produced is now sent
+        await task.outputs.flush()    # what the state produced is now sent
         number = checkpoint_number(task.attempt, task.incarnation, self.local, task.task_id)
         self.local += 1
-        upload = task.checkpoint(number)
-        sent = {cid: task.next_seq(cid) - 1 for cid in task.output_ids()}
-        received = {cid: task.last_received(cid) for cid in task.input_ids()}
+        upload = task.state.checkpoint(number)
+        sent = {cid: task.outputs.next_seq(cid) - 1 for cid in task.outputs.ids()}
+        received = {cid: task.inputs.last_received(cid) for cid in task.inputs.ids()}
         logs = self.log.cut()
         protocol_state = self.on_checkpoint()
         ref = await upload
         channel_blobs = {}
         for channel_id, frames in logs.items():
-            blob = await task.store_channel_state(number, str(channel_id),
+            blob = await task.state.store_channel(number, str(channel_id),
                                                   msgpack.packb(frames))
             channel_blobs[channel_id] = (blob, frames[0][0], frames[-1][0])
-        task.acknowledge(number, ref, {"sent": sent, "received": received,
+        task.state.acknowledge(number, ref, {"sent": sent, "received": received,
                                        "channels": channel_blobs,
                                        "protocol_state": protocol_state,
                                        "forced": forced,

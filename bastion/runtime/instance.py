@@ -26,10 +26,9 @@ import asyncio
 import gc
 import math
 import os
-import pickle
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, cast
+from typing import Any, Callable, Coroutine, Sequence, cast
 
 import msgpack
 import ray
@@ -37,7 +36,6 @@ import ray
 from bastion.errors import PeerLostError, UDFError, UnserialisableError, UnstorableValueError
 from bastion.lineage import broadcast_ids, op_codes, record_hashes
 from bastion.protocols import get_protocol
-from bastion.protocols.base import TaskContext
 from bastion.runtime import priority
 from bastion.runtime.channel import (HeldOutputChannel, InputGate, LocalOutputChannel,
                                      OutputChannel, RemoteOutputChannel,
@@ -45,7 +43,7 @@ from bastion.runtime.channel import (HeldOutputChannel, InputGate, LocalOutputCh
                                      first_seq)
 from bastion.runtime.columns import partitions
 from bastion.runtime.config import JobConfig
-from bastion.runtime.durable import DurableCodec, open_bytes, seal
+from bastion.runtime.durable import DurableCodec
 from bastion.runtime.faults import TaskFaults
 from bastion.runtime.merge import DeterministicMerge
 from bastion.runtime.metrics import LatencyHistogram, OperatorCounts
@@ -55,17 +53,15 @@ from bastion.runtime.plan import (BROADCAST, FORWARD, HASH, InputChannel, Output
 from bastion.runtime.outputs import (FINAL_COMMIT, committed_blobs, encode_part,
                                      encode_staged, part_key, part_ref, read_staged,
                                      staged_key)
-from bastion.runtime.records import (MAX_CODED_DESTINATIONS, Batch, ControlRecord, EndOfStream,
+from bastion.runtime.records import (MAX_CODED_DESTINATIONS, Batch, EndOfStream,
                                      FrameCodec, UnstableKeyError, Watermark, stable_hash)
 from bastion.runtime.redundancy import FirstCopies, copy_shares
+from bastion.runtime.task_context import RuntimeTaskContext
 from bastion.runtime.transport import (FrameServer, JobKey, LinkLimits, PeerLinks,
                                        node_address, pusher, tls_from_env)
 from bastion.scheduler.failover import FailoverStrategy, failover_strategy
 from bastion.sinks import SinkWriter
 from bastion.storage import BlobRef, CheckpointStore, ObjectStore, open_store
-
-if TYPE_CHECKING:
-    import numpy as np
 
 _STATELESS = ("map", "filter", "flat_map", "union")
 _ROUTE_MEMO_KEYS = 65536  # keys whose partition a router remembers before starting over
@@ -86,7 +82,7 @@ _GIL_RELEASE_INTERVAL_S = 0.05
 # and full collections walked them (W1 at p=1: 0.26-0.28 CPU s per million records at
 # the default, 0.22-0.23 at this threshold). A worker process runs nothing but tasks.
 _GC_YOUNG_THRESHOLD = 20_000
-ACKS_CHANNEL = -1  # the channel id of `Task.send_acks` messages on the data plane
+ACKS_CHANNEL = -1  # the channel id of `TaskContext.send_acks` messages on the data plane
 _RESET_RECANCEL_S = 0.5  # how long a reset waits for cancelled tasks before cancelling again
 
 
@@ -297,9 +293,9 @@ class Router:
         return full
 
 
-class Task(TaskContext):
+class Task:
     """One instance of a chain: its operators, inputs, routes and loop. Its protocol
-    sees it only as a `TaskContext`."""
+    sees it only through a `RuntimeTaskContext` (`bastion.runtime.task_context`)."""
 
     def __init__(self, plan: TaskPlan, physical: PhysicalPlan, config: JobConfig,
                  store: ObjectStore, master: Any, attempt: int, incarnation: int = 0):
@@ -382,7 +378,9 @@ class Task(TaskContext):
                              if nodes[physical.chains[t.chain_id].ops[0]].kind == "source"}
         # how `send_acks` reaches a task: set by the worker that hosts this one
         self.ack_router: Any = None
-        self.protocol = get_protocol(config.protocol).task_protocol(self)
+        # what the protocol sees of this task: narrow views, never the task itself
+        self.context = RuntimeTaskContext(self)
+        self.protocol = get_protocol(config.protocol).task_protocol(self.context)
         # stalls, lost frames and link outages this task carries out (None: none)
         self.faults = TaskFaults.for_task(config.faults, chain.ops, plan.index)
         if self.faults is not None:
@@ -517,7 +515,7 @@ class Task(TaskContext):
                 frame = decode(frame)
             await self.protocol.on_frame(channel_id, seq, frame)
             self.frame_began_s = time.time()
-            await self._process_frame(inputs[channel_id], frame)      # process
+            await self.process_frame(inputs[channel_id], frame)      # process
             self.frame_began_s = None
             self.received_seq[channel_id] = seq
             await self._flush_aged()                                # emit
@@ -590,7 +588,7 @@ class Task(TaskContext):
             self.gil_released_s = now_s
         await asyncio.sleep(0)
 
-    async def _process_frame(self, channel: InputChannel, elements: list) -> None:
+    async def process_frame(self, channel: InputChannel, elements: list) -> None:
         channel_id = channel.channel_id
         for i, element in enumerate(elements):
             if channel_id in self.held:  # e.g. a barrier: the protocol keeps the rest
@@ -829,202 +827,19 @@ class Task(TaskContext):
                 stored = True
         return stored
 
-    def acknowledge(self, checkpoint_id: int, ref: BlobRef | None, meta: Any = None) -> None:
-        self.acknowledged.append(checkpoint_id)
-        self.protocol_message_bytes += len(pickle.dumps((checkpoint_id, ref, meta), protocol=5))
-        self.master.acknowledge(self.attempt, self.task_id, checkpoint_id, ref, meta,
-                                self.incarnation)
-
-    def count_protocol_bytes(self, n: int) -> None:
-        self.protocol_frame_bytes += n
-
-    # -- operators, as protocols see them ---------------------------------------------------
-
-    def parted_operator(self) -> tuple[str, Any] | None:
-        for name, op in zip(self.op_names, self.ops):
-            if op.parted:
-                return name, op
-        return None
-
-    def replace_operator(self, name: str, operator: Any) -> None:
-        self.ops[self.op_names.index(name)] = operator
-
-    async def emit_after(self, name: str, batch: Batch) -> None:
-        j = self.op_names.index(name)
-        self.counts[j].records_out += len(batch)
-        await self._process(batch, j + 1, 0, keyed=False)
-
-    def end_inputs(self, channel_ids: set[int]) -> None:
-        self.open_inputs -= channel_ids
-        for channel_id in channel_ids:
-            self.channel_watermarks.pop(channel_id, None)
-
-    def set_watermark(self, watermark: float) -> None:
-        self.watermark = watermark
-        for channel_id in self.channel_watermarks:
-            self.channel_watermarks[channel_id] = watermark
-
-    def object_store(self) -> ObjectStore:
-        return self.store
-
-    def rewind_sources(self, replay_from: dict[str, int]) -> None:
-        source = self.source
-        if source is None:
-            return
-        source.skip(replay_from.get(f"{source.ctx.code}/{self.index}", -1) + 1,
-                    self.config.source_batch_records)
-
-    async def deduplicate_sinks(self, jobs: list[str]) -> None:
-        for sink in self.sinks:
-            ids: list = []
-            for job in jobs:
-                for _, _, key in await asyncio.to_thread(committed_blobs, self.store, job,
-                                                         sink.ctx.name, self.index):
-                    ids.extend((await self._read_staged(key))[1] or ())
-            sink.deduplicate(ids)
-
     async def stage_sink_outputs(self, commit: int) -> bool:
+        """Store what the sinks staged since their last commit point as ``commit``."""
         return await self._store_staged(self._take_staged(), commit)
 
-    async def commit_sink_outputs(self, commit: int) -> bool:
-        if not await self.stage_sink_outputs(commit):
-            return True
-        return await self.master.commit(self.attempt, commit)
+    # -- what the protocol's views (`bastion.runtime.task_context`) run --------------------
 
-    # -- tuple tracking ----------------------------------------------------------------------
-
-    def op_kinds(self) -> list[str]:
-        return [node.kind for node in self.physical.topology.nodes.values()]
-
-    def is_source(self) -> bool:
-        return self.source is not None
-
-    def has_sinks(self) -> bool:
-        return bool(self.sinks)
-
-    def source_identity(self) -> tuple[int, int]:
-        assert self.source is not None  # asked of a source task only
-        return self.source.ctx.code, self.index
-
-    def source_task(self, source_code: int, instance: int) -> int:
-        return self.source_tasks[(source_code, instance)]
-
-    def sink_tasks(self) -> list[int]:
-        physical, nodes = self.physical, self.physical.topology.nodes
-        return [t.task_id for t in physical.tasks
-                if any(nodes[op].kind == "sink" for op in physical.chains[t.chain_id].ops)]
-
-    def observe_latencies(self, name: str, latencies_s: "Sequence[float] | np.ndarray"
-                          ) -> None:
-        histogram = self.protocol_latency.get(name)
-        if histogram is None:
-            histogram = self.protocol_latency[name] = LatencyHistogram()
-        histogram.add_many(latencies_s)
-
-    def send_acks(self, task_id: int, entries: list) -> None:
-        if self.faults is not None and self.faults.ack_lost():
-            return  # a lossy link outage: the tuples are replayed after their timeout
-        delay_s = 0.0 if self.faults is None else self.faults.ack_delay_s(len(entries))
-        if delay_s > 0:  # a slow acknowledgment: the task itself goes on
-            asyncio.get_running_loop().call_later(delay_s, self.ack_router, task_id, entries)
-        else:
-            self.ack_router(task_id, entries)
-
-    async def replay_source_records(self, batch: Batch) -> None:
-        await self._process(batch, 1, 0, keyed=False)
-
-    # Channel state is sealed (checksummed) here, so protocols store plain bytes and
-    # read back only bytes that pass the check.
-
-    async def store_channel_state(self, checkpoint_id: int, name: str, data: bytes) -> BlobRef:
-        return await asyncio.to_thread(self.checkpoints.put_channel, checkpoint_id, name,
-                                       seal(data))
-
-    async def load_channel_state(self, checkpoint_id: int, name: str) -> bytes:
-        data = await asyncio.to_thread(self.checkpoints.load_channel, checkpoint_id, name)
-        return open_bytes(data, f"checkpoint {checkpoint_id}, channel state {name!r}")
-
-    async def load_blob(self, key: str) -> bytes:
-        return open_bytes(await self.store.aget(key), key)
-
-    # -- channels, as protocols see them --------------------------------------------------
-
-    def input_ids(self) -> list[int]:
-        return list(self.inputs)
-
-    def open_input_ids(self) -> set[int]:
-        return set(self.open_inputs)
-
-    def output_ids(self) -> list[int]:
-        return [c.channel_id for c in self.channels]
-
-    def last_received(self, channel_id: int) -> int:
-        return self.received_seq.get(channel_id, -1)
-
-    def expect(self, channel_id: int, seq: int) -> None:
-        self.gate.expect(channel_id, seq)
-        self.received_seq[channel_id] = seq - 1
-
-    def resync(self, channel_id: int) -> None:
-        self.gate.resync(channel_id)
-
-    def sender_of(self, channel_id: int) -> int:
-        return self.inputs[channel_id].src_task
-
-    def next_seq(self, channel_id: int) -> int:
-        return self.outputs[channel_id].seq
-
-    def set_next_seq(self, channel_id: int, seq: int) -> None:
-        self.outputs[channel_id].seq = seq
-
-    async def trim_sent(self, channel_id: int, below_seq: int) -> None:
-        channel = self.outputs[channel_id]
-        if isinstance(channel, ReplayableOutputChannel):
-            await channel.trim(below_seq)
-
-    async def resend(self, channel_id: int, seq: int, payload: bytes) -> None:
-        await self.outputs[channel_id].transmit(seq, payload)
-
-    def watch_sent(self, listener: Callable[[int, int, bytes], None] | None) -> None:
-        for channel in self.channels:
-            channel.on_sent = listener
-
-    def piggyback(self, make: Callable[[int], ControlRecord]) -> None:
-        encode = self.codec.encode
-
-        def decorating(dst: int) -> Callable[[list], list]:
-            def decorate(frame: list) -> list:
-                record = make(dst)
-                self.count_protocol_bytes(len(encode([record])))
-                return [record] + frame
-            return decorate
-
-        for channel, dst in zip(self.channels, self.channel_destinations):
-            channel.decorate = decorating(dst)
-
-    async def flush_outputs(self) -> None:
-        for channel in self.channels:
-            await channel.flush()
-
-    async def send_control(self, control: ControlRecord) -> None:
-        self.count_protocol_bytes(len(self.codec.encode([control])) * len(self.channels))
-        for channel in self.channels:
-            channel.add_control(control)
-            await channel.flush()
-
-    def hold_back(self, channel_id: int) -> None:
-        self.held.add(channel_id)
-        self.gate.block(channel_id)
-
-    def is_held(self, channel_id: int) -> bool:
-        return channel_id in self.held
-
-    def let_through(self, channel_id: int) -> None:
-        self.held.discard(channel_id)
-        self.gate.unblock(channel_id)
-
-    async def process(self, channel_id: int, elements: list) -> None:
-        await self._process_frame(self.inputs[channel_id], elements)
+    async def emit_after(self, name: str, batch: Batch, counted: bool = True) -> None:
+        """Send ``batch`` on from operator ``name`` as if it had just produced it
+        (``counted``: as its output; a source's replay is not read again)."""
+        j = self.op_names.index(name)
+        if counted:
+            self.counts[j].records_out += len(batch)
+        await self._process(batch, j + 1, 0, keyed=False)
 
     async def restore_from(self, checkpoint_id: int) -> None:
         data = await asyncio.to_thread(self.checkpoints.load, checkpoint_id,
@@ -1046,15 +861,15 @@ class Task(TaskContext):
                     key = staged_key(self.config.job_id, sink.ctx.name, self.index, only)
                     if await self.store.aexists(key):
                         await asyncio.to_thread(sink.writer.apply, only,
-                                                (await self._read_staged(key))[0])
+                                                (await self.read_staged_blob(key))[0])
                     continue
                 blobs = await asyncio.to_thread(committed_blobs, self.store,
                                                 self.config.job_id, sink.ctx.name, self.index)
                 for _, commit, key in blobs:
                     await asyncio.to_thread(sink.writer.apply, commit,
-                                            (await self._read_staged(key))[0])
+                                            (await self.read_staged_blob(key))[0])
 
-    async def _read_staged(self, key: str) -> tuple[list, list | None]:
+    async def read_staged_blob(self, key: str) -> tuple[list, list | None]:
         return await asyncio.to_thread(read_staged, self.store, self.durable, key)
 
     # -- reporting -----------------------------------------------------------------------
@@ -1572,9 +1387,10 @@ class Worker:
         if epoch != self.epoch:
             return
         for task in list(self.tasks.values()):
-            for channel_id in task.output_ids():
+            outputs = task.context.outputs
+            for channel_id in outputs.ids():
                 if channel_id in below:
-                    await task.trim_sent(channel_id, below[channel_id])
+                    await outputs.trim_sent(channel_id, below[channel_id])
 
     async def apply_commit(self, epoch: tuple[str, int], commit: int) -> None:
         """Commit point ``commit`` is complete: sinks with outside effects apply it."""
