@@ -263,24 +263,37 @@ def one_line(text: object) -> str:
 
 # Terminal colour codes, which Ray writes into a remote error's text.
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-# `bastion.run`'s keywords as a message from the library may name them, and the flags
-# that set them here: on the command line a message names flags.
+# What a message from the library names — `bastion.run`'s keywords, and the fields of
+# the options objects, written ``Object(field=value)`` — and the flags that set them
+# here: on the command line a message names flags.
 _FLAGS = {"protocol": "--protocol", "resume_from": "--resume-from",
-          "checkpoint_interval": "--checkpoint-interval", "ack_timeout_s": "--ack-timeout",
-          "acks_mode": "--acks-mode", "max_pending": "--max-pending",
           "duration_s": "--duration", "redundancy": "--redundancy",
-          "latency_bound_ms": "--latency-bound", "failover": "--failover"}
-_KEYWORD = re.compile(r"\b(" + "|".join(_FLAGS) + r")=('[^']*'|[^\s:;,()]+)(?: or '(\w+)')?")
+          "interval_s": "--checkpoint-interval",
+          "Acks(timeout_s": "--ack-timeout", "Acks(mode": "--acks-mode",
+          "Acks(max_pending": "--max-pending",
+          "Redundancy(ratio": "--redundancy", "Redundancy(latency_bound_ms": "--latency-bound",
+          "Recovery(failover": "--failover",
+          "AutoInterval(trt_bound_s": "--trt-bound",
+          "AutoInterval(retune_every_s": "--retune-every"}
+_KEYWORD = re.compile(r"(?<![\w.(])(" + "|".join(map(re.escape, _FLAGS))
+                      + r")=('[^']*'|[^\s:;,()]+)(\))?(?: or '(\w+)')?")
+# An automatic interval, as the library names it.
+_AUTO_INTERVAL = re.compile(r"\binterval_s=AutoInterval\(…\)")
 
 
 def as_flags(message: str) -> str:
-    """``message`` with ``keyword=value`` of `bastion.run` written as the flag that
-    sets it (``protocol='cec'`` -> ``--protocol cec``), and without colour codes."""
+    """``message`` with ``keyword=value`` of `bastion.run` and ``Object(field=value)``
+    of its options written as the flag that sets it (``protocol='cec'`` ->
+    ``--protocol cec``, ``Acks(timeout_s=1)`` -> ``--ack-timeout 1``), and without
+    colour codes."""
     def flag(found: re.Match) -> str:
-        text = f"{_FLAGS[found[1]]} {found[2].strip(chr(39))}"
-        return text + (f" or {found[3]}" if found[3] else "")
+        # ``Acks(timeout_s=1)`` is one flag, its parenthesis included
+        closing = "" if "(" in found[1] else (found[3] or "")
+        text = f"{_FLAGS[found[1]]} {found[2].strip(chr(39))}{closing}"
+        return text + (f" or {found[4]}" if found[4] else "")
 
-    return _KEYWORD.sub(flag, _ANSI.sub("", message))
+    message = _AUTO_INTERVAL.sub("--checkpoint-interval auto", _ANSI.sub("", message))
+    return _KEYWORD.sub(flag, message)
 
 
 def _say(message: str) -> None:

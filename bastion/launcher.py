@@ -633,15 +633,15 @@ def _auto_interval(topology: Topology, proto: Protocol, auto: AutoInterval,
 
     trt_bound_s, retune_every_s, tuning = auto.trt_bound_s, auto.retune_every_s, auto.tuning
     if not proto.needs_checkpoint_interval:
-        raise ValueError(f"checkpoint_interval='auto': protocol {proto.name!r} takes no "
+        raise ValueError(f"interval_s=AutoInterval(…): protocol {proto.name!r} takes no "
                          "checkpoints; pick a checkpointing protocol, e.g. 'coordinated'")
     if retune_every_s is not None and not proto.live_interval:
         raise ValueError(f"retune_every_s: protocol {proto.name!r} cannot move its "
                          "checkpoint interval while the job runs; use 'coordinated'")
     if isinstance(tuning, TuningResult):
         if tuning.trt_bound_s != trt_bound_s:
-            raise ValueError(f"trt_bound_s={trt_bound_s:g} contradicts the tuning's bound "
-                             f"of {tuning.trt_bound_s:g} s: give one")
+            raise ValueError(f"AutoInterval(trt_bound_s={trt_bound_s:g}) contradicts the "
+                             f"tuning's bound of {tuning.trt_bound_s:g} s: give one")
         result = tuning
     else:
         options = dict(tuning or {})
@@ -649,14 +649,14 @@ def _auto_interval(topology: Topology, proto: Protocol, auto: AutoInterval,
             try:
                 low, high = auto_range(topology, duration_s)
             except ValueError as exc:
-                raise ValueError(f"checkpoint_interval='auto': {exc}; pass "
-                                 "checkpoint_interval=S (seconds)") from exc
+                raise ValueError(f"interval_s=AutoInterval(…): {exc}; give the protocol "
+                                 "interval_s=S (seconds)") from exc
             options = {"min_interval_s": low, "max_interval_s": high,
                        "points": AUTO_POINTS, **options}
         result = tune(topology, trt_bound_s=trt_bound_s, protocol=proto.name,
                       duration_s=duration_s, **{**run_options, **options})
     if result.interval_s is None:
-        raise ValueError(f"checkpoint_interval='auto': {result.reason}")
+        raise ValueError(f"interval_s=AutoInterval(…): {result.reason}")
     policy = None if retune_every_s is None else RetunePolicy.of(result, retune_every_s)
     return result.interval_s, policy
 

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from bastion.launcher import RunResult
     from bastion.topology import Topology
 
-#: The range ``checkpoint_interval="auto"`` (``bastion run --checkpoint-interval auto``)
+#: The range ``interval_s=bn.AutoInterval(…)`` (``bastion run --checkpoint-interval auto``)
 #: tunes over, and its grid (`bastion tune` and `tune` take their own).
 AUTO_MIN_INTERVAL_S, AUTO_MAX_INTERVAL_S, AUTO_POINTS = 0.5, 8.0, 6
 #: ... with intervals up to this share of the run's length: a longer one completes too
@@ -66,7 +66,7 @@ AUTO_MAX_INTERVAL_SHARE = 0.25
 
 
 def auto_range(topology: "Topology", duration_s: float | None = None) -> tuple[float, float]:
-    """The (min, max) interval ``checkpoint_interval="auto"`` tunes over for a run of
+    """The (min, max) interval ``interval_s=bn.AutoInterval(…)`` tunes over for a run of
     ``topology`` lasting ``duration_s`` (default: as long as its paced input). A
     ValueError when the run is too short to tune."""
     length_s = duration_s or expected_run_s(topology)

@@ -280,8 +280,8 @@ def test_acks_options_are_validated_and_belong_to_acks():
         bn.run(pipeline(10), protocol=bn.protocols.Acks(max_pending=0))
     with pytest.raises(TypeError, match="mode"):   # an acknowledgment knob elsewhere
         bn.protocols.Coordinated(mode="xor")
-    with pytest.raises(ValueError, match=r"ack_timeout_s=0.5 must be longer than "
-                                         r"checkpoint_interval=1: sinks acknowledge only"):
+    with pytest.raises(ValueError, match=r"Acks\(timeout_s=0.5\) must be longer than "
+                                         r"its interval_s=1: sinks acknowledge only"):
         bn.run(pipeline(10), protocol=bn.protocols.Acks(timeout_s=0.5))
     with pytest.raises(ValueError, match="cannot run with deterministic=True: a source "
                                          "ends only once its roots are acknowledged"):

@@ -151,14 +151,17 @@ def test_receivers_that_forget_ids_at_once_let_copies_through_and_the_drill_says
 # -- acknowledgments of copies ---------------------------------------------------------------------
 
 
+class _Chain:
+    def op_kinds(self):
+        return ["source", "map", "sink"]
+
+
 class _Source:
     """The little of a task context the acknowledgment bookkeeping uses."""
 
     def __init__(self):
         self.latencies: dict[str, list[float]] = {}
-
-    def op_kinds(self):
-        return ["source", "map", "sink"]
+        self.chain = _Chain()
 
     def observe_latencies(self, name, latencies_s):
         self.latencies.setdefault(name, []).extend(latencies_s)
@@ -310,7 +313,7 @@ def test_what_cannot_take_copies_is_refused_naming_it():
         bn.run(topo, protocol="coordinated", redundancy=0.5)
     with pytest.raises(ValueError, match="deterministic"):
         bn.run(topo, redundancy=0.5, deterministic=True)
-    with pytest.raises(ValueError, match="shorter than half of ack_timeout_s"):
+    with pytest.raises(ValueError, match=r"Redundancy\(dedup_window_s=0.6\) must be shorter than half of Acks\(timeout_s=1\)"):
         bn.run(topo,
                protocol=bn.protocols.Acks(timeout_s=1.0),
                redundancy=bn.Redundancy(ratio=0.5, dedup_window_s=0.6))

@@ -88,7 +88,7 @@ CYCLE = ("step = nums.map('step', lambda x: x)\nstep.sink('out', bn.sinks.Collec
      r"'no-such-job'"),
     # the protocol's own check, worded in keywords by the library
     (STATELESS, ["--protocol", "acks", "--ack-timeout", "1", "--checkpoint-interval", "2"],
-     r"--ack-timeout 1 must be longer than --checkpoint-interval 2: sinks acknowledge"),
+     r"--ack-timeout 1 must be longer than its --checkpoint-interval 2: sinks acknowledge"),
     (CYCLE, ["--protocol", "coordinated", "--checkpoint-interval", "1"],
      r"closes a cycle.*use --protocol uncoordinated or cic$"),
 ])
@@ -103,6 +103,14 @@ def test_keywords_become_flags_and_colour_codes_go():
     assert as_flags("use protocol='uncoordinated' or 'cic'") == \
         "use --protocol uncoordinated or cic"
     assert as_flags("resume_from='j': no") == "--resume-from j: no"
+    # an options object's field is the flag that sets it, its parenthesis included
+    assert as_flags("Acks(timeout_s=0.5) must be longer than its interval_s=1: x") == \
+        "--ack-timeout 0.5 must be longer than its --checkpoint-interval 1: x"
+    assert as_flags("interval_s=AutoInterval(…): no fit") == "--checkpoint-interval auto: no fit"
+    assert as_flags("AutoInterval(trt_bound_s=9) contradicts") == "--trt-bound 9 contradicts"
+    # a field no flag sets, or a protocol's own knob inside its object, stays
+    assert as_flags("Redundancy(dedup_window_s=0.6) and Coordinated(interval_s=2)") == \
+        "Redundancy(dedup_window_s=0.6) and Coordinated(interval_s=2)"
     assert as_flags("\x1b[36mray::JobHost.run()\x1b[39m failed") == "ray::JobHost.run() failed"
     # prose that merely names a keyword stays as it is
     assert as_flags("pass duration_s to bn.run") == "pass duration_s to bn.run"

@@ -8,7 +8,7 @@ what it did: "these tuples I took in, these I emitted" — one message per sourc
 per frame, so a tuple's acknowledgment and its children's emission arrive together.
 The source keeps, per pending root, what is still outstanding:
 
-- ``acks_mode="fine"`` (the default, Dynamo §3.2.3.2): the intermediate tuples
+- ``Acks(mode="fine")`` (the default, Dynamo §3.2.3.2): the intermediate tuples
   emitted and not yet acknowledged, as a count per tuple token (a 64-bit name of the
   tuple within its root, `bastion.lineage.token`): emissions minus acknowledgments.
   A tuple is outstanding while its count is above 0. Messages may arrive in any
@@ -17,7 +17,7 @@ The source keeps, per pending root, what is still outstanding:
   still outstanding meanwhile. Copies of a tuple (tuple-level redundancy) share its
   token: the first copy acknowledged brings the count to 0 — a stalled instance's
   copy is not waited for — and the later one to -1, which holds nothing back;
-- ``acks_mode="xor"`` (Storm's acker): one 64-bit value per root, every token XORed
+- ``Acks(mode="xor")`` (Storm's acker): one 64-bit value per root, every token XORed
   in once when emitted and once when acknowledged. A token is salted with the
   channel the tuple crossed, so the two copies of a redundant tuple (and their
   results, which cross different channels) are distinct tuples: the root completes
@@ -427,8 +427,8 @@ class AcksProtocol(Protocol):
     def check_interval(self, checkpoint_interval_s: float | None) -> None:
         if checkpoint_interval_s is not None and self.ack_timeout_s <= checkpoint_interval_s:
             raise ValueError(
-                f"ack_timeout_s={self.ack_timeout_s:g} must be longer than "
-                f"checkpoint_interval={checkpoint_interval_s:g}: sinks acknowledge only "
+                f"Acks(timeout_s={self.ack_timeout_s:g}) must be longer than its "
+                f"interval_s={checkpoint_interval_s:g}: sinks acknowledge only "
                 "when they commit, so every root would be replayed before it could "
                 "complete, and the replays would flood the job")
 
@@ -438,8 +438,8 @@ class AcksProtocol(Protocol):
     def check_copies(self, dedup_window_s: float) -> None:
         if 2 * dedup_window_s >= self.ack_timeout_s:
             raise ValueError(
-                f"dedup_window_s={dedup_window_s:g} must be shorter than half of "
-                f"ack_timeout_s={self.ack_timeout_s:g}: a receiver remembers a tuple id "
+                f"Redundancy(dedup_window_s={dedup_window_s:g}) must be shorter than half "
+                f"of Acks(timeout_s={self.ack_timeout_s:g}): a receiver remembers a tuple id "
                 "for up to twice the window, and would drop a replayed root's tuples as "
                 "copies of the ones it replaces")
 

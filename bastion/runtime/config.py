@@ -115,7 +115,7 @@ class JobConfig:
         if self.buffer_timeout_s < 0:
             raise ValueError(f"buffer_timeout_s must be >= 0, got {self.buffer_timeout_s}")
         if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
-            raise ValueError("checkpoint_interval must be > 0 seconds, got "
+            raise ValueError("interval_s must be > 0 seconds, got "
                              f"{self.checkpoint_interval_s}")
         if self.heartbeat_timeout_s <= 0:
             raise ValueError(f"heartbeat_timeout_s must be > 0, got {self.heartbeat_timeout_s}")
