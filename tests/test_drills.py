@@ -165,32 +165,33 @@ def test_kill_during_a_checkpoint_in_progress_never_completes_it(drill_storage):
 
 
 def stall_once(n):
-    """Identity, except that record 300 holds its task for 12 s: longer than a
-    checkpoint may take (`CheckpointCoordinator.timeout_s`, 10 s at least)."""
+    """Identity, except that record 300 holds its task for 3 s: longer than a
+    checkpoint may take in the test below (``Coordinated(timeout_s=1.5)``)."""
     if n == 300:
-        time.sleep(12)
+        time.sleep(3)
     return n
 
 
-@pytest.mark.slow  # 12 s of stall
+@pytest.mark.slow  # 3 s of stall
 def test_outputs_staged_under_a_timed_out_checkpoint_are_still_committed(tmp_path):
     # Two branches of one source: the checkpoint in progress at the stall times out.
     # Its barrier still reaches every sink, and each stages its outputs under it —
     # outputs no restore will produce again (there is no failure): they must be
     # committed with the next checkpoint. (Before, 1,875 of 3,000 were lost.)
     topo = bn.Topology("stalled-checkpoint")
-    numbers = topo.source("numbers", bn.sources.Generator(lambda i: i, count=3000, rate=150))
+    numbers = topo.source("numbers", bn.sources.Generator(lambda i: i, count=1200, rate=200))
     numbers.map("pass", lambda n: n).sink("direct", bn.sinks.Collect())
     numbers.map("stall", stall_once).sink("stalled", bn.sinks.Collect())
     # the stalled task must not look dead: the test is about a slow checkpoint
-    result = bn.run(topo, protocol=bn.protocols.Coordinated(interval_s=0.5), workers=2,
+    result = bn.run(topo, protocol=bn.protocols.Coordinated(interval_s=0.5, timeout_s=1.5),
+                    workers=2,
                     storage=f"local://{tmp_path}", recovery=bn.Recovery(heartbeat_timeout_s=60.0))
     kinds = [e["kind"] for e in result.details["events"]]
     aborted = kinds.index("checkpoint_aborted")
     assert "checkpoint_completed" in kinds[aborted:], "no checkpoint completed after it"
     assert "restarted" not in kinds
     for sink in ("direct", "stalled"):
-        assert sorted(result.outputs[sink]) == list(range(3000)), sink
+        assert sorted(result.outputs[sink]) == list(range(1200)), sink
 
 
 def test_a_checkpoint_with_a_missing_blob_is_never_used(tmp_path):
