@@ -9,7 +9,8 @@ PY := $(VENV)/bin/python
 .PHONY: demo test test-fast bench clean
 
 # Bastion and its runtime dependencies: all the demo needs.
-$(VENV)/.installed: pyproject.toml setup.py bastion/runtime/_columns.c bastion/storage/_logframe.c
+$(VENV)/.installed: pyproject.toml setup.py bastion/runtime/_columns.c bastion/storage/_logframe.c \
+		bastion/runtime/_durable.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e .

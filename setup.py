@@ -1,12 +1,16 @@
-"""Builds the C column kernels of the keyed exchange (`bastion/runtime/_columns.c`) and
-the log writer's record framing (`bastion/storage/_logframe.c`). The rest of the package
-is described in pyproject.toml. Both extensions are optional: a machine without a C
-compiler installs Bastion with the pure-Python loops of `bastion.runtime.columns` and
-`bastion.storage.log` instead (slower per exchanged or logged record, same results)."""
+"""Builds the C column kernels of the keyed exchange (`bastion/runtime/_columns.c`), the
+log writer's record framing (`bastion/storage/_logframe.c`) and the packed runs of a
+CEC burst (`bastion/runtime/_durable.c`). The rest of the package is described in
+pyproject.toml. All three extensions are optional: a machine without a C compiler
+installs Bastion with the pure-Python loops of `bastion.runtime.columns`,
+`bastion.storage.log` and `bastion.runtime.durable` instead (slower per exchanged or
+logged record, same results)."""
 
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("bastion.runtime._columns", ["bastion/runtime/_columns.c"],
                              optional=True),
                    Extension("bastion.storage._logframe", ["bastion/storage/_logframe.c"],
+                             optional=True),
+                   Extension("bastion.runtime._durable", ["bastion/runtime/_durable.c"],
                              optional=True)])

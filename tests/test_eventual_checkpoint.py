@@ -3,7 +3,10 @@ shapes, checked against a plain-Python model of the operator that wrote them.
 
 The model is a keyed tumbling-window sum (or a reduce: parts that never close) fed
 by one or two source instances whose records interleave at random, written through a
-real `LogWriter` with small segments so a log has sealed segments and parts. It emits
+real `LogWriter` with small segments so a log has sealed segments and parts. Each burst
+stores its parts' keys and states in one of the two layouts, at random: as runs, as a
+running operator writes them, or as arrays of items, as a resumed job copies them and
+earlier versions wrote them — so one log mixes both. It emits
 ``G_open`` when a part opens, ``G_check`` for random parts at random moments,
 ``closed`` when a window fires, and its results. The check is the one recovery makes:
 load the EC, replay every input after ``replay_from`` under the EC's rules, and
@@ -33,13 +36,27 @@ def enc(value) -> bytes:
     return msgpack.packb(value)
 
 
+def item(value) -> bytes:
+    """``value`` as a state codec packs a part's key or state: a flags byte (0: no
+    tuple inside), then the msgpack."""
+    return b"\x00" + msgpack.packb(value)
+
+
+def dec(packed: bytes):
+    """The value of an `item`."""
+    assert packed[0] == 0
+    return msgpack.unpackb(packed[1:])
+
+
 class WindowModel:
     """A keyed tumbling-window sum written the CEC way. ``window_s=None``: a keyed
     reduce (one part per key, never closing). Inputs are ``(source, offset, key, ts,
     value)``; a part is ``(window, key)``."""
 
-    def __init__(self, window_s: float | None, lag_s: float, check_every: int, rng):
+    def __init__(self, window_s: float | None, lag_s: float, check_every: int, rng,
+                 layouts: random.Random):
         self.window_s, self.lag_s, self.check_every, self.rng = window_s, lag_s, check_every, rng
+        self.layouts = layouts        # which layout each burst takes (a stream of its own)
         self.parts: dict = {}         # part -> sum
         self.position: dict[str, int] = {}
         self.watermark = float("-inf")
@@ -77,15 +94,20 @@ class WindowModel:
             if (part[0] + 1) * self.window_s <= self.watermark:
                 total = self.parts.pop(part)
                 self.records.append((self.t_now, eventual.result([list(part), total])))
-                fired.append(enc(list(part)))
+                fired.append(item(list(part)))
         if fired:
-            self.records.append((self.t_now, eventual.closed(
-                fired, len(self.parts), dict(self.position), self.watermark)))
+            self.records.append((self.t_now, eventual.burst(
+                eventual.CLOSED, b"".join(fired), None, len(self.parts),
+                dict(self.position), self.watermark) if self.layouts.random() < 0.5
+                else eventual.closed(fired, len(self.parts), dict(self.position),
+                                     self.watermark)))
 
     def control(self, kind: int, *parts) -> None:
-        self.records.append((self.t_now, eventual.footprints(
-            kind, [enc(list(p)) for p in parts], [enc(self.parts[p]) for p in parts],
-            len(self.parts), dict(self.position), self.watermark)))
+        keys, states = [item(list(p)) for p in parts], [item(self.parts[p]) for p in parts]
+        self.records.append((self.t_now, eventual.burst(
+            kind, b"".join(keys), b"".join(states), len(self.parts), dict(self.position),
+            self.watermark) if self.layouts.random() < 0.5 else eventual.footprints(
+            kind, keys, states, len(self.parts), dict(self.position), self.watermark)))
 
 
 def make_inputs(rng, n: int, sources: int, keys: int, disorder_s: float):
@@ -108,9 +130,9 @@ def recover(ec: EventualCheckpoint, inputs, crash_at: int, model_args):
     footprint reflects and closed parts dropping theirs. Returns the open parts."""
     window_s, lag_s = model_args
     assert ec.complete
-    parts = {tuple(msgpack.unpackb(p)): msgpack.unpackb(f.state) for p, f in ec.parts.items()}
-    positions = {tuple(msgpack.unpackb(p)): f.position for p, f in ec.parts.items()}
-    closed_parts = {tuple(msgpack.unpackb(p)) for p in ec.closed}
+    parts = {tuple(dec(p)): dec(f.state) for p, f in ec.parts.items()}
+    positions = {tuple(dec(p)): f.position for p, f in ec.parts.items()}
+    closed_parts = {tuple(dec(p)) for p in ec.closed}
     replay_from = ec.replay_from
     watermark = ec.watermark if ec.watermark is not None else float("-inf")
     t_now = float("-inf")
@@ -151,7 +173,8 @@ def run_model(seed: int, n: int, sources: int, keys: int, windowed: bool,
               crash_at: int | None = None):
     rng = random.Random(seed)
     window_s = 0.5 if windowed else None
-    model = WindowModel(window_s, 0.1, check_every=rng.choice([3, 11, 50]), rng=rng)
+    model = WindowModel(window_s, 0.1, check_every=rng.choice([3, 11, 50]), rng=rng,
+                        layouts=random.Random(seed))
     inputs = make_inputs(rng, n, sources, keys, disorder_s=0.05)
     crash_at = crash_at or rng.randrange(1, len(inputs) + 1)
     for record in inputs[:crash_at]:
@@ -175,7 +198,7 @@ def test_the_eventual_checkpoint_brings_the_state_back(tmp_path_factory, shape):
         assert ec.seq == -1 and ec.parts == {}
         return
     assert ec.complete and ec.n_open == len(model.parts)
-    assert {tuple(msgpack.unpackb(p)) for p in ec.parts} == set(model.parts)
+    assert {tuple(dec(p)) for p in ec.parts} == set(model.parts)
     assert recover(ec, inputs, crash_at, args) == model.parts
     # the extent is what the backward pass read: from the end to the oldest footprint
     oldest = min((f.seq for f in ec.parts.values()), default=ec.seq)
@@ -225,12 +248,12 @@ def test_a_damaged_control_tuple_is_skipped_and_the_older_footprint_used(tmp_pat
     # break the checksum of the newest footprint of some part (the log's CRC is fine)
     newest = max(i for i, (_, v) in enumerate(records) if v[0] == G_CHECK)
     ts, value = records[newest]
-    altered = enc([enc(10**6)] * len(eventual.parts_of(value)))  # its states altered
+    altered = enc([item(10**6)] * len(eventual.parts_of(value)))  # its states altered
     records[newest] = (ts, value[:2] + [altered] + value[3:])
     store = write_log(tmp_path, records, 2_000)
     ec, damage = read_eventual_checkpoint(store, "op/0")
     assert newest in ec.skipped and damage == []
-    assert all(f.state != enc(10**6) for f in ec.parts.values())
+    assert all(f.state != item(10**6) for f in ec.parts.values())
     assert recover(ec, inputs, crash_at, args) == model.parts
 
 

@@ -62,6 +62,7 @@ from typing import Any, Iterable
 
 import msgpack
 
+from bastion.runtime.durable import split_run
 from bastion.storage import CorruptRecordError, ObjectStore
 from bastion.storage.log import Damage, LogReader, gc_paused, salvage_log
 
@@ -77,15 +78,31 @@ Position = dict[str, int]  # "<source>/<instance>" -> offset of the last record 
 
 # A control tuple is the list ``[kind, parts, states, n_open, meta, crc]`` and stands
 # for a whole *burst*: the footprints (or closings) an operator writes at one moment,
-# which share one position and one watermark. ``parts`` is the msgpack array of the
-# parts' keys and ``states`` that of their states (None in a ``closed``), each element
-# the bytes the task's codec packed; ``meta`` the msgpack bytes of ``[position,
-# watermark]``; ``crc`` a CRC32 over the parts, states and meta bytes exactly as
-# stored, started from a value that encodes the kind and N. Checking one is three
-# CRC32 calls over bytes the log already holds — no re-encoding — whatever the size of
-# the burst, and its arrays are decoded in C, one call each: a footprint per log
-# record cost a Python pass per footprint, ~3 us, most of an EC-load of 230,000
-# footprints (measured by `benchmarks/cec.py` (f): 0.80 s before bursts).
+# which share one position and one watermark. ``parts`` holds the parts' keys and
+# ``states`` their states (None in a ``closed``), each item the bytes the task's codec
+# packs of one value; ``meta`` the msgpack bytes of ``[position, watermark]``; ``crc``
+# a CRC32 over the parts, states and meta bytes exactly as stored, started from a value
+# that encodes the kind and N. Checking one is three CRC32 calls over bytes the log
+# already holds — no re-encoding — whatever the size of the burst, and its columns are
+# cut in C, one call each: a footprint per log record cost a Python pass per footprint,
+# ~3 us, most of an EC-load of 230,000 footprints (measured by `benchmarks/cec.py`
+# (f): 0.80 s before bursts).
+#
+# A column is stored in one of two layouts, told apart by its first byte:
+#
+# - a *run* (`bastion.runtime.durable`: the items back to back, a flags byte 0 or 1
+#   first): what a running operator writes (`burst`). Its keys and states are packed
+#   in one C call each — a bytes object per part and a packer call per value cost
+#   more than a fast window's own work (`benchmarks/cec.py` (d): 22-34 % of a job's
+#   CPU on fast windows, G_open only) — and cut back into items in one when read;
+# - a msgpack *array of bin*, an item each (a msgpack array header first, never 0 or
+#   1): what `footprints`, `footprint` and `closed` write from items packed already
+#   (a resumed job copies an earlier one's footprints as they were), and every burst
+#   of the logs of earlier versions.
+#
+# Either way a part's item is the same bytes, so a part is one part whichever layout
+# names it, and the EC is the same.
+_RUN_FLAGS = (0, 1)   # the first byte of a run; an array header is 0x90-0x9f, 0xdc, 0xdd
 
 
 def _crc(kind: int, parts: bytes, states: bytes | None, n_open: int, meta: bytes) -> int:
@@ -104,6 +121,17 @@ def _control(kind: int, parts: list[bytes], states: list[bytes] | None, n_open: 
     meta = msgpack.packb([position, watermark])
     return [kind, packed_parts, packed_states, n_open, meta,
             _crc(kind, packed_parts, packed_states, n_open, meta)]
+
+
+def burst(kind: int, parts: bytes, states: bytes | None, n_open: int,
+          position: Position, watermark: float | None) -> list:
+    """The value of a control tuple whose parts' keys and states (None: a ``closed``)
+    are runs (`bastion.runtime.durable.pack_run`): what a running operator writes. The
+    runs are taken as given — the reader cuts them, and refuses a burst whose runs do
+    not cut into as many states as parts — so the write costs one msgpack call (the
+    meta) and three CRC32 calls."""
+    meta = msgpack.packb([position, watermark])
+    return [kind, parts, states, n_open, meta, _crc(kind, parts, states, n_open, meta)]
 
 
 def footprints(kind: int, parts: list[bytes], states: list[bytes], n_open: int,
@@ -176,20 +204,30 @@ def _checked(value: Any) -> bool:
             and crc == _crc(kind, parts, states, n_open, meta))
 
 
+def _column(data: bytes) -> Any:
+    """A burst's column as a tuple of items, from either layout (see above); None or
+    another shape if it is neither."""
+    if data[:1] and data[0] in _RUN_FLAGS:
+        return split_run(data)
+    try:
+        return msgpack.unpackb(data, use_list=False)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+
+
 def _decode_burst(value: Any) -> tuple[tuple, tuple | None] | None:
     """A checked control tuple's parts and states (None in a ``closed``) as tuples of
     bytes; None if its bytes, though they are what was written, are not in a shape
     this version reads."""
-    try:
-        parts = msgpack.unpackb(value[1], use_list=False)
-        states = None if value[2] is None else msgpack.unpackb(value[2], use_list=False)
-    except (ValueError, TypeError, msgpack.UnpackException):
-        return None
+    parts = _column(value[1])
     # set(map(type, ...)): the element test in C, a burst holds thousands
     if type(parts) is not tuple or not parts or set(map(type, parts)) != {bytes}:
         return None
-    if states is not None and (type(states) is not tuple or len(states) != len(parts)
-                               or set(map(type, states)) != {bytes}):
+    if value[2] is None:   # a closing (`_checked` saw to it)
+        return parts, None
+    states = _column(value[2])
+    if (type(states) is not tuple or len(states) != len(parts)
+            or set(map(type, states)) != {bytes}):
         return None
     return parts, states
 

@@ -26,6 +26,21 @@ type would restore a different object after a failure, silently.
 Extension codes ``RESERVED_CODES`` (112–127) are Bastion's own; a topology refuses a
 codec that asks for one (`Topology.register_codec`), so a mark is never a user value.
 
+**Runs.** A CEC burst holds the keys and the states of many parts, and on fast
+windows a part opens every two records: a bytes object and a packer call per value
+cost more than the operator's own work. So a burst stores each column as one *run*:
+the values back to back, each as `DurableCodec.pack` packs it alone (its flags byte,
+then its msgpack) — ``b"".join(codec.pack_many(values))``. `pack_run` makes it in one
+C call (`_durable.c`) when every value is *plain* (None, bool, int within 64 bits,
+float, str, bytes, and exact lists, tuples and dicts of them), and through the codec
+otherwise, which refuses what it cannot store with the same error as ever;
+`pack_rows` is the batched ``part_state`` of an operator whose part's state is a row
+of table lookups (a time window's accumulators and its latest stamp), packed without
+the rows being built. `split_run` cuts a run back into its items, each exactly the
+bytes `pack` gives its value — a part is named by its key's bytes, whatever burst
+holds it — or refuses bytes that are not a run. A flags byte (0 or 1) is itself a
+msgpack integer, so a run reads as flags, value, flags, value...
+
 **Checksummed.** Every blob starts with a header — magic, flags, payload length — and
 a CRC32 over header and payload. `open_blob` checks it before anything is decoded
 and raises `CorruptBlobError` naming the key: a flipped byte, a truncated blob, or a
@@ -36,7 +51,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
 import msgpack
 
@@ -248,3 +263,75 @@ class DurableCodec:
             # cannot read: still never guessed at.
             raise CorruptBlobError(f"blob {key!r} cannot be decoded: {exc}",
                                    key=key) from None
+
+
+# -- runs: a burst's keys or states as one bytes object (see the module docstring) --------
+
+try:  # the same runs in C: an optional build (setup.py), same bytes
+    from ._durable import pack_rows as _pack_rows_c, pack_run as _pack_run_c
+    from ._durable import split_run as _split_run_c
+    NATIVE = True
+except ImportError:  # pragma: no cover - a machine without a C compiler
+    NATIVE = False
+
+
+class PacksMany(Protocol):
+    """What packs a run's values one by one when the C loop cannot (a state codec)."""
+
+    def pack_many(self, values: list) -> list[bytes]: ...
+
+
+def pack_run(codec: PacksMany, values: list) -> bytes:
+    """``values`` as a run: each packed as ``codec.pack`` packs it, back to back, in one
+    C call when all are plain; `UnserialisableError` (from the codec) for a value no
+    codec covers."""
+    if NATIVE:
+        run = _pack_run_c(values)
+        if run is not None:
+            return run
+    return b"".join(codec.pack_many(values))
+
+
+def pack_rows(codec: PacksMany, parts: list, tables: tuple[dict, ...]) -> bytes | None:
+    """The run of ``[table[part] for table in tables]`` for every part of ``parts``
+    (in C when all is plain: no row is built); None if a part is missing from a
+    table. `UnserialisableError` (from the codec) for a value no codec covers."""
+    if NATIVE:
+        run = _pack_rows_c(parts, tables)
+        if run is not None:
+            return run
+    try:
+        rows = [[table[part] for table in tables] for part in parts]
+    except KeyError:
+        return None
+    return b"".join(codec.pack_many(rows))
+
+
+def py_split_run(data: bytes) -> tuple[bytes, ...] | None:
+    """`split_run` in Python: an unpacker passes over each flags byte and value."""
+    if not data:
+        return None
+    unpacker = msgpack.Unpacker(None, max_buffer_size=len(data))
+    unpacker.feed(data)
+    items, start = [], 0
+    try:
+        while start < len(data):
+            if data[start] > _MARKED:
+                return None
+            unpacker.skip()   # the flags byte
+            unpacker.skip()   # the value
+            end = unpacker.tell()
+            items.append(data[start:end])
+            start = end
+    except (ValueError, msgpack.UnpackException, msgpack.OutOfData):
+        return None
+    return tuple(items)
+
+
+def split_run(data: bytes) -> tuple[bytes, ...] | None:
+    """The items of a run, each its flags byte and its value's bytes — what `pack`
+    gives the value alone; None unless ``data`` is one or more such items back to
+    back (a flags byte 0 or 1, one whole msgpack value), nothing after the last."""
+    if NATIVE:
+        return _split_run_c(data)
+    return py_split_run(data)
