@@ -95,7 +95,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from bastion import faults as fault_injection
-from bastion.faults import RandomKills, ScheduledKill
+from bastion.faults import ScheduledKill
 from bastion.launcher import (OLD_KEYWORDS, RunResult, ensure_ray, refuse_old_keywords,
                               resolve_options, run)
 from bastion.lineage import ancestry, format_id, op_codes
