@@ -56,6 +56,7 @@ from bastion.runtime.config import JobConfig
 from bastion.runtime.deployment import Deployment, JobStage
 from bastion.runtime.outputs import committed_blobs
 from bastion.runtime.plan import PhysicalPlan
+from bastion.runtime.polling import PROGRESS_TIMEOUT_S
 from bastion.runtime.progress import Poll, caught_up
 from bastion.scheduler import detector, placement
 from bastion.scheduler.detector import CorrelatedFailures, Failure, within
@@ -64,9 +65,6 @@ from bastion.scheduler.recovery import (BlockingRecovery, Capacity, QueryNeeds,
                                        RecoveryPlanError, RecoveryPlanner, check_plan,
                                        recovery_policy, replacement_slots)
 from bastion.storage import CheckpointStore, ObjectStore
-
-PROGRESS_TIMEOUT_S = 1.0  # a worker busier than this is left out of one timeline point
-
 
 class JobEnded(Exception):
     """A failure ended the job: ``report`` is what `JobMaster.run` returns."""
@@ -247,6 +245,7 @@ class FailureHandler:
         next attempt restores from, and whether every task restarts from it — False
         when only the failed region restarted, and the job runs on (`_restart_region`);
         raise `JobEnded` when the job cannot go on."""
+        deployment = self.deployment
         unfinished = self.coordinator.checkpoint_in_progress()
         self.standby_after_catch_up = False   # the next restart decides again
         # A loss of workers — also one while tasks of an earlier failure wait for
@@ -269,7 +268,7 @@ class FailureHandler:
             regional = False
             whole_because = ("a failure came while a regional restart was rebuilding its "
                              "region: its tasks are half restored, so every task restarts")
-        elif not self.regional and self.deployment.pending:
+        elif not self.regional and deployment.pending:
             whole_because = (f"the failover strategy {self.failover.name} restarts every "
                              f"task (protocol {self.protocol.name!r} cannot restart a region "
                              "under a capacity model)")
@@ -304,10 +303,10 @@ class FailureHandler:
                     return self._restore, False
                 await self.coordinator.stop()
             if whole_because is not None and (self.failover.adaptive_buffering
-                                              or self.deployment.pending):
+                                              or deployment.pending):
                 self.record_event("whole_restart", reason=whole_because,
-                                  second_wave=bool(self.deployment.pending),
-                                  pending=sorted(self.deployment.pending))
+                                  second_wave=bool(deployment.pending),
+                                  pending=sorted(deployment.pending))
             if self.config.recovery is None:
                 await self._replace_workers(failure, lost)
             else:
@@ -373,13 +372,15 @@ class FailureHandler:
         standby is only started once the job runs again (`WorkerLease.ensure_standby`):
         starting a process costs a core for about a second, which the restart needs
         more."""
+        deployment = self.deployment
         alive = await asyncio.gather(*[detector.answers(w, self.config.heartbeat_timeout_s)
-                                       for w in self.deployment.workers])
+                                       for w in deployment.workers])
         lost = sorted(set(lost or []) | {i for i, ok in enumerate(alive)
                                          if not ok or i == failure.worker})
-        await self._refill(lost, restart=list(range(len(self.deployment.workers))))
+        await self._refill(lost, restart=list(range(len(deployment.workers))))
         # a worker that dies meanwhile fails the deploy, which starts another recovery
-        await asyncio.gather(*[w.ping.remote() for w in self.deployment.workers], return_exceptions=True)
+        await asyncio.gather(*[w.ping.remote() for w in deployment.workers],
+                             return_exceptions=True)
 
     async def _refill(self, lost: list[int], restart: list[int]) -> None:
         """Without a capacity model: the ``lost`` slots get new workers in place, each
@@ -387,7 +388,8 @@ class FailureHandler:
         so a restart costs a deploy and not a process start, fresh workers the
         others; every task keeps its slot. ``restart``: the slots whose tasks
         restart (for the event)."""
-        lease = self.deployment.lease
+        deployment = self.deployment
+        lease = deployment.lease
         await lease.standby_lent()
         standby_alive = lease.standby is not None and await detector.answers(
             lease.standby, self.config.heartbeat_timeout_s)
@@ -397,21 +399,21 @@ class FailureHandler:
         self.record_event("recovery_planned", lost=lost, to_standby=list(to_standby),
                           to_fresh=list(to_fresh), restart=restart)
         for i in lost:
-            ray.kill(self.deployment.workers[i], no_restart=True)
+            ray.kill(deployment.workers[i], no_restart=True)
         await self._await_repairs(lost)
         for i in to_standby:
-            self.deployment.workers[i] = await lease.bind_standby(i)
-        for i, worker in zip(to_fresh, await self.deployment.lease.borrow(list(to_fresh))):
-            self.deployment.workers[i] = worker
+            deployment.workers[i] = await lease.bind_standby(i)
+        for i, worker in zip(to_fresh, await lease.borrow(list(to_fresh))):
+            deployment.workers[i] = worker
         # Only the new workers' nodes are news; their frame addresses are asked now,
-        # in the same round trip, for the deploy that follows (`_peers`).
-        new = [self.deployment.workers[i] for i in lost]
-        nodes, _ = await asyncio.gather(self.deployment.lease.nodes_of(new), self.deployment.peers(),
+        # in the same round trip, for the deploy that follows (`Deployment.peers`).
+        new = [deployment.workers[i] for i in lost]
+        nodes, _ = await asyncio.gather(lease.nodes_of(new), deployment.peers(),
                                         return_exceptions=True)
         if isinstance(nodes, BaseException):
             raise nodes
         for i, node in zip(lost, nodes):
-            self.deployment.worker_nodes[i] = node
+            deployment.worker_nodes[i] = node
 
     async def _lost_workers(self, failure: Failure) -> list[int]:
         alive = await asyncio.gather(*[detector.answers(w, self.config.heartbeat_timeout_s)
@@ -426,8 +428,9 @@ class FailureHandler:
         while True:
             lost = await self._lost_workers(failure)
             live = set(placement.live_nodes()) - self.lost_nodes
+            nodes = self.deployment.worker_nodes
             self.bursts.add(time.time(), [
-                f"node {self.deployment.worker_nodes[i]}" if self.deployment.worker_nodes[i] not in live
+                f"node {nodes[i]}" if nodes[i] not in live
                 else f"worker {i}" for i in lost])
             if self.bursts.correlated() or not self.bursts.window_open(time.time()):
                 break
@@ -477,13 +480,14 @@ class FailureHandler:
         restored from the line, and every sender into them sends again, out of its
         upstream backup, what they must see again (`_join`). The others stay pending
         and join as capacity arrives (`_bring_back`)."""
+        deployment = self.deployment
         if self.plan.topology.has_feedback():
             # Loops end when every frame sent on every channel was processed
             # (`_check_loops`): a restarted receiver counts afresh what its senders
             # kept counting, so the counts would never meet again.
             return ("the topology has a feedback edge: a restarted region would count "
                     "its loops' frames afresh, so no region restarts alone")
-        lost_tasks = {t for t, w in enumerate(self.deployment.assignment) if w in lost}
+        lost_tasks = {t for t, w in enumerate(deployment.assignment) if w in lost}
         graph = TaskGraph(frozenset(range(len(self.plan.tasks))),
                           self._channels,
                           frozenset(self.backed_up) if self.failover.adaptive_buffering
@@ -498,9 +502,9 @@ class FailureHandler:
         # worker that only missed its heartbeat must be dead before, or a blob it
         # stores late would replace its next incarnation's.
         for i in lost:
-            ray.kill(self.deployment.workers[i], no_restart=True)
+            ray.kill(deployment.workers[i], no_restart=True)
         dead = await asyncio.gather(*[detector.confirmed_dead(
-            self.deployment.workers[i], self.config.heartbeat_timeout_s * 5) for i in lost])
+            deployment.workers[i], self.config.heartbeat_timeout_s * 5) for i in lost])
         if not all(dead):
             return (f"lost worker(s) {[i for i, d in zip(lost, dead) if not d]} were not "
                     f"confirmed dead within {self.config.heartbeat_timeout_s * 5:g} s: a "
@@ -510,7 +514,8 @@ class FailureHandler:
             return ("no checkpoint has completed in this attempt yet, so there is no line "
                     "a region can restore alone"
                     + (" (a checkpoint needs every task, and tasks "
-                       f"{sorted(self.deployment.pending)} wait for capacity)" if self.deployment.pending else ""))
+                       f"{sorted(deployment.pending)} wait for capacity)"
+                       if deployment.pending else ""))
         self.region_restarts += 1
         try:
             await self._rebuild_region(lost, lost_tasks, region, line)
@@ -523,16 +528,17 @@ class FailureHandler:
                               line: Any) -> None:
         """`_restart_region` from its line on: stop the region, place its lost tasks,
         and let those that can run join."""
+        deployment = self.deployment
         # Tasks an earlier failure left waiting for capacity: this is a second wave,
         # planned with them (they never ran since, so nothing they fed restarts).
-        waiting = set(self.deployment.pending)
+        waiting = set(deployment.pending)
         for t in region:
-            self.deployment.incarnations[t] += 1
-        epoch = self.deployment.epoch(self.stage.attempt)
+            deployment.incarnations[t] += 1
+        epoch = deployment.epoch(self.stage.attempt)
         # The survivors stop the region's tasks while the lost slots are refilled
         # (no capacity model: in place, the standby first) — two round trips in one.
         stopping = asyncio.gather(*[w.restart_region.remote(epoch, sorted(region))
-                                    for i, w in enumerate(self.deployment.workers) if i not in lost],
+                                    for i, w in enumerate(deployment.workers) if i not in lost],
                                   return_exceptions=True)  # a death is the detector's
         self.stage.finished_tasks -= region
         # only these may be left pending: a task an earlier restart brought back runs
@@ -540,42 +546,44 @@ class FailureHandler:
         self._restore, self._resume, self._retake = line, line.resume, line.retake
         if not self.capacity_model:
             await asyncio.gather(stopping, self._refill(
-                lost, restart=sorted({self.deployment.home(t) for t in region})))
+                lost, restart=sorted({deployment.home(t) for t in region})))
         else:
             await stopping
             # the planner is asked with every task without a worker: those lost now
             # and those still waiting since an earlier failure
             unplaced = await self._drop_workers(lost)
             plan = await self._place(unplaced, self.planner)
-            self.deployment.pending &= self.restarting  # a task outside them never stopped
+            deployment.pending &= self.restarting  # a task outside them never stopped
             self.record_event("recovery_planned", lost=lost, lost_tasks=sorted(lost_tasks),
                               region=sorted(region), recover=list(plan.recover),
-                              pending=sorted(self.deployment.pending), queries=list(plan.queries),
+                              pending=sorted(deployment.pending), queries=list(plan.queries),
                               planner=type(self.planner).__name__,
                               free_task_slots=self._planned_free,
                               second_wave=bool(waiting), waiting=sorted(waiting))
             await self._adapt_buffering(region)
-        await self._join(sorted(self.restarting - self.deployment.pending))
+        await self._join(sorted(self.restarting - deployment.pending))
         if not self.capacity_model:
             # The standby went to a lost slot: a new one once the region caught up —
             # not before it joined (the tasks outside it may look caught up at once),
             # or the process start would take the cores the restart needs.
             self.standby_after_catch_up = True
-        self.record_event("restarted", attempt=self.stage.attempt, checkpoint=line_summary(line.line),
-                          region=sorted(region), tasks=self.deployment.task_names(region))
+        self.record_event("restarted", attempt=self.stage.attempt,
+                          checkpoint=line_summary(line.line),
+                          region=sorted(region), tasks=deployment.task_names(region))
 
     async def _drop_workers(self, lost: list[int]) -> list[int]:
         """Kill the ``lost`` workers (and the standby) and forget them; the tasks they
         ran, now without a worker. Picks the planner of this failure."""
-        await self.deployment.lease.standby_lent()
-        self.deployment.lease.drop_standby()  # a warm process is not capacity: let it go
-        lost_tasks = self.deployment.drop_workers(lost)
+        deployment = self.deployment
+        await deployment.lease.standby_lent()
+        deployment.lease.drop_standby()  # a warm process is not capacity: let it go
+        lost_tasks = deployment.drop_workers(lost)
         # The planner of this failure plans it to its end (`_bring_back` too). A loss
         # while tasks of a correlated failure still wait for capacity is part of
         # recovering that failure: its planner goes on (a blocking plan would hold
         # back queries it had promised to bring back as capacity arrives).
-        still_recovering = bool(self.deployment.pending) and not isinstance(self.planner,
-                                                                 BlockingRecovery)
+        still_recovering = bool(deployment.pending) and not isinstance(self.planner,
+                                                                       BlockingRecovery)
         self.planner = (self.recovery.planner()
                         if self.bursts.correlated() or still_recovering
                         else BlockingRecovery())
@@ -597,6 +605,7 @@ class FailureHandler:
         """Ask ``planner`` which of the ``unplaced`` tasks run again on the free
         slots, start a worker on each node they go to, and work out which tasks are
         pending: those no available query needs."""
+        deployment = self.deployment
         free = self._free_slots()
         free_task_slots = sum(free.values())
         capacity = Capacity(free_task_slots=free_task_slots)
@@ -609,12 +618,12 @@ class FailureHandler:
                 task = next(recovering, None)
                 if task is not None:
                     placed.setdefault(node, []).append(task)
-        await self.deployment.add_workers(placed)
+        await deployment.add_workers(placed)
         self._planned_free = free_task_slots - len(plan.recover)
         running = set().union(*[q.tasks for q in self.queries
-                                if all(self.deployment.assignment[t] is not None for t in q.tasks)])
+                                if all(deployment.assignment[t] is not None for t in q.tasks)])
         # a task outside the restart (a regional one) runs on, whatever its queries
-        self.deployment.pending = (set(range(len(self.plan.tasks))) - running) & self.restarting
+        deployment.pending = (set(range(len(self.plan.tasks))) - running) & self.restarting
         return plan
 
     async def _capacity_arrived(self) -> None:
@@ -638,15 +647,16 @@ class FailureHandler:
         """Capacity arrived: plan again, and let the tasks that can run join the
         running attempt — restored from its recovery line, fed what their upstream
         held for them. The workers that got tasks."""
-        before = set(self.deployment.pending)
-        unplaced = sorted(t for t, w in enumerate(self.deployment.assignment) if w is None)
+        deployment = self.deployment
+        before = set(deployment.pending)
+        unplaced = sorted(t for t, w in enumerate(deployment.assignment) if w is None)
         plan = await self._place(unplaced, self.planner)
-        joining = sorted(before - self.deployment.pending)
+        joining = sorted(before - deployment.pending)
         if not joining:
             return []
         self.record_event("recovery_progressed", recover=list(plan.recover),
                           joining=joining, queries=list(plan.queries),
-                          pending=sorted(self.deployment.pending))
+                          pending=sorted(deployment.pending))
         return await self._join(joining)
 
     async def _join(self, joining: list[int]) -> list[int]:
@@ -665,19 +675,22 @@ class FailureHandler:
             self._joining = set()
 
     async def _join_now(self, joining: list[int]) -> list[int]:
-        epoch = self.deployment.epoch(self.stage.attempt)
-        peers = await self.deployment.peers()
-        assignment = self.deployment.running_assignment()
+        deployment = self.deployment
+        epoch = deployment.epoch(self.stage.attempt)
+        peers = await deployment.peers()
+        assignment = deployment.running_assignment()
         by_worker: dict[int, list[int]] = {}
         for t in joining:
-            by_worker.setdefault(self.deployment.home(t), []).append(t)
+            by_worker.setdefault(deployment.home(t), []).append(t)
         # lowered before they build and restore their tasks: that is catch-up work too
         lowered = await self._lower_catching_up(set(joining), list(by_worker))
-        await self._buffering_told([self.deployment.workers[w] for w in by_worker])
+        await self._buffering_told([deployment.workers[w] for w in by_worker])
         try:
-            self.deployment.raise_call_failures(await asyncio.gather(*[self.deployment.workers[w].join.remote(
-                epoch, self.plan, peers, self._restore, assignment, tasks,
-                self.deployment.incarnations) for w, tasks in by_worker.items()], return_exceptions=True))
+            deployment.raise_call_failures(await asyncio.gather(*[
+                deployment.workers[w].join.remote(
+                    epoch, self.plan, peers, self._restore, assignment, tasks,
+                    deployment.incarnations) for w, tasks in by_worker.items()],
+                return_exceptions=True))
             # Triggered once built and before they start, in order: a checkpoint the
             # trigger loop starts from now on comes after these at every source.
             checkpoint = self.coordinator.checkpoint_in_progress()
@@ -685,12 +698,13 @@ class FailureHandler:
                                        and checkpoint not in self._retake else [])]
             if self.regional:
                 for w, tasks in by_worker.items():
-                    sources = [t for t in tasks if t in self.deployment.source_tasks]
+                    sources = [t for t in tasks if t in deployment.source_tasks]
                     for checkpoint_id in retake if sources else ():
-                        self.deployment.workers[w].trigger_checkpoint.remote(epoch, sources, checkpoint_id)
-            self.deployment.raise_call_failures(await asyncio.gather(
+                        deployment.workers[w].trigger_checkpoint.remote(epoch, sources,
+                                                                       checkpoint_id)
+            deployment.raise_call_failures(await asyncio.gather(
                 *[w.attach.remote(epoch, self.plan, peers, assignment, self._resume,
-                                  self.deployment.incarnations) for w in self.deployment.workers],
+                                  deployment.incarnations) for w in deployment.workers],
                 return_exceptions=True))
         except BaseException:
             for worker, _, _ in lowered.values():  # a failure: nothing is catching up
@@ -708,22 +722,23 @@ class FailureHandler:
         ``workers``, those they joined) that the catch-up policy lowers run at the
         OS's lowest CPU priority until `_restore_caught_up` restores them, once the
         attach started the replays (the entries for `_lowered` it returns)."""
-        hosted = {w: {t for t, a in enumerate(self.deployment.assignment)
-                      if a == w and t not in self.deployment.pending} for w in workers}
+        deployment = self.deployment
+        hosted = {w: {t for t, a in enumerate(deployment.assignment)
+                      if a == w and t not in deployment.pending} for w in workers}
         # the queries the failure did not hit: none of their tasks restarted
         protected = set().union(*[q.tasks for q in self.queries
                                   if not q.tasks & self.restarting])
         lowering = sorted(self.catch_up.to_lower(hosted, joining, protected))
         if not lowering:
             return {}
-        epoch = self.deployment.epoch(self.stage.attempt)
-        replies = await asyncio.gather(*[self.deployment.workers[w].set_catch_up.remote(epoch, True)
+        epoch = deployment.epoch(self.stage.attempt)
+        replies = await asyncio.gather(*[deployment.workers[w].set_catch_up.remote(epoch, True)
                                          for w in lowering], return_exceptions=True)
         now_s = time.time()
         self.record_event("catch_up_lowered", workers=lowering,
                           tasks=sorted(set().union(*[hosted[w] for w in lowering])),
                           priority=[r if isinstance(r, str) else None for r in replies])
-        return {self.deployment.workers[w]._actor_id.hex(): (self.deployment.workers[w], hosted[w], now_s)
+        return {deployment.workers[w]._actor_id.hex(): (deployment.workers[w], hosted[w], now_s)
                 for w in lowering}
 
     async def _restore_caught_up(self, replaying: set[int] | None, asked_s: float) -> None:
@@ -771,11 +786,13 @@ class FailureHandler:
         checkpoint after which adaptive buffering turns off (Su & Zhou) — every
         backup but the sources' is freed, and a later failure's region grows
         upstream again past the tasks that no longer log."""
-        if not self.buffering or self.deployment.pending or self._joining or self.stage.phase != "watch" \
-                or any(w is None for w in self.deployment.assignment):
+        deployment = self.deployment
+        if not self.buffering or deployment.pending or self._joining \
+                or self.stage.phase != "watch" \
+                or any(w is None for w in deployment.assignment):
             return
         self.buffering = False
-        self.backed_up = set(self.deployment.source_tasks)
+        self.backed_up = set(deployment.source_tasks)
         telling = asyncio.ensure_future(self._tell_buffering(
             False, f"checkpoint {checkpoint_id} completed with every lost task running",
             checkpoint_id=checkpoint_id))
@@ -792,7 +809,8 @@ class FailureHandler:
             if before is not None:
                 await before
             replies = await asyncio.gather(*[w.set_buffering.remote(self.config.job_id, on)
-                                             for w in self.deployment.workers], return_exceptions=True)
+                                             for w in self.deployment.workers],
+                                           return_exceptions=True)
             self.record_event("adaptive_buffering", on=on, reason=reason,
                               freed_bytes=sum(r for r in replies if isinstance(r, int)),
                               **fields)

@@ -8,7 +8,12 @@ process and nothing else. Workers reach their job's master through a `MasterLink
 (the host and the job's id). `JobMaster.run` is a loop over named phases; the
 decisions in them — where workers go, when one is lost, what a recovery restarts —
 are the scheduler's (`bastion.scheduler`), the checkpoints the protocol's
-coordinator's:
+coordinator's. The job master owns the job's *lifecycle* and composes one owner per
+role, each with its own state and a narrow view of the rest (docs/architecture.md,
+"The job master: one owner per role"): `Deployment` (`bastion.runtime.deployment`:
+the workers, the task → worker assignment, spawn, deploy and start), `FailureHandler`
+(`bastion.runtime.failures`: watch and recover) and `ProgressPoller`
+(`bastion.runtime.polling`: the timeline and the control loops it feeds). The phases:
 
 1. **spawn** — borrow one worker per slot from the pool, on the node placement names
    (`bastion.scheduler.placement`), and, when the protocol asks for one, a standby;
@@ -28,8 +33,9 @@ coordinator's:
    recovery line, and go back to *deploy* with the next attempt (a worker lost during
    *deploy* or *start* is one more failure) — or, when the failover strategy
    restarts fewer tasks than the job has (`bastion.scheduler.failover`,
-   `_restart_region`), restart only those, within the running attempt, and go back
-   to *watch*: the other tasks never stop, and neither does the progress timeline;
+   `FailureHandler._restart_region`), restart only those, within the running
+   attempt, and go back to *watch*: the other tasks never stop, and neither does the
+   progress timeline;
    a worker that hosts only tasks joining again runs at the OS's lowest CPU
    priority while they catch up on what they missed (`bastion.scheduler.catchup`),
    so that the tasks that never stopped keep the cores they need;
@@ -40,10 +46,10 @@ coordinator's:
 Three faults of the job's own machinery are handled here too:
 
 - **a checkpoint that cannot be read back** — a worker restoring the recovery line
-  finds a blob damaged or missing (`detector.UnreadableBlob`). The job master records
-  ``checkpoint_unusable`` (the checkpoint, the blob's key, the reason), tells the
-  coordinator to exclude that checkpoint (`Coordinator.exclude`) and deploys again
-  from the line it names next. Committed outputs are never taken back, so a line
+  finds a blob damaged or missing (`detector.UnreadableBlob`). The failure handler
+  records ``checkpoint_unusable`` (the checkpoint, the blob's key, the reason), tells
+  the coordinator to exclude that checkpoint (`Coordinator.exclude`) and the job
+  deploys again from the line it names next. Committed outputs are never taken back, so a line
   that would replay outputs already committed — outputs of a later checkpoint that
   some sink made visible (`Coordinator.rolled_back_commits`) — is refused: the job
   fails with `NoUsableCheckpointError`. Restarting from the beginning is used, and
