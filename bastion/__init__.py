@@ -16,7 +16,8 @@ A run's protocol is an object with its own knobs, or its name for the defaults
 (``bn.run(topo, bn.protocols.Coordinated(interval_s=0.5))``); its other settings are
 one options object per concern (``data_plane=bn.DataPlane(...)``,
 ``recovery=bn.Recovery(...)``, ``redundancy=bn.Redundancy(...)``,
-``limits=bn.Limits(...)``, ``storage=bn.Storage(...)``: `bastion.options`).
+``limits=bn.Limits(...)``, ``storage=bn.Storage(...)``, ``state=bn.State(...)``:
+`bastion.options`).
 
 **Public and internal.** The public API is exactly what the ``__all__`` of the public
 modules lists: this package's (the names above, as ``bn.NAME``) and those of
@@ -51,7 +52,8 @@ _EXPORTS = {
     "errors": ("BastionError", "JobFailedError", "NoUsableCheckpointError", "SinkCommitError",
                "TopologyError", "UDFError", "UnstorableValueError"),
     "launcher": ("RunResult", "run"),
-    "options": ("AutoInterval", "DataPlane", "Limits", "Recovery", "Redundancy", "Storage"),
+    "options": ("AutoInterval", "DataPlane", "Limits", "Recovery", "Redundancy", "State",
+                "Storage"),
     "protocols.cec": ("CecPolicy",),
     "runtime.operators": ("DeadLetter",),
     "runtime.records": ("stable_hash",),
@@ -69,7 +71,8 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
                                 SinkCommitError, TopologyError, UDFError,
                                 UnstorableValueError)
     from bastion.launcher import RunResult, run
-    from bastion.options import AutoInterval, DataPlane, Limits, Recovery, Redundancy, Storage
+    from bastion.options import (AutoInterval, DataPlane, Limits, Recovery, Redundancy,
+                                 State, Storage)
     from bastion.protocols.cec import CecPolicy
     from bastion.runtime.operators import DeadLetter
     from bastion.runtime.records import stable_hash

@@ -806,9 +806,9 @@ def drill(topology: Topology, protocol: str | Protocol = "coordinated", *,
     second one, if given, is used too). ``progress`` is called about twice a second
     during every run with the job's progress and ``"run"`` naming the run. Other
     keyword arguments go to `bastion.run` for every run: ``storage``, ``data_plane``,
-    ``recovery``, ``limits``, ``workers``, ``address``, ``duration_s``, … (a keyword
-    of earlier releases, such as ``checkpoint_interval``, is a `TypeError` naming
-    its new home). Bad fault targets raise `ValueError` before anything runs.
+    ``recovery``, ``limits``, ``state``, ``workers``, ``address``, ``duration_s``, …
+    (a keyword of earlier releases, such as ``checkpoint_interval``, is a `TypeError`
+    naming its new home). Bad fault targets raise `ValueError` before anything runs.
     """
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     refuse_old_keywords({name: value for name, value in run_options.items()

@@ -30,7 +30,7 @@ from ray._private import ray_constants
 
 from bastion import faults as fault_injection
 from bastion.options import (AutoInterval, DataPlane, Limits, Recovery, Redundancy,
-                             Storage)
+                             State, Storage)
 from bastion.errors import BastionError, JobFailedError, TopologyError, UDFError
 from bastion.protocols import Protocol, get_protocol
 from bastion.runtime import priority
@@ -344,6 +344,7 @@ def run(topology: Topology, protocol: "str | Protocol" = "none", *,
         recovery: "Recovery | str | RecoveryPolicy | None" = None,
         redundancy: "Redundancy | float | Mapping[str, float] | str | None" = None,
         limits: Limits | None = None,
+        state: State | None = None,
         faults: Sequence = (), duration_s: float | None = None,
         lineage: bool = False, deterministic: bool = False, fail_fast: bool = False,
         progress: Callable[[dict[str, Any]], None] | None = None,
@@ -371,7 +372,8 @@ def run(topology: Topology, protocol: "str | Protocol" = "none", *,
     ratio or ``"auto"`` alone is shorthand; the resiliency manager's decisions are in
     ``RunResult.metrics.extra["redundancy"]["decisions"]``) and ``limits``
     (`Limits`: commit retries, events kept, sink spilling, the warm-process pool's
-    idle timeout). None: the defaults.
+    idle timeout) and ``state`` (`State`: whole or incremental keyed state in each
+    checkpoint). None: the defaults.
 
     ``faults`` (``bn.faults.*``) are injected on schedule, for drills; ``duration_s``
     stops an unbounded job; ``lineage`` gives every record a lineage id
@@ -402,6 +404,8 @@ def run(topology: Topology, protocol: "str | Protocol" = "none", *,
     restored without committing outputs twice — or the `UDFError` of ``fail_fast``.
     """
     refuse_old_keywords(old_keywords)
+    if state is not None and not isinstance(state, State):
+        raise ValueError(f"state must be a bn.State, got {state!r}")
     options = resolve_options(data_plane, recovery, redundancy, limits)
     data_plane, limits = options.data_plane, options.limits
     recovery_options, redundancy_options = options.recovery, options.redundancy
@@ -504,6 +508,8 @@ def run(topology: Topology, protocol: "str | Protocol" = "none", *,
         recovery=recovery_policy,
         failover=recovery_options.failover,
         export_metrics=export_metrics,
+        incremental_state=state is not None and state.incremental,
+        max_chain=State().max_chain if state is None else state.max_chain,
     )
     additions = fault_injection.node_additions(config.faults)
     if additions and cluster is None:

@@ -27,6 +27,9 @@ The concerns:
 - `Limits`: bounds on the job master and sinks (commit retries, events kept in
   memory, records a sink holds before spilling, the warm-process pool's idle timeout).
 - `Storage`: where checkpoints, committed outputs and events live.
+- `State`: how a checkpoint writes keyed state — whole every time, or incrementally
+  (the keys changed since the last one, on a base written now and then:
+  `bastion.runtime.incremental`).
 - `AutoInterval`: a checkpoint interval chosen by the Chiron model for a bound on the
   worst-case total recovery time (`bastion.tuning`), given as a protocol's
   ``interval_s``.
@@ -246,5 +249,27 @@ class Storage:
         return storage if isinstance(storage, Storage) else cls(storage)
 
 
+@dataclass(frozen=True)
+class State:
+    """How a checkpoint writes the tasks' keyed state (`bastion.runtime.incremental`).
+
+    ``incremental``: False (the default) writes each task's whole state at every
+    checkpoint; True writes, for the keyed operators (``reduce``, ``stateful_map``,
+    time and count windows), only the keys changed or removed since the task's
+    previous checkpoint — a *delta* — on top of a *base* holding the whole state,
+    written again now and then. ``max_chain``: the most deltas on one base, so the
+    most blobs a restore reads per task is ``1 + max_chain``; a new base also comes
+    once a chain's deltas together outweigh its base. Joins keep writing their
+    whole state. Under protocols ``coordinated``, ``uncoordinated`` and ``cic``."""
+
+    incremental: bool = False
+    max_chain: int = JobConfig.max_chain
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.incremental, bool):
+            raise ValueError(f"incremental must be True or False, got {self.incremental!r}")
+        _count(self.max_chain, "max_chain")
+
+
 __all__ = ["AutoInterval", "DataPlane", "EventLimits", "Limits", "Recovery", "Redundancy",
-           "Storage"]
+           "State", "Storage"]

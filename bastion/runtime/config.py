@@ -97,6 +97,11 @@ class JobConfig:
     # (`with_frame_key`), it reaches the workers only inside this config, through Ray's
     # authenticated control plane; never printed.
     frame_key: bytes | None = field(default=None, repr=False)
+    # Keyed state checkpointed incrementally (`bastion.runtime.incremental`, set by
+    # ``state=bn.State(incremental=True)``): deltas on a base, at most ``max_chain``
+    # deltas on one base. False: every checkpoint writes each task's whole state.
+    incremental_state: bool = False
+    max_chain: int = 8
 
     @property
     def frame_bytes_limit(self) -> int:
@@ -108,7 +113,7 @@ class JobConfig:
     def __post_init__(self) -> None:
         for name in ("frame_records", "max_inflight_frames", "inbox_frames",
                      "source_batch_records", "retained_checkpoints", "sink_spill_records",
-                     "link_inflight_frames"):
+                     "link_inflight_frames", "max_chain"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")

@@ -45,6 +45,7 @@ from bastion.runtime.columns import partitions
 from bastion.runtime.config import JobConfig
 from bastion.runtime.durable import DurableCodec
 from bastion.runtime.faults import TaskFaults
+from bastion.runtime.incremental import StateChain, apply_links
 from bastion.runtime.merge import DeterministicMerge
 from bastion.runtime.metrics import LatencyHistogram, OperatorCounts
 from bastion.runtime.operators import (OperatorContext, SinkOp, SourceOp, make_operator)
@@ -62,6 +63,7 @@ from bastion.runtime.transport import (FrameServer, JobKey, LinkLimits, PeerLink
 from bastion.scheduler.failover import FailoverStrategy, failover_strategy
 from bastion.sinks import SinkWriter
 from bastion.storage import BlobRef, CheckpointStore, ObjectStore, open_store
+from bastion.storage.errors import CorruptBlobError
 
 _STATELESS = ("map", "filter", "flat_map", "union")
 _ROUTE_MEMO_KEYS = 65536  # keys whose partition a router remembers before starting over
@@ -371,6 +373,9 @@ class Task:
         self.finished_cpu_s: float | None = None
         self.gil_released_s = time.monotonic()
         self.restored_progress = (0, 0)  # records read and written before a restore
+        # incremental keyed state (`bastion.runtime.incremental`): made at the first
+        # checkpoint, dropped by a restore (the next checkpoint is then a base)
+        self.state_chain: StateChain | None = None
         self.physical = physical
         # (source code, instance) -> the task that runs it, for tuple tracking
         self.source_tasks = {(codes[physical.chains[t.chain_id].ops[0]], t.index): t.task_id
@@ -709,13 +714,22 @@ class Task:
         round-robin cursors and, in deterministic mode, the merge with the input it
         holds. The counters travel with the state so that after a recovery they
         describe the history the outputs come from, as in a failure-free run."""
-        operators = [op.snapshot() for op in self.ops]
-        state = {"operators": operators,
-                 "counts": [[c.records_in, c.records_out] for c in self.counts],
-                 "routers": [r.next_channel for r in self.routers],
-                 "watermarks": [self.watermark, self.channel_watermarks]}
+        return self._encode_snapshot([op.snapshot() for op in self.ops])
+
+    def _encode_snapshot(self, operators: list[Any], link: Any = None) -> bytes:
+        """`snapshot` with the operators' states given; ``link``: an incremental
+        chain's link (`bastion.runtime.incremental.Link`) holding the keyed ones."""
+        state: dict[str, Any] = {
+            "operators": operators,
+            "counts": [[c.records_in, c.records_out] for c in self.counts],
+            "routers": [r.next_channel for r in self.routers],
+            "watermarks": [self.watermark, self.channel_watermarks]}
         if self.merge is not None:
             state["merge"] = self.merge.snapshot(self.codec)
+        if link is not None:
+            state["operators"] = None
+            state["link"] = link.value
+            operators = link.value["operators"]
         try:
             return self.durable.encode(state)
         except UnserialisableError:
@@ -737,6 +751,28 @@ class Task:
         snapshot = self.durable.decode(data, key)
         for op, state in zip(self.ops, snapshot["operators"]):
             op.restore(state)
+        self._restore_task_state(snapshot)
+
+    def restore_chain(self, blobs: list[bytes], key: str) -> None:
+        """Restore an incremental chain (base first), every link decoded and the
+        chain checked before any state changes: `CorruptBlobError` naming ``key``
+        if one fails. The next checkpoint writes a base: a chain of its own."""
+        snapshots = [self.durable.decode(data, key) for data in blobs]
+        keyed = [op.tables() is not None for op in self.ops]
+        try:
+            states = apply_links([snapshot.get("link") for snapshot in snapshots], keyed)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CorruptBlobError(f"the state chain of {key!r} does not restore: {exc}",
+                                   key=key) from None
+        for op, is_keyed, state in zip(self.ops, keyed, states):
+            if is_keyed:
+                op.load_tables(state)
+            else:
+                op.restore(state)
+        self.state_chain = None
+        self._restore_task_state(snapshots[-1])
+
+    def _restore_task_state(self, snapshot: dict) -> None:
         for counts, (records_in, records_out) in zip(self.counts, snapshot["counts"]):
             counts.records_in, counts.records_out = records_in, records_out
         for router, next_channel in zip(self.routers, snapshot["routers"]):
@@ -789,13 +825,42 @@ class Task:
 
     def checkpoint(self, checkpoint_id: int) -> Coroutine[Any, Any, BlobRef]:
         """Snapshot now; the returned awaitable stores the snapshot and this task's
-        staged sink outputs, and yields the state blob to acknowledge."""
+        staged sink outputs, and yields the state blob to acknowledge (with
+        incremental state, a `ChainRef`: this checkpoint's link and the ones before)."""
+        if self.config.incremental_state:
+            return self._checkpoint_link(checkpoint_id)
         state = self.snapshot()
         staged = self._take_staged()
 
         async def store() -> BlobRef:
             await self._store_staged(staged, checkpoint_id)
             return await self.store_state(checkpoint_id, state)
+
+        return self._tracked_upload(store)
+
+    def _checkpoint_link(self, checkpoint_id: int) -> Coroutine[Any, Any, BlobRef]:
+        """`checkpoint` with incremental state: the next link of the task's chain,
+        encoded now; it becomes the parent of later links once it is stored."""
+        if self.state_chain is None:  # the first checkpoint, or the first since a restore
+            self.state_chain = StateChain(self.ops, self.config.max_chain)
+        chain = self.state_chain
+        link = chain.link([None if keyed else op.snapshot()
+                           for op, keyed in zip(self.ops, chain.keyed)])
+        state = self._encode_snapshot([], link)
+        staged = self._take_staged()
+
+        async def store() -> BlobRef:
+            await self._store_staged(staged, checkpoint_id)
+            ref = await asyncio.to_thread(self.checkpoints.put_chain, checkpoint_id,
+                                          self.op_names[0], self.index, state, link.parent)
+            if self.state_chain is chain:  # not restored meanwhile
+                chain.stored(link, ref)
+            return ref
+
+        return self._tracked_upload(store)
+
+    def _tracked_upload(self, store: Callable[[], Coroutine[Any, Any, BlobRef]]
+                        ) -> Coroutine[Any, Any, BlobRef]:
 
         async def upload() -> BlobRef:
             # Shielded, and tracked: a task reset on its own (a regional restart)
@@ -842,6 +907,15 @@ class Task:
         await self._process(batch, j + 1, 0, keyed=False)
 
     async def restore_from(self, checkpoint_id: int) -> None:
+        if self.config.incremental_state:
+            blobs, key = await asyncio.to_thread(self.checkpoints.load_chain,
+                                                 checkpoint_id, self.op_names[0],
+                                                 self.index)
+            # a link that fails to decode names the checkpoint's own blob (``key``):
+            # the failure gives up this checkpoint, whichever older one stored the link
+            self.restore_chain(blobs, key)
+            await self.reapply_commits()
+            return
         data = await asyncio.to_thread(self.checkpoints.load, checkpoint_id,
                                        self.op_names[0], self.index)
         self.restore(data, f"checkpoint {checkpoint_id}, state of {self.name}")

@@ -187,6 +187,27 @@ class Operator:
     def restore(self, state: Any) -> None:
         pass
 
+    # -- keyed tables: incremental checkpoints (`bastion.runtime.incremental`) -----------
+    #
+    # An operator whose whole state is a few dicts sharing one key space (a keyed
+    # fold's ``{key: state}``; a time window's ``{window: ...}`` tables) lists them in
+    # `tables`, and takes them back in `load_tables`. While ``changed`` is a set, the
+    # operator adds to it every key of those tables it may have changed or removed —
+    # per batch, not per record, where it can (a superset is fine: a key unchanged
+    # is written again, a key absent is written as removed). None (the default): no
+    # tracking, and the hot path pays one ``is None`` test per batch.
+
+    changed: set | None = None
+
+    def tables(self) -> list[dict] | None:
+        """The dicts holding this operator's whole state, or None: not keyed (its
+        `snapshot` goes whole into every checkpoint)."""
+        return None
+
+    def load_tables(self, tables: list[dict]) -> None:
+        """Take ``tables`` (what `tables` gave, rebuilt) as the whole state."""
+        raise NotImplementedError
+
 
 def _keys_of(batch: Batch) -> Sequence:
     """The keys of a batch into a keyed operator: the plan partitions every input of
@@ -312,6 +333,8 @@ class KeyedFoldOp(Operator):
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         keys, values = batch.keys, batch.values
+        if self.changed is not None:
+            self.changed.update(_keys_of(batch))  # a failing record's key: unchanged
         out: list = []
         try:
             self._fold(keys, values, out)
@@ -369,6 +392,12 @@ class KeyedFoldOp(Operator):
 
     def restore(self, state: Any) -> None:
         self.state = state
+
+    def tables(self) -> list[dict]:
+        return [self.state]
+
+    def load_tables(self, tables: list[dict]) -> None:
+        self.state, = tables
 
     parted = True  # a part per key, never closed
 
@@ -457,6 +486,9 @@ class TimeWindowOp(_WindowParts):
 
     def process_into(self, batch: Batch, parts: Iterable[Iterable[int]],
                      input_index: int = 0) -> Batch | None:
+        if self.changed is not None:  # a window's whole table is its delta's unit
+            parts = list(parts)
+            self.changed.update(chain.from_iterable(parts))
         add, create = self.agg.add, self.agg.create
         open_, latest, ctx = self.open, self.latest_born, self.ctx
         for key, value, born, windows in zip(_keys_of(batch), batch.values, batch.born,
@@ -485,6 +517,8 @@ class TimeWindowOp(_WindowParts):
             k = heapq.heappop(pending)
             if self.closed is not None:
                 self.closed.append(k)
+            if self.changed is not None:
+                self.changed.add(k)  # removed: fired
             start, end = windows.start(k), windows.end(k)
             ts = math.nextafter(end, -math.inf)
             born = self.latest_born.pop(k)
@@ -506,6 +540,12 @@ class TimeWindowOp(_WindowParts):
     def restore(self, state: Any) -> None:
         self.open, self.latest_born = state["open"], state["latest_born"]
         self.pending = sorted(self.open)
+
+    def tables(self) -> list[dict]:
+        return [self.open, self.latest_born]
+
+    def load_tables(self, tables: list[dict]) -> None:
+        self.restore({"open": tables[0], "latest_born": tables[1]})
 
     def part_state(self, part: Any) -> Any:
         return [self.open[part], self.latest_born[part]]
@@ -612,6 +652,8 @@ class CountWindowOp(Operator):
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         out = _Emitter(self.ctx.lineage)
         state, n, agg, fired, opened = self.state, self.n, self.agg, self.fired, self.opened
+        if self.changed is not None:
+            self.changed.update(_keys_of(batch))
         for key, value, ts, born in zip(_keys_of(batch), batch.values, batch.ts, batch.born):
             if key not in fired:
                 fired[key] = 0
@@ -644,6 +686,12 @@ class CountWindowOp(Operator):
 
     def restore(self, state: Any) -> None:
         self.state, self.fired = state["state"], state["fired"]
+
+    def tables(self) -> list[dict]:
+        return [self.state, self.fired]
+
+    def load_tables(self, tables: list[dict]) -> None:
+        self.state, self.fired = tables
 
     parted = True  # a part per key, never closed
 

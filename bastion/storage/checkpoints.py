@@ -33,6 +33,23 @@ did not change can hand back its previous :class:`BlobRef`). Garbage collection
 therefore deletes keys, not directories: it never deletes a blob that a kept
 checkpoint's manifest names.
 
+Chains: incremental state
+    A task checkpointing incrementally (`bastion.runtime.incremental`) stores at each
+    checkpoint one blob, a base (its whole state) or a delta (the keys changed since
+    its previous one), under ``<operator>/<instance>.inc`` (:meth:`put_chain`). The
+    :class:`ChainRef` it acknowledges names that blob and, in order, the earlier blobs
+    it builds on — stored under older checkpoints, some of which may never have
+    completed. :meth:`commit` writes them all into the manifest: the newest as
+    ``<operator>/<instance>``, the ones before it as ``<operator>/<instance>#0``
+    (the base), ``#1``, … — each with its size and CRC32, so a checkpoint whose
+    chain lost a blob is incomplete like one that lost its own, and a rotten one is
+    caught by the CRC when read (:meth:`load_chain`, which names the checkpoint's own
+    blob when any link fails: the failure then excludes *that* checkpoint, not the
+    older one the link was stored under). GC keeps every key a kept manifest names,
+    and :meth:`discard` every chain blob (``.inc``) another manifest still names —
+    and deletes the links of the discarded checkpoint's chain that no manifest names
+    any more and whose own checkpoint was discarded before.
+
 Garbage collection and concurrent checkpoints
     :meth:`CheckpointStore.gc` keeps the newest ``keep`` complete checkpoints and
     deletes every other checkpoint whose id is *below the newest complete id* — older
@@ -64,7 +81,7 @@ from .errors import (
 )
 from .store import ObjectStore
 
-__all__ = ["BlobRef", "Manifest", "GcReport", "CheckpointStore"]
+__all__ = ["BlobRef", "ChainRef", "Manifest", "GcReport", "CheckpointStore"]
 
 _log = logging.getLogger(__name__)
 
@@ -73,6 +90,11 @@ _MANIFEST = "MANIFEST"
 _CHANNELS = "channels"
 _FORMAT = 1
 _ID_DIGITS = 20
+# A chain blob's key ends so: `discard` tells by the name alone that another
+# checkpoint's manifest may name it (a full snapshot's blob never is).
+_CHAIN_SUFFIX = ".inc"
+# `commit` names a chain's earlier links ``<name>#<position>``.
+_LINK = "#"
 # The manifest is framed like a log record (u32 length, u32 CRC32, little-endian), so
 # a damaged manifest is detected rather than half-parsed.
 _FRAME = struct.Struct("<II")
@@ -87,6 +109,15 @@ class BlobRef:
     key: str
     size: int
     crc32: int
+
+
+@dataclass(frozen=True)
+class ChainRef(BlobRef):
+    """A chain blob (a base or a delta) with the blobs before it in its chain, base
+    first: what a task checkpointing incrementally acknowledges. `CheckpointStore.commit`
+    lists ``chain`` in the manifest too (see the module docstring)."""
+
+    chain: tuple[BlobRef, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -160,6 +191,15 @@ class CheckpointStore:
                 f"{_check_component('instance', str(instance))}")
         return self._put(checkpoint_id, name, data)
 
+    def put_chain(self, checkpoint_id: int, operator: str, instance: int | str,
+                  data: bytes | bytearray | memoryview, chain: Iterable[BlobRef] = (),
+                  ) -> ChainRef:
+        """Store one instance's chain blob (base or delta) for a checkpoint; ``chain``:
+        the blobs it builds on, base first (none for a base)."""
+        ref = self.put_state(checkpoint_id, operator, f"{instance}{_CHAIN_SUFFIX}", data)
+        return ChainRef(f"{operator}/{instance}", ref.key, ref.size, ref.crc32,
+                        tuple(_plain(link) for link in chain))
+
     def put_channel(self, checkpoint_id: int, channel: str,
                     data: bytes | bytearray | memoryview) -> BlobRef:
         """Store one channel's captured in-flight messages for a checkpoint."""
@@ -174,7 +214,7 @@ class CheckpointStore:
         :class:`IncompleteCheckpointError` (and writes nothing) if one is not.
         """
         refs: dict[str, BlobRef] = {}
-        for ref in blobs:
+        for ref in _with_links(blobs):
             if ref.name in refs and refs[ref.name] != ref:
                 raise ValueError(f"two different blobs named {ref.name!r} in checkpoint "
                                  f"{checkpoint_id}")
@@ -317,6 +357,35 @@ class CheckpointStore:
         """One channel's captured messages from a committed checkpoint, CRC-verified."""
         return self._load(checkpoint_id, f"{_CHANNELS}/{channel}")
 
+    def load_chain(self, checkpoint_id: int, operator: str, instance: int | str,
+                   ) -> tuple[list[bytes], str]:
+        """One instance's chain from a committed checkpoint, base first, every blob
+        CRC-verified against the manifest, and the key of the checkpoint's own blob
+        (its newest link). Any link missing, cut short or corrupt raises
+        :class:`CorruptBlobError` whose ``key`` is that own blob (what `checkpoint_of`
+        maps to ``checkpoint_id``), the failing link named in the message: nothing of
+        a partial chain is returned."""
+        manifest = self.manifest(checkpoint_id)
+        name = f"{operator}/{instance}"
+        own = manifest.blobs.get(name)
+        if own is None:
+            raise KeyNotFoundError(f"checkpoint {checkpoint_id} of job {self._job!r} has no "
+                                   f"blob {name!r}", self._dir(checkpoint_id) + name)
+        links: list[BlobRef] = []
+        while f"{name}{_LINK}{len(links)}" in manifest.blobs:
+            links.append(manifest.blobs[f"{name}{_LINK}{len(links)}"])
+        links.append(own)
+        out = []
+        for position, ref in enumerate(links):
+            try:
+                out.append(self._read_verified(ref))
+            except (CorruptBlobError, IncompleteCheckpointError, KeyNotFoundError) as exc:
+                raise CorruptBlobError(
+                    f"checkpoint {checkpoint_id} of job {self._job!r}: link {position} of "
+                    f"the state chain of {name!r} cannot be read ({exc}); the checkpoint "
+                    "cannot be restored", key=own.key) from None
+        return out, own.key
+
     def gc(self, keep: int = 2) -> GcReport:
         """Delete all but the newest ``keep`` complete checkpoints, and abandoned
         incomplete ones older than the newest complete one (see module docstring)."""
@@ -343,7 +412,42 @@ class CheckpointStore:
         """Delete one checkpoint (manifest first); returns the number of keys deleted.
         The caller knows no checkpoint it keeps names a blob of this one."""
         _check_id(checkpoint_id)
-        return self._delete(checkpoint_id, self._store.list(self._dir(checkpoint_id)), set())
+        keys = self._store.list(self._dir(checkpoint_id))
+        if not any(key.endswith(_CHAIN_SUFFIX) for key in keys):
+            return self._delete(checkpoint_id, keys, set())  # full snapshots: as always
+        # An incremental run's: its chain blobs may be links of a later checkpoint's
+        # chain (keep those another manifest names), and the links of its own chain
+        # stored under checkpoints discarded before it are deleted with it once no
+        # manifest names them any more.
+        links: list[str]
+        try:
+            links = [ref.key for name, ref in self.manifest(checkpoint_id).blobs.items()
+                     if _LINK in name]
+        except (KeyNotFoundError, CorruptBlobError):
+            links = []
+        live = self._named_by_others(checkpoint_id)
+        removed = self._delete(checkpoint_id, keys, live)
+        for key in links:
+            owner = self.checkpoint_of(key)
+            if key in live or owner is None or owner == checkpoint_id or \
+                    self._store.exists(self._dir(owner) + _MANIFEST):
+                continue  # still named, or its own checkpoint still stands
+            self._store.delete(key)
+            removed += 1
+        return removed
+
+    def _named_by_others(self, checkpoint_id: int) -> set[str]:
+        """Every key the manifests of this job's other checkpoints name."""
+        named: set[str] = set()
+        ids, sizes = self._ids()
+        for i in ids:
+            if i == checkpoint_id or self._dir(i) + _MANIFEST not in sizes:
+                continue
+            try:
+                named.update(ref.key for ref in self.manifest(i).blobs.values())
+            except (KeyNotFoundError, CorruptBlobError):
+                continue  # deleted since the listing, or unreadable: names nothing
+        return named
 
     def _delete(self, checkpoint_id: int, keys: Iterable[str], live: set[str]) -> int:
         directory = self._dir(checkpoint_id)
@@ -382,6 +486,23 @@ class CheckpointStore:
 
     async def agc(self, keep: int = 2) -> GcReport:
         return await asyncio.to_thread(self.gc, keep)
+
+
+def _plain(ref: BlobRef) -> BlobRef:
+    return BlobRef(ref.name, ref.key, ref.size, ref.crc32)
+
+
+def _with_links(blobs: Iterable[BlobRef]) -> Iterable[BlobRef]:
+    """``blobs``, each `ChainRef` followed by its chain's earlier links, named
+    ``<name>#<position>`` (base at 0), all as plain refs."""
+    for ref in blobs:
+        if isinstance(ref, ChainRef):
+            for position, link in enumerate(ref.chain):
+                yield BlobRef(f"{ref.name}{_LINK}{position}", link.key, link.size,
+                              link.crc32)
+            yield _plain(ref)
+        else:
+            yield ref
 
 
 def _describe_size(size: int | None) -> str:

@@ -1,0 +1,213 @@
+"""Incremental keyed state: a checkpoint writes what changed, on a base written now and then.
+
+A full checkpoint writes each task's whole state, so its cost grows with the state
+held, not with the work done: a keyed reduce holding millions of keys whose input
+touches a thousand writes every key at every checkpoint. With ``bn.State(incremental=
+True)`` a task writes, per checkpoint, one *link* of a *chain*:
+
+* a **base** — every keyed operator's tables whole (what a full snapshot holds), or
+* a **delta** — for each keyed operator, the keys changed since the task's *parent*
+  snapshot with their values now, and the keys removed since.
+
+Restoring reads the base and the deltas after it in order: ``tables = base``, then
+for each delta ``table.update(changed)`` and ``table.pop(key)`` for each removed
+key. What is not keyed — sources' offsets, sinks, joins (phase 1), record counters,
+watermarks, routers, a deterministic merge — is small and goes whole into every link;
+a restore takes it from the newest link only.
+
+Keyed operators (`Operator.tables`) are keyed folds (``reduce``, ``stateful_map``),
+count windows (both keyed by record key) and time-window aggregates (keyed by window
+number: a window touched since the parent goes whole into the delta — its own
+``{key: acc}`` dict —, a window fired goes as removed). Each tracks the keys it may
+have changed in ``Operator.changed``, a set it updates once per batch (a superset is
+harmless: a delta holds a key's value *now*, or marks it removed when absent).
+
+When a base: the trigger
+    The next link is a base when the task holds no keyed operator (a delta would
+    save nothing), when it has no *confirmed* parent (its first checkpoint, after a
+    restore, after a failed upload), when the parent's chain already holds
+    ``max_chain`` deltas, or when the deltas of the parent's chain together weigh
+    more than its base (then a restore would read more bytes than a new base costs
+    to write). So a restore reads at most ``1 + max_chain`` blobs and at most about
+    twice a base's bytes.
+
+Which snapshot may be a parent
+    Only one whose upload is known to have succeeded (`StateChain.stored`): a delta
+    is computed against the newest such snapshot, with the keys changed since then —
+    the union of the change sets of every snapshot taken after it, kept until a later
+    one is stored (`_unstored`). A snapshot whose upload failed, was cancelled, or
+    has not finished yet is simply never built on. A task restored from checkpoint N
+    is a new object with an empty chain: its next link is a base, so it never builds
+    on a snapshot its failed incarnation took after N.
+
+Why a manifest never misses a link
+    The blob a task acknowledges is its newest link, as a `ChainRef` naming every
+    earlier link of its chain with their CRCs; the coordinator's commit writes them
+    all into the checkpoint's manifest (`bastion.storage.checkpoints`). A link stored
+    under a checkpoint that never completed is named by the later manifest, so GC,
+    which deletes keys and keeps every key a kept manifest names, keeps it.
+
+Cost on the task loop
+    A delta's encode is synchronous (the state must not change under it) and costs
+    what changed. A base's encode is synchronous too in this phase — a full snapshot's
+    cost, once per ``max_chain`` checkpoints; its upload, like every link's, runs in
+    a thread off the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from bastion.storage.checkpoints import BlobRef, ChainRef
+
+__all__ = ["StateChain", "Link", "apply_links", "BASE", "DELTA"]
+
+BASE = "base"
+DELTA = "delta"
+_FORMAT = 1
+
+
+@dataclass
+class Link:
+    """One link being written: its sequence number in this task, what it is, the
+    blob's value (encoded by the task), and the confirmed chain it builds on."""
+
+    seq: int
+    kind: str
+    value: dict
+    parent: tuple[BlobRef, ...]
+    parent_delta_bytes: int
+    base_bytes: int
+
+
+@dataclass
+class _Stored:
+    chain: tuple[BlobRef, ...]  # base first, this snapshot's own blob last
+    seq: int
+    base_bytes: int
+    delta_bytes: int  # of the deltas of ``chain``
+
+
+class StateChain:
+    """One task's chain: which link comes next, and what it holds.
+
+    ``ops`` are the task's operators; those with `tables` are tracked from now on.
+    Not thread-safe: the task loop calls `link` and, when the upload is done, `stored`.
+    """
+
+    def __init__(self, ops: Sequence[Any], max_chain: int) -> None:
+        self.max_chain = max_chain
+        self.keyed = [op.tables() is not None for op in ops]
+        self.ops = list(ops)
+        for op, keyed in zip(self.ops, self.keyed):
+            if keyed:
+                op.changed = set()
+        self.next_seq = 1
+        self.parent: _Stored | None = None
+        # change sets of the snapshots taken after the parent: seq -> one set per op
+        self._unstored: dict[int, list[set]] = {}
+
+    def _base_due(self) -> bool:
+        parent = self.parent
+        if parent is None or not any(self.keyed):
+            return True  # no parent; or nothing keyed, so nothing a delta would save
+        deltas = len(parent.chain) - 1
+        return deltas >= self.max_chain or parent.delta_bytes > parent.base_bytes
+
+    def link(self, others: list[Any]) -> Link:
+        """The next link, taken now: ``others[i]`` is operator i's `snapshot` (used
+        for the operators that are not keyed). The caller encodes ``Link.value``
+        before the state changes, stores it and calls `stored` when that succeeded."""
+        seq = self.next_seq
+        self.next_seq += 1
+        taken = []
+        for op, keyed in zip(self.ops, self.keyed):
+            if keyed:
+                taken.append(op.changed)
+                op.changed = set()
+            else:
+                taken.append(None)
+        self._unstored[seq] = taken
+        base = self._base_due()
+        operators: list[Any] = []
+        for i, (op, keyed, other) in enumerate(zip(self.ops, self.keyed, others)):
+            if not keyed:
+                operators.append(["whole", other])
+            elif base:
+                operators.append(["tables", op.tables()])
+            else:
+                keys: set = set()
+                for sets in self._unstored.values():
+                    keys |= sets[i]
+                changed_removed = []
+                for table in op.tables():
+                    changed = {}
+                    removed = []
+                    for key in keys:
+                        value = table.get(key, _ABSENT)
+                        if value is _ABSENT:
+                            removed.append(key)
+                        else:
+                            changed[key] = value
+                    changed_removed.append([changed, removed])
+                operators.append(["delta", changed_removed])
+        parent = self.parent
+        chain = () if base or parent is None else parent.chain
+        value = {"format": _FORMAT, "kind": BASE if base else DELTA,
+                 "position": len(chain), "operators": operators}
+        return Link(seq, BASE if base else DELTA, value, chain,
+                    0 if base or parent is None else parent.delta_bytes,
+                    0 if base or parent is None else parent.base_bytes)
+
+    def stored(self, link: Link, ref: ChainRef) -> None:
+        """``link`` is stored as ``ref``: it may be the parent of the next one (if no
+        later link was stored before it)."""
+        if self.parent is not None and self.parent.seq > link.seq:
+            return
+        if link.kind == BASE:
+            self.parent = _Stored((ref,), link.seq, ref.size, 0)
+        else:
+            self.parent = _Stored((*link.parent, ref), link.seq, link.base_bytes,
+                                  link.parent_delta_bytes + ref.size)
+        for seq in [s for s in self._unstored if s <= link.seq]:
+            del self._unstored[seq]
+
+
+_ABSENT = object()
+
+
+def apply_links(links: Sequence[dict], keyed: Sequence[bool]) -> list[Any]:
+    """The operators' state from a chain's decoded links, base first: per operator,
+    its tables (keyed) or its `snapshot` value from the newest link. `ValueError` if
+    the links do not make a chain (a base, then deltas, positions in order)."""
+    if not links:
+        raise ValueError("an empty state chain")
+    for position, value in enumerate(links):
+        kind = BASE if position == 0 else DELTA
+        if (not isinstance(value, dict) or value.get("format") != _FORMAT
+                or value.get("kind") != kind or value.get("position") != position
+                or len(value.get("operators", ())) != len(keyed)):
+            raise ValueError(f"link {position} of a state chain is not its {kind} "
+                             f"(kind {value.get('kind') if isinstance(value, dict) else '?'!r})")
+    state: list[Any] = []
+    for i, is_keyed in enumerate(keyed):
+        if not is_keyed:
+            form, value = links[-1]["operators"][i]
+            if form != "whole":
+                raise ValueError(f"operator {i}: {form!r} state where whole was expected")
+            state.append(value)
+            continue
+        form, tables = links[0]["operators"][i]
+        if form != "tables":
+            raise ValueError(f"operator {i}: a base holding {form!r}, not tables")
+        for link in links[1:]:
+            form, deltas = link["operators"][i]
+            if form != "delta" or len(deltas) != len(tables):
+                raise ValueError(f"operator {i}: a delta holding {form!r}")
+            for table, (changed, removed) in zip(tables, deltas):
+                table.update(changed)
+                for key in removed:
+                    table.pop(key, None)
+        state.append(tables)
+    return state
