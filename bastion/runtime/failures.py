@@ -35,10 +35,13 @@ A failure the job cannot go on from (a user function's error, too many restarts,
 plan the planner cannot keep) raises `JobEnded`, which carries the job's report.
 
 The handler owns the state of recoveries in progress (the planner of the last
-failure, the tasks restarting and joining, the buffering state, the workers it
-lowered) and sees the rest of the job through narrow collaborators: the deployment
-(who runs what), the job's stage, the protocol's coordinator, and callables for the
-job's events, its fatal error and a progress poll.
+failure, the tasks restarting and joining, the lines they restore from) and two
+helpers of its own: `AdaptiveBuffering` (`bastion.runtime.buffering`: which tasks
+keep upstream backups) and `CatchUpLowering` (`bastion.runtime.catchup`: the
+workers lowered while their tasks catch up). It sees the rest of the job through
+narrow collaborators: the deployment (who runs what), the job's stage, the
+protocol's coordinator, and callables for the job's events, its fatal error and a
+progress poll.
 """
 
 from __future__ import annotations
@@ -52,14 +55,15 @@ import ray
 
 from bastion.errors import JobFailedError, NoUsableCheckpointError
 from bastion.protocols.base import Coordinator, Protocol, cancel
+from bastion.runtime.buffering import AdaptiveBuffering
+from bastion.runtime.catchup import CatchUpLowering
 from bastion.runtime.config import JobConfig
 from bastion.runtime.deployment import Deployment, JobStage
 from bastion.runtime.outputs import committed_blobs
 from bastion.runtime.plan import PhysicalPlan
-from bastion.runtime.polling import PROGRESS_TIMEOUT_S
 from bastion.runtime.progress import Poll, caught_up
 from bastion.scheduler import detector, placement
-from bastion.scheduler.detector import CorrelatedFailures, Failure, within
+from bastion.scheduler.detector import CorrelatedFailures, Failure
 from bastion.scheduler.failover import TaskGraph, failover_strategy
 from bastion.scheduler.recovery import (BlockingRecovery, Capacity, QueryNeeds,
                                        RecoveryPlanError, RecoveryPlanner, check_plan,
@@ -123,24 +127,19 @@ class FailureHandler:
         self.region_restarts = 0
         # a failure interrupted a regional restart: the next recovery is of the job
         self._region_broken = False
-        # Adaptive buffering (Su & Zhou; `bastion.scheduler.failover`): whether it is
-        # on (from a burst's detection to the next checkpoint that completes once
-        # every lost task runs again), and the tasks whose upstream backups hold every
-        # frame they sent since the line a regional restart restores — the sources
-        # always, and the tasks a restart rebuilt while it was on.
-        self.buffering = False
-        self.backed_up: set[int] = set(deployment.source_tasks)
-        self._buffering_change: asyncio.Future | None = None  # the workers being told
-        self._telling: set[asyncio.Future] = set()
+        # Adaptive buffering (Su & Zhou; `bastion.runtime.buffering`): on from a
+        # burst's detection to the next checkpoint that completes once every lost
+        # task runs again
+        self.buffering = AdaptiveBuffering(self.failover.adaptive_buffering, deployment,
+                                           config.job_id, record_event)
         # the tasks that restarted at the last failure: only they can be pending
         self.restarting: set[int] = set(range(len(plan.tasks)))
         self._planned_free = 0  # free task slots left after the last placement
         self.planner: RecoveryPlanner = BlockingRecovery()  # of the last failure
         # Workers hosting only recovering tasks run at the OS's lowest CPU priority
-        # while those catch up (`bastion.scheduler.catchup`): actor id -> (worker,
-        # its tasks, when it was lowered, when its replays had started)
-        self.catch_up = self.recovery.catch_up()
-        self._lowered: dict[str, tuple[Any, set[int], float, float]] = {}
+        # while those catch up (`bastion.runtime.catchup`)
+        self.lowering = CatchUpLowering(self.recovery.catch_up(), deployment, stage,
+                                        queries, record_event)
         # tasks being built and restored on their workers (`_join`): not running yet
         self._joining: set[int] = set()
         self.repaired_at_s: dict[int, float] = {}  # slot -> when its crash is repaired
@@ -156,8 +155,8 @@ class FailureHandler:
         every worker resets (its CPU priority with it) and takes adaptive buffering as
         it is now."""
         self._restore, self._resume, self._retake = restore, {}, ()
-        self._lowered.clear()
-        await self._buffering_told(self.deployment.workers)
+        self.lowering.clear()
+        await self.buffering.tell_new(self.deployment.workers)
 
     def down_tasks(self) -> set[int]:
         """The tasks that do not run now: waiting for capacity, or being built and
@@ -178,8 +177,8 @@ class FailureHandler:
             if lease.standby is None and self.protocol.needs_standby:
                 self.record_event("standby_borrowed", source_lag=poll.source_lag)
             lease.borrow_standby()
-        if self._lowered:
-            await self._restore_caught_up(
+        if self.lowering:
+            await self.lowering.restore(
                 None if any(isinstance(r, BaseException) for r in replies)
                 # no reply is an exception here
                 else set().union(*[r.get("replaying", ()) for r in replies]), asked_s)
@@ -235,7 +234,7 @@ class FailureHandler:
                     self.stage.finished_tasks |= {t.task_id for t in waits[fut][1]}
             # every task finished: no replay is left (a last progress poll may time
             # out on workers busy finishing)
-            await self._restore_caught_up(set(), time.time())
+            await self.lowering.restore(set(), time.time())
         finally:
             for fut in list(waits) + helpers:
                 fut.cancel()
@@ -455,7 +454,7 @@ class FailureHandler:
                           queries=list(plan.queries), planner=type(self.planner).__name__,
                           free_task_slots=self._planned_free)
         # every task restores the line: with buffering on, each backs up from there
-        await self._adapt_buffering(self.restarting)
+        await self.buffering.after_plan(self.restarting, self.bursts.correlated())
 
     async def _restart_region(self, lost: list[int]) -> str | None:
         """Restart only the failed region: the tasks of the ``lost`` workers and those
@@ -466,7 +465,8 @@ class FailureHandler:
         be dead by then).
 
         Under adaptive buffering the region also holds every sender into it whose
-        upstream backup does not hold what it sent since the line (`backed_up`).
+        upstream backup does not hold what it sent since the line
+        (`AdaptiveBuffering.backed_up`).
         A loss while tasks of an earlier failure still wait for capacity (a *second
         wave*) restarts its own region the same way: the tasks it restores catch up
         from backups kept since the burst, and the planner is asked again with the
@@ -490,7 +490,8 @@ class FailureHandler:
         lost_tasks = {t for t, w in enumerate(deployment.assignment) if w in lost}
         graph = TaskGraph(frozenset(range(len(self.plan.tasks))),
                           self._channels,
-                          frozenset(self.backed_up) if self.failover.adaptive_buffering
+                          frozenset(self.buffering.backed_up)
+                          if self.failover.adaptive_buffering
                           else None)
         region = set(self.failover.tasks_to_restart(lost_tasks, graph))
         if region == graph.tasks and not self.capacity_model:
@@ -560,7 +561,7 @@ class FailureHandler:
                               planner=type(self.planner).__name__,
                               free_task_slots=self._planned_free,
                               second_wave=bool(waiting), waiting=sorted(waiting))
-            await self._adapt_buffering(region)
+            await self.buffering.after_plan(region, self.bursts.correlated())
         await self._join(sorted(self.restarting - deployment.pending))
         if not self.capacity_model:
             # The standby went to a lost slot: a new one once the region caught up —
@@ -683,8 +684,8 @@ class FailureHandler:
         for t in joining:
             by_worker.setdefault(deployment.home(t), []).append(t)
         # lowered before they build and restore their tasks: that is catch-up work too
-        lowered = await self._lower_catching_up(set(joining), list(by_worker))
-        await self._buffering_told([deployment.workers[w] for w in by_worker])
+        lowered = await self.lowering.lower(set(joining), list(by_worker), self.restarting)
+        await self.buffering.tell_new([deployment.workers[w] for w in by_worker])
         try:
             deployment.raise_call_failures(await asyncio.gather(*[
                 deployment.workers[w].join.remote(
@@ -707,121 +708,21 @@ class FailureHandler:
                                   deployment.incarnations) for w in deployment.workers],
                 return_exceptions=True))
         except BaseException:
-            for worker, _, _ in lowered.values():  # a failure: nothing is catching up
-                worker.set_catch_up.remote(epoch, False)
+            self.lowering.abandon(lowered)  # a failure: nothing is catching up
             raise
         # watched from now on: the replays into them have started, and a progress
         # poll asked after this moment sees them
-        watched_s = time.time()
-        self._lowered.update({k: (*entry, watched_s) for k, entry in lowered.items()})
+        self.lowering.watched(lowered, time.time())
         return sorted(by_worker)
 
-    async def _lower_catching_up(self, joining: set[int], workers: list[int]
-                                 ) -> dict[str, tuple[Any, set[int], float]]:
-        """Before the ``joining`` tasks are built and catch up: the workers (of
-        ``workers``, those they joined) that the catch-up policy lowers run at the
-        OS's lowest CPU priority until `_restore_caught_up` restores them, once the
-        attach started the replays (the entries for `_lowered` it returns)."""
-        deployment = self.deployment
-        hosted = {w: {t for t, a in enumerate(deployment.assignment)
-                      if a == w and t not in deployment.pending} for w in workers}
-        # the queries the failure did not hit: none of their tasks restarted
-        protected = set().union(*[q.tasks for q in self.queries
-                                  if not q.tasks & self.restarting])
-        lowering = sorted(self.catch_up.to_lower(hosted, joining, protected))
-        if not lowering:
-            return {}
-        epoch = deployment.epoch(self.stage.attempt)
-        replies = await asyncio.gather(*[deployment.workers[w].set_catch_up.remote(epoch, True)
-                                         for w in lowering], return_exceptions=True)
-        now_s = time.time()
-        self.record_event("catch_up_lowered", workers=lowering,
-                          tasks=sorted(set().union(*[hosted[w] for w in lowering])),
-                          priority=[r if isinstance(r, str) else None for r in replies])
-        return {deployment.workers[w]._actor_id.hex(): (deployment.workers[w], hosted[w], now_s)
-                for w in lowering}
-
-    async def _restore_caught_up(self, replaying: set[int] | None, asked_s: float) -> None:
-        """Give a lowered worker its priority back once no replay feeds its tasks any
-        more (or the policy's time is up); ``replaying``: the tasks the workers said,
-        when asked at ``asked_s``, they still replay a backlog to (None: unknown) —
-        an answer asked before the replays started cannot tell."""
-        live = {w._actor_id.hex() for w in self.deployment.workers}
-        for key in [k for k in self._lowered if k not in live]:
-            del self._lowered[key]  # lost meanwhile
-        if not self._lowered:
-            return
-        now_s = time.time()
-        epoch = self.deployment.epoch(self.stage.attempt)
-        for key, (worker, tasks, since_s, watched_s) in list(self._lowered.items()):
-            why = self.catch_up.to_restore(tasks, None if asked_s < watched_s
-                                           else replaying, now_s - since_s)
-            if why is None:
-                continue
-            del self._lowered[key]
-            reply = await asyncio.gather(within(worker.set_catch_up.remote(epoch, False),
-                                                PROGRESS_TIMEOUT_S), return_exceptions=True)
-            self.record_event("catch_up_restored", tasks=sorted(tasks),
-                              lowered_s=round(now_s - since_s, 3),
-                              reason=why,
-                              priority=reply[0] if isinstance(reply[0], str) else None)
-
-    async def _adapt_buffering(self, restarted: set[int]) -> None:
-        """After a recovery's plan, under adaptive buffering: turn it on at a burst,
-        or when the plan left tasks pending (their upstream must keep what they will
-        need); the ``restarted`` tasks, rebuilt from the line with it on, back up
-        everything they send from the line on."""
-        if not self.failover.adaptive_buffering:
-            return
-        if not self.buffering and (self.bursts.correlated() or self.deployment.pending):
-            self.buffering = True
-            why = "a burst was detected" if self.bursts.correlated() else \
-                f"tasks {sorted(self.deployment.pending)} wait for capacity"
-            await self._tell_buffering(True, why)
-        if self.buffering:
-            self.backed_up |= restarted
-
     def checkpoint_completed(self, checkpoint_id: int) -> None:
-        """A checkpoint completed: once every lost task runs again, it is the global
-        checkpoint after which adaptive buffering turns off (Su & Zhou) — every
-        backup but the sources' is freed, and a later failure's region grows
-        upstream again past the tasks that no longer log."""
+        """A checkpoint completed: adaptive buffering may turn off, if every lost task
+        runs again (`AdaptiveBuffering.checkpoint_completed`)."""
         deployment = self.deployment
-        if not self.buffering or deployment.pending or self._joining \
-                or self.stage.phase != "watch" \
-                or any(w is None for w in deployment.assignment):
-            return
-        self.buffering = False
-        self.backed_up = set(deployment.source_tasks)
-        telling = asyncio.ensure_future(self._tell_buffering(
-            False, f"checkpoint {checkpoint_id} completed with every lost task running",
-            checkpoint_id=checkpoint_id))
-        self._telling.add(telling)  # held: the loop keeps only a weak reference
-        telling.add_done_callback(self._telling.discard)
-
-    async def _tell_buffering(self, on: bool, reason: str, **fields: Any) -> None:
-        """Every worker turns adaptive buffering ``on`` or off, after any change told
-        before (an async actor may run one caller's calls out of order); recorded as
-        an ``adaptive_buffering`` event with the bytes freed."""
-        before, done = self._buffering_change, asyncio.get_running_loop().create_future()
-        self._buffering_change = done
-        try:
-            if before is not None:
-                await before
-            replies = await asyncio.gather(*[w.set_buffering.remote(self.config.job_id, on)
-                                             for w in self.deployment.workers],
-                                           return_exceptions=True)
-            self.record_event("adaptive_buffering", on=on, reason=reason,
-                              freed_bytes=sum(r for r in replies if isinstance(r, int)),
-                              **fields)
-        finally:
-            done.set_result(None)
-
-    async def _buffering_told(self, workers: list[Any]) -> None:
-        """Workers about to build tasks take adaptive buffering as it is now."""
-        if self.buffering:
-            await asyncio.gather(*[w.set_buffering.remote(self.config.job_id, True)
-                                   for w in workers], return_exceptions=True)
+        self.buffering.checkpoint_completed(
+            checkpoint_id, all_running=not (deployment.pending or self._joining
+                                            or self.stage.phase != "watch"
+                                            or any(w is None for w in deployment.assignment)))
 
     def node_lost(self, node_id: str) -> None:
         """A fault took node ``node_id`` down: it offers no capacity any more."""
