@@ -23,7 +23,11 @@ own persisted output log, ``jobs/<job>/logs/<operator>/<instance>/``
 
 Each burst — the G_opens of one batch, the G_checks of one period, the parts one
 watermark closed — is one control tuple holding all its parts: a recovery checks and
-decodes it in a few C calls, not a Python pass per part.
+decodes it in a few C calls, not a Python pass per part. Its parts' keys and states
+are written as two *runs* (`bastion.runtime.durable`), each packed in one C call —
+a time window's states straight from its tables (`Operator.part_state_tables`) — for
+on fast windows a part opens every other record, and a bytes object and a packer
+call per part cost a third of such a job's CPU (`benchmarks/cec.py` (d)).
 
 Every control tuple carries the operator's *position*: per upstream source instance
 (``"<op code>/<index>"``), the offset of the last record processed, taken from the
@@ -107,6 +111,7 @@ from bastion.protocols import eventual
 from bastion.protocols.eventual import eventual_prefix, log_prefix
 from bastion.protocols.base import (Coordinator, MasterContext, PartedOperator, Protocol,
                                     ProtocolStats, RegionLine, TaskContext, TaskProtocol)
+from bastion.runtime.durable import pack_rows, pack_run
 from bastion.runtime.records import Batch, EndOfStream
 from bastion.storage import (CorruptRecordError, LogReader, LogWriter, StorageError,
                              StoreUnavailableError)
@@ -116,6 +121,8 @@ from bastion.topology import AUTO, BROADCAST, FORWARD, HASH
 _STATEFUL = ("reduce", "stateful_map", "window", "join")
 _SAFE_UPSTREAM = ("map", "filter")
 _NOWHERE: dict[str, int] = {}  # the position of a part without a footprint
+# Parts a G_check burst packs between two looks at the clock (its deadline).
+_CHECK_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -194,19 +201,21 @@ class CecOperator:
         self.position: dict[str, int] = {}
         self.channel_counts: dict[str, int] = {}
         self.guard: _Guard | None = None
-        # Every open part -> (log seq, inputs processed) of its newest footprint and
-        # its key as packed, oldest first: a part has one from the batch that opened
-        # it (its G_open). The key is packed once, when the part opens: its G_checks
-        # and its closing name it by the same bytes.
-        self.footprints: dict[Any, tuple[int, int, bytes]] = {}
+        # Every open part -> the log seq of its newest footprint, oldest first: a part
+        # has one from the batch that opened it (its G_open). Nothing else per part:
+        # a burst packs its parts' keys afresh, in one run (the same bytes each time).
+        self.footprints: dict[Any, int] = {}
+        # The operator's batched part state, if it has one (a time window's tables).
+        self.state_tables = getattr(inner, "part_state_tables", None)
         self.records_in = 0
         self.dropped = 0
         self.checks_written = 0
         self.next_period_s = time.monotonic() + policy.period_s
-        # The position each burst of footprints carried, by the log seq its parts
-        # note (`footprints`), and the newest control tuple's: what a recovery from
-        # the log as it stands would replay after (`replay_position`).
-        self.burst_positions: dict[int, dict[str, int]] = {}
+        # The position each burst of footprints carried and the inputs processed by
+        # then, by the log seq its parts note (`footprints`), and the newest control
+        # tuple's position: what a recovery from the log as it stands would replay
+        # after (`replay_position`), and how much (`check`).
+        self.bursts: dict[int, tuple[dict[str, int], int]] = {}
         self.newest_control: dict[str, int] | None = None
 
     # the operator interface the task calls
@@ -247,12 +256,11 @@ class CecOperator:
             # goes first, then the batch's results, in one append — which the log
             # stores whole or not at all (a flush or a seal takes what the appends
             # before it left), so no recovery finds a G_open reflecting inputs whose
-            # results it lacks. (A key whose first input the function refused has
-            # no state: `open_among` leaves it out; a refused key may be listed twice.)
+            # results it lacks.
             inner.opened = []
-            parts = inner.open_among(dict.fromkeys(opened))
-            if parts:
-                records.append(self._footprints(eventual.G_OPEN, parts))
+            opening = self._g_open(opened)
+            if opening is not None:
+                records.append(opening)
         if out is not None:
             records += self._results(out)
         self._append(records)
@@ -277,14 +285,16 @@ class CecOperator:
         if gone:
             # Every open part has a footprint (its G_open at least): those that
             # closed leave N in one control tuple, after their results.
-            pop = self.footprints.pop
-            closing = [footprint[2] for footprint in map(pop, gone, repeat(None))
-                       if footprint is not None]
-            gone.clear()
+            # (A part without one — none so far — is left out, in one C pass.)
+            seqs = list(map(self.footprints.pop, gone, repeat(None)))
+            closing = gone if None not in seqs else [
+                part for part, seq in zip(gone, seqs) if seq is not None]
             if closing:
                 self.newest_control = self.position
-                records.append(eventual.closed(closing, len(self.footprints),
-                                               self.position, self.task_watermark()))
+                records.append(eventual.burst(
+                    eventual.CLOSED, self._run(closing, "its keys"), None,
+                    len(self.footprints), self.position, self.task_watermark()))
+            gone.clear()
         self._append(records)
         return out
 
@@ -316,25 +326,62 @@ class CecOperator:
         return [eventual.result(self._pack_many([self.inner.results_form(out)],
                                                 "its results")[0])]
 
-    def _footprints(self, kind: int, parts: list, keys: list[bytes] | None = None,
-                    states: list[bytes] | None = None) -> list:
-        """The value of a burst of footprints of ``parts`` (distinct) as they are now
-        (the caller appends it); ``keys`` and ``states``: the parts' keys and states
-        packed already. Their seq is noted as the log's next one: a few records early
-        at most, which only the policy's estimate of the extent sees."""
-        if keys is None or states is None:
-            part_state = self.inner.part_state
-            keys = self._pack_many(parts, "its keys")
-            states = self._pack_many([part_state(p) for p in parts])
-        seq, records_in, footprinted = self.log.next_seq, self.records_in, self.footprints
-        self.burst_positions[seq] = self.newest_control = self.position
-        for part, key in zip(parts, keys):
-            footprinted.pop(part, None)
-            footprinted[part] = (seq, records_in, key)
+    def _run(self, values: list, what: str) -> bytes:
+        """``values`` as a run (`durable.pack_run`): the user's error if one cannot be
+        logged, naming the operator."""
+        try:
+            return pack_run(self.codec, values)
+        except UnserialisableError as exc:
+            raise UnstorableValueError(self.ctx.name, self.ctx.index, exc.type_name,
+                                       f"{what} cannot be logged", str(exc)) from None
+
+    def _states(self, parts: list) -> bytes | None:
+        """The run of ``parts``' states as they are now: from the operator's tables
+        in one C call where it has them (None if a part is not in them: not open),
+        else part by part."""
+        tables = None if self.state_tables is None else self.state_tables()
+        if tables is not None:
+            try:
+                return pack_rows(self.codec, parts, tables)
+            except UnserialisableError as exc:
+                raise UnstorableValueError(self.ctx.name, self.ctx.index, exc.type_name,
+                                           "its state cannot be logged", str(exc)) from None
+        part_state = self.inner.part_state
+        return self._run([part_state(part) for part in parts], "its state")
+
+    def _g_open(self, opened: list) -> list | None:
+        """The G_open burst of the parts a call opened, their state as it is now; None
+        if none is open. A window lists each part it opens once and it is open until
+        a watermark comes, so its list is the burst as it stands; otherwise (a keyed
+        fold lists a key whose first input the function refused, which has no state,
+        and may list it twice) the parts are those `open_among` finds."""
+        if self.state_tables is not None:
+            states = self._states(opened)
+            if states is not None:
+                return self._burst(eventual.G_OPEN, opened,
+                                   self._run(opened, "its keys"), states)
+        parts = self.inner.open_among(dict.fromkeys(opened))
+        if not parts:
+            return None
+        states = self._states(parts)
+        assert states is not None   # open_among found each in the operator's state
+        return self._burst(eventual.G_OPEN, parts, self._run(parts, "its keys"), states)
+
+    def _burst(self, kind: int, parts: list, keys: bytes, states: bytes) -> list:
+        """The value of a burst of footprints of ``parts`` (distinct; the caller
+        appends it), whose keys and states are the runs ``keys`` and ``states``. Their
+        seq is noted as the log's next one: a few records early at most, which only
+        the policy's estimate of the extent sees."""
+        seq, footprinted = self.log.next_seq, self.footprints
+        self.bursts[seq] = (self.position, self.records_in)
+        self.newest_control = self.position
         if kind == eventual.G_CHECK:
+            for part in parts:  # refreshed: to the end of the order
+                del footprinted[part]
             self.checks_written += len(parts)
-        return eventual.footprints(kind, keys, states, len(footprinted), self.position,
-                                   self.task_watermark())
+        footprinted.update(zip(parts, repeat(seq)))
+        return eventual.burst(kind, keys, states, len(footprinted), self.position,
+                              self.task_watermark())
 
     def check(self) -> None:
         """Between batches: in a period's burst, refresh the oldest footprints while
@@ -345,29 +392,45 @@ class CecOperator:
         policy = self.policy
         self.next_period_s = now_s + policy.period_s
         deadline_s = now_s + policy.check_interval_s
-        # The burst's parts, oldest footprint first, packed as they are chosen so that
-        # the deadline bounds the work; their footprints are refreshed (moved to the
-        # end of `footprints`) by the one control tuple that holds them all.
-        stale, keys, states = [], [], []
-        pack, part_state = self.codec.pack, self.inner.part_state
-        next_seq, records_now = self.log.next_seq, self.records_in
-        for part, (seq, records_in, key) in self.footprints.items():
+        # The burst's parts, oldest footprint first, packed a chunk at a time as they
+        # are chosen so that the deadline bounds the work (runs joined are one run);
+        # their footprints are refreshed (moved to the end of `footprints`) by the
+        # one control tuple that holds them all.
+        stale: list = []
+        keys: list[bytes] = []
+        states: list[bytes] = []
+        chunk: list = []
+        bursts, next_seq, records_now = self.bursts, self.log.next_seq, self.records_in
+        for part, seq in self.footprints.items():
             if (next_seq - seq <= policy.extent_target
-                    and records_now - records_in <= policy.replay_target):
+                    and records_now - bursts[seq][1] <= policy.replay_target):
                 break
-            stale.append(part)
-            keys.append(key)
-            states.append(pack(part_state(part)))
-            if time.monotonic() >= deadline_s:
-                break
+            chunk.append(part)
+            if len(chunk) == _CHECK_CHUNK:
+                self._pack_chunk(chunk, stale, keys, states)
+                chunk = []
+                if time.monotonic() >= deadline_s:
+                    break
+        if chunk:
+            self._pack_chunk(chunk, stale, keys, states)
         if stale:
-            self._append([self._footprints(eventual.G_CHECK, stale, keys, states)])
+            self._append([self._burst(eventual.G_CHECK, stale, b"".join(keys),
+                                      b"".join(states))])
         # What the log holds becomes durable once a period: a recovery finds the
         # footprints written up to here (and replays what came after). Stored in the
         # background: the task's loop runs every task of its worker, and the store
         # may take seconds (`CecTask.between_frames` waits when it falls behind).
         if self.log.durable_seq < self.log.next_seq - 1:
             self.log.flush_in_background()
+
+    def _pack_chunk(self, chunk: list, stale: list, keys: list[bytes],
+                    states: list[bytes]) -> None:
+        """Add ``chunk``, open parts, to a G_check burst under way."""
+        packed = self._states(chunk)
+        assert packed is not None   # every part with a footprint is open
+        stale += chunk
+        keys.append(self._run(chunk, "its keys"))
+        states.append(packed)
 
     def replay_position(self) -> dict[str, int] | None:
         """Per source instance, the offset a recovery would replay after if the
@@ -383,13 +446,13 @@ class CecOperator:
             return None
         positions = [newest]
         if self.footprints:
-            oldest_seq = next(iter(self.footprints.values()))[0]
-            oldest = self.burst_positions.get(oldest_seq)
+            oldest_seq = next(iter(self.footprints.values()))
+            oldest = self.bursts.get(oldest_seq)
             if oldest is None:
                 return None
-            for seq in [s for s in self.burst_positions if s < oldest_seq]:
-                del self.burst_positions[seq]  # no footprint notes it any more
-            positions.append(oldest)
+            for seq in [s for s in self.bursts if s < oldest_seq]:
+                del self.bursts[seq]  # no footprint notes it any more
+            positions.append(oldest[0])
         return {s: min(p.get(s, -1) for p in positions)
                 for s in set().union(*positions) if "/" in s}
 
@@ -400,13 +463,11 @@ class CecOperator:
         # Two objects per part, by the hundred thousand, none in a cycle: the
         # collector would walk them all again and again (2-3x the load time).
         with gc_paused():
-            # the packed keys in the order `decode_parts` gives the parts
-            packed = reversed(ec.parts.keys())
-            for part, state, fp, key in zip(*eventual.decode_parts(self.codec, ec), packed):
+            for part, state, fp in zip(*eventual.decode_parts(self.codec, ec)):
                 self.inner.load_part(part, state)
                 parts[part] = fp.position
-                self.footprints[part] = (fp.seq, 0, key)
-                self.burst_positions.setdefault(fp.seq, fp.position)
+                self.footprints[part] = fp.seq
+                self.bursts.setdefault(fp.seq, (fp.position, 0))
         self.newest_control = ec.newest_position
         closed = set(self.codec.unpack_many(list(ec.closed), "eventual checkpoint part"))
         self.position = {s: p for s, p in replay_from.items() if "/" in s}
@@ -435,8 +496,9 @@ class CecOperator:
                     eventual.G_CHECK, [part for part, _ in burst],
                     [fp.state for _, fp in burst], n_open, first.position,
                     first.watermark))
+                self.bursts[seq] = (first.position, 0)
                 for part, _ in burst:
-                    self.footprints[self.codec.unpack(part, "part")] = (seq, 0, part)
+                    self.footprints[self.codec.unpack(part, "part")] = seq
             if ec.closed:
                 self.log.append(now_s, eventual.closed(sorted(ec.closed), n_open,
                                                        ec.newest_position,

@@ -33,6 +33,31 @@ typedef struct {
     Py_ssize_t len, cap;
 } Out;
 
+/* The value of an exact int that CPython keeps in at most two digits (one from 3.12
+ * on), read in place: PyLong_AsLongLongAndOverflow costs more than packing it (the
+ * same shortcut as `_columns.c`). 0 when the int is larger: the caller then calls it. */
+static inline int
+compact_long(PyObject *o, long long *v)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    if (_PyLong_IsCompact((PyLongObject *)o)) {
+        *v = (long long)_PyLong_CompactValue((PyLongObject *)o);
+        return 1;
+    }
+    return 0;
+#else
+    const digit *d = ((PyLongObject *)o)->ob_digit;
+    switch (Py_SIZE(o)) {
+    case 0: *v = 0; return 1;
+    case 1: *v = (long long)d[0]; return 1;
+    case -1: *v = -(long long)d[0]; return 1;
+    case 2: *v = (long long)d[0] | ((long long)d[1] << PyLong_SHIFT); return 1;
+    case -2: *v = -((long long)d[0] | ((long long)d[1] << PyLong_SHIFT)); return 1;
+    default: return 0;
+    }
+#endif
+}
+
 static int
 reserve(Out *o, Py_ssize_t extra)
 {
@@ -171,6 +196,9 @@ pack_value(Out *o, PyObject *v, int depth, int *marked)
         return 1;
     }
     if (type == &PyLong_Type) {
+        long long small;
+        if (compact_long(v, &small))
+            return pack_int(o, small);
         int overflow;
         long long d = PyLong_AsLongLongAndOverflow(v, &overflow);
         if (overflow > 0) {

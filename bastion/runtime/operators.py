@@ -163,6 +163,14 @@ class Operator:
     def load_part(self, part: Any, state: Any) -> None:
         raise NotImplementedError
 
+    def part_state_tables(self) -> tuple[dict, ...] | None:
+        """The batched `part_state`, where a part's state is a row of table lookups:
+        tables with ``part_state(p) == [table[p] for table in tables]`` for every open
+        part ``p``, which a protocol packs a burst of states from in one C call
+        (`bastion.runtime.durable.pack_rows`), no row built per part. None: ask
+        `part_state` part by part."""
+        return None
+
     def part_retired(self, part: Any, watermark: float) -> bool:
         """Has ``part`` closed for good once the watermark reached ``watermark``?"""
         return False
@@ -550,6 +558,10 @@ class TimeWindowOp(_WindowParts):
     def part_state(self, part: Any) -> Any:
         return [self.open[part], self.latest_born[part]]
 
+    def part_state_tables(self) -> tuple[dict, ...]:
+        # fast windows open a part every few records: their G_opens pack from here
+        return (self.open, self.latest_born)
+
     def load_part(self, part: Any, state: Any) -> None:
         self.open[part], self.latest_born[part] = state
         heapq.heappush(self.pending, part)
@@ -710,32 +722,46 @@ class CountWindowOp(Operator):
         return list(filter(self.fired.__contains__, parts))
 
     # The log form of the results (`TimeWindowOp.results_form` says why it matters):
-    # per result its key, aggregate, first and last event time, born and its window's
-    # number among its key's (its lineage id's last field), each column packed in C
-    # where its items are all ints or all floats; the value tuple (key, first, last,
-    # aggregate) and the id are made again, not stored a tuple each.
+    # per result its key, aggregate, first and last event time and its window's number
+    # among its key's (its lineage id's last field), each column packed in C where its
+    # items are all ints or all floats, and born run-length encoded (a source stamps a
+    # batch with one read time); the value tuple (key, first, last, aggregate) and the
+    # id are made again, not stored a tuple each. The first event times are left out
+    # when they pack to the very bytes of the last ones (``Count(1)``: a window of one
+    # record): on fast count windows every input is a result, and the log's bytes —
+    # framed, checked and stored — were most of what protocol "cec" cost such a job.
 
     def results_form(self, out: Batch) -> list:
         values = out.values
         code = None if out.ids is None else self.ctx.code
-        columns = [out.keys, field_column(values, 3), field_column(values, 1),
-                   list(out.ts), list(out.born)]
-        packed = [pack_column(column) for column in columns]
+        firsts, lasts = pack_column(field_column(values, 1)), pack_column(list(out.ts))
+        packed = [pack_column(out.keys), pack_column(field_column(values, 3)),
+                  None if firsts == lasts else firsts, lasts]
         nths = None if code is None else pack_ints(field_column(out.ids, 2))
-        return [_COUNT_RESULTS, code, nths, [data for data, _ in packed],
-                [kind for _, kind in packed]]
+        born, born_runs = _float_runs(out.born)
+        return [_COUNT_RESULTS, code, nths,
+                [None if column is None else column[0] for column in packed],
+                [None if column is None else column[1] for column in packed],
+                born, pack_ints(born_runs)]
 
     def results_batch(self, form: list) -> Batch:
         name = self.ctx.name
-        if len(form) != 5 or form[0] != _COUNT_RESULTS:
+        if len(form) != 7 or form[0] != _COUNT_RESULTS:
             raise ValueError(f"operator {name!r}: logged results are not a count "
                              "window's (or were written by an older Bastion: run the job "
                              "afresh)")
-        _, code, nths, columns, kinds = form
+        _, code, nths, columns, kinds, born, born_runs = form
         try:
-            keys, aggregates, firsts, lasts, born = (
-                list(unpack_column(data, kind))
+            if len(columns) != 4 or len(kinds) != 4 or columns[3] is None:
+                raise ValueError(f"{len(columns)} columns, not 4 with the last times")
+            if (columns[2] is None) != (kinds[2] is None):
+                raise ValueError("the first times are half left out")
+            keys, aggregates, firsts, lasts = (
+                None if data is None else list(unpack_column(data, kind))
                 for data, kind in zip(columns, kinds, strict=True))
+            if firsts is None:
+                firsts = lasts
+            born = _from_float_runs(born, unpack_ints(born_runs), len(keys))
             ids = None if code is None else list(zip(repeat(code), keys, unpack_ints(nths)))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"operator {name!r}: logged results have a damaged column: "
