@@ -307,14 +307,6 @@ class JobMaster:
             self.stage, self.queries, self.store, self.checkpoints, self.record_event,
             job_error=lambda: self.job_error, poll_progress=self.poller.poll_forever)
 
-    @property
-    def attempt(self) -> int:
-        return self.stage.attempt
-
-    @property
-    def phase(self) -> str:
-        return self.stage.phase
-
     # -- what the coordinator's context and the workers call --------------------------------
 
     def record_event(self, kind: str, **fields: Any) -> None:
