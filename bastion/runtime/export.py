@@ -9,7 +9,7 @@ metrics agent serves whatever the processes on that node record through
 scrapes it. So Bastion records its figures there and runs no server of its own.
 
 Only the job master records. It already learns everything once per progress poll
-(`JobMaster._poll_once`, every ``progress_interval_s``: the workers' per-task counters)
+(`ProgressPoller.poll_once`, every ``progress_interval_s``: the workers' per-task counters)
 and once per event (`JobMaster.record_event`): the data path pays nothing — no call
 per record or per frame, no extra message — and the cost of exporting is a few dozen
 metric updates per poll, in a process that sits mostly idle.

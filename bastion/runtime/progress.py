@@ -1,7 +1,7 @@
 """Progress polls: what the job master learns from its workers, and the loops it feeds.
 
 Every ``progress_interval_s`` the job master asks each worker for its tasks' counters
-(`JobMaster._poll_once`). A worker's counters are cumulative and restart with every
+(`ProgressPoller.poll_once`). A worker's counters are cumulative and restart with every
 attempt and with every incarnation of a task (a regional restart rebuilds a task); a
 worker that does not answer in time is simply counted at the next poll. So
 `ProgressTally` keeps, per task, what it saw last and the attempt and incarnation it

@@ -1,8 +1,8 @@
 """Catch-up priority: a recovering region must not starve the queries a failure did
 not hit (Su & Zhou: the healthy queries keep their latency).
 
-When lost tasks join the running job again (`bastion.runtime.job`'s ``_join``), they
-restore a checkpoint and their upstream sends them again everything since —
+When lost tasks join the running job again (``FailureHandler._join`` in
+`bastion.runtime.failures`), they restore a checkpoint and their upstream sends them again everything since —
 seconds of input, replayed as fast as the receivers take it. The catch-up is a burst
 of work on the same cores as the tasks that never stopped: on a 2-core machine the
 workers catching up and the healthy workers each get a share, and the healthy
