@@ -2,8 +2,8 @@
 not hit (Su & Zhou: the healthy queries keep their latency).
 
 When lost tasks join the running job again (``FailureHandler._join`` in
-`bastion.runtime.failures`), they restore a checkpoint and their upstream sends them again everything since —
-seconds of input, replayed as fast as the receivers take it. The catch-up is a burst
+`bastion.runtime.failures`), they restore a checkpoint and their upstream sends them
+again everything since — seconds of input, replayed as fast as the receivers take it. The catch-up is a burst
 of work on the same cores as the tasks that never stopped: on a 2-core machine the
 workers catching up and the healthy workers each get a share, and the healthy
 queries' latency rises with it (in the correlated scenario's ``low_priority_hit``
