@@ -3,11 +3,12 @@ not hit (Su & Zhou: the healthy queries keep their latency).
 
 When lost tasks join the running job again (``FailureHandler._join`` in
 `bastion.runtime.failures`), they restore a checkpoint and their upstream sends them
-again everything since — seconds of input, replayed as fast as the receivers take it. The catch-up is a burst
-of work on the same cores as the tasks that never stopped: on a 2-core machine the
-workers catching up and the healthy workers each get a share, and the healthy
-queries' latency rises with it (in the correlated scenario's ``low_priority_hit``
-runs, the unhit queries' latency rose 3-8x while ``per_bidder``'s region caught up).
+again everything since — seconds of input, replayed as fast as the receivers take it.
+The catch-up is a burst of work on the same cores as the tasks that never stopped: on a
+2-core machine the workers catching up and the healthy workers each get a share, and the
+healthy queries' latency rises with it (in the correlated scenario's
+``low_priority_hit`` runs, the unhit queries' latency rose 3-8x while ``per_bidder``'s
+region caught up).
 
 The fix asks the operating system to run the catch-up on the CPU the healthy tasks
 leave over: a worker process that hosts *only* recovering tasks runs, while they
