@@ -13,8 +13,9 @@ Two figures:
     encode takes on the task loop. Median over ``--checkpoints`` (12) checkpoints;
     a base's bytes and time are printed apart from the deltas'.
 (b) **A real run** (``--run``): the same keyed sum as a job under ``coordinated``
-    (1-s interval unless ``--interval-s``) on local storage, full and incremental,
-    each run reading ``--run-records``; the mean ``state_bytes`` of its
+    (a checkpoint every ``--interval-s``, 0.5 s) on local storage, full and
+    incremental, each run reading ``--run-records`` (1 M) at ``--run-rate`` records
+    per second (100 k: the first ``--keys`` make the cold keys); the mean ``state_bytes`` of its
     ``checkpoint_completed`` events (every task's blob of one checkpoint) after the
     first. Slower (Ray), and shares the machine's cores.
 
@@ -95,7 +96,8 @@ def run_figure(args: argparse.Namespace) -> None:
     keys, hot, records = args.keys, args.hot, args.run_records
     for state in (bn.State(), bn.State(incremental=True, max_chain=args.max_chain)):
         topo = bn.Topology("state-bench")
-        numbers = topo.source("numbers", bn.sources.Generator(lambda i: i, count=records))
+        numbers = topo.source("numbers", bn.sources.Generator(lambda i: i, count=records,
+                                                              rate=args.run_rate))
         numbers.key_by(lambda i: i if i < keys else i % hot).reduce(
             "sum", lambda acc, i: acc + 1, initial=0, parallelism=2).filter(
             "none", lambda kv: False).sink("out", bn.sinks.Collect())
@@ -119,7 +121,8 @@ def main() -> None:
     parser.add_argument("--max-chain", type=int, default=8)
     parser.add_argument("--run", action="store_true")
     parser.add_argument("--run-records", type=int, default=1_000_000)
-    parser.add_argument("--interval-s", type=float, default=1.0)
+    parser.add_argument("--run-rate", type=float, default=100_000.0)
+    parser.add_argument("--interval-s", type=float, default=0.5)
     args = parser.parse_args()
     delta_share, overall_share = codec_figure(args)
     if args.run:
