@@ -216,3 +216,65 @@ def test_without_the_c_loop_the_runs_are_the_same(monkeypatch):
     assert (pack_run(CODEC, values), pack_rows(CODEC, parts, tables)) == native
     assert split_run(native[0]) == tuple(CODEC.pack_many(values))
     assert pack_rows(CODEC, parts + [99], tables) is None
+
+
+def _window_operator(window):
+    import bastion as bn
+    from bastion.runtime.operators import OperatorContext, make_operator
+
+    topo = bn.Topology("runs")
+    topo.source("src", bn.sources.Collection([])).key_by(lambda v: v[0]).window(
+        window).aggregate("agg", bn.aggregations.Sum(lambda v: v[1])).sink(
+        "out", bn.sinks.Discard())
+    return make_operator(topo.nodes["agg"], OperatorContext("agg", 0, 1, False, code=1,
+                                                            lineage=True))
+
+
+def _cec_log(window, tables: bool, tmp_path) -> list:
+    """The log values a CecOperator over ``window`` writes for three batches (with
+    its operator's tables, or part by part)."""
+    import types
+
+    from bastion.lineage import IdRun
+    from bastion.protocols.cec import CecOperator, CecPolicy
+    from bastion.runtime.records import Batch
+    from bastion.storage import LocalStore, LogWriter
+
+    inner = _window_operator(window)
+    task = types.SimpleNamespace(state_codec=DurableCodec(), watermark=-math.inf)
+    log = LogWriter(LocalStore(tmp_path / f"log-{tables}"), "log/")
+    operator = CecOperator(inner, task, CecPolicy.open_only(), log)
+    if not tables:
+        operator.state_tables = None
+    for start in (0, 50, 100):
+        ids = range(start, start + 50)
+        keys = [("k", i % 3) if i % 2 else f"s{i % 5}" for i in ids]
+        batch = Batch(keys, [(k, i * 0.5 if i % 4 else i) for k, i in zip(keys, ids)],
+                      [i / 4.0 for i in ids], [1000.0 + i // 10 for i in ids],
+                      IdRun(0, 0, tuple(ids)))
+        operator.process(batch, 0)
+        task.watermark = batch.ts[-1] - 3.0
+        operator.on_watermark(task.watermark)
+    log.flush()
+    from bastion.storage import LogReader
+    return [value for _, _, value in LogReader(LocalStore(tmp_path / f"log-{tables}"),
+                                                "log/").records()]
+
+
+@pytest.mark.parametrize("window", ["tumbling", "sliding"])
+def test_a_windows_g_opens_from_its_tables_are_those_part_by_part(window, tmp_path):
+    """`CecOperator` packs a time window's states straight from its tables
+    (`part_state_tables`): the log is the very log `part_state` part by part
+    writes, and a table that disagrees with `part_state` would show."""
+    import bastion as bn
+
+    spec = bn.windows.Tumbling(2.0) if window == "tumbling" else bn.windows.Sliding(4.0, 1.0)
+    fast, slow = _cec_log(spec, True, tmp_path), _cec_log(spec, False, tmp_path)
+    opens = [v for v in fast if v[0] == G_OPEN]
+    assert len(opens) == 3 and fast == slow
+    inner = _window_operator(spec)
+    inner.open, inner.latest_born = {1: {"a": 1}}, {1: 2.0}
+    assert pack_rows(CODEC, [1], inner.part_state_tables()) == pack_run(
+        CODEC, [inner.part_state(1)])
+    assert pack_rows(CODEC, [1], inner.part_state_tables()[::-1]) != pack_run(
+        CODEC, [inner.part_state(1)])

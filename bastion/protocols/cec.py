@@ -379,7 +379,7 @@ class CecOperator:
             for part in parts:  # refreshed: to the end of the order
                 del footprinted[part]
             self.checks_written += len(parts)
-        footprinted.update(zip(parts, repeat(seq)))
+        footprinted |= dict.fromkeys(parts, seq)   # in C, no pair per part
         return eventual.burst(kind, keys, states, len(footprinted), self.position,
                               self.task_watermark())
 
