@@ -756,11 +756,10 @@ class CountWindowOp(Operator):
                 raise ValueError(f"{len(columns)} columns, not 4 with the last times")
             if (columns[2] is None) != (kinds[2] is None):
                 raise ValueError("the first times are half left out")
-            keys, aggregates, firsts, lasts = (
-                None if data is None else list(unpack_column(data, kind))
-                for data, kind in zip(columns, kinds, strict=True))
-            if firsts is None:
-                firsts = lasts
+            keys, aggregates, lasts = (list(unpack_column(columns[i], kinds[i]))
+                                       for i in (0, 1, 3))
+            firsts = (lasts if columns[2] is None
+                      else list(unpack_column(columns[2], kinds[2])))
             born = _from_float_runs(born, unpack_ints(born_runs), len(keys))
             ids = None if code is None else list(zip(repeat(code), keys, unpack_ints(nths)))
         except (TypeError, ValueError) as exc:
