@@ -204,9 +204,10 @@ def test_a_manifest_names_every_link_with_its_crc_and_load_reads_them_in_order(t
     assert sorted(blobs) == ["op/0", "op/0#0", "op/0#1"]
     assert [checkpoints.checkpoint_of(blobs[n].key) for n in ("op/0#0", "op/0#1", "op/0")] \
         == [1, 2, 3]
-    data, key = checkpoints.load_chain(3, "op", 0)
+    data, refs = checkpoints.load_chain(3, "op", 0)
     assert data == [b"link 1", b"link 2", b"link 3"]
-    assert checkpoints.checkpoint_of(key) == 3
+    assert [checkpoints.checkpoint_of(ref.key) for ref in refs] == [1, 2, 3]
+    assert [ref.key for ref in refs] == [ref.key for ref in chain]
 
 
 @pytest.mark.parametrize("damage", ["delete", "flip"])
@@ -272,3 +273,32 @@ def test_random_updates_check_themselves_against_a_broken_restore():
             removed.clear()  # the broken restore: removals forgotten
     (_, (got_a, _)) = apply_links(links, [False, True])
     assert got_a != a
+
+
+def test_a_restored_task_builds_on_the_restored_chain_not_on_later_links():
+    # the first incarnation: a base and two deltas stored, then a third delta the
+    # restore never sees (stored after the checkpoint the recovery picks)
+    actions = [("put", k, k) for k in range(50)] + [("checkpoint", True)]
+    actions += [("put", 1, -1), ("checkpoint", True), ("remove", 2), ("checkpoint", True)]
+    actions += [("put", 3, -3), ("checkpoint", True)]
+    blobs, taken = play(actions, max_chain=5)
+    line_ref, (a, b, _), _ = taken[2]   # the checkpoint the recovery restores
+    restored_refs = [*line_ref.chain, line_ref]
+    # the new incarnation: restore that chain, then change other keys
+    whole, keyed = ops = ops_pair()
+    (_, tables) = restore(blobs, line_ref)
+    keyed.load_tables(tables)
+    assert (keyed.a, keyed.b) == (a, b)
+    chain = StateChain(ops, max_chain=5, restored=restored_refs)
+    keyed.put(4, -4)
+    link = chain.link([whole.snapshot(), None])
+    assert link.kind == "delta" and list(link.parent) == restored_refs
+    [_, [(changed_a, removed_a), _]] = link.value["operators"][1]
+    assert changed_a == {4: -4} and removed_a == []   # key 3's later change is not here
+    data = CODEC.encode(link.value)
+    blobs["new"] = data
+    (_, (got_a, got_b)) = restore(blobs, ChainRef("op/0", "new", len(data), 0, link.parent))
+    assert got_a == keyed.a and got_b == keyed.b and got_a[3] == 3
+    # a restored chain already at max_chain makes the next link a base
+    long = StateChain(ops, max_chain=2, restored=restored_refs)
+    assert long.link([whole.snapshot(), None]).kind == "base"

@@ -24,8 +24,8 @@ harmless: a delta holds a key's value *now*, or marks it removed when absent).
 
 When a base: the trigger
     The next link is a base when the task holds no keyed operator (a delta would
-    save nothing), when it has no *confirmed* parent (its first checkpoint, after a
-    restore, after a failed upload), when the parent's chain already holds
+    save nothing), when it has no *confirmed* parent (no link of its own stored yet,
+    and not restored from a checkpoint), when the parent's chain already holds
     ``max_chain`` deltas, or when the deltas of the parent's chain together weigh
     more than its base (then a restore would read more bytes than a new base costs
     to write). So a restore reads at most ``1 + max_chain`` blobs and at most about
@@ -37,8 +37,10 @@ Which snapshot may be a parent
     the union of the change sets of every snapshot taken after it, kept until a later
     one is stored (`_unstored`). A snapshot whose upload failed, was cancelled, or
     has not finished yet is simply never built on. A task restored from checkpoint N
-    is a new object with an empty chain: its next link is a base, so it never builds
-    on a snapshot its failed incarnation took after N.
+    is a new object: its chain starts from N's chain as N's manifest lists it (read,
+    every link CRC-checked, by the restore itself), so its next delta holds the keys
+    changed since N and names N's links — never a link its failed incarnation
+    stored after N. A chain that is already long makes that next link a base.
 
 Why a manifest never misses a link
     The blob a task acknowledges is its newest link, as a `ChainRef` naming every
@@ -51,7 +53,10 @@ Cost on the task loop
     A delta's encode is synchronous (the state must not change under it) and costs
     what changed. A base's encode is synchronous too in this phase — a full snapshot's
     cost, once per ``max_chain`` checkpoints; its upload, like every link's, runs in
-    a thread off the loop.
+    a thread off the loop. Encoding a base in a thread instead would need a copy of
+    the live state (values such as window accumulators change in place) and would
+    hold the GIL all the same (the codec is one C call); merging base and deltas into
+    a new base in another process, from the store, is the way off the loop (phase 2).
 """
 
 from __future__ import annotations
@@ -96,7 +101,8 @@ class StateChain:
     Not thread-safe: the task loop calls `link` and, when the upload is done, `stored`.
     """
 
-    def __init__(self, ops: Sequence[Any], max_chain: int) -> None:
+    def __init__(self, ops: Sequence[Any], max_chain: int,
+                 restored: Sequence[BlobRef] = ()) -> None:
         self.max_chain = max_chain
         self.keyed = [op.tables() is not None for op in ops]
         self.ops = list(ops)
@@ -104,7 +110,10 @@ class StateChain:
             if keyed:
                 op.changed = set()
         self.next_seq = 1
-        self.parent: _Stored | None = None
+        # ``restored``: the chain of the checkpoint the operators were just restored
+        # from, whose state they hold now: the parent of the next link
+        self.parent: _Stored | None = None if not restored else _Stored(
+            tuple(restored), 0, restored[0].size, sum(ref.size for ref in restored[1:]))
         # change sets of the snapshots taken after the parent: seq -> one set per op
         self._unstored: dict[int, list[set]] = {}
 

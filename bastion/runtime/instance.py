@@ -374,7 +374,7 @@ class Task:
         self.gil_released_s = time.monotonic()
         self.restored_progress = (0, 0)  # records read and written before a restore
         # incremental keyed state (`bastion.runtime.incremental`): made at the first
-        # checkpoint, dropped by a restore (the next checkpoint is then a base)
+        # checkpoint, or by a restore from the restored checkpoint's chain
         self.state_chain: StateChain | None = None
         self.physical = physical
         # (source code, instance) -> the task that runs it, for tuple tracking
@@ -753,10 +753,12 @@ class Task:
             op.restore(state)
         self._restore_task_state(snapshot)
 
-    def restore_chain(self, blobs: list[bytes], key: str) -> None:
-        """Restore an incremental chain (base first), every link decoded and the
-        chain checked before any state changes: `CorruptBlobError` naming ``key``
-        if one fails. The next checkpoint writes a base: a chain of its own."""
+    def restore_chain(self, blobs: list[bytes], refs: list[BlobRef]) -> None:
+        """Restore an incremental chain (base first; ``refs``: where its links are
+        stored), every link decoded and the chain checked before any state changes:
+        `CorruptBlobError` naming the newest link's key if one fails. The task's next
+        link builds on this chain (`bastion.runtime.incremental`)."""
+        key = refs[-1].key
         snapshots = [self.durable.decode(data, key) for data in blobs]
         keyed = [op.tables() is not None for op in self.ops]
         try:
@@ -769,7 +771,7 @@ class Task:
                 op.load_tables(state)
             else:
                 op.restore(state)
-        self.state_chain = None
+        self.state_chain = StateChain(self.ops, self.config.max_chain, refs)
         self._restore_task_state(snapshots[-1])
 
     def _restore_task_state(self, snapshot: dict) -> None:
@@ -908,12 +910,12 @@ class Task:
 
     async def restore_from(self, checkpoint_id: int) -> None:
         if self.config.incremental_state:
-            blobs, key = await asyncio.to_thread(self.checkpoints.load_chain,
-                                                 checkpoint_id, self.op_names[0],
-                                                 self.index)
-            # a link that fails to decode names the checkpoint's own blob (``key``):
-            # the failure gives up this checkpoint, whichever older one stored the link
-            self.restore_chain(blobs, key)
+            blobs, refs = await asyncio.to_thread(self.checkpoints.load_chain,
+                                                  checkpoint_id, self.op_names[0],
+                                                  self.index)
+            # a link that fails to decode names the checkpoint's own blob: the
+            # failure gives up this checkpoint, whichever older one stored the link
+            self.restore_chain(blobs, refs)
             await self.reapply_commits()
             return
         data = await asyncio.to_thread(self.checkpoints.load, checkpoint_id,

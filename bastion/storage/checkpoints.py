@@ -358,13 +358,13 @@ class CheckpointStore:
         return self._load(checkpoint_id, f"{_CHANNELS}/{channel}")
 
     def load_chain(self, checkpoint_id: int, operator: str, instance: int | str,
-                   ) -> tuple[list[bytes], str]:
+                   ) -> tuple[list[bytes], list[BlobRef]]:
         """One instance's chain from a committed checkpoint, base first, every blob
-        CRC-verified against the manifest, and the key of the checkpoint's own blob
-        (its newest link). Any link missing, cut short or corrupt raises
-        :class:`CorruptBlobError` whose ``key`` is that own blob (what `checkpoint_of`
-        maps to ``checkpoint_id``), the failing link named in the message: nothing of
-        a partial chain is returned."""
+        CRC-verified against the manifest, and the refs of its links as the chain
+        names them (the last is the checkpoint's own blob, its newest link). Any link
+        missing, cut short or corrupt raises :class:`CorruptBlobError` whose ``key``
+        is that own blob (what `checkpoint_of` maps to ``checkpoint_id``), the failing
+        link named in the message: nothing of a partial chain is returned."""
         manifest = self.manifest(checkpoint_id)
         name = f"{operator}/{instance}"
         own = manifest.blobs.get(name)
@@ -384,7 +384,7 @@ class CheckpointStore:
                     f"checkpoint {checkpoint_id} of job {self._job!r}: link {position} of "
                     f"the state chain of {name!r} cannot be read ({exc}); the checkpoint "
                     "cannot be restored", key=own.key) from None
-        return out, own.key
+        return out, links
 
     def gc(self, keep: int = 2) -> GcReport:
         """Delete all but the newest ``keep`` complete checkpoints, and abandoned
