@@ -76,6 +76,7 @@ def test_values_the_c_loop_leaves_to_the_codec_come_back_exactly_too(values):
         [bytes(v) if type(v) is bytearray else v for v in values])
 
 
+@pytest.mark.internal
 def test_the_c_loop_is_built_and_declines_what_it_does_not_pack():
     assert durable.NATIVE, "bastion.runtime._durable is not built: reinstall (setup.py)"
     from bastion.runtime import _durable
