@@ -128,10 +128,11 @@ def wrong_arrows(modules: dict[str, set[str]]) -> list[str]:
                           and m not in ("bastion.protocols", "bastion.protocols.base")]
     # lineage ids and window specs are descriptions of records and state, not engine
     # internals: CEC reads a record's source position from its id, and which windows
-    # it can split into parts from the spec
+    # it can split into parts from the spec; the durable codec's byte format is a
+    # format as the wire types are: CEC's reader cuts the runs its writer packs
     protocol_may_use = ("bastion.protocols", "bastion.runtime.records", "bastion.storage",
                         "bastion.errors", "bastion.topology", "bastion.lineage",
-                        "bastion.windows")
+                        "bastion.windows", "bastion.runtime.durable")
     # bastion.protocols.eventual: the CEC control-tuple format and the reconstruction,
     # pure logic over log records; the Spark reconstruction must run that very code
     # bastion.runtime.recovery_times: what a recovery time is, pure logic over events
