@@ -51,11 +51,12 @@ _EXPORTS = {
     "drills": ("DrillReport", "drill"),
     "errors": ("BastionError", "JobFailedError", "NoUsableCheckpointError", "SinkCommitError",
                "TopologyError", "UDFError", "UnstorableValueError"),
-    "launcher": ("RunResult", "run"),
+    "launcher": ("RunHandle", "RunResult", "run", "start", "stop"),
     "options": ("AutoInterval", "DataPlane", "Limits", "Recovery", "Redundancy", "State",
                 "Storage"),
     "protocols.cec": ("CecPolicy",),
     "runtime.operators": ("DeadLetter",),
+    "runtime.key_groups": ("instance_of",),
     "runtime.records": ("stable_hash",),
     "scheduler.recovery": ("RecoveryPolicy",),
     "scheduler.resiliency": ("ResiliencyPolicy",),
@@ -70,11 +71,12 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from bastion.errors import (BastionError, JobFailedError, NoUsableCheckpointError,
                                 SinkCommitError, TopologyError, UDFError,
                                 UnstorableValueError)
-    from bastion.launcher import RunResult, run
+    from bastion.launcher import RunHandle, RunResult, run, start, stop
     from bastion.options import (AutoInterval, DataPlane, Limits, Recovery, Redundancy,
                                  State, Storage)
     from bastion.protocols.cec import CecPolicy
     from bastion.runtime.operators import DeadLetter
+    from bastion.runtime.key_groups import instance_of
     from bastion.runtime.records import stable_hash
     from bastion.scheduler.recovery import RecoveryPolicy
     from bastion.scheduler.resiliency import ResiliencyPolicy

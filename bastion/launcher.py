@@ -19,6 +19,7 @@ import re
 import socket
 import sys
 import sysconfig
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from bastion.runtime.metrics import (LatencyHistogram, OperatorCounts, ProtocolM
                                      RunMetrics)
 from bastion.runtime.outputs import committed_outputs, read_committed
 from bastion.runtime.plan import PhysicalPlan, build_plan
+from bastion.runtime import savepoint as savepoints
 from bastion.runtime.redundancy import resolve as resolve_redundancy
 from bastion.scheduler.pool import get_pool
 from bastion.scheduler.failover import failover_strategy
@@ -75,6 +77,9 @@ class RunResult:
     details: dict[str, Any] = field(default_factory=dict)
     output_ids: dict[str, Sequence[Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # True when the job was stopped with a savepoint (`bn.stop`, `RunHandle.stop`)
+    # rather than ending: ``bn.run(..., resume_from=job_id)`` resumes it
+    savepoint: bool = False
 
 
 # Ray's own processes (its dashboard probes cloud metadata services over plain HTTP at
@@ -384,9 +389,12 @@ def run(topology: Topology, protocol: "str | Protocol" = "none", *,
     ``fail_fast`` stops the job at the first user-function error instead of sending
     the record to the dead-letter output; ``progress`` is called about twice a
     second with the records read and written so far; ``resume_from`` names an
-    earlier job in the same storage whose logged state this one starts from
-    (protocol ``"cec"``: the eventual checkpoints `bastion reconstruct` stored for
-    it, else its logs; its committed outputs are not committed again); ``workers``
+    earlier job in the same storage whose state this one starts from: its savepoint,
+    if it was stopped with one (`stop`, `RunHandle.stop`; any protocol but ``"cec"``,
+    and keyed operators may change their parallelism: `bastion.runtime.savepoint`),
+    else under protocol ``"cec"`` its logged state (the eventual checkpoints
+    `bastion reconstruct` stored for it, else its logs; its committed outputs are not
+    committed again); ``workers``
     is the number of worker actors (default: the largest parallelism); ``address``
     is a Ray cluster to join (``"auto"``, ``"ray://head:10001"``; default: a local
     Ray on 127.0.0.1); ``cluster`` is a simulated `ray.cluster_utils.Cluster` the
@@ -412,12 +420,6 @@ def run(topology: Topology, protocol: "str | Protocol" = "none", *,
     storage_url = Storage.of(storage).url
     proto = get_protocol(protocol)
     lineage = lineage or proto.needs_lineage
-    # Worded for both ways in: ``resume_from=`` in Python, ``--resume-from`` on the
-    # command line, so the message names neither keyword nor flag.
-    if resume_from is not None and not proto.resumable:
-        raise ValueError(f"cannot resume from job {resume_from!r}: protocol {proto.name!r} "
-                         "cannot start from an earlier job's state; only protocol 'cec' "
-                         "can")
     ratio = None if redundancy_options is None else redundancy_options.ratio
     policy = None if redundancy_options is None else redundancy_options.resiliency_policy()
     dedup_window_s = (None if redundancy_options is None
@@ -468,10 +470,9 @@ def run(topology: Topology, protocol: "str | Protocol" = "none", *,
         interval_s = 1.0
     proto.check_interval(interval_s)
     store = open_store(storage_url)  # fails here, naming the URL, if it is unusable
-    if resume_from is not None and not store.list(f"jobs/{resume_from}/"):
-        raise ValueError(f"cannot resume from job {resume_from!r}: storage {store.url} "
-                         f"holds no job {resume_from!r} (a job's id is the one a failed "
-                         "run reports, or a directory name under jobs/)")
+    resumed = None if resume_from is None else _resumed(store, resume_from, proto, topology)
+    if resumed is not None:  # a savepoint: every protocol starts from it, not from logs
+        resume_from = None
     unbounded = [n.name for n in topology.nodes.values()
                  if n.kind == "source" and not n.params["source"].bounded]
     if unbounded and duration_s is None:
@@ -501,6 +502,7 @@ def run(topology: Topology, protocol: "str | Protocol" = "none", *,
         faults=tuple(faults),
         sink_spill_records=limits.sink_spill_records,
         resume_from=resume_from,
+        savepoint=resumed,
         redundancy=copied,
         dedup_window_s=dedup_window_s,
         resiliency=policy,
@@ -595,6 +597,36 @@ def run(topology: Topology, protocol: "str | Protocol" = "none", *,
         error.details = _TRACEBACK + trace if trace else None
         raise error
     return _result(config, plan, report, store, lend_host_s)
+
+
+def _resumed(store: ObjectStore, job_id: str, proto: Protocol, topology: Topology
+             ) -> savepoints.Savepoint | None:
+    """The savepoint a job resuming ``job_id`` starts from, checked against
+    ``topology`` and every blob against its CRC; None: ``job_id`` has none, and the
+    protocol resumes from its logs (``cec``). Worded for both ways in —
+    ``resume_from=`` in Python, ``--resume-from`` on the command line — so the
+    messages name neither keyword nor flag."""
+    if not store.list(f"jobs/{job_id}/"):
+        raise ValueError(f"cannot resume from job {job_id!r}: storage {store.url} "
+                         f"holds no job {job_id!r} (a job's id is the one a failed "
+                         "run reports, or a directory name under jobs/)")
+    saved = savepoints.read_manifest(store, job_id)
+    if saved is None:
+        if not proto.resumable:
+            raise ValueError(
+                f"cannot resume from job {job_id!r}: it left no savepoint (`bastion stop "
+                f"{job_id} --savepoint` or bn.stop makes one), and protocol "
+                f"{proto.name!r} cannot start from an earlier job's logged state; only "
+                "protocol 'cec' can")
+        return None
+    if proto.resumable:
+        raise ValueError(f"cannot resume from job {job_id!r} under protocol {proto.name!r}: "
+                         "it resumes from an earlier job's eventual checkpoints, not from "
+                         "a savepoint; resume the savepoint under 'coordinated', "
+                         "'uncoordinated' or 'cic'")
+    savepoints.check_resumable(saved, topology)
+    savepoints.check_blobs(store, saved)
+    return saved
 
 
 def process_cpu_s(tasks: list[dict[str, Any]]) -> tuple[float, int]:
@@ -837,7 +869,108 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
                       "event_counts": report["event_counts"],
                       "timeline": report["timeline"], "started_s": report["started_s"],
                       "workers": report["worker_ids"]},
-                     output_ids, warnings)
+                     output_ids, warnings, report.get("savepoint") is not None)
 
 
-__all__ = ["RunResult", "run"]
+class RunHandle:
+    """A job `start` runs in the background of this process: its id, a way to stop
+    it with a savepoint, and its result."""
+
+    def __init__(self, storage_url: str) -> None:
+        self.storage_url = storage_url
+        self._job_id: str | None = None
+        self._known = threading.Event()   # the job's id is known, or the run ended
+        self._ended = threading.Event()
+        self._result: RunResult | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def job_id(self) -> str:
+        """The job's id (waits until the job master has started the job)."""
+        self._known.wait()
+        if self._job_id is None:  # ended before it started: its error says why
+            self.result()
+            raise RuntimeError("the job ended before it started")
+        return self._job_id
+
+    def done(self) -> bool:
+        """Has the run ended?"""
+        return self._ended.is_set()
+
+    def result(self, timeout_s: float | None = None) -> RunResult:
+        """The run's result once it ends (`run`'s, or its error raised here)."""
+        if not self._ended.wait(timeout_s):
+            raise TimeoutError(f"job {self._job_id} did not end within {timeout_s} s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None  # set whenever no error was
+        return self._result
+
+    def stop(self, timeout_s: float = 120.0) -> RunResult:
+        """Stop the job with a savepoint (`stop`) and return its result, whose
+        ``savepoint`` is True: ``bn.run(..., resume_from=handle.job_id)`` resumes it."""
+        stop(self.job_id, storage=self.storage_url, timeout_s=timeout_s)
+        return self.result(timeout_s)
+
+
+def start(topology: Topology, protocol: "str | Protocol" = "none", *,
+          progress: Callable[[dict[str, Any]], None] | None = None,
+          **run_options: Any) -> RunHandle:
+    """`run` ``topology`` in a thread of this process, and return at once with a
+    `RunHandle`: for a job to stop with a savepoint while it runs (an unbounded one,
+    or one to rescale). Takes what `run` takes."""
+    handle = RunHandle(Storage.of(run_options.get("storage", "local://.bastion")).url)
+
+    def note(now: dict[str, Any]) -> None:
+        if handle._job_id is None:
+            handle._job_id = now["job_id"]
+            handle._known.set()
+        if progress is not None:
+            progress(now)
+
+    def body() -> None:
+        try:
+            handle._result = run(topology, protocol, progress=note, **run_options)
+            handle._job_id = handle._result.job_id
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller of result()
+            handle._error = exc
+        finally:
+            handle._known.set()
+            handle._ended.set()
+
+    threading.Thread(target=body, name="bastion-run", daemon=True).start()
+    return handle
+
+
+def stop(job_id: str, *, storage: Storage | str = "local://.bastion",
+         timeout_s: float = 120.0) -> str:
+    """Stop the running job ``job_id`` with a savepoint, and return the job id to
+    resume it from (``bn.run(..., resume_from=…)``). The request goes through the
+    store, so the job may run in another process (`bastion stop JOB --savepoint`).
+    Every source stops reading; every record read until then is processed and its
+    outputs committed once; every task's state goes into the savepoint with nothing
+    in flight (`bastion.runtime.savepoint`). Raises `RuntimeError` saying why if the
+    stop did not end in a savepoint (a task failed meanwhile: the job recovered and
+    runs on), `TimeoutError` if the job did not stop within ``timeout_s``."""
+    store = open_store(Storage.of(storage).url)
+    if not store.list(f"jobs/{job_id}/"):
+        raise ValueError(f"cannot stop job {job_id!r}: storage {store.url} holds no job "
+                         f"{job_id!r}")
+    if savepoints.read_manifest(store, job_id) is not None:
+        return job_id  # stopped already
+    store.delete(savepoints.failed_key(job_id))  # of an earlier stop that failed
+    savepoints.request_stop(store, job_id)
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
+        if savepoints.read_manifest(store, job_id) is not None:
+            return job_id
+        reason = savepoints.failure(store, job_id)
+        if reason is not None:
+            raise RuntimeError(f"job {job_id} did not stop with a savepoint: {reason}")
+        time.sleep(0.1)
+    store.delete(savepoints.stop_key(job_id))
+    raise TimeoutError(f"job {job_id} did not stop within {timeout_s:g} s: is it running "
+                       "(a job that ended has nothing to stop)?")
+
+
+__all__ = ["RunHandle", "RunResult", "run", "start", "stop"]

@@ -267,7 +267,7 @@ def test_a_failure_free_run_equals_plain_python_and_logs_in_the_papers_order(wor
         assert kinds.count("open") > 0 and kinds.count("check") > 0
         if workload == "count":
             # a part per key of the instance, opened once and never closed
-            pages = {p for p, *_ in EXPECTED["count"]() if bn.stable_hash(p) % 2 == instance}
+            pages = {p for p, *_ in EXPECTED["count"]() if bn.instance_of(p, 2) == instance}
             assert kinds.count("open") == len(pages)
             assert kinds.count("closed") == 0
         else:
@@ -351,7 +351,7 @@ def test_window_footprints_rebuild_the_same_ec_in_python_and_in_spark(workload, 
         in_window: dict[int, list[dict]] = {}
         for i in range(4000):
             c = click(i)
-            if bn.stable_hash(c["page"]) % 2 == instance:
+            if bn.instance_of(c["page"], 2) == instance:
                 for k in windows_holding(c["ts"], SIZE, SLIDES[workload]):
                     in_window.setdefault(k, []).append({**c, "i": i})
         prefix = log_prefix(result.job_id, "per-page", instance)
@@ -440,7 +440,7 @@ def test_sliding_join_footprints_rebuild_the_same_ec_in_python_and_in_spark(stor
                 for i in range(upto + 1):
                     r = make(i)
                     if (k in windows_holding(r["ts"], JOIN_SIZE, JOIN_SLIDE)
-                            and bn.stable_hash(r["user"]) % 2 == instance):
+                            and bn.instance_of(r["user"], 2) == instance):
                         expected.setdefault(r["user"], []).append(i)
                 held = {user: [v[field] for v in sides[side][0]] if sides[side] else []
                         for user, sides in state.items()}

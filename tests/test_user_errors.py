@@ -79,10 +79,9 @@ CYCLE = ("step = nums.map('step', lambda x: x)\nstep.sink('out', bn.sinks.Collec
 
 
 @pytest.mark.parametrize("body,argv,pattern", [
-    # resume under a protocol that cannot: the flags, not resume_from=...; protocol='cec'
+    # resume from a job the storage does not hold: the flags, not resume_from=...
     (KEYED_SUM, ["--protocol", "coordinated", "--resume-from", "old-job"],
-     r"cannot resume from job 'old-job': protocol 'coordinated' cannot start from an "
-     r"earlier job's state; only protocol 'cec' can"),
+     r"cannot resume from job 'old-job': storage local://\S+ holds no job 'old-job'"),
     (KEYED_SUM, ["--protocol", "cec", "--resume-from", "no-such-job"],
      r"cannot resume from job 'no-such-job': storage local://\S+ holds no job "
      r"'no-such-job'"),

@@ -68,6 +68,9 @@ class JobConfig:
     # An earlier job (same storage) whose logged state this job starts from, under a
     # protocol that can (`Protocol.resumable`): see `bastion.protocols.cec`.
     resume_from: str | None = None
+    # The savepoint (`bastion.runtime.savepoint.Savepoint`) this job resumes: every
+    # task starts from its state unless restored from a checkpoint of this job.
+    savepoint: Any = None
     # Tuple-level redundancy (`bastion.runtime.redundancy`): operator -> ratio of the
     # tuples into it that get a copy on the next instance; how long a receiving task
     # remembers the ids it has seen, to drop later copies.

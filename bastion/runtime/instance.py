@@ -36,7 +36,7 @@ import ray
 from bastion.errors import PeerLostError, UDFError, UnserialisableError, UnstorableValueError
 from bastion.lineage import broadcast_ids, op_codes, record_hashes
 from bastion.protocols import get_protocol
-from bastion.runtime import priority
+from bastion.runtime import priority, savepoint
 from bastion.runtime.channel import (HeldOutputChannel, InputGate, LocalOutputChannel,
                                      OutputChannel, RemoteOutputChannel,
                                      ReplayableOutputChannel, ReroutableOutputChannel,
@@ -46,6 +46,7 @@ from bastion.runtime.config import JobConfig
 from bastion.runtime.durable import DurableCodec
 from bastion.runtime.faults import TaskFaults
 from bastion.runtime.incremental import StateChain, apply_links
+from bastion.runtime.key_groups import instance_of_hash
 from bastion.runtime.merge import DeterministicMerge
 from bastion.runtime.metrics import LatencyHistogram, OperatorCounts
 from bastion.runtime.operators import (OperatorContext, SinkOp, SourceOp, make_operator)
@@ -188,7 +189,7 @@ class Router:
                 memo.clear()
             for i, k in enumerate(keys):
                 if k not in memo:
-                    memo[k] = self._key_hash(k, batch, i) % n
+                    memo[k] = instance_of_hash(self._key_hash(k, batch, i), n)
             return self._remembered_parts(keys)
 
     def _remembered_parts(self, keys: Sequence) -> bytes | list[int]:
@@ -225,8 +226,11 @@ class Router:
             assert ids is not None
             hashes = record_hashes(ids)
         ratio = self.copies
-        if edge.partition == HASH or edge.by_id:
+        if edge.partition == HASH:
+            parts = [instance_of_hash(h, n) for h in hashes]
+        elif edge.by_id:
             parts = [h % n for h in hashes]
+        if edge.partition == HASH or edge.by_id:
             if not ratio:
                 return self._split(batch, parts)
         else:
@@ -363,6 +367,11 @@ class Task:
         self.task_count = len(physical.tasks)
         self.channel_destinations: list[int] = []  # task id at the end of each channel
         self.stop_requested = False
+        # The job stops with a savepoint (`bastion.runtime.savepoint`): set on a source
+        # by the stop, on any other task by an input's ``EndOfStream(savepoint=True)``.
+        # The task then keeps its state for a later job instead of ending its input.
+        self.savepoint_stop = False
+        self.savepoint_entries: list[dict[str, Any]] = []  # the state it stored then
         self.finished = False
         self.started_s: float | None = None
         self.finished_s: float | None = None
@@ -558,7 +567,7 @@ class Task:
             elif kind is Watermark:
                 await self._on_watermark(channel_id, element.time)
             else:
-                await self._end_input(channel)
+                await self._end_input(channel, element.savepoint)
             await self._flush_aged()                                # emit
             await self.protocol.between_frames()
             await self._pause()
@@ -577,8 +586,10 @@ class Task:
                 await self.protocol.on_control(channel_id, element)
         self.received_seq[channel_id] = seq
 
-    async def _end_input(self, channel: InputChannel) -> None:
+    async def _end_input(self, channel: InputChannel, savepoint: bool) -> None:
         channel_id = channel.channel_id
+        if savepoint:
+            self.savepoint_stop = True
         self.open_inputs.discard(channel_id)
         self.open_feedback.discard(channel_id)
         if self.open_inputs:
@@ -624,19 +635,24 @@ class Task:
             elif kind is Watermark:
                 await self._on_watermark(channel_id, element.time)
             elif kind is EndOfStream:
-                await self._end_input(channel)
+                await self._end_input(channel, element.savepoint)
             else:
                 await self.protocol.on_control(channel_id, element)
 
     async def _finish(self) -> None:
-        for j, op in enumerate(self.ops):
-            out = op.on_end()
-            if out is not None and len(out):
-                self.counts[j].records_out += len(out)
-                await self._process(out, j + 1, 0, keyed=False)
+        if self.savepoint_stop:
+            # Stopped, not ended: nothing fires for the end of input (open windows
+            # stay open); the state goes to the savepoint for a later job.
+            self.savepoint_entries = await self._store_savepoint()
+        else:
+            for j, op in enumerate(self.ops):
+                out = op.on_end()
+                if out is not None and len(out):
+                    self.counts[j].records_out += len(out)
+                    await self._process(out, j + 1, 0, keyed=False)
         await self.stage_outputs(FINAL_COMMIT)
         for channel in self.channels:
-            channel.add_control(EndOfStream())
+            channel.add_control(EndOfStream(self.savepoint_stop))
             await channel.flush()
         for channel in self.channels:
             await channel.drain()
@@ -705,6 +721,50 @@ class Task:
         for channel in self.channels:
             if channel.aged(now_s):
                 await channel.flush()
+
+    # -- savepoints (`bastion.runtime.savepoint`) ------------------------------------------
+
+    async def _store_savepoint(self) -> list[dict[str, Any]]:
+        """Store the state of each operator of the chain that holds any (a source's
+        position goes in the task's report: the job master stores every source's,
+        those that ended before the stop included)."""
+        entries = []
+        for op in self.ops:
+            if isinstance(op, (SourceOp, SinkOp)):
+                continue
+            state = op.snapshot()
+            if state is None:
+                continue
+            blob = self._encode_operator_state(op, state)
+            entries.append(await asyncio.to_thread(savepoint.write_state, self.store,
+                                                   self.job_id, op.ctx.name, self.index,
+                                                   blob))
+        return entries
+
+    def _encode_operator_state(self, op: Any, state: Any) -> bytes:
+        try:
+            return self.durable.encode(state)
+        except UnserialisableError as exc:
+            raise UnstorableValueError(op.ctx.name, self.index, exc.type_name,
+                                       "its state cannot be stored", str(exc)) from None
+
+    async def load_savepoint(self, manifest: savepoint.Savepoint) -> None:
+        """Start from ``manifest``'s state: each operator from its own instance's
+        blob, a keyed operator whose parallelism changed from the old instances that
+        share its key groups, keeping its keys (`Operator.restore_keys`)."""
+        for op in self.ops:
+            if isinstance(op, SinkOp):
+                continue
+            blobs, owns = savepoint.blobs_for(manifest, op.ctx.name, self.index,
+                                              self.plan.parallelism, op.keyed)
+            if not blobs:
+                continue
+            states = [self.durable.decode(await self.store.aget(blob["key"]), blob["key"])
+                      for blob in blobs]
+            if owns is None:
+                op.restore(states[0])
+            else:
+                op.restore_keys(states, owns)
 
     # -- checkpoints (the mechanics; protocols decide when) ---------------------------------
 
@@ -992,6 +1052,14 @@ class Task:
         return {
             "task": self.name,
             "index": self.index,
+            "savepoint": self.savepoint_entries,
+            "savepoint_stop": self.savepoint_stop,
+            # a source's position: a savepoint stores every source's, whether it was
+            # stopped or had ended (`bastion.runtime.savepoint`)
+            "source_state": (None if self.source is None else
+                             (self.source.ctx.name,
+                              self._encode_operator_state(self.source,
+                                                          self.source.snapshot()))),
             "operators": {name: (c.records_in, c.records_out)
                           for name, c in zip(self.op_names, self.counts)},
             "sinks": {op.ctx.name: {"latency": op.latency.buckets,
@@ -1241,6 +1309,10 @@ class Worker:
                 for channel in channels:  # a receiver that ran on sees it started over
                     channel.seq = first_seq(task.incarnation)
                 task.connect(route, channels)
+            if config.savepoint is not None:
+                # "from the beginning" is from the savepoint; a checkpoint of this
+                # job, if the line names one, replaces it
+                await task.load_savepoint(config.savepoint)
             await task.protocol.restore(restore)
         return added
 
@@ -1485,11 +1557,15 @@ class Worker:
                 if router.edge.dst_op in task.config.redundancy:
                     router.copies = ratio
 
-    def stop_sources(self, epoch: tuple[str, int]) -> None:
+    def stop_sources(self, epoch: tuple[str, int], savepoint: bool = False) -> None:
+        """Every source of the attempt stops reading; ``savepoint``: the job stops
+        with a savepoint, which its sources' ends of stream tell downstream."""
         if epoch != self.epoch:
             return
         for task in self.tasks.values():
             task.stop_requested = True
+            if savepoint and task.source is not None:
+                task.savepoint_stop = True
 
     async def wait(self, epoch: tuple[str, int]) -> dict[str, Any]:
         """Wait until every task finished, or one failed: then report the failure."""

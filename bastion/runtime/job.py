@@ -90,6 +90,7 @@ from bastion.runtime.plan import PhysicalPlan
 from bastion.runtime.polling import (FINAL_PROGRESS_TIMEOUT_S, PROGRESS_TIMEOUT_S,
                                      ProgressPoller)
 from bastion.runtime.recovery_times import failures_in, recovery_times
+from bastion.runtime.savepoint import StopWatch
 from bastion.scheduler import injector
 from bastion.scheduler.detector import Failure
 from bastion.scheduler.recovery import QueryNeeds, queries_needs
@@ -284,6 +285,8 @@ class JobMaster:
         self.started_s: float | None = None
         self.entered_s = time.time()  # when the host began to run this job
         self.log = EventLog(self.store, config.job_id, self.limits.events)
+        # a stop with a savepoint asked of the job (`bastion.runtime.savepoint`)
+        self.stop_watch = StopWatch(self.store, config.job_id, self.record_event)
         self.exporter = export.for_job(plan, config)  # None: export_metrics is off
         # Set when the job must end whatever the phase (a sink kept failing a commit):
         # the error, and a future the watch phase wakes up on.
@@ -440,6 +443,7 @@ class JobMaster:
                     break
                 except Failure as exc:
                     failure = exc
+                    await self.stop_watch.on_failure()
             return await self._finish(spawn_s)
         except JobEnded as ended:
             return self._ended(ended.report)
@@ -498,6 +502,8 @@ class JobMaster:
         background = [asyncio.ensure_future(self.poller.poll_forever())]
         if self.config.duration_s is not None:
             background.append(asyncio.ensure_future(self._stop_after(self.config.duration_s)))
+        background.append(asyncio.ensure_future(self.stop_watch.watch(
+            lambda: self.deployment.stop_sources(savepoint=True))))
         assert self._job_error_set is not None  # made by `run` before any attempt
         finished = False
         try:
@@ -538,11 +544,15 @@ class JobMaster:
         self.stage.phase = "commit"
         await self.coordinator.on_job_finished(tasks)
         await self.commit_outputs(FINAL_COMMIT)
+        # after the commits: a savepoint's manifest says every output before it is
+        # committed
+        saved = await self.stop_watch.on_finished(self.plan.topology, tasks)
         self.stage.phase = "done"
         failures = self._failures()
         redundancy = self.poller.redundancy
         return {
             "failure": None,
+            "savepoint": None if saved is None else saved.job_id,
             "spawn_s": spawn_s,
             "started_s": self.started_s,
             "finished_s": finished_s,
@@ -602,7 +612,8 @@ class JobMaster:
 
     def progress(self) -> dict[str, Any]:
         elapsed = time.time() - self.started_s if self.started_s else 0.0
-        return {"phase": self.stage.phase, "elapsed_s": elapsed, "attempt": self.stage.attempt,
+        return {"job_id": self.config.job_id, "phase": self.stage.phase,
+                "elapsed_s": elapsed, "attempt": self.stage.attempt,
                 **self.poller.tally.totals}
 
 

@@ -216,6 +216,19 @@ class Operator:
         """Take ``tables`` (what `tables` gave, rebuilt) as the whole state."""
         raise NotImplementedError
 
+    # -- rescaling: keyed state split by key group (`bastion.runtime.savepoint`) -------
+    #
+    # A job resumed from a savepoint at another parallelism gives each instance of a
+    # keyed operator the snapshots of the old instances whose key groups overlap its
+    # own (`bastion.runtime.key_groups`); `restore_keys` keeps the keys it now owns.
+
+    keyed = False  # its whole state is split by record key: it may change parallelism
+
+    def restore_keys(self, snapshots: list[Any], owns: Callable[[Any], bool]) -> None:
+        """Take as the whole state the entries, of every snapshot in ``snapshots``
+        (what other instances' `snapshot` gave), whose key ``owns`` accepts."""
+        raise NotImplementedError
+
 
 def _keys_of(batch: Batch) -> Sequence:
     """The keys of a batch into a keyed operator: the plan partitions every input of
@@ -407,6 +420,11 @@ class KeyedFoldOp(Operator):
     def load_tables(self, tables: list[dict]) -> None:
         self.state, = tables
 
+    keyed = True
+
+    def restore_keys(self, snapshots: list[Any], owns: Callable[[Any], bool]) -> None:
+        self.state = {k: v for state in snapshots for k, v in state.items() if owns(k)}
+
     parted = True  # a part per key, never closed
 
     def parts_of(self, batch: Batch) -> Sequence:
@@ -554,6 +572,21 @@ class TimeWindowOp(_WindowParts):
 
     def load_tables(self, tables: list[dict]) -> None:
         self.restore({"open": tables[0], "latest_born": tables[1]})
+
+    keyed = True
+
+    def restore_keys(self, snapshots: list[Any], owns: Callable[[Any], bool]) -> None:
+        open_: dict[int, dict] = {}
+        latest_born: dict[int, float] = {}
+        for state in snapshots:
+            for window, accs in state["open"].items():
+                mine = {k: acc for k, acc in accs.items() if owns(k)}
+                if mine:
+                    open_.setdefault(window, {}).update(mine)
+                    # the newest input of the window among the instances it came from
+                    born = state["latest_born"][window]
+                    latest_born[window] = max(latest_born.get(window, born), born)
+        self.restore({"open": open_, "latest_born": latest_born})
 
     def part_state(self, part: Any) -> Any:
         return [self.open[part], self.latest_born[part]]
@@ -705,6 +738,12 @@ class CountWindowOp(Operator):
     def load_tables(self, tables: list[dict]) -> None:
         self.state, self.fired = tables
 
+    keyed = True
+
+    def restore_keys(self, snapshots: list[Any], owns: Callable[[Any], bool]) -> None:
+        self.restore({name: {k: v for state in snapshots for k, v in state[name].items()
+                             if owns(k)} for name in ("state", "fired")})
+
     parted = True  # a part per key, never closed
 
     def parts_of(self, batch: Batch) -> Sequence:
@@ -835,6 +874,17 @@ class JoinOp(_WindowParts):
     def restore(self, state: Any) -> None:
         self.open = {k: _sides(sides) for k, sides in state.items()}
         self.pending = sorted(self.open)
+
+    keyed = True
+
+    def restore_keys(self, snapshots: list[Any], owns: Callable[[Any], bool]) -> None:
+        windows: dict[int, dict] = {}
+        for state in snapshots:
+            for window, sides in state.items():
+                mine = {k: columns for k, columns in sides.items() if owns(k)}
+                if mine:
+                    windows.setdefault(window, {}).update(mine)
+        self.restore(windows)
 
     def part_state(self, part: Any) -> Any:
         return {key: [_columns(a), _columns(b)] for key, (a, b) in self.open[part].items()}

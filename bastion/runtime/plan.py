@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from bastion.errors import TopologyError
+from bastion.runtime.key_groups import KEY_GROUPS
 from bastion.topology import AUTO, BROADCAST, FORWARD, HASH, REBALANCE, Topology
 
 
@@ -122,6 +123,10 @@ def _resolve(partition: str, src_p: int, dst_p: int, src: str, dst: str) -> str:
     if partition == FORWARD and src_p != dst_p:
         raise TopologyError(f"edge {src!r} -> {dst!r} is forward but parallelism differs "
                             f"({src_p} vs {dst_p})")
+    if partition == HASH and dst_p > KEY_GROUPS:
+        raise TopologyError(f"operator {dst!r}: parallelism {dst_p} is more than the "
+                            f"{KEY_GROUPS} key groups its keyed state is split into "
+                            "(bastion.runtime.key_groups); use at most that many instances")
     return partition
 
 

@@ -250,9 +250,20 @@ class Watermark(ControlRecord):
 @control_record
 @dataclass(frozen=True)
 class EndOfStream(ControlRecord):
-    """The sender has sent its last record on this channel."""
+    """The sender has sent its last record on this channel. ``savepoint``: the job is
+    stopping with a savepoint (`bastion.runtime.savepoint`), not ending — the
+    receiver keeps its state for a later job instead of flushing it (no window fires
+    for the end of input)."""
 
+    savepoint: bool = False
     code: ClassVar[int] = 2
+
+    def payload(self) -> Any:
+        return self.savepoint or None
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> "EndOfStream":
+        return cls(payload is True)
 
 
 # -- wire format -------------------------------------------------------------------------

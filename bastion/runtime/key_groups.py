@@ -1,0 +1,55 @@
+"""Key groups: how keyed state is addressed, so that a job can change its parallelism.
+
+A keyed operator's state is split by key. If a key's instance were ``hash(key) %
+parallelism``, every key would move when the parallelism changes, and a job resumed
+at another parallelism would have to read every old instance's state to find its
+keys. Instead each key belongs to one of a fixed number of *key groups*
+(``stable_hash(key) % KEY_GROUPS``), and each instance owns a contiguous range of
+groups: instance ``i`` of ``p`` owns groups ``[ceil(i·G/p), ceil((i+1)·G/p))``. So a
+key's group never changes, and an instance of a rescaled job reads only the old
+instances whose ranges overlap its own, keeping the keys of its groups
+(`bastion.runtime.savepoint`). This is Flink's scheme (``maxParallelism``, 128 by
+default for small jobs); as there, the number of groups bounds a keyed operator's
+parallelism.
+
+Routing (`bastion.runtime.instance.Router`) and restoring a rescaled state use the
+same two functions below, which is what makes a rescaled restore exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bastion.runtime.records import stable_hash
+
+# The number of key groups of every keyed operator: the most instances one can have.
+KEY_GROUPS = 128
+
+
+def key_group(key: Any) -> int:
+    """The key group of ``key`` (stable across processes and restarts)."""
+    return stable_hash(key) % KEY_GROUPS
+
+
+def instance_of_group(group: int, parallelism: int) -> int:
+    """The instance, of ``parallelism``, that owns key group ``group``."""
+    return group * parallelism // KEY_GROUPS
+
+
+def instance_of_hash(key_hash: int, parallelism: int) -> int:
+    """The instance owning the key whose `stable_hash` is ``key_hash``."""
+    return (key_hash % KEY_GROUPS) * parallelism // KEY_GROUPS
+
+
+def instance_of(key: Any, parallelism: int) -> int:
+    """The instance, of ``parallelism``, a keyed operator processes ``key`` in."""
+    return instance_of_group(key_group(key), parallelism)
+
+
+def groups_of(index: int, parallelism: int) -> range:
+    """The key groups instance ``index`` of ``parallelism`` owns."""
+    return range(-(-index * KEY_GROUPS // parallelism),
+                 -(-(index + 1) * KEY_GROUPS // parallelism))
+
+
+__all__ = ["KEY_GROUPS", "groups_of", "instance_of", "instance_of_group", "key_group"]
