@@ -152,7 +152,7 @@ def test_stable_hash_is_the_same_in_every_process():
     assert stable_hash(1) == stable_hash(1.0) == stable_hash(True)
 
 
-def test_keys_land_on_the_instance_the_stable_hash_names(tmp_path):
+def test_keys_land_on_the_instance_their_key_group_names(tmp_path):
     topo = bn.Topology("routing")
     src = topo.source("src", bn.sources.Collection([f"user{i}" for i in range(300)]))
     src.key_by(lambda u: u).reduce("seen", lambda acc, u: acc + 1, initial=0,
@@ -161,7 +161,9 @@ def test_keys_land_on_the_instance_the_stable_hash_names(tmp_path):
     for index in range(3):
         lines = (tmp_path / f"o-{index}.jsonl").read_text().splitlines()
         keys = {json.loads(line)[0] for line in lines}
-        assert keys and all(stable_hash(k) % 3 == index for k in keys)
+        # key group stable_hash % 128, owned by instance group * 3 // 128
+        assert keys and all((stable_hash(k) % 128) * 3 // 128 == index for k in keys)
+        assert all(bn.instance_of(k, 3) == index for k in keys)
 
 
 def test_file_sink_writes_json_lines_and_truncates_old_output(tmp_path):

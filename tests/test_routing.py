@@ -1,7 +1,8 @@
 """Routing a batch by key: the router's batch-at-a-time cut (`Batch.split`, a byte mask
 per destination for two of them, buckets of positions for more) must put every record
-exactly where the straightforward computation — one `stable_hash(key) % n` per record,
-in order — puts it, with its key, value, times and lineage id."""
+exactly where the straightforward computation — per record, in order, its key group
+``stable_hash(key) % 128`` and the instance owning that group, ``group * n // 128``
+(`bastion.runtime.key_groups`) — puts it, with its key, value, times and lineage id."""
 
 from __future__ import annotations
 
@@ -48,11 +49,16 @@ def random_key(rng: random.Random):
     return str(rng.randrange(50))
 
 
-def expected_split(keys, n):
+def key_group_instance(key, n):
+    """The router's definition, written out: the key's group, and its owner of n."""
+    return (stable_hash(key) % 128) * n // 128
+
+
+def expected_split(keys, n, destination=key_group_instance):
     """Positions of each destination's records, by the per-record definition."""
     buckets = [[] for _ in range(n)]
     for i, key in enumerate(keys):
-        buckets[stable_hash(key) % n].append(i)
+        buckets[destination(key, n)].append(i)
     return buckets
 
 
@@ -100,7 +106,8 @@ def test_split_puts_every_record_where_its_stable_hash_says(n, seed):
     # a router gives up to 256 destinations their codes as bytes
     split = batch.split(bytes(parts) if n <= MAX_CODED_DESTINATIONS and seed % 2 else parts, n)
     assert len(split) == n
-    for part, positions in zip(split, expected_split(keys, n)):
+    for part, positions in zip(split, expected_split(keys, n,
+                                                     lambda k, n: stable_hash(k) % n)):
         check_part(part, batch, positions)
 
 
