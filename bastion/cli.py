@@ -169,8 +169,11 @@ class ProgressLine:
 
     def __init__(self, stream: Any = None, *, tty: bool | None = None,
                  every_s: float = PIPE_PROGRESS_EVERY_S,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, announce_job: bool = False):
         self.stream = stream if stream is not None else sys.stderr
+        # say the job's id once it runs: what `bastion stop` takes
+        self.announce_job = announce_job
+        self.job_id: str | None = None
         self.enabled = self.stream.isatty() if tty is None else tty
         self.every_s = every_s
         self.clock = clock
@@ -182,6 +185,11 @@ class ProgressLine:
         self.width = 0
 
     def __call__(self, progress: dict[str, Any]) -> None:
+        if self.announce_job and progress.get("job_id", self.job_id) != self.job_id:
+            self.close()
+            self.job_id = progress["job_id"]
+            self.stream.write(f"job {self.job_id} running (`bastion stop {self.job_id} "
+                              "--savepoint` stops it with a savepoint)\n")
         run = progress.get("run")
         if run != self.run:
             self.close()
@@ -470,7 +478,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     topology = load_topology(args.file)
     store = open_storage(args.storage)
     _warn_local_storage_on_a_cluster(args)
-    progress = ProgressLine()
+    progress = ProgressLine(announce_job=True)
     try:
         result = bn.run(topology, protocol=_protocol(args, auto), faults=faults,
                         storage=store.url,
@@ -501,6 +509,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         retain(store, args.keep_jobs)
     m = result.metrics
     print(f"\njob {result.job_id}: {result.plan.splitlines()[0]}")
+    if result.savepoint:
+        print(f"stopped with a savepoint: resume it with --resume-from {result.job_id}")
     print(table(m.summary_rows()))
     print()
     print(table([(name, f"{c.records_in:,}", f"{c.records_out:,}")
@@ -806,6 +816,22 @@ def _auto_interval(args: argparse.Namespace) -> Any:
         raise UsageError(f"--checkpoint-interval auto: {result.reason}")
     print()
     return result
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from bastion.launcher import stop
+
+    store = open_storage(args.storage, existing=True)
+    try:
+        job = stop(args.job, storage=store.url, timeout_s=args.timeout)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"bastion stop: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"job {job} stopped with a savepoint in {store.url}; resume it (its keyed "
+          f"operators at any parallelism) with: bastion run FILE --resume-from {job}")
+    return EXIT_OK
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -1197,6 +1223,24 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep the profiling jobs in the store (about 100 MB); by "
                            "default they are deleted once measured")
     tune.set_defaults(handler=cmd_tune)
+
+    stop_ = sub.add_parser(
+        "stop", help="stop a running job with a savepoint",
+        description="Stop the running job JOB with a savepoint: every source stops "
+                    "reading, what was read is processed and committed once, and every "
+                    "task's state is written to the store, to resume with `bastion run "
+                    "FILE --resume-from JOB` (under any checkpointing protocol but cec, "
+                    "keyed operators at any parallelism). Waits until the savepoint is "
+                    "complete.")
+    stop_.add_argument("job", metavar="JOB", help="the running job's id")
+    stop_.add_argument("--savepoint", action="store_true",
+                       help="stop with a savepoint (the only way a job stops; accepted "
+                            "for the form Flink users know)")
+    stop_.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
+                       help=f"the store the job runs on (default {DEFAULT_STORAGE})")
+    stop_.add_argument("--timeout", type=_number(float, minimum=0), default=120.0,
+                       metavar="S", help="give up after S seconds (default 120)")
+    stop_.set_defaults(handler=cmd_stop)
 
     gc = sub.add_parser(
         "gc", help="delete old job folders from a store",

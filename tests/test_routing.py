@@ -1,8 +1,8 @@
 """Routing a batch by key: the router's batch-at-a-time cut (`Batch.split`, a byte mask
 per destination for two of them, buckets of positions for more) must put every record
 exactly where the straightforward computation — per record, in order, its key group
-``stable_hash(key) % 128`` and the instance owning that group, ``group * n // 128``
-(`bastion.runtime.key_groups`) — puts it, with its key, value, times and lineage id."""
+(its stable hash, mixed, modulo 128) and the instance owning that group, ``group * n
+// 128`` (`bastion.runtime.key_groups`) — puts it, with its key, value, times and lineage id."""
 
 from __future__ import annotations
 
@@ -50,8 +50,15 @@ def random_key(rng: random.Random):
 
 
 def key_group_instance(key, n):
-    """The router's definition, written out: the key's group, and its owner of n."""
-    return (stable_hash(key) % 128) * n // 128
+    """The router's definition, written out: the key's group (its stable hash through
+    murmur3's finalizer, modulo 128) and that group's owner of n."""
+    h = stable_hash(key)
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    h ^= h >> 16
+    return (h % 128) * n // 128
 
 
 def expected_split(keys, n, destination=key_group_instance):

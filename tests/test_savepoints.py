@@ -162,3 +162,29 @@ def test_a_damaged_savepoint_blob_is_never_loaded(tmp_path):
     with pytest.raises(ValueError, match=r"blob .*sums/0.* fails its CRC check"):
         bn.run(topology(1), protocol_of("coordinated"), storage=storage,
                resume_from=stopped.job_id)
+
+
+def test_bastion_stop_stops_a_running_job_and_names_how_to_resume(tmp_path, capsys):
+    from bastion import cli
+
+    storage = f"local://{tmp_path}"
+    handle = bn.start(topology(1), protocol_of("uncoordinated"), storage=storage)
+    job = handle.job_id
+    assert cli.main(["stop", job, "--savepoint", "--storage", storage]) == 0
+    assert f"--resume-from {job}" in capsys.readouterr().out
+    stopped = handle.result(60)
+    assert stopped.savepoint and len(stopped.outputs["summed"]) < COUNT
+    # a job that is not running has nothing to stop: said, not waited for forever
+    assert cli.main(["stop", "no-such-job", "--storage", storage]) == 2
+
+
+def test_a_prune_keeps_every_job_that_holds_a_savepoint(tmp_path):
+    from bastion.storage import prune_jobs
+
+    store = open_store(f"local://{tmp_path}")
+    for job in ("old-with-savepoint", "old-plain"):
+        store.put(f"jobs/{job}/events/0", b"x")
+    store.put(savepoints.manifest_key("old-with-savepoint"), b"{}")
+    report = prune_jobs(store, keep=0, min_age_s=0)
+    assert [f.job for f in report.deleted] == ["old-plain"]
+    assert store.exists(savepoints.manifest_key("old-with-savepoint"))

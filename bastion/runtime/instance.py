@@ -226,11 +226,11 @@ class Router:
             assert ids is not None
             hashes = record_hashes(ids)
         ratio = self.copies
-        if edge.partition == HASH:
-            parts = [instance_of_hash(h, n) for h in hashes]
-        elif edge.by_id:
-            parts = [h % n for h in hashes]
+        parts: list[int] | None
         if edge.partition == HASH or edge.by_id:
+            # a key by its key group's owner; an unkeyed copy by its id
+            parts = ([instance_of_hash(h, n) for h in hashes] if edge.partition == HASH
+                     else [h % n for h in hashes])
             if not ratio:
                 return self._split(batch, parts)
         else:

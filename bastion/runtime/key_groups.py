@@ -4,8 +4,8 @@ A keyed operator's state is split by key. If a key's instance were ``hash(key) %
 parallelism``, every key would move when the parallelism changes, and a job resumed
 at another parallelism would have to read every old instance's state to find its
 keys. Instead each key belongs to one of a fixed number of *key groups*
-(``stable_hash(key) % KEY_GROUPS``), and each instance owns a contiguous range of
-groups: instance ``i`` of ``p`` owns groups ``[ceil(i·G/p), ceil((i+1)·G/p))``. So a
+(`key_group`: the key's `stable_hash`, mixed, modulo ``KEY_GROUPS``), and each
+instance owns a contiguous range of groups: instance ``i`` of ``p`` owns groups ``[ceil(i·G/p), ceil((i+1)·G/p))``. So a
 key's group never changes, and an instance of a rescaled job reads only the old
 instances whose ranges overlap its own, keeping the keys of its groups
 (`bastion.runtime.savepoint`). This is Flink's scheme (``maxParallelism``, 128 by
@@ -26,9 +26,24 @@ from bastion.runtime.records import stable_hash
 KEY_GROUPS = 128
 
 
+def group_of_hash(key_hash: int) -> int:
+    """The key group of the key whose `stable_hash` is ``key_hash``. The hash is mixed
+    first (murmur3's 32-bit finalizer, as Flink mixes ``hashCode``): a CRC32 is
+    linear, and keys that differ in one character (``"p0"`` … ``"p9"``) share the
+    bits that pick a range of groups — unmixed, all ten went to one of two
+    instances."""
+    h = key_hash & 0xFFFFFFFF
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    h ^= h >> 16
+    return h % KEY_GROUPS
+
+
 def key_group(key: Any) -> int:
     """The key group of ``key`` (stable across processes and restarts)."""
-    return stable_hash(key) % KEY_GROUPS
+    return group_of_hash(stable_hash(key))
 
 
 def instance_of_group(group: int, parallelism: int) -> int:
@@ -38,7 +53,7 @@ def instance_of_group(group: int, parallelism: int) -> int:
 
 def instance_of_hash(key_hash: int, parallelism: int) -> int:
     """The instance owning the key whose `stable_hash` is ``key_hash``."""
-    return (key_hash % KEY_GROUPS) * parallelism // KEY_GROUPS
+    return group_of_hash(key_hash) * parallelism // KEY_GROUPS
 
 
 def instance_of(key: Any, parallelism: int) -> int:

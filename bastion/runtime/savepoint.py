@@ -53,6 +53,7 @@ from typing import Any, Awaitable, Callable
 from bastion.errors import TopologyError
 from bastion.runtime.key_groups import groups_of, key_group
 from bastion.storage import ObjectStore
+from bastion.storage.retention import JOBS_PREFIX, SAVEPOINT_MANIFEST
 
 _VERSION = 1
 # what a manifest may weigh: it names every instance's blob, a few hundred bytes each
@@ -69,7 +70,7 @@ def stop_key(job_id: str) -> str:
 
 
 def manifest_key(job_id: str) -> str:
-    return _prefix(job_id) + "manifest.json"
+    return f"{JOBS_PREFIX}{job_id}/{SAVEPOINT_MANIFEST}"  # what a prune keeps
 
 
 def failed_key(job_id: str) -> str:

@@ -14,6 +14,10 @@ Retention bounds it with two rules, both needed:
   that is still running (in another terminal, on another machine sharing the bucket)
   keeps writing checkpoints and events, so it is young and never deleted under it.
 
+A job that holds a savepoint (``jobs/<job>/savepoint/manifest.json``, written by a
+stop: `bastion.runtime.savepoint`) is never deleted by a prune: as in Flink, a
+savepoint is its user's, kept until they delete it.
+
 A job's time is that of its newest object. Its objects are deleted newest first:
 every layout in this package writes its vouching object last (a checkpoint's
 manifest, a commit marker, a log's index), so a deletion cut short by a crash leaves
@@ -32,6 +36,8 @@ __all__ = ["JOBS_PREFIX", "JobFolder", "PruneReport", "delete_job", "list_jobs",
 
 #: Where every job's folder lives in a store.
 JOBS_PREFIX = "jobs/"
+# what makes a job folder hold a savepoint (`bastion.runtime.savepoint.manifest_key`)
+SAVEPOINT_MANIFEST = "savepoint/manifest.json"
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class JobFolder:
     objects: int
     bytes: int
     modified: float
+    savepoint: bool = False  # it holds a savepoint: a prune keeps it
 
 
 @dataclass
@@ -69,7 +76,9 @@ def list_jobs(store: ObjectStore) -> list[JobFolder]:
             continue
         jobs.setdefault(job, []).append((size, times[key]))
     folders = [JobFolder(job, len(objects), sum(s for s, _ in objects),
-                         max(t for _, t in objects)) for job, objects in jobs.items()]
+                         max(t for _, t in objects),
+                         f"{JOBS_PREFIX}{job}/{SAVEPOINT_MANIFEST}" in sizes)
+               for job, objects in jobs.items()]
     # newest first; the id breaks ties so that the order is the same on every call
     return sorted(folders, key=lambda f: (-f.modified, f.job))
 
@@ -85,7 +94,7 @@ def prune_jobs(store: ObjectStore, *, keep: int, min_age_s: float = 3600.0,
     now = time.time() if now is None else now
     report = PruneReport(dry_run=dry_run)
     for rank, folder in enumerate(list_jobs(store)):
-        if rank < keep or now - folder.modified < min_age_s:
+        if rank < keep or now - folder.modified < min_age_s or folder.savepoint:
             report.kept.append(folder)
             continue
         report.deleted.append(folder)
