@@ -1240,6 +1240,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"the store the job runs on (default {DEFAULT_STORAGE})")
     stop_.add_argument("--timeout", type=_number(float, minimum=0), default=120.0,
                        metavar="S", help="give up after S seconds (default 120)")
+    stop_.add_argument("--verbose", action="store_true", help="show the traceback of an error")
     stop_.set_defaults(handler=cmd_stop)
 
     gc = sub.add_parser(

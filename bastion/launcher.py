@@ -953,9 +953,8 @@ def stop(job_id: str, *, storage: Storage | str = "local://.bastion",
     stop did not end in a savepoint (a task failed meanwhile: the job recovered and
     runs on), `TimeoutError` if the job did not stop within ``timeout_s``."""
     store = open_store(Storage.of(storage).url)
-    if not store.list(f"jobs/{job_id}/"):
-        raise ValueError(f"cannot stop job {job_id!r}: storage {store.url} holds no job "
-                         f"{job_id!r}")
+    # A job still deploying (its workers starting) may have written nothing yet: the
+    # request waits for it; its master acts on it once the job runs.
     if savepoints.read_manifest(store, job_id) is not None:
         return job_id  # stopped already
     store.delete(savepoints.failed_key(job_id))  # of an earlier stop that failed
@@ -969,6 +968,9 @@ def stop(job_id: str, *, storage: Storage | str = "local://.bastion",
             raise RuntimeError(f"job {job_id} did not stop with a savepoint: {reason}")
         time.sleep(0.1)
     store.delete(savepoints.stop_key(job_id))
+    if not store.list(f"jobs/{job_id}/"):
+        raise ValueError(f"cannot stop job {job_id!r}: storage {store.url} holds no job "
+                         f"{job_id!r}")
     raise TimeoutError(f"job {job_id} did not stop within {timeout_s:g} s: is it running "
                        "(a job that ended has nothing to stop)?")
 

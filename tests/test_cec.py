@@ -184,7 +184,10 @@ def test_a_failed_job_resumed_from_its_logs_commits_the_rest_exactly_once(
 
 def test_resume_from_is_refused_where_it_cannot_work(tmp_path):
     storage = f"local://{tmp_path}"
-    with pytest.raises(ValueError, match="protocol 'coordinated' cannot start from"):
+    (tmp_path / "jobs" / "some-job").mkdir(parents=True)
+    (tmp_path / "jobs" / "some-job" / "events").write_bytes(b"")
+    with pytest.raises(ValueError, match="left no savepoint .* protocol 'coordinated' "
+                                         "cannot start from"):
         bn.run(keyed_sum(count=10), protocol="coordinated", storage=storage,
                resume_from="some-job")
     with pytest.raises(ValueError, match="holds no job 'no-such-job'"):

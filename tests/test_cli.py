@@ -228,7 +228,7 @@ def test_verbose_shows_the_traceback_of_a_user_error(tmp_path, capsys, nothing_r
 def test_every_flag_has_help_and_protocol_lists_its_choices():
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices  # noqa: SLF001 - argparse
-    assert set(commands) == {"run", "drill", "tune", "gc", "analyze", "reconstruct"}
+    assert set(commands) == {"run", "drill", "tune", "gc", "analyze", "reconstruct", "stop"}
     for name, command in [("bastion", parser), *commands.items()]:
         for action in command._actions:  # noqa: SLF001 - argparse keeps them here
             assert action.help, f"{name} {action.option_strings or action.dest}: no help"
@@ -332,8 +332,12 @@ def test_ray_start_up_notices_stay_out_of_the_terminal_unless_verbose(tmp_path):
     out, err = quiet.communicate(timeout=240)
     assert quiet.returncode == EXIT_OK, err
     assert "out: 300 committed records" in out
-    # every line on stderr is a progress line: no notice, no warning, no log record
-    for line in err.splitlines():
+    # every line on stderr is a progress line, or the one naming the job (what
+    # `bastion stop` takes): no notice, no warning, no log record
+    lines = err.splitlines()
+    assert re.fullmatch(r"job \S+ running \(`bastion stop \S+ --savepoint` stops it with "
+                        r"a savepoint\)", lines[0]), err
+    for line in lines[1:]:
         assert re.fullmatch(r"\[ *\w+\] +[\d.]+ s +in +[\d,]+ +out +[\d,]+ +[\d,]+ rec/s",
                             line), err
     _, err = verbose.communicate(timeout=240)

@@ -175,7 +175,7 @@ def test_bastion_stop_stops_a_running_job_and_names_how_to_resume(tmp_path, caps
     stopped = handle.result(60)
     assert stopped.savepoint and len(stopped.outputs["summed"]) < COUNT
     # a job that is not running has nothing to stop: said, not waited for forever
-    assert cli.main(["stop", "no-such-job", "--storage", storage]) == 2
+    assert cli.main(["stop", "no-such-job", "--storage", storage, "--timeout", "1"]) == 2
 
 
 def test_a_prune_keeps_every_job_that_holds_a_savepoint(tmp_path):
