@@ -1229,7 +1229,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Stop the running job JOB with a savepoint: every source stops "
                     "reading, what was read is processed and committed once, and every "
                     "task's state is written to the store, to resume with `bastion run "
-                    "FILE --resume-from JOB` (under any checkpointing protocol but cec, "
+                    "FILE --resume-from JOB` (under any checkpointing protocol, "
                     "keyed operators at any parallelism). Waits until the savepoint is "
                     "complete.")
     stop_.add_argument("job", metavar="JOB", help="the running job's id")

@@ -390,8 +390,8 @@ def run(topology: Topology, protocol: "str | Protocol" = "none", *,
     the record to the dead-letter output; ``progress`` is called about twice a
     second with the records read and written so far; ``resume_from`` names an
     earlier job in the same storage whose state this one starts from: its savepoint,
-    if it was stopped with one (`stop`, `RunHandle.stop`; any protocol but ``"cec"``,
-    and keyed operators may change their parallelism: `bastion.runtime.savepoint`),
+    if it was stopped with one (`stop`, `RunHandle.stop`; under any protocol, and
+    keyed operators may change their parallelism: `bastion.runtime.savepoint`),
     else under protocol ``"cec"`` its logged state (the eventual checkpoints
     `bastion reconstruct` stored for it, else its logs; its committed outputs are not
     committed again); ``workers``
@@ -619,11 +619,6 @@ def _resumed(store: ObjectStore, job_id: str, proto: Protocol, topology: Topolog
                 f"{proto.name!r} cannot start from an earlier job's logged state; only "
                 "protocol 'cec' can")
         return None
-    if proto.resumable:
-        raise ValueError(f"cannot resume from job {job_id!r} under protocol {proto.name!r}: "
-                         "it resumes from an earlier job's eventual checkpoints, not from "
-                         "a savepoint; resume the savepoint under 'coordinated', "
-                         "'uncoordinated' or 'cic'")
     savepoints.check_resumable(saved, topology)
     savepoints.check_blobs(store, saved)
     return saved

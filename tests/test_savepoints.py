@@ -34,9 +34,10 @@ def event(i: int) -> dict:
 
 
 def topology(parallelism: int, *, source_parallelism: int = 1, agg=None,
-             with_sums: bool = True) -> bn.Topology:
+             with_sums: bool = True, count: int = COUNT, rate: float | None = RATE
+             ) -> bn.Topology:
     topo = bn.Topology("savepoints")
-    events = topo.source("events", bn.sources.Generator(event, count=COUNT, rate=RATE),
+    events = topo.source("events", bn.sources.Generator(event, count=count, rate=rate),
                          parallelism=source_parallelism, timestamp=lambda e: e["ts"])
     keyed = events.key_by(lambda e: e["k"])
     if with_sums:
@@ -51,12 +52,12 @@ def topology(parallelism: int, *, source_parallelism: int = 1, agg=None,
     return topo
 
 
-def expected() -> dict[str, Counter]:
+def expected(count: int = COUNT) -> dict[str, Counter]:
     """A run that never stopped, in plain Python."""
     sums: dict[str, int] = defaultdict(int)
     summed, tumbling, sevens = [], Counter(), defaultdict(list)
     counted = []
-    for i in range(COUNT):
+    for i in range(count):
         e = event(i)
         sums[e["k"]] += e["v"]
         summed.append((e["k"], sums[e["k"]]))
@@ -87,10 +88,12 @@ def stop_midway(topo: bn.Topology, protocol, storage: str,
 
 
 def protocol_of(name: str):
+    if name == "cec":
+        return bn.protocols.Cec()
     return bn.protocols.named(name, interval_s=0.3)
 
 
-@pytest.mark.parametrize("protocol", ["coordinated", "uncoordinated"])
+@pytest.mark.parametrize("protocol", ["coordinated", "uncoordinated", "cec"])
 @pytest.mark.parametrize("before,after", [(1, 3), (3, 2)])
 def test_stop_and_resume_at_another_parallelism_is_exact(protocol, before, after,
                                                          tmp_path):
@@ -140,10 +143,8 @@ def test_a_resume_that_cannot_be_is_refused_naming_the_operator(stopped_job, cha
                resume_from=stopped.job_id)
 
 
-def test_cec_and_jobs_without_a_savepoint_are_refused(stopped_job):
-    storage, stopped = stopped_job
-    with pytest.raises(ValueError, match="not from a savepoint"):
-        bn.run(topology(2), "cec", storage=storage, resume_from=stopped.job_id)
+def test_a_job_without_a_savepoint_is_refused(stopped_job):
+    storage, _ = stopped_job
     plain = bn.run(topology(1), "coordinated", storage=storage)
     assert not plain.savepoint
     with pytest.raises(ValueError, match=r"it left no savepoint .* only protocol 'cec'"):
@@ -188,3 +189,25 @@ def test_a_prune_keeps_every_job_that_holds_a_savepoint(tmp_path):
     report = prune_jobs(store, keep=0, min_age_s=0)
     assert [f.job for f in report.deleted] == ["old-plain"]
     assert store.exists(savepoints.manifest_key("old-with-savepoint"))
+
+
+@pytest.mark.parametrize("protocol", ["coordinated", "uncoordinated", "cec"])
+def test_a_kill_before_the_resumed_jobs_first_checkpoint_restarts_from_the_savepoint(
+        protocol, tmp_path):
+    """The resumed job loses a process before it has a checkpoint of its own (the
+    checkpointing protocols' interval is longer than the run): "from the beginning"
+    must mean from the savepoint — under cec, from the log the first start wrote the
+    savepoint's parts into — and the outputs stay exact."""
+    storage = f"local://{tmp_path}"
+    slow = (bn.protocols.Cec() if protocol == "cec"
+            else bn.protocols.named(protocol, interval_s=30.0))
+    count = 100 * COUNT  # the resumed job reads the rest unpaced: a few seconds
+    stopped = stop_midway(topology(2, count=count), slow, storage)
+    resumed = bn.run(topology(3, count=count, rate=None), slow, storage=storage,
+                     resume_from=stopped.job_id,
+                     faults=[bn.faults.KillInstance("sums", 1, at=0.3)])
+    assert len(resumed.metrics.protocol.failures) == 1
+    for sink, counts in expected(count).items():
+        got = Counter(stopped.outputs[sink]) + Counter(resumed.outputs[sink])
+        assert got == counts, (sink, sorted((got - counts).items())[:5],
+                               sorted((counts - got).items())[:5])

@@ -252,6 +252,13 @@ class TaskState(abc.ABC):
     def object_store(self) -> "ObjectStore":
         """The job's store (a protocol that keeps logs of its own writes them here)."""
 
+    @abc.abstractmethod
+    def savepoint_position(self) -> dict[str, int] | None:
+        """Of a job resumed from a savepoint (`bastion.runtime.savepoint`), whose
+        state the task's operators hold when it first starts: per source instance
+        (``"<source code>/<instance>"``) the last position that state reflects.
+        None: the job starts from no savepoint."""
+
 
 class TaskChain(abc.ABC):
     """The chain of operators a task runs, for protocols that checkpoint state part by
@@ -715,6 +722,12 @@ class Protocol:
     tolerates_copies: bool = False
     # A job can start from the state an earlier job left (`bn.run(resume_from=...)`).
     resumable: bool = False
+    # A job resumed from a savepoint loads it into every task before the protocol
+    # restores the task, whatever the line; False: only at the first start (the
+    # protocol's own restarts rebuild the whole state without it — CEC's log holds
+    # the savepoint's parts from the first start on, and a time window the job
+    # fired since must not come back from the savepoint).
+    savepoint_under_restarts: bool = True
     # Which tasks a failure restarts (`bastion.scheduler.failover`): "job", every
     # task (the recovery line rewinds them all); "region", a region no channel
     # crosses downstream (`Coordinator.region_line` restores it); "downstream", the

@@ -278,6 +278,10 @@ class CecOperator:
     def restore(self, state: Any) -> None:
         self.inner.restore(state)
 
+    @property
+    def keyed(self) -> bool:
+        return self.inner.keyed
+
     def _closing(self, fire: Any) -> Batch | None:
         out = fire()
         records = self._results(out)
@@ -475,6 +479,21 @@ class CecOperator:
         # window has fired yet
         self.guard = _Guard(ec, parts, closed, replay_from,
                             -math.inf if ec.watermark is None else ec.watermark)
+
+    def adopt_savepoint(self, position: dict[str, int]) -> None:
+        """Start this (empty) log from a savepoint's state, which the operator holds
+        already (`bastion.runtime.savepoint`): one G_open burst of every open part at
+        the savepoint's ``position`` — what a recovery reads back for each part until
+        it has a newer footprint, and why the job's restarts need no savepoint."""
+        self.position = dict(position)
+        self.newest_control = self.position
+        parts = self.inner.open_parts()
+        if parts:
+            states = self._states(parts)
+            assert states is not None  # every part is open
+            self._append([self._burst(eventual.G_OPEN, parts, self._run(parts, "its keys"),
+                                      states)])
+        self.log.flush()
 
     def adopt(self, logged: list, ec: eventual.EventualCheckpoint | None) -> None:
         """Start this (empty) log from an earlier job's: its results, then the loaded
@@ -688,6 +707,9 @@ class CecTask(TaskProtocol):
                 # starts with the earlier job's results and the footprints loaded.
                 await asyncio.to_thread(self.operator.adopt, logged, ec)
         if recovery_line is None:
+            savepoint_position = task.state.savepoint_position()
+            if savepoint_position is not None and self.operator is not None:
+                await asyncio.to_thread(self.operator.adopt_savepoint, savepoint_position)
             await task.sinks.reapply_commits()
             return
         task.sources.rewind(recovery_line["replay_from"])
@@ -1011,6 +1033,7 @@ class CecProtocol(Protocol):
     name = "cec"
     exactly_once = True
     resumable = True
+    savepoint_under_restarts = False
     restart_scope = "downstream"
     # A failed instance restarts from its log while the rest runs on: a warm process
     # takes its slot in tens of milliseconds, where starting one takes a second.

@@ -1054,12 +1054,11 @@ class Task:
             "index": self.index,
             "savepoint": self.savepoint_entries,
             "savepoint_stop": self.savepoint_stop,
-            # a source's position: a savepoint stores every source's, whether it was
-            # stopped or had ended (`bastion.runtime.savepoint`)
-            "source_state": (None if self.source is None else
-                             (self.source.ctx.name,
-                              self._encode_operator_state(self.source,
-                                                          self.source.snapshot()))),
+            # a source's state and position: a savepoint stores every source's,
+            # whether it was stopped or had ended (`bastion.runtime.savepoint`)
+            "source_state": (None if self.source is None else {
+                "operator": self.source.ctx.name, "position": self.source.position,
+                "blob": self._encode_operator_state(self.source, self.source.snapshot())}),
             "operators": {name: (c.records_in, c.records_out)
                           for name, c in zip(self.op_names, self.counts)},
             "sinks": {op.ctx.name: {"latency": op.latency.buckets,
@@ -1309,7 +1308,8 @@ class Worker:
                 for channel in channels:  # a receiver that ran on sees it started over
                     channel.seq = first_seq(task.incarnation)
                 task.connect(route, channels)
-            if config.savepoint is not None:
+            if config.savepoint is not None and (
+                    restore is None or get_protocol(config.protocol).savepoint_under_restarts):
                 # "from the beginning" is from the savepoint; a checkpoint of this
                 # job, if the line names one, replaces it
                 await task.load_savepoint(config.savepoint)

@@ -180,6 +180,11 @@ class Operator:
         protocol asks it of every part a period opened)."""
         raise NotImplementedError
 
+    def open_parts(self) -> list:
+        """Every part open now (a protocol logs them all when the operator starts
+        from a savepoint's state)."""
+        raise NotImplementedError
+
     def results_form(self, out: Batch) -> list:
         """``out``, a batch of this operator's results, as plain values for a log (a
         protocol that logs results packs them with the state codec, exact types kept);
@@ -439,6 +444,9 @@ class KeyedFoldOp(Operator):
     def open_among(self, parts: Iterable[Any]) -> list:
         return list(filter(self.state.__contains__, parts))
 
+    def open_parts(self) -> list:
+        return list(self.state)
+
 
 class _Emitter:
     """Collects output records one by one (for operators whose outputs are sparse)."""
@@ -488,6 +496,9 @@ class _WindowParts(Operator):
 
     def open_among(self, parts: Iterable[Any]) -> list:
         return list(filter(self.open.__contains__, parts))
+
+    def open_parts(self) -> list:
+        return list(self.open)
 
 
 class TimeWindowOp(_WindowParts):
@@ -759,6 +770,9 @@ class CountWindowOp(Operator):
 
     def open_among(self, parts: Iterable[Any]) -> list:
         return list(filter(self.fired.__contains__, parts))
+
+    def open_parts(self) -> list:
+        return list(self.fired)
 
     # The log form of the results (`TimeWindowOp.results_form` says why it matters):
     # per result its key, aggregate, first and last event time and its window's number

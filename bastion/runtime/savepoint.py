@@ -136,7 +136,8 @@ def state_type(node: Any) -> str:
 @dataclass(frozen=True)
 class Savepoint:
     """A savepoint's manifest: per operator, its state type, parallelism and the
-    blobs of its instances (each ``{"index", "key", "size", "crc32"}``)."""
+    blobs of its instances (each ``{"index", "key", "size", "crc32"}``, and a source
+    instance's ``"position"``: the records it had read)."""
 
     job_id: str
     created_at: float
@@ -156,7 +157,8 @@ def write_manifest(store: ObjectStore, job_id: str, topology: Any,
         for name, node in topology.nodes.items()}
     for entry in sorted(entries, key=lambda e: (e["operator"], e["index"])):
         operators[entry["operator"]]["instances"].append(
-            {k: entry[k] for k in ("index", "key", "size", "crc32")})
+            {k: entry[k] for k in ("index", "key", "size", "crc32", "position")
+             if k in entry})
     savepoint = Savepoint(job_id, time.time(), operators)
     store.put(manifest_key(job_id), json.dumps({
         "version": _VERSION, "job": job_id, "created_at": savepoint.created_at,
@@ -182,7 +184,9 @@ def read_manifest(store: ObjectStore, job_id: str) -> Savepoint | None:
             "kind": str(op["kind"]), "state_type": str(op["state_type"]),
             "parallelism": int(op["parallelism"]),
             "instances": [{"index": int(b["index"]), "key": str(b["key"]),
-                           "size": int(b["size"]), "crc32": int(b["crc32"])}
+                           "size": int(b["size"]), "crc32": int(b["crc32"]),
+                           # a source instance's: the records it had read
+                           **({"position": int(b["position"])} if "position" in b else {})}
                           for b in op["instances"]]}
             for name, op in doc["operators"].items()}
         return Savepoint(str(doc["job"]), float(doc["created_at"]), operators)
@@ -307,10 +311,12 @@ class StopWatch:
             return None
         entries = [entry for t in tasks for entry in t["savepoint"]]
         for t in tasks:
-            if t["source_state"] is not None:
-                name, blob = t["source_state"]
-                entries.append(await asyncio.to_thread(write_state, self.store, self.job_id,
-                                                       name, t["index"], blob))
+            source = t["source_state"]
+            if source is not None:
+                entry = await asyncio.to_thread(write_state, self.store, self.job_id,
+                                                source["operator"], t["index"],
+                                                source["blob"])
+                entries.append({**entry, "position": source["position"]})
         saved = await asyncio.to_thread(write_manifest, self.store, self.job_id, topology,
                                         entries)
         self.record_event("savepoint", blobs=len(entries),

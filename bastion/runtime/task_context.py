@@ -169,6 +169,16 @@ class _State(TaskState):
     def object_store(self) -> ObjectStore:
         return self._task.store
 
+    def savepoint_position(self) -> dict[str, int] | None:
+        task = self._task
+        saved = task.config.savepoint
+        if saved is None:
+            return None
+        codes = task.op_codes
+        return {f"{codes[name]}/{blob['index']}": blob["position"] - 1
+                for name, op in saved.operators.items() if op["kind"] == "source"
+                and name in codes for blob in op["instances"]}
+
 
 class _Chain(TaskChain):
     def __init__(self, task: Task):
