@@ -255,12 +255,16 @@ class State:
 
     ``incremental``: False (the default) writes each task's whole state at every
     checkpoint; True writes, for the keyed operators (``reduce``, ``stateful_map``,
-    time and count windows), only the keys changed or removed since the task's
-    previous checkpoint — a *delta* — on top of a *base* holding the whole state,
-    written again now and then. ``max_chain``: the most deltas on one base, so the
-    most blobs a restore reads per task is ``1 + max_chain``; a new base also comes
-    once a chain's deltas together outweigh its base. Joins keep writing their
-    whole state. Under protocols ``coordinated``, ``uncoordinated`` and ``cic``."""
+    time and count windows, joins), only the keys (windows) changed or removed since
+    the task's previous checkpoint — a *delta* — on top of a *base* holding the whole
+    state, written again now and then. ``max_chain``: the most deltas on one base, so
+    the most blobs a restore reads per task is ``1 + max_chain``; a new base also
+    comes once a chain's deltas together weigh more than half its base, so a restore
+    reads at most about 1.5 times a full snapshot's bytes. Under protocols
+    ``coordinated``, ``uncoordinated`` and ``cic``. Off by default: it pays off for
+    large states whose updates touch a small share of their keys
+    (`benchmarks/state.py`); a small state gains nothing from it and its tasks
+    track the keys each batch changes."""
 
     incremental: bool = False
     max_chain: int = JobConfig.max_chain

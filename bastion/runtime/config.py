@@ -104,7 +104,7 @@ class JobConfig:
     # ``state=bn.State(incremental=True)``): deltas on a base, at most ``max_chain``
     # deltas on one base. False: every checkpoint writes each task's whole state.
     incremental_state: bool = False
-    max_chain: int = 8
+    max_chain: int = 64
 
     @property
     def frame_bytes_limit(self) -> int:

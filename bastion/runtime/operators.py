@@ -846,6 +846,9 @@ class JoinOp(_WindowParts):
 
     def process_into(self, batch: Batch, parts: Iterable[Iterable[int]],
                      input_index: int = 0) -> Batch | None:
+        if self.changed is not None:  # a window's whole table is its delta's unit
+            parts = list(parts)
+            self.changed.update(chain.from_iterable(parts))
         out = _Emitter(batch.ids is not None)
         open_, code = self.open, self.ctx.code
         left = input_index == 0
@@ -879,6 +882,8 @@ class JoinOp(_WindowParts):
             del self.open[k]
             if self.closed is not None:
                 self.closed.append(k)
+            if self.changed is not None:
+                self.changed.add(k)  # removed: closed
         return None
 
     def snapshot(self) -> Any:
@@ -887,6 +892,15 @@ class JoinOp(_WindowParts):
 
     def restore(self, state: Any) -> None:
         self.open = {k: _sides(sides) for k, sides in state.items()}
+        self.pending = sorted(self.open)
+
+    # Incremental checkpoints: the windows, each with its keys' records as they are
+    # held — a window touched since the last checkpoint goes whole into the delta.
+    def tables(self) -> list[dict]:
+        return [self.open]
+
+    def load_tables(self, tables: list[dict]) -> None:
+        self.open, = tables
         self.pending = sorted(self.open)
 
     keyed = True
