@@ -1,39 +1,48 @@
-"""State benchmark (issue 39, item 6, a first cut): bytes a checkpoint writes per task,
-full snapshot against incremental, for a keyed reduce holding many keys whose input
-touches a few hot ones.
+"""State benchmark (issue 39, item 6): what a checkpoint writes and what a restore reads
+per task, full snapshot against incremental (`bastion.runtime.incremental`), for a
+keyed reduce holding many keys.
 
-Two figures:
+(a) **Bytes per checkpoint, in process** — a `KeyedFoldOp`-shaped state of ``--keys``
+    int keys (10 k, 1 M, 4 M and 16 M) holding int sums; between checkpoints
+    ``--updates`` records (20,000) land either on ``--hot`` keys (1,000: *hot*) or on
+    keys drawn from all of them (*uniform*, for contrast). For each, one full cycle of
+    the default chain — checkpoints until the trigger writes a second base, at most
+    ``max_chain + 1`` (65) — encoded as `Task` encodes them: the full snapshot's
+    bytes and encode time, the median delta's, the base's, and the mean bytes per
+    checkpoint with the bases included, as a share of the full snapshot's.
+(c) **Restore time** of the longest chain the trigger lets that cycle grow (the base
+    and every delta after it, decoded and applied as `Task.restore_chain` does)
+    against decoding one full snapshot; best of ``--repeats`` (3).
+(b) **A real run** (``--run``): the keyed sum as a job under ``coordinated`` (a
+    checkpoint every ``--interval-s``, 1 s) on local storage — and with ``--s3`` on
+    moto's S3 server on loopback as well (started by this script) —, full and
+    incremental, each reading ``--run-records`` records unpaced (the first
+    ``--run-keys`` make the cold keys, the rest go to ``--hot`` hot keys): the
+    checkpoints' mean bytes after the first, their mean and largest duration, and the
+    records per second of the run, against the same job without checkpoints.
 
-(a) **Codec, in process** — a `KeyedFoldOp`-shaped state of ``--keys`` int keys
-    (200,000) holding int sums; between checkpoints ``--updates`` records (20,000)
-    land on ``--hot`` keys (1,000). Per checkpoint: the bytes of the task's full
-    snapshot (the state encoded whole, as `Task.snapshot` does) against the bytes of
-    the incremental link (`bastion.runtime.incremental.StateChain`: a base, then
-    deltas of the changed keys; ``--max-chain`` deltas on a base), and the time each
-    encode takes on the task loop. Median over ``--checkpoints`` (12) checkpoints;
-    a base's bytes and time are printed apart from the deltas'.
-(b) **A real run** (``--run``): the same keyed sum as a job under ``coordinated``
-    (a checkpoint every ``--interval-s``, 0.5 s) on local storage, full and
-    incremental, each run reading ``--run-records`` (1 M) at ``--run-rate`` records
-    per second (100 k: the first ``--keys`` make the cold keys); the mean ``state_bytes`` of its
-    ``checkpoint_completed`` events (every task's blob of one checkpoint) after the
-    first. Slower (Ray), and shares the machine's cores.
-
-The last line is the headline: incremental bytes per checkpoint as a share of a full
-snapshot's, the issue's target being ≤ 2 % at 4 M keys.
+The last line is the headline: at 4 M keys, 1 k hot, the incremental bytes per
+checkpoint (bases included) as a share of a full snapshot's — target ≤ 2 % — and the
+restore time of the default's longest chain against a full snapshot's — target ≤ 1.5x.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import random
 import statistics
+import sys
 import tempfile
 import time
 
+from bastion.options import State
 from bastion.runtime.durable import DurableCodec
-from bastion.runtime.incremental import StateChain
+from bastion.runtime.incremental import StateChain, apply_links
 from bastion.storage.checkpoints import ChainRef
+
+KEY_COUNTS = (10_000, 1_000_000, 4_000_000, 16_000_000)
 
 
 class _Fold:
@@ -42,7 +51,7 @@ class _Fold:
     changed: set | None = None
 
     def __init__(self, keys: int) -> None:
-        self.state = {k: 0 for k in range(keys)}
+        self.state = dict.fromkeys(range(keys), 0)
 
     def tables(self) -> list[dict]:
         return [self.state]
@@ -55,81 +64,141 @@ class _Fold:
             self.changed.update(keys)
 
 
-def codec_figure(args: argparse.Namespace) -> tuple[float, float]:
+def cycle(keys: int, pattern: str, args: argparse.Namespace) -> dict:
+    """One chain cycle of the default trigger for ``keys`` keys; the figures."""
     codec = DurableCodec()
     rng = random.Random(7)
-    fold = _Fold(args.keys)
+    fold = _Fold(keys)
     chain = StateChain([fold], args.max_chain)
-    hot = rng.sample(range(args.keys), args.hot)
-    full_bytes, full_s, delta_bytes, delta_s, base_bytes, base_s = [], [], [], [], [], []
-    for n in range(args.checkpoints):
-        fold.feed([rng.choice(hot) for _ in range(args.updates)])
+    hot = rng.sample(range(keys), min(args.hot, keys))
+    draw = (lambda: rng.choice(hot)) if pattern == "hot" else (lambda: rng.randrange(keys))
+    full_s = []
+    for _ in range(args.repeats):
         started = time.perf_counter()
         full = codec.encode({"operators": [fold.state]})
         full_s.append(time.perf_counter() - started)
-        full_bytes.append(len(full))
+    links: list[tuple[str, bytes, float]] = []
+    while True:
+        fold.feed([draw() for _ in range(args.updates)])
         started = time.perf_counter()
         link = chain.link([None])
         data = codec.encode({"operators": None, "link": link.value})
         took = time.perf_counter() - started
-        (base_bytes if link.kind == "base" else delta_bytes).append(len(data))
-        (base_s if link.kind == "base" else delta_s).append(took)
-        chain.stored(link, ChainRef("sum/0", f"k{n}", len(data), 0, link.parent))
-    full_b, delta_b = statistics.median(full_bytes), statistics.median(delta_bytes)
-    print(f"(a) codec: {args.keys:,} keys, {args.hot:,} hot, {args.updates:,} updates "
-          f"per interval, max_chain={args.max_chain}, {args.checkpoints} checkpoints")
-    print(f"    full snapshot   {full_b / 1e6:8.3f} MB  encode "
-          f"{statistics.median(full_s) * 1e3:7.2f} ms")
-    print(f"    incremental     base {statistics.median(base_bytes) / 1e6:8.3f} MB  encode "
-          f"{statistics.median(base_s) * 1e3:7.2f} ms  ({len(base_bytes)} bases)")
-    print(f"                    delta {delta_b / 1e6:7.3f} MB  encode "
-          f"{statistics.median(delta_s) * 1e3:7.2f} ms  ({len(delta_bytes)} deltas)")
-    per_checkpoint = (sum(base_bytes) + sum(delta_bytes)) / args.checkpoints
-    print(f"    per checkpoint, bases included: {per_checkpoint / 1e6:.3f} MB "
-          f"({per_checkpoint / full_b:.1%} of full)")
-    return delta_b / full_b, per_checkpoint / full_b
+        if link.kind == "base" and links:
+            break   # the cycle is over: this base starts the next
+        links.append((link.kind, data, took))
+        chain.stored(link, ChainRef("sum/0", f"k{len(links)}", len(data), 0, link.parent))
+    deltas = [(len(d), s) for kind, d, s in links if kind == "delta"]
+    base_bytes, base_s = len(links[0][1]), links[0][2]
+    per_checkpoint = sum(len(d) for _, d, _ in links) / len(links)
+    restore_full, restore_chain = [], []
+    for _ in range(args.repeats):
+        started = time.perf_counter()
+        codec.decode(full, "full")
+        restore_full.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        decoded = [codec.decode(d, "link")["link"] for _, d, _ in links]
+        apply_links(decoded, [True])
+        restore_chain.append(time.perf_counter() - started)
+    return {"full_bytes": len(full), "full_s": min(full_s), "base_bytes": base_bytes,
+            "base_s": base_s, "deltas": len(deltas),
+            "delta_bytes": statistics.median([b for b, _ in deltas]) if deltas else 0,
+            "delta_s": statistics.median([s for _, s in deltas]) if deltas else 0.0,
+            "per_checkpoint": per_checkpoint / len(full),
+            "restore_full_s": min(restore_full), "restore_chain_s": min(restore_chain)}
 
 
-def run_figure(args: argparse.Namespace) -> None:
+def codec_figures(args: argparse.Namespace) -> dict:
+    print(f"(a, c) in process: {args.updates:,} updates per interval on {args.hot:,} hot "
+          f"keys or uniform over all; max_chain={args.max_chain}; best of {args.repeats}")
+    print(f"{'keys':>11} {'pattern':>8} {'full MB':>8} {'enc ms':>7} {'base MB':>8} "
+          f"{'deltas':>6} {'delta KB':>9} {'enc ms':>7} {'per ckpt':>9} "
+          f"{'restore full':>13} {'chain':>8} {'ratio':>6}")
+    figures = {}
+    for keys in args.keys:
+        for pattern in ("hot", "uniform"):
+            f = cycle(keys, pattern, args)
+            figures[keys, pattern] = f
+            print(f"{keys:>11,} {pattern:>8} {f['full_bytes'] / 1e6:8.2f} "
+                  f"{f['full_s'] * 1e3:7.1f} {f['base_bytes'] / 1e6:8.2f} {f['deltas']:>6} "
+                  f"{f['delta_bytes'] / 1e3:9.1f} {f['delta_s'] * 1e3:7.2f} "
+                  f"{f['per_checkpoint']:9.2%} {f['restore_full_s']:12.3f}s "
+                  f"{f['restore_chain_s']:7.3f}s "
+                  f"{f['restore_chain_s'] / f['restore_full_s']:5.2f}x", flush=True)
+    return figures
+
+
+def run_figures(args: argparse.Namespace, storage: str, label: str) -> None:
     import bastion as bn
 
-    keys, hot, records = args.keys, args.hot, args.run_records
-    for state in (bn.State(), bn.State(incremental=True, max_chain=args.max_chain)):
+    keys, hot, records = args.run_keys, args.hot, args.run_records
+    rates = {}
+    for name, protocol, state in (
+            ("no checkpoints", "none", None),
+            ("full", bn.protocols.Coordinated(interval_s=args.interval_s), bn.State()),
+            ("incremental", bn.protocols.Coordinated(interval_s=args.interval_s),
+             bn.State(incremental=True))):
         topo = bn.Topology("state-bench")
-        numbers = topo.source("numbers", bn.sources.Generator(lambda i: i, count=records,
-                                                              rate=args.run_rate))
+        numbers = topo.source("numbers", bn.sources.Generator(lambda i: i, count=records))
         numbers.key_by(lambda i: i if i < keys else i % hot).reduce(
-            "sum", lambda acc, i: acc + 1, initial=0, parallelism=2).filter(
-            "none", lambda kv: False).sink("out", bn.sinks.Collect())
-        with tempfile.TemporaryDirectory() as directory:
-            result = bn.run(topo, bn.protocols.Coordinated(interval_s=args.interval_s),
-                            storage=f"local://{directory}", state=state)
-        sizes = [e["state_bytes"] for e in result.details["events"]
-                 if e["kind"] == "checkpoint_completed"][1:]
-        label = "incremental" if state.incremental else "full       "
-        mean = statistics.mean(sizes) / 1e6 if sizes else float("nan")
-        print(f"(b) run, {label}: {len(sizes)} checkpoints after the first, "
-              f"{mean:.3f} MB each on average")
+            "sum", lambda acc, i: acc + 1, initial=0, parallelism=1).filter(
+            "none", lambda kv: False).sink("out", bn.sinks.Discard())
+        result = bn.run(topo, protocol, storage=storage, state=state)
+        rate = result.metrics.source_records / result.metrics.duration_s
+        rates[name] = rate
+        events = [e for e in result.details["events"] if e["kind"] == "checkpoint_completed"]
+        sizes = [e["state_bytes"] for e in events][1:]
+        durations = [e["duration_s"] for e in events if e.get("duration_s") is not None]
+        figures = ""
+        if sizes:
+            figures = (f", {len(sizes)} checkpoints after the first: "
+                       f"{statistics.mean(sizes) / 1e6:.3f} MB each on average, duration "
+                       f"mean {statistics.mean(durations):.3f} s, largest "
+                       f"{max(durations):.3f} s")
+        print(f"(b) {label} {name:>14}: {rate:,.0f} records/s "
+              f"({rate / rates['no checkpoints']:.2f}x no checkpoints){figures}",
+              flush=True)
+
+
+@contextlib.contextmanager
+def s3_storage() -> object:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from storage import moto_server  # benchmarks/storage.py
+
+    os.environ.setdefault("BASTION_S3_ACCESS_KEY", "bench")
+    os.environ.setdefault("BASTION_S3_SECRET_KEY", "bench-secret")
+    with moto_server() as endpoint:
+        yield f"s3://state-bench/jobs?endpoint={endpoint}&secure=false"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--keys", type=int, default=200_000)
+    parser.add_argument("--keys", type=int, nargs="+", default=list(KEY_COUNTS))
     parser.add_argument("--hot", type=int, default=1_000)
     parser.add_argument("--updates", type=int, default=20_000)
-    parser.add_argument("--checkpoints", type=int, default=12)
-    parser.add_argument("--max-chain", type=int, default=8)
+    parser.add_argument("--max-chain", type=int, default=State().max_chain)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--run", action="store_true")
-    parser.add_argument("--run-records", type=int, default=1_000_000)
-    parser.add_argument("--run-rate", type=float, default=100_000.0)
-    parser.add_argument("--interval-s", type=float, default=0.5)
+    parser.add_argument("--s3", action="store_true", help="(b) on moto's S3 server too")
+    parser.add_argument("--run-keys", type=int, default=4_000_000)
+    parser.add_argument("--run-records", type=int, default=12_000_000)
+    parser.add_argument("--interval-s", type=float, default=1.0)
     args = parser.parse_args()
-    delta_share, overall_share = codec_figure(args)
+    figures = codec_figures(args)
     if args.run:
-        run_figure(args)
-    print(f"headline: incremental checkpoint at {args.keys:,} keys / {args.hot:,} hot = "
-          f"{delta_share:.2%} of a full snapshot's bytes per delta, {overall_share:.1%} "
-          f"with its bases (max_chain={args.max_chain})")
+        with tempfile.TemporaryDirectory() as directory:
+            run_figures(args, f"local://{directory}", "local")
+        if args.s3:
+            with s3_storage() as url:
+                run_figures(args, url, "s3/moto")
+    headline = figures.get((4_000_000, "hot")) or figures[max(args.keys), "hot"]
+    keys = 4_000_000 if (4_000_000, "hot") in figures else max(args.keys)
+    print(f"headline: {keys:,} keys, {args.hot:,} hot: incremental writes "
+          f"{headline['per_checkpoint']:.2%} of a full snapshot's bytes per checkpoint, "
+          f"bases included (target <= 2%); restoring the longest chain "
+          f"(1 base + {headline['deltas']} deltas) takes "
+          f"{headline['restore_chain_s'] / headline['restore_full_s']:.2f}x a full "
+          f"snapshot's restore (target <= 1.5x)")
 
 
 if __name__ == "__main__":

@@ -38,10 +38,15 @@ def hot_and_cold(count=4000, rate=2000):
 
 
 def windows(count=3000, rate=1500):
-    """A tumbling count per key and a Count(7) window per key, off one keyed stream."""
+    """A tumbling count per key and a Count(7) window per key, off one keyed stream:
+    the first records are each a key of their own (cold: a count window that never
+    fires), the rest go to 40 hot keys — so the count windows' checkpoints are deltas
+    (a time window operator's few open windows are all touched each interval: its
+    links are bases)."""
     topo = bn.Topology("inc-windows")
     events = topo.source("events", bn.sources.Generator(
-        lambda i: {"k": f"k{i % 40}", "ts": i * 0.01}, count=count, rate=rate),
+        lambda i: {"k": f"k{i % 40}" if i >= COLD else f"c{i}", "ts": i * 0.01},
+        count=count, rate=rate),
         timestamp=lambda e: e["ts"])
     keyed = events.key_by(lambda e: e["k"])
     keyed.window(bn.windows.Tumbling(2.0)).aggregate(

@@ -27,10 +27,13 @@ When a base: the trigger
     The next link is a base when the task holds no keyed operator (a delta would
     save nothing), when it has no *confirmed* parent (no link of its own stored yet,
     and not restored from a checkpoint), when the parent's chain already holds
-    ``max_chain`` deltas, or when the deltas of the parent's chain together weigh
-    more than half its base. So a restore reads at most ``1 + max_chain`` blobs and
-    at most about 1.5 times a base's bytes — its time stays within about 1.5 times a
-    full snapshot's restore (`benchmarks/state.py` (c) measures it) — while a job
+    ``max_chain`` deltas, when the deltas of the parent's chain together weigh more
+    than an eighth of its base, or when the delta would hold more than an eighth of an
+    operator's keys (of its first table: a fold's keys, a window operator's
+    windows). So a restore reads at most ``1 + max_chain`` blobs and about a quarter
+    more than a base's bytes; decoding and applying a delta costs about three
+    times a base's decode per byte, so a restore stays within about 1.5 times a
+    full snapshot's (`benchmarks/state.py` (c) measures it) — while a job
     whose updates touch few keys writes a base once every ``max_chain + 1``
     checkpoints: with the default 64, a base's bytes spread over 65 checkpoints are
     1.5 % of a full snapshot per checkpoint, plus the deltas.
@@ -75,9 +78,11 @@ __all__ = ["StateChain", "Link", "apply_links", "BASE", "DELTA"]
 BASE = "base"
 DELTA = "delta"
 _FORMAT = 1
-# A new base once the deltas weigh more than half the base: a restore then reads at
-# most 1.5x a full snapshot's bytes, whatever the update pattern
-_RESTORE_BYTES_OVER_BASE = 2
+# A new base once the deltas weigh more than an eighth of the base, or the next delta
+# would hold more than an eighth of the keys: a restore decodes the deltas and applies
+# them key by key, which costs about three times a base's decode per byte, so it
+# stays within about 1.5x a full snapshot's restore (`benchmarks/state.py` (c))
+_RESTORE_BYTES_OVER_BASE = 8
 
 
 @dataclass
@@ -147,6 +152,17 @@ class StateChain:
                 taken.append(None)
         self._unstored[seq] = taken
         base = self._base_due()
+        changes: list[set] = []
+        for i, keyed in enumerate(self.keyed):
+            keys: set = set()
+            if keyed and not base:
+                for sets in self._unstored.values():
+                    keys |= sets[i]
+                # a delta of much of the state costs what a base does, and makes a
+                # restore read both
+                entries = len(self.ops[i].tables()[0])
+                base = len(keys) * _RESTORE_BYTES_OVER_BASE > entries
+            changes.append(keys)
         operators: list[Any] = []
         for i, (op, keyed, other) in enumerate(zip(self.ops, self.keyed, others)):
             if not keyed:
@@ -154,9 +170,7 @@ class StateChain:
             elif base:
                 operators.append(["tables", op.tables()])
             else:
-                keys: set = set()
-                for sets in self._unstored.values():
-                    keys |= sets[i]
+                keys = changes[i]
                 changed_removed = []
                 for table in op.tables():
                     changed = {}
