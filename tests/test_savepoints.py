@@ -211,3 +211,53 @@ def test_a_kill_before_the_resumed_jobs_first_checkpoint_restarts_from_the_savep
         got = Counter(stopped.outputs[sink]) + Counter(resumed.outputs[sink])
         assert got == counts, (sink, sorted((got - counts).items())[:5],
                                sorted((counts - got).items())[:5])
+
+
+@pytest.mark.internal
+def test_a_stop_that_a_failure_interrupts_is_reported_failed_not_a_savepoint(tmp_path):
+    """The job master's side of a stop, against a real store, driven by hand: the
+    request is taken, the sources told; a failure while stopping gives the stop up —
+    `bn.stop` says why instead of waiting or reporting a savepoint — and a job whose
+    input ended before the stop reached it has none either."""
+    import asyncio
+
+    store = open_store(f"local://{tmp_path}")
+    store.put("jobs/j/events/0", b"x")
+    events: list[str] = []
+    told: list[bool] = []
+
+    async def drive() -> None:
+        watch = savepoints.StopWatch(store, "j", lambda kind, **_: events.append(kind),
+                                     check_interval_s=0.01)
+
+        async def stop_sources() -> None:
+            told.append(True)
+
+        waiting = asyncio.ensure_future(watch.watch(stop_sources))
+        savepoints.request_stop(store, "j")
+        await asyncio.wait_for(waiting, 5)
+        assert told and watch.stopping and not savepoints.stop_requested(store, "j")
+        await watch.on_failure()
+        assert not watch.stopping
+        # a later attempt finds no request: it runs on instead of stopping again
+        assert not savepoints.stop_requested(store, "j")
+        # and a stop whose input ended first writes no savepoint
+        watch.stopping = True
+        assert await watch.on_finished(None, [{"savepoint_stop": False}]) is None
+
+    asyncio.run(drive())
+    assert events == ["savepoint_started", "savepoint_failed", "savepoint_failed"]
+    assert savepoints.read_manifest(store, "j") is None
+    assert "input ended before the stop" in savepoints.failure(store, "j")
+    # what bn.stop tells the user: it asks, the job master records the failure
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(bn.stop, "j", storage=f"local://{tmp_path}", timeout_s=10)
+        while not savepoints.stop_requested(store, "j"):
+            time.sleep(0.01)
+        savepoints.fail(store, "j", "a task failed while the job was stopping")
+        with pytest.raises(RuntimeError, match="did not stop with a savepoint: a task "
+                                               "failed while the job was stopping"):
+            asked.result(10)
