@@ -242,9 +242,9 @@ class Deployment:
         for w, task_ids in by_worker.items():
             self.workers[w].finish_loops.remote(self.epoch(self.stage.attempt), task_ids)
 
-    async def stop_sources(self, savepoint: bool = False) -> None:
+    async def stop_sources(self, savepoint_stop: bool = False) -> None:
         """Every source stops reading (an unbounded input's ``duration_s`` is over;
-        ``savepoint``: the job stops with a savepoint, `bastion.runtime.savepoint`)."""
+        ``savepoint_stop``: the job stops with a savepoint, `bastion.runtime.savepoint`)."""
         epoch = self.epoch(self.stage.attempt)
-        await asyncio.gather(*[w.stop_sources.remote(epoch, savepoint)
+        await asyncio.gather(*[w.stop_sources.remote(epoch, savepoint_stop)
                                for w in self.workers], return_exceptions=True)

@@ -586,9 +586,9 @@ class Task:
                 await self.protocol.on_control(channel_id, element)
         self.received_seq[channel_id] = seq
 
-    async def _end_input(self, channel: InputChannel, savepoint: bool) -> None:
+    async def _end_input(self, channel: InputChannel, savepoint_stop: bool) -> None:
         channel_id = channel.channel_id
-        if savepoint:
+        if savepoint_stop:
             self.savepoint_stop = True
         self.open_inputs.discard(channel_id)
         self.open_feedback.discard(channel_id)
@@ -1557,14 +1557,14 @@ class Worker:
                 if router.edge.dst_op in task.config.redundancy:
                     router.copies = ratio
 
-    def stop_sources(self, epoch: tuple[str, int], savepoint: bool = False) -> None:
-        """Every source of the attempt stops reading; ``savepoint``: the job stops
-        with a savepoint, which its sources' ends of stream tell downstream."""
+    def stop_sources(self, epoch: tuple[str, int], savepoint_stop: bool = False) -> None:
+        """Every source of the attempt stops reading; ``savepoint_stop``: the job
+        stops with a savepoint, which its sources' ends of stream tell downstream."""
         if epoch != self.epoch:
             return
         for task in self.tasks.values():
             task.stop_requested = True
-            if savepoint and task.source is not None:
+            if savepoint_stop and task.source is not None:
                 task.savepoint_stop = True
 
     async def wait(self, epoch: tuple[str, int]) -> dict[str, Any]:

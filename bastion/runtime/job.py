@@ -503,7 +503,7 @@ class JobMaster:
         if self.config.duration_s is not None:
             background.append(asyncio.ensure_future(self._stop_after(self.config.duration_s)))
         background.append(asyncio.ensure_future(self.stop_watch.watch(
-            lambda: self.deployment.stop_sources(savepoint=True))))
+            lambda: self.deployment.stop_sources(savepoint_stop=True))))
         assert self._job_error_set is not None  # made by `run` before any attempt
         finished = False
         try:
