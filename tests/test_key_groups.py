@@ -34,3 +34,15 @@ def test_keys_spread_over_instances(keys):
 def test_a_key_group_is_a_function_of_the_key_alone():
     assert key_group("k") == key_group("k") and 0 <= key_group("k") < KEY_GROUPS
     assert key_group(1) == key_group(1.0) == key_group(True)
+
+
+def test_a_keyed_operator_wider_than_the_key_groups_is_refused_naming_it():
+    from bastion.runtime.plan import build_plan
+
+    topo = bn.Topology("wide")
+    topo.source("src", bn.sources.Collection([1])).key_by(lambda v: v).reduce(
+        "total", lambda acc, v: acc + v, initial=0, parallelism=KEY_GROUPS + 1).sink(
+        "out", bn.sinks.Discard())
+    with pytest.raises(bn.TopologyError, match=r"operator 'total': parallelism 129 is "
+                                               r"more than the 128 key groups"):
+        build_plan(topo)
