@@ -61,21 +61,21 @@ Seven figures, each against its target:
     ids' cost to the operator beside it. Target: G_open only costs ≤ 10% against
     ``none``.
 
-    Measured (Nov 2026, 2 shared cores, load 9-30; best of 5): fast count windows
-    (``Count(1)``) cost 16-21% of ``none``'s throughput under G_open only, +18-23%
-    of the workers' CPU per record (``none`` 0.71-0.74 us/record); sliding-fast
-    8-19% (+17%), tumbling-fast 13% on a quiet machine, count-slow 0% (+2%). In
-    process (600,000 records), on fast count windows — a result per input, two
-    parts in all, so not a G_open in sight — the lineage ids cost the operator
-    +0.027 us/record and CEC +0.06-0.07: +0.04-0.05 the log (13-14 bytes a record,
-    8 of them its event time; each byte is framed with a CRC, copied into the open
-    segment, copied and written as a part, checked again and written again as a
-    segment) and +0.02 the rest, its results' log form by far the most of it. Of
-    the job's +18-23%, ids and CEC in process explain 12-13%; the rest is the log's
-    threads at run time (copies, file writes, task switches, in the workers' CPU
-    profile). Over 10% whatever CEC's own bookkeeping does: the count window's
-    lineage ids (a tuple per result) and the log's passes over each byte are the
-    levers left.
+    Measured (Nov 2026, 2 cores shared with other work, load 9-30; best of 5, 1 M
+    records): fast count windows (``Count(1)``) under G_open only use +13-23% of
+    ``none``'s worker CPU per record (``none`` 0.71-0.78 us/record; lineage ids
+    alone +2-8%), and cost 0-21% of its throughput, which at that load measures the
+    neighbours as much as CEC; sliding-fast +17% CPU, count-slow +2%. In process
+    (600,000 records) fast count windows — a result per input, two parts in all, so
+    not a G_open to speak of — pay +0.026-0.033 us/record for the lineage ids and
+    +0.072 for CEC: +0.046-0.054 the log (13-14 bytes a record, 8 of them its event
+    time; each byte is framed with a CRC, copied into the open segment, copied and
+    written as a part, checked again and written again as a segment) and
+    +0.018-0.026 the rest, most of it the results' log form: 13-14% of ``none``'s
+    CPU per record together, about what the job pays. Over 10% whatever CEC's own
+    bookkeeping does: the count window's lineage ids (a tuple per result, built even
+    where nothing reads them) and the log's passes over each byte are the levers
+    left.
 (e) **Policy sweeps**: a keyed sum over ``--sweep-keys`` keys (parts that never close),
     paced at ``--sweep-rate`` (runs of seconds: a burst refreshes only so many parts)
     under growing Q (extent target, as multiples of the N open parts), U (replay
