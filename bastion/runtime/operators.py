@@ -787,7 +787,10 @@ class CountWindowOp(Operator):
     def results_form(self, out: Batch) -> list:
         values = out.values
         code = None if out.ids is None else self.ctx.code
-        firsts, lasts = pack_column(field_column(values, 1)), pack_column(list(out.ts))
+        lasts = pack_column(out.ts)  # each result's event time is its last record's
+        # A window of one record (Count(1)) starts where it ends: its first times are
+        # the last ones by construction, and left out without a pass over the values.
+        firsts = lasts if self.n == 1 else pack_column(field_column(values, 1))
         packed = [pack_column(out.keys), pack_column(field_column(values, 3)),
                   None if firsts == lasts else firsts, lasts]
         nths = None if code is None else pack_ints(field_column(out.ids, 2))
