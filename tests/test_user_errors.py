@@ -35,6 +35,7 @@ from bastion.protocols.cec import resumed_state
 from bastion.storage import LogWriter, open_store
 
 PROGRESS = re.compile(r"^\[ *\w+\] ")  # a progress line, not a message
+RUNNING = re.compile(r"job \S+ running \(`bastion stop ")
 
 
 def cli(*argv: str) -> int:
@@ -45,10 +46,12 @@ def cli(*argv: str) -> int:
 
 
 def messages(err: str) -> list[str]:
-    """The lines of stderr that are messages (progress lines left out), each checked
-    for what no message may hold."""
+    """The lines of stderr that are messages (progress lines, and the line naming a
+    running job for `bastion stop`, left out), each checked for what no message may
+    hold."""
     assert "Traceback" not in err and "\x1b[" not in err, err
-    return [line for line in err.splitlines() if line.strip() and not PROGRESS.match(line)]
+    return [line for line in err.splitlines() if line.strip() and not PROGRESS.match(line)
+            and not RUNNING.match(line)]
 
 
 def assert_one_line(err: str, pattern: str) -> str:

@@ -87,6 +87,7 @@ class PartedOperator(Structural):
     opened: list | None           # a list: `process` appends each part it opens
     closed: list | None           # a list: `on_watermark` appends each part it closes
     overlapping: bool             # a record goes into several parts (a sliding window)
+    keyed: bool                   # its state splits by record key (it may rescale)
 
     def process(self, batch: Batch, input_index: int) -> Batch | None: ...
 
@@ -108,6 +109,8 @@ class PartedOperator(Structural):
     def part_retired(self, part: Any, watermark: float) -> bool: ...
 
     def open_among(self, parts: Iterable[Any]) -> list: ...
+
+    def open_parts(self) -> list: ...
 
     def results_form(self, out: Batch) -> list: ...
 
