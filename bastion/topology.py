@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterable, TypeVar
+from typing import Any, Callable, Generic, Iterable, TypeVar, overload
 
 from bastion import aggregations as _aggregations
 from bastion import windows as _windows
@@ -85,6 +85,17 @@ W = TypeVar("W")  # the other side of a join
 A = TypeVar("A")  # a reduce's accumulator
 S = TypeVar("S")  # a stateful_map's state
 R = TypeVar("R")  # a window aggregation's result
+
+# reduce's ``initial`` when not given: an aggregation brings its own (its create())
+_NO_INITIAL: Any = object()
+
+
+def _makes_aggregations(obj: Any) -> bool:
+    """Is ``obj`` a class whose instances are aggregations (it has the four methods)?
+    reduce, like `WindowedStream.aggregate`, accepts a class and makes one."""
+    return isinstance(obj, type) and all(
+        callable(getattr(obj, m, None)) for m in ("create", "add", "merge", "result"))
+
 
 OPERATOR_KINDS = (
     "source", "map", "filter", "flat_map", "reduce", "stateful_map", "window", "join",
@@ -455,10 +466,40 @@ class KeyedStream(Stream[V_co], Generic[K, V_co]):
     def _input(self) -> Input:
         return Input(self.name, HASH, self.key_fn)
 
+    @overload
+    def reduce(self, name: str,
+               fn: _aggregations.Aggregation[V_co, Any, R]
+               | Callable[[], _aggregations.Aggregation[V_co, Any, R]], *,
+               parallelism: int | None = None) -> Stream[tuple[K, R]]: ...
+
+    @overload
     def reduce(self, name: str, fn: Callable[[A, V_co], A], initial: A, *,
-               parallelism: int | None = None) -> Stream[tuple[K, A]]:
+               parallelism: int | None = None) -> Stream[tuple[K, A]]: ...
+
+    def reduce(self, name: str, fn: Any, initial: Any = _NO_INITIAL, *,
+               parallelism: int | None = None) -> Stream[Any]:
         """Running fold per key: emits ``(key, acc)`` after every input, where
-        ``acc = fn(acc, value)`` starting from ``initial``."""
+        ``acc = fn(acc, value)`` starting from ``initial``.
+
+        ``fn`` may instead be an aggregation (`bastion.aggregations`, or its class,
+        made with no arguments), without ``initial``: then ``acc = agg.add(acc,
+        value)`` from ``agg.create()``, and it emits ``(key, agg.result(acc))`` after
+        every input. The built-ins (``Count``, ``Sum``, ``Min``, ``Max``, ``Mean``)
+        fold a batch in C while its values are plain numbers (exact ints and floats),
+        without a Python call per record, and with the very results of their Python
+        methods; any other value takes the Python path."""
+        if _makes_aggregations(fn):
+            fn = fn()
+        if isinstance(fn, _aggregations.Aggregation) and not isinstance(fn, type):
+            if initial is not _NO_INITIAL:
+                raise TopologyError(f"reduce {name!r}: an aggregation starts from its "
+                                    "create(); drop initial")
+            self.topology._add(name, "reduce", parallelism, [self._input()], agg=fn)
+            return Stream(self.topology, name)
+        if initial is _NO_INITIAL:
+            raise TopologyError(f"reduce {name!r}: a reduce function needs initial (the "
+                                "accumulator of a new key), or pass an aggregation such "
+                                "as bn.aggregations.Count()")
         return self._unary("reduce", name, fn, parallelism, initial=initial)
 
     def stateful_map(self, name: str, fn: Callable[[S, V_co], tuple[S, U]],

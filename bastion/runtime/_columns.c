@@ -9,6 +9,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <limits.h>
 
 #define MAX_DESTINATIONS 256
 
@@ -584,6 +585,263 @@ done:
     return out;
 }
 
+
+/* -- keyed folds of the built-in aggregations ------------------------------------------
+ *
+ * fold_keyed(kind, state, keys, values, start, out, opened) -> int: a running
+ * aggregation per key, folded in C: for each record i from `start`, the accumulator of
+ * keys[i] in the dict `state` (a fresh one when the key is missing, and the key
+ * appended to `opened` when that is a list) takes values[i], is stored back, and
+ * (key, result) is appended to `out`. Returns the position of the first record it did
+ * not fold, len(values) when it folded them all: a record whose value or accumulator
+ * is not a plain number (an exact int or an exact float; `columns.fold_keyed` says
+ * what each kind accepts), which the caller folds in Python and then calls again after
+ * it. So state and out always hold exactly records start..returned-1, and the result
+ * is the one the Python aggregation computes, bit for bit: arithmetic on two floats or
+ * two small ints is done here in machine words with the same IEEE operations CPython
+ * does, and every other pairing (an int beyond 64 bits, an int with a float, a
+ * comparison of an int with a float, which Python makes exactly) goes through the
+ * number protocol of those exact types, which runs no user code. */
+
+enum { FOLD_COUNT = 0, FOLD_SUM = 1, FOLD_MIN = 2, FOLD_MAX = 3, FOLD_MEAN = 4 };
+
+/* a + b of two exact numbers, as Python computes it */
+static PyObject *
+add_numbers(PyObject *a, PyObject *b)
+{
+    if (PyFloat_CheckExact(a) && PyFloat_CheckExact(b))
+        return PyFloat_FromDouble(PyFloat_AS_DOUBLE(a) + PyFloat_AS_DOUBLE(b));
+    long long x, y, z;
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b) && compact_long(a, &x)
+            && compact_long(b, &y) && !__builtin_add_overflow(x, y, &z))
+        return PyLong_FromLongLong(z);
+    return PyNumber_Add(a, b);
+}
+
+/* Is `candidate` the new extreme against `acc` (candidate < acc for min, > for max)?
+ * What builtin min/max of (acc, candidate) decide: 1, 0, or -1 on error. */
+static int
+beats(PyObject *candidate, PyObject *acc, int op)
+{
+    if (PyFloat_CheckExact(candidate) && PyFloat_CheckExact(acc)) {
+        double c = PyFloat_AS_DOUBLE(candidate), a = PyFloat_AS_DOUBLE(acc);
+        return op == Py_LT ? c < a : c > a;
+    }
+    long long c, a;
+    if (PyLong_CheckExact(candidate) && PyLong_CheckExact(acc)
+            && compact_long(candidate, &c) && compact_long(acc, &a))
+        return op == Py_LT ? c < a : c > a;
+    return PyObject_RichCompareBool(candidate, acc, op);
+}
+
+static inline int
+is_number(PyObject *o)
+{
+    return PyFloat_CheckExact(o) || PyLong_CheckExact(o);
+}
+
+/* The new accumulator of `kind` after `value` (acc NULL: the key is new), its result
+ * in *result (a new reference); NULL with no error set: not plain numbers, fold it in
+ * Python; NULL with an error set: a real error (memory). */
+static PyObject *
+fold_one(int kind, PyObject *acc, PyObject *value, PyObject **result)
+{
+    PyObject *next = NULL;
+    switch (kind) {
+    case FOLD_COUNT: {
+        long long c = 0;
+        if (acc == NULL)
+            next = PyLong_FromLong(1);
+        else if (!PyLong_CheckExact(acc))
+            return NULL;
+        else if (compact_long(acc, &c) && c < LLONG_MAX)
+            next = PyLong_FromLongLong(c + 1);
+        else {
+            PyObject *one = PyLong_FromLong(1);
+            if (one == NULL)
+                return NULL;
+            next = PyNumber_Add(acc, one);
+            Py_DECREF(one);
+        }
+        break;
+    }
+    case FOLD_SUM:
+        if (!is_number(value) || (acc != NULL && !is_number(acc)))
+            return NULL;
+        if (acc == NULL) {
+            /* Sum starts at int 0: 0 + value is value itself, but for a float the sum
+             * of int 0 and -0.0 is 0.0 */
+            if (PyFloat_CheckExact(value))
+                next = PyFloat_FromDouble(0.0 + PyFloat_AS_DOUBLE(value));
+            else {
+                next = value;
+                Py_INCREF(next);
+            }
+        } else
+            next = add_numbers(acc, value);
+        break;
+    case FOLD_MIN:
+    case FOLD_MAX: {
+        if (!is_number(value) || (acc != NULL && acc != Py_None && !is_number(acc)))
+            return NULL;
+        if (acc == NULL || acc == Py_None) {
+            next = value;
+        } else {
+            int b = beats(value, acc, kind == FOLD_MIN ? Py_LT : Py_GT);
+            if (b < 0)
+                return NULL;
+            next = b ? value : acc;
+        }
+        Py_INCREF(next);
+        break;
+    }
+    case FOLD_MEAN: {
+        PyObject *sum = NULL, *count = NULL;
+        long long c = 0;
+        if (!is_number(value))
+            return NULL;
+        if (acc != NULL) {
+            if (!PyTuple_CheckExact(acc) || PyTuple_GET_SIZE(acc) != 2)
+                return NULL;
+            sum = PyTuple_GET_ITEM(acc, 0);
+            count = PyTuple_GET_ITEM(acc, 1);
+            /* a count of more than 2**62 records is not a plain count */
+            if (!is_number(sum) || !PyLong_CheckExact(count) || !compact_long(count, &c)
+                    || c < 0 || c > ((long long)1 << 62))
+                return NULL;
+        }
+        PyObject *new_sum;
+        if (sum == NULL) {
+            if (PyFloat_CheckExact(value))
+                new_sum = PyFloat_FromDouble(0.0 + PyFloat_AS_DOUBLE(value));
+            else {
+                new_sum = value;
+                Py_INCREF(new_sum);
+            }
+        } else
+            new_sum = add_numbers(sum, value);
+        if (new_sum == NULL)
+            return NULL;
+        PyObject *new_count = PyLong_FromLongLong(c + 1);
+        if (new_count == NULL) {
+            Py_DECREF(new_sum);
+            return NULL;
+        }
+        /* sum / count, as Mean.result: a float over a count below 2**53 divides in
+         * doubles as CPython's float division does; an int sum divides exactly
+         * rounded (int / int), through the number protocol */
+        if (PyFloat_CheckExact(new_sum))
+            *result = PyFloat_FromDouble(PyFloat_AS_DOUBLE(new_sum) / (double)(c + 1));
+        else
+            *result = PyNumber_TrueDivide(new_sum, new_count);
+        if (*result == NULL) {
+            Py_DECREF(new_sum);
+            Py_DECREF(new_count);
+            return NULL;
+        }
+        next = PyTuple_New(2);
+        if (next == NULL) {
+            Py_DECREF(new_sum);
+            Py_DECREF(new_count);
+            Py_CLEAR(*result);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(next, 0, new_sum);
+        PyTuple_SET_ITEM(next, 1, new_count);
+        return next;
+    }
+    default:
+        PyErr_Format(PyExc_ValueError, "unknown fold kind %d", kind);
+        return NULL;
+    }
+    if (next != NULL) {
+        *result = next;  /* the result of Count, Sum, Min and Max is the accumulator */
+        Py_INCREF(next);
+    }
+    return next;
+}
+
+static PyObject *
+fold_keyed(PyObject *module, PyObject *args)
+{
+    int kind;
+    PyObject *state, *keys, *values, *out, *opened;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "iO!OOnO!O:fold_keyed", &kind, &PyDict_Type, &state, &keys,
+                          &values, &start, &PyList_Type, &out, &opened))
+        return NULL;
+    if (kind < FOLD_COUNT || kind > FOLD_MEAN) {
+        PyErr_Format(PyExc_ValueError, "unknown fold kind %d", kind);
+        return NULL;
+    }
+    if (opened != Py_None && !PyList_Check(opened)) {
+        PyErr_SetString(PyExc_TypeError, "opened must be a list or None");
+        return NULL;
+    }
+    PyObject *kseq = PySequence_Fast(keys, "keys must be a list or a tuple");
+    if (kseq == NULL)
+        return NULL;
+    PyObject *vseq = PySequence_Fast(values, "values must be a list or a tuple");
+    if (vseq == NULL) {
+        Py_DECREF(kseq);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(vseq);
+    Py_ssize_t i = start < 0 ? 0 : start > n ? n : start;
+    if (PySequence_Fast_GET_SIZE(kseq) != n) {
+        PyErr_Format(PyExc_ValueError, "%zd keys for %zd values",
+                     PySequence_Fast_GET_SIZE(kseq), n);
+        goto fail;
+    }
+    for (; i < n; i++) {
+        /* a key's __hash__ / __eq__ is user code: hold what we read, and re-read the
+         * sizes, so that nothing it does can leave us reading freed memory */
+        if (i >= PySequence_Fast_GET_SIZE(kseq) || i >= PySequence_Fast_GET_SIZE(vseq)) {
+            PyErr_SetString(PyExc_RuntimeError, "a column changed size during a fold");
+            goto fail;
+        }
+        PyObject *key = PySequence_Fast_GET_ITEM(kseq, i);
+        PyObject *value = PySequence_Fast_GET_ITEM(vseq, i);
+        Py_INCREF(key);
+        Py_INCREF(value);
+        PyObject *acc = PyDict_GetItemWithError(state, key);  /* borrowed */
+        if (acc == NULL && PyErr_Occurred()) {
+            Py_DECREF(key);
+            Py_DECREF(value);
+            goto fail;
+        }
+        Py_XINCREF(acc);
+        PyObject *result = NULL;
+        PyObject *next = fold_one(kind, acc, value, &result);
+        int is_new = acc == NULL;
+        Py_XDECREF(acc);
+        Py_DECREF(value);
+        if (next == NULL) {
+            Py_DECREF(key);
+            if (PyErr_Occurred())
+                goto fail;
+            break;  /* not plain numbers: the caller folds record i */
+        }
+        PyObject *pair = PyTuple_Pack(2, key, result);
+        Py_DECREF(result);
+        int failed = pair == NULL || PyDict_SetItem(state, key, next) < 0
+                     || PyList_Append(out, pair) < 0
+                     || (is_new && opened != Py_None && PyList_Append(opened, key) < 0);
+        Py_XDECREF(pair);
+        Py_DECREF(next);
+        Py_DECREF(key);
+        if (failed)
+            goto fail;
+    }
+    Py_DECREF(kseq);
+    Py_DECREF(vseq);
+    return PyLong_FromSsize_t(i);
+fail:
+    Py_DECREF(kseq);
+    Py_DECREF(vseq);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"partitions", partitions, METH_VARARGS, "memo[key] for every key, as bytes"},
     {"split_column", split_column, METH_VARARGS, "a column cut by destination code"},
@@ -596,6 +854,8 @@ static PyMethodDef methods[] = {
     {"unpack_float64", unpack_float64, METH_VARARGS, "float64s back to a tuple of floats"},
     {"field_column", field_column, METH_VARARGS, "item `index` of every row, as a list"},
     {"float64_runs", float64_runs, METH_O, "exact floats run-length encoded, or None"},
+    {"fold_keyed", fold_keyed, METH_VARARGS,
+     "a built-in aggregation folded per key over columns of plain numbers"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -31,6 +31,7 @@ import struct
 import time
 import traceback
 from itertools import accumulate, chain, compress, islice, repeat
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Sequence
 
 from bastion import windows as window_specs
@@ -38,7 +39,10 @@ from bastion.errors import UDFError
 from bastion.lineage import (IdRun, derived_ids, from_wire, ids_of, root_ids, to_wire,
                              union_ids)
 from bastion.runtime.metrics import LatencyHistogram
-from bastion.runtime.columns import field_column, float64_runs, pack_ints, unpack_ints
+from bastion import aggregations as _aggregations
+from bastion.runtime.columns import (FOLD_COUNT, FOLD_MAX, FOLD_MEAN, FOLD_MIN, FOLD_SUM,
+                                     field_column, float64_runs, fold_keyed, pack_ints,
+                                     unpack_ints)
 from bastion.runtime.records import Batch, pack_column, unpack_column
 from bastion.runtime.windows import TimeWindows
 from bastion.topology import OpNode
@@ -421,6 +425,112 @@ class KeyedFoldOp(Operator):
     def open_among(self, parts: Iterable[Any]) -> list:
         return list(filter(self.state.__contains__, parts))
 
+
+# The built-in aggregations `fold_keyed` folds, by exact type: a subclass may change
+# what ``add`` does, so it takes the Python path.
+_FOLD_KINDS: dict[type, int] = {
+    _aggregations.Count: FOLD_COUNT, _aggregations.Sum: FOLD_SUM,
+    _aggregations.Min: FOLD_MIN, _aggregations.Max: FOLD_MAX,
+    _aggregations.Mean: FOLD_MEAN,
+}
+
+
+class AggregateFoldOp(KeyedFoldOp):
+    """reduce with an aggregation object: ``acc = agg.add(acc, value)`` per key from
+    ``agg.create()``, emitting ``(key, agg.result(acc))`` after every input.
+
+    The built-in aggregations fold a batch in C (`columns.fold_keyed`) while values and
+    accumulators are plain numbers; a record that is not goes through ``agg.add`` in
+    Python, and the C fold resumes after it, so every record is folded once, in order,
+    with the result the Python aggregation gives. A built-in's ``fn`` runs first over
+    the whole batch (one C-level ``map``; a record it raises on is dead-lettered), and
+    the numbers it gives are folded. The state is the same ``{key: acc}`` dict as a
+    reduce's (snapshots, incremental tables and parts unchanged); a record whose
+    ``add`` or ``result`` raises leaves its key's accumulator unchanged."""
+
+    def __init__(self, node: OpNode, ctx: OperatorContext):
+        Operator.__init__(self, node, ctx)
+        agg = node.params["agg"]
+        self.agg = agg
+        self.kind = _FOLD_KINDS.get(type(agg))
+        self.emits_pairs = True
+        self.state = {}
+        # A built-in's fn is applied to the column first; the numbers it gives are
+        # then folded by the same aggregation without one (``plain``).
+        fn = getattr(agg, "fn", None)
+        self.extract = None if self.kind is None or fn is _aggregations._identity else fn
+        self.plain = agg if self.kind is None else type(agg)()
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        keys = _keys_of(batch)
+        if self.changed is not None:
+            self.changed.update(keys)  # a failing record's key: unchanged
+        values = batch.values
+        # (position in the batch, value, error) of every record that failed, dead-
+        # lettered at the end in the order of the records, as the Python path would
+        failures: list[tuple[int, Any, BaseException]] = []
+        positions: list[int] | None = None
+        if self.extract is not None:
+            errors = _Failures()
+            positions, values = _apply_udf(batch, errors, self.extract)  # type: ignore[arg-type]
+            if positions is not None:
+                kept = set(positions)
+                failures.extend((i, batch.values[i], exc) for i, exc in zip(
+                    (i for i in range(len(batch)) if i not in kept), errors.errors))
+                batch = batch.take(positions)
+                keys = _keys_of(batch)
+        out: list = []
+        failed: list[int] = []
+        n, i, kind = len(values), 0, self.kind
+        state, opened = self.state, self.opened
+        while i < n:
+            if kind is not None:
+                i = fold_keyed(kind, state, keys, values, i, out, opened)
+                if i == n:
+                    break
+            error = self._fold_python(keys[i], values[i], out)
+            if error is not None:
+                failed.append(i)
+                # a dead letter carries the record's value, not what fn made of it
+                failures.append((i if positions is None else positions[i],
+                                 batch.values[i], error))
+            i += 1
+        if failed:
+            gone = set(failed)
+            batch = batch.take([j for j in range(n) if j not in gone])
+        for _, value, error in sorted(failures, key=itemgetter(0)):
+            self.ctx.dead_letter(value, error)
+        ids = batch.ids
+        return Batch(batch.keys, out, batch.ts, batch.born,
+                     None if ids is None else derived_ids(self.ctx.code, ids))
+
+    def _fold_python(self, key: Any, value: Any, out: list) -> BaseException | None:
+        """One record through the aggregation's methods; the error when one raises
+        (the key's accumulator unchanged)."""
+        agg, state = self.plain, self.state
+        acc = state.get(key, _MISSING)
+        new = acc is _MISSING
+        try:
+            acc = agg.add(agg.create() if new else acc, value)
+            result = agg.result(acc)
+        except Exception as exc:  # noqa: BLE001 - any user error is a dead letter
+            return exc
+        state[key] = acc
+        out.append((key, result))
+        if new and self.opened is not None:
+            self.opened.append(key)
+        return None
+
+
+class _Failures:
+    """Stands in for an `OperatorContext` to `_apply_udf`: keeps the errors, in
+    order, for the caller to dead-letter in the order of its records."""
+
+    def __init__(self) -> None:
+        self.errors: list[BaseException] = []
+
+    def dead_letter(self, value: Any, error: BaseException) -> None:
+        self.errors.append(error)
 
 class _Emitter:
     """Collects output records one by one (for operators whose outputs are sparse)."""
@@ -1077,6 +1187,8 @@ def make_operator(node: OpNode, ctx: OperatorContext) -> Operator:
         return FilterOp(node, ctx)
     if kind == "flat_map":
         return FlatMapOp(node, ctx)
+    if kind == "reduce" and "agg" in node.params:
+        return AggregateFoldOp(node, ctx)
     if kind in ("reduce", "stateful_map"):
         return KeyedFoldOp(node, ctx)
     if kind == "window":
