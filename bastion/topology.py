@@ -60,6 +60,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, TypeVar, overload
 
+from bastion import _batches
 from bastion import aggregations as _aggregations
 from bastion import windows as _windows
 from bastion.errors import TopologyError
@@ -420,6 +421,37 @@ class Stream(Generic[T_co]):
                  parallelism: int | None = None) -> Stream[U]:
         """Every element of ``fn(value)``, each a record with the input's timestamp."""
         return self._unary("flat_map", name, fn, parallelism)
+
+    def map_batches(self, name: str, fn: Callable[[Any], Any], *,
+                    format: _batches.BatchFormat = "numpy",
+                    parallelism: int | None = None) -> Stream[Any]:
+        """``fn(column)`` once per batch: ``column`` holds the batch's values as a
+        numpy array (``format="numpy"``: ``numpy.asarray(values)``) or a pyarrow array
+        (``format="arrow"``), and ``fn`` returns a column of the same length, whose
+        items become the output records' values (a numpy or arrow result as Python
+        values). ``fn`` must be elementwise (`bastion._batches` says why); a result of
+        another length fails the job with a `UDFError` naming this operator; when
+        ``fn`` raises, the values it fails on alone are dead-lettered."""
+        _check_callable(name, "fn", fn)
+        try:
+            _batches.check_format(format)
+        except ValueError as exc:
+            raise TopologyError(f"map_batches {name!r}: {exc}") from None
+        self.topology._add(name, "map", parallelism, [self._input()], fn=fn,
+                           batch_format=format)
+        return Stream(self.topology, name)
+
+    def key_by_batch(self, fn: Callable[[Any], Any], *,
+                     format: _batches.BatchFormat = "numpy") -> KeyedStream[Any, T_co]:
+        """`key_by` with a batch function: ``fn(column)`` gives the keys of a whole
+        batch's values as one column (see `map_batches`); numpy or arrow keys become
+        Python values."""
+        _check_callable(f"key_by_batch after {self.name}", "key", fn)
+        try:
+            _batches.check_format(format)
+        except ValueError as exc:
+            raise TopologyError(f"key_by_batch after {self.name!r}: {exc}") from None
+        return KeyedStream(self.topology, self.name, _batches.BatchKey(fn, format))
 
     def key_by(self, fn: Callable[[T_co], K]) -> KeyedStream[K, T_co]:
         """Partition by ``fn(value)``: the next operator is keyed. Keys must be values

@@ -39,6 +39,7 @@ from bastion.errors import UDFError
 from bastion.lineage import (IdRun, derived_ids, from_wire, ids_of, root_ids, to_wire,
                              union_ids)
 from bastion.runtime.metrics import LatencyHistogram
+from bastion import _batches
 from bastion import aggregations as _aggregations
 from bastion.runtime.columns import (FOLD_COUNT, FOLD_MAX, FOLD_MEAN, FOLD_MIN, FOLD_SUM,
                                      field_column, float64_runs, fold_keyed, pack_ints,
@@ -282,6 +283,31 @@ class MapOp(_UdfOp):
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         positions, values = _apply_udf(batch, self.ctx, self.fn)
+        if positions is not None:
+            batch = batch.take(positions)
+        ids = batch.ids
+        return Batch(batch.keys, values, batch.ts, batch.born,
+                     None if ids is None else derived_ids(self.ctx.code, ids))
+
+
+class MapBatchesOp(_UdfOp):
+    """map with a batch function (`bastion._batches`): ``fn`` once per batch, on its
+    values as one column; the records and their lineage are those of a map."""
+
+    def __init__(self, node: OpNode, ctx: OperatorContext):
+        super().__init__(node, ctx)
+        self.format = node.params["batch_format"]
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        if not len(batch):
+            return batch
+        try:
+            positions, values = _batches.apply(self.fn, batch.values, self.format,
+                                               "the map_batches function",
+                                               self.ctx.dead_letter)
+        except _batches.ColumnLengthError as exc:
+            ctx = self.ctx  # the job's bug: fail it, before anything goes downstream
+            raise UDFError(ctx.name, ctx.index, batch.values[0], str(exc)) from None
         if positions is not None:
             batch = batch.take(positions)
         ids = batch.ids
@@ -1004,7 +1030,10 @@ class SourceOp(Operator):
     def poll(self, max_records: int, now_s: float) -> Batch | None:
         """The next batch (possibly empty), or None once this instance's share is read."""
         reader = self.reader
-        values = reader.read(max_records, now_s)
+        try:
+            values = reader.read(max_records, now_s)
+        except _batches.ColumnLengthError as exc:  # a batch_fn's bug: fail the job
+            raise UDFError(self.ctx.name, self.ctx.index, None, str(exc)) from None
         if values is None:
             return None
         n = len(values)
@@ -1182,7 +1211,7 @@ def make_operator(node: OpNode, ctx: OperatorContext) -> Operator:
     """The behaviour of a non-source, non-sink logical operator."""
     kind = node.kind
     if kind == "map":
-        return MapOp(node, ctx)
+        return MapBatchesOp(node, ctx) if "batch_format" in node.params else MapOp(node, ctx)
     if kind == "filter":
         return FilterOp(node, ctx)
     if kind == "flat_map":
