@@ -175,7 +175,7 @@ class SparkPeer:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=6_000_000)
+    parser.add_argument("--records", type=int, default=20_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--spark-batches", type=int, default=4)

@@ -54,14 +54,22 @@ def reference(storage):
     return ref
 
 
-@pytest.mark.parametrize("protocol,seed", [("coordinated", 0), ("uncoordinated", 1),
-                                           ("cic", 2)])
-def test_kills_lose_duplicate_and_corrupt_nothing(protocol, seed, storage, reference):
+INCREMENTAL = bn.State(incremental=True, max_chain=3)
+
+
+@pytest.mark.parametrize("protocol,seed,state", [
+    ("coordinated", 0, None), ("uncoordinated", 1, None), ("cic", 2, None),
+    ("coordinated", 3, INCREMENTAL), ("cec", 4, None)],
+    ids=["coordinated", "uncoordinated", "cic", "coordinated-incremental", "cec"])
+def test_kills_lose_duplicate_and_corrupt_nothing(protocol, seed, state, storage,
+                                                   reference):
+    options = {} if state is None else {"state": state}
     report = bn.drill(vector_sum(), protocol=with_interval(protocol, interval_s=0.4),
                       faults=[bn.faults.RandomKills(count=1, between=(0.6, 1.5))],
-                      seed=seed, reference=reference, storage=storage)
+                      seed=seed, reference=reference, storage=storage, **options)
     assert [e["kind"] for e in report.events].count("fault") == 1
-    assert report.metrics.protocol.failures, "the kill must have forced a restart"
+    assert any(e["kind"] == "restarted" for e in report.events) or (
+        report.metrics.protocol.failures), "the kill must have forced a restart"
     assert report.lost == 0, report.lost_examples
     assert report.duplicated == 0, report.duplicated_examples
     assert report.corrupted == 0, report.corrupted_examples

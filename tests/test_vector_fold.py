@@ -34,6 +34,10 @@ odd_values = st.one_of(st.integers(2**63, 2**80), st.booleans(), st.none(),
                        st.text(max_size=2))
 values = st.one_of(numbers, numbers, numbers, odd_values)
 keys = st.one_of(st.integers(0, 4), st.sampled_from(["a", "b"]))
+# keys that are equal across types (1, 1.0, True), a NaN (equal only to itself), and
+# enough distinct ones to make the kernel's per-batch key table grow
+kernel_keys = st.one_of(keys, st.integers(0, 300), st.integers(-(2**70), 2**70),
+                        st.sampled_from([1.0, True, float("nan"), (1, 2)]))
 
 
 def same(a, b) -> bool:
@@ -96,13 +100,17 @@ def dead_letters(op):
 
 
 @pytest.mark.internal
-@given(kind=st.integers(0, 4), records=st.lists(st.tuples(keys, values), max_size=40),
+@given(kind=st.integers(0, 4), records=st.lists(st.tuples(kernel_keys, values),
+                                                max_size=300),
        preset=st.dictionaries(keys, st.one_of(values, st.tuples(values, values),
                                                st.tuples(numbers, st.integers(0, 9)))),
        start=st.integers(0, 5))
 @settings(max_examples=400, deadline=None)
 @example(kind=4, records=[(0, 2**62), (0, 2**62), (0, 1)], preset={}, start=0)
 @example(kind=1, records=[(0, 2**63 - 1), (0, 1), (0, 0.5)], preset={}, start=0)
+@example(kind=0, records=[(1, 0), (True, 0), (1.0, 0)], preset={True: 5}, start=0)
+@example(kind=0, records=[(k, 0) for k in range(200)] + [(3, 0), (199, 0)], preset={},
+         start=0)
 def test_the_c_kernel_folds_what_its_python_twin_folds(kind, records, preset, start):
     from bastion.runtime import columns
 

@@ -761,6 +761,133 @@ fold_one(int kind, PyObject *acc, PyObject *value, PyObject **result)
     return next;
 }
 
+/* The keys a batch folds, each with its accumulator while the batch is folded: read
+ * from `state` when the key first comes up, written back once at the end. A batch of
+ * thousands of records has a few distinct keys at most in a keyed count, so this
+ * open-addressed table saves the two dict operations per record (the lookup and the
+ * store, each a hash, a probe and a compare) for one probe that usually matches by
+ * identity (small ints are shared objects). Keys match as in a dict: the same object,
+ * or an equal hash and ==, so 1, 1.0 and True are one key here as in `state`. */
+typedef struct {
+    PyObject *key;   /* the first record's key object (a new reference) */
+    Py_hash_t hash;
+    PyObject *acc;   /* NULL while the key has no accumulator */
+    int is_new;      /* not in `state` before this batch */
+} Slot;
+
+typedef struct {
+    Slot *slots;
+    Py_ssize_t mask;       /* capacity - 1, a power of two */
+    Py_ssize_t *order;     /* slot indices, in the order keys first came up */
+    Py_ssize_t used;
+} KeyTable;
+
+static int
+table_init(KeyTable *t, Py_ssize_t capacity)
+{
+    t->slots = PyMem_Calloc(capacity, sizeof(Slot));
+    t->order = PyMem_Malloc(sizeof(Py_ssize_t) * (capacity / 2 + 1));
+    t->mask = capacity - 1;
+    t->used = 0;
+    if (t->slots == NULL || t->order == NULL) {
+        PyMem_Free(t->slots);
+        PyMem_Free(t->order);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* Double the capacity: rehash the used slots (their references move). */
+static int
+table_grow(KeyTable *t)
+{
+    KeyTable bigger;
+    if (table_init(&bigger, 2 * (t->mask + 1)) < 0)
+        return -1;
+    for (Py_ssize_t o = 0; o < t->used; o++) {
+        Slot *old = &t->slots[t->order[o]];
+        Py_ssize_t i = (Py_ssize_t)((size_t)old->hash & (size_t)bigger.mask);
+        while (bigger.slots[i].key != NULL)
+            i = (i + 1) & bigger.mask;
+        bigger.slots[i] = *old;
+        bigger.order[bigger.used++] = i;
+    }
+    PyMem_Free(t->slots);
+    PyMem_Free(t->order);
+    *t = bigger;
+    return 0;
+}
+
+/* The slot of `key`, made (its accumulator read from `state`) when missing; NULL on
+ * an error (a key's __hash__ or __eq__ raised, memory). */
+static Slot *
+table_slot(KeyTable *t, PyObject *key, PyObject *state)
+{
+    Py_hash_t hash = PyObject_Hash(key);
+    if (hash == -1)
+        return NULL;
+    Py_ssize_t i = (Py_ssize_t)((size_t)hash & (size_t)t->mask);
+    for (;;) {
+        Slot *slot = &t->slots[i];
+        if (slot->key == NULL)
+            break;
+        if (slot->key == key)
+            return slot;
+        if (slot->hash == hash) {
+            int eq = PyObject_RichCompareBool(slot->key, key, Py_EQ);
+            if (eq < 0)
+                return NULL;
+            if (eq)
+                return slot;
+        }
+        i = (i + 1) & t->mask;
+    }
+    PyObject *acc = PyDict_GetItemWithError(state, key);  /* borrowed */
+    if (acc == NULL && PyErr_Occurred())
+        return NULL;
+    if (2 * (t->used + 1) > t->mask + 1) {  /* keep it at most half full */
+        Py_XINCREF(acc);  /* growing runs no user code, but hold it anyway */
+        int grown = table_grow(t);
+        Py_XDECREF(acc);
+        if (grown < 0)
+            return NULL;
+        return table_slot(t, key, state);
+    }
+    Slot *slot = &t->slots[i];
+    Py_INCREF(key);
+    Py_XINCREF(acc);
+    slot->key = key;
+    slot->hash = hash;
+    slot->acc = acc;
+    slot->is_new = acc == NULL;
+    t->order[t->used++] = i;
+    return slot;
+}
+
+/* Store every folded accumulator in `state` and note the new keys in `opened`, in the
+ * order the keys first came up (the order record-by-record stores would give), then
+ * release the table. -1 if a store failed (the table is released all the same). */
+static int
+table_flush(KeyTable *t, PyObject *state, PyObject *opened)
+{
+    int status = 0;
+    for (Py_ssize_t o = 0; o < t->used; o++) {
+        Slot *slot = &t->slots[t->order[o]];
+        if (status == 0 && slot->acc != NULL) {
+            if (PyDict_SetItem(state, slot->key, slot->acc) < 0
+                    || (slot->is_new && opened != Py_None
+                        && PyList_Append(opened, slot->key) < 0))
+                status = -1;
+        }
+        Py_DECREF(slot->key);
+        Py_XDECREF(slot->acc);
+    }
+    PyMem_Free(t->slots);
+    PyMem_Free(t->order);
+    return status;
+}
+
 static PyObject *
 fold_keyed(PyObject *module, PyObject *args)
 {
@@ -786,57 +913,69 @@ fold_keyed(PyObject *module, PyObject *args)
         Py_DECREF(kseq);
         return NULL;
     }
+    PyObject *pairs = NULL;
+    KeyTable table = {NULL, 0, NULL, 0};
+    int have_table = 0, failed = 0;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(vseq);
-    Py_ssize_t i = start < 0 ? 0 : start > n ? n : start;
+    Py_ssize_t i = start < 0 ? 0 : start > n ? n : start, first = i;
     if (PySequence_Fast_GET_SIZE(kseq) != n) {
         PyErr_Format(PyExc_ValueError, "%zd keys for %zd values",
                      PySequence_Fast_GET_SIZE(kseq), n);
         goto fail;
     }
+    /* the (key, result) pairs of records first..i-1, appended to `out` at the end */
+    if ((pairs = PyList_New(n - first)) == NULL || table_init(&table, 64) < 0)
+        goto fail;
+    have_table = 1;
     for (; i < n; i++) {
         /* a key's __hash__ / __eq__ is user code: hold what we read, and re-read the
          * sizes, so that nothing it does can leave us reading freed memory */
         if (i >= PySequence_Fast_GET_SIZE(kseq) || i >= PySequence_Fast_GET_SIZE(vseq)) {
             PyErr_SetString(PyExc_RuntimeError, "a column changed size during a fold");
-            goto fail;
+            failed = 1;
+            break;
         }
         PyObject *key = PySequence_Fast_GET_ITEM(kseq, i);
         PyObject *value = PySequence_Fast_GET_ITEM(vseq, i);
         Py_INCREF(key);
         Py_INCREF(value);
-        PyObject *acc = PyDict_GetItemWithError(state, key);  /* borrowed */
-        if (acc == NULL && PyErr_Occurred()) {
-            Py_DECREF(key);
-            Py_DECREF(value);
-            goto fail;
-        }
-        Py_XINCREF(acc);
-        PyObject *result = NULL;
-        PyObject *next = fold_one(kind, acc, value, &result);
-        int is_new = acc == NULL;
-        Py_XDECREF(acc);
+        Slot *slot = table_slot(&table, key, state);
+        PyObject *result = NULL, *next = NULL;
+        if (slot != NULL)
+            next = fold_one(kind, slot->acc, value, &result);
         Py_DECREF(value);
         if (next == NULL) {
             Py_DECREF(key);
-            if (PyErr_Occurred())
-                goto fail;
-            break;  /* not plain numbers: the caller folds record i */
+            failed = PyErr_Occurred() != NULL;
+            break;  /* an error, or not plain numbers: the caller folds record i */
         }
+        Py_XSETREF(slot->acc, next);
         PyObject *pair = PyTuple_Pack(2, key, result);
         Py_DECREF(result);
-        int failed = pair == NULL || PyDict_SetItem(state, key, next) < 0
-                     || PyList_Append(out, pair) < 0
-                     || (is_new && opened != Py_None && PyList_Append(opened, key) < 0);
-        Py_XDECREF(pair);
-        Py_DECREF(next);
         Py_DECREF(key);
-        if (failed)
-            goto fail;
+        if (pair == NULL) {
+            failed = 1;
+            break;
+        }
+        PyList_SET_ITEM(pairs, i - first, pair);
     }
+    have_table = 0;
+    if (table_flush(&table, state, opened) < 0)
+        failed = 1;
+    /* the pairs made, whether or not the fold went to the end: `state` holds them */
+    if (PyList_SetSlice(pairs, i - first, n - first, NULL) < 0
+            || PyList_SetSlice(out, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, pairs) < 0)
+        failed = 1;
+    if (failed)
+        goto fail;
+    Py_DECREF(pairs);
     Py_DECREF(kseq);
     Py_DECREF(vseq);
     return PyLong_FromSsize_t(i);
 fail:
+    if (have_table)
+        table_flush(&table, state, opened);
+    Py_XDECREF(pairs);
     Py_DECREF(kseq);
     Py_DECREF(vseq);
     return NULL;
