@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import bastion as bn
 
@@ -138,3 +140,24 @@ def test_the_dsl_checks_formats_and_functions():
         bn.sources.Generator(lambda k: k, batch_fn=lambda c: c)  # type: ignore[call-overload]
     with pytest.raises(ValueError, match="one of them"):
         bn.sources.Generator(count=3)  # type: ignore[call-overload]
+
+
+@pytest.mark.internal
+@given(values=st.one_of(
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=50),
+    st.lists(st.floats(allow_nan=True), max_size=50),
+    st.lists(st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
+                       st.booleans()), max_size=50)),
+       as_tuple=st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_a_numpy_column_is_what_asarray_makes(values, as_tuple):
+    """The fast path for exact ints and floats (`_batches._numbers_column`) gives
+    asarray's dtype and bits, in a writable array of its own."""
+    from bastion._batches import to_column
+
+    column = to_column(tuple(values) if as_tuple else values, "numpy")
+    want = np.asarray(values)
+    assert column.dtype == want.dtype and column.shape == want.shape
+    assert column.tobytes() == want.tobytes() if want.dtype != object else (
+        column.tolist() == want.tolist())
+    column[...] = column  # writable, and not a view of anything the caller holds
