@@ -34,13 +34,13 @@ from itertools import accumulate, chain, compress, islice, repeat
 from operator import itemgetter
 from typing import Any, Callable, Iterable, Sequence
 
+from bastion import _batches
+from bastion import aggregations as _aggregations
 from bastion import windows as window_specs
 from bastion.errors import UDFError
 from bastion.lineage import (IdRun, derived_ids, from_wire, ids_of, root_ids, to_wire,
                              union_ids)
 from bastion.runtime.metrics import LatencyHistogram
-from bastion import _batches
-from bastion import aggregations as _aggregations
 from bastion.runtime.columns import (FOLD_COUNT, FOLD_MAX, FOLD_MEAN, FOLD_MIN, FOLD_SUM,
                                      field_column, float64_runs, fold_keyed, pack_ints,
                                      unpack_ints)
