@@ -441,6 +441,20 @@ class Stream(Generic[T_co]):
                            batch_format=format)
         return Stream(self.topology, name)
 
+    def filter_batches(self, name: str, fn: Callable[[Any], Any], *,
+                       format: _batches.BatchFormat = "numpy",
+                       parallelism: int | None = None) -> Stream[T_co]:
+        """`filter` with a batch function: ``fn(column)`` gives a column of as many
+        truth values (see `map_batches`), and the records whose value is true go on."""
+        _check_callable(name, "fn", fn)
+        try:
+            _batches.check_format(format)
+        except ValueError as exc:
+            raise TopologyError(f"filter_batches {name!r}: {exc}") from None
+        self.topology._add(name, "filter", parallelism, [self._input()], fn=fn,
+                           batch_format=format)
+        return Stream(self.topology, name)
+
     def key_by_batch(self, fn: Callable[[Any], Any], *,
                      format: _batches.BatchFormat = "numpy") -> KeyedStream[Any, T_co]:
         """`key_by` with a batch function: ``fn(column)`` gives the keys of a whole

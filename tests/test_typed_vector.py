@@ -30,6 +30,7 @@ nums = topo.source("nums", bn.sources.Generator(batch_fn=lambda ks: ks * 2, coun
 assert_type(nums, Stream[Any])
 assert_type(nums.map_batches("m", lambda c: c + 1, format="arrow"), Stream[Any])
 assert_type(words.key_by_batch(lambda c: c), KeyedStream[Any, str])
+assert_type(words.filter_batches("f", lambda c: c != "be"), Stream[str])
 assert_type(topo.source("g", bn.sources.Generator(lambda k: str(k), count=2)), Stream[str])
 by_word.reduce("both", bn.aggregations.Count(), 0)  # E: No overload variant of "reduce"
 nums.map_batches("pandas", lambda c: c, format="pandas")  # E: Argument "format" to "map_batches" of "Stream" has incompatible type

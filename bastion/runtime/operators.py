@@ -294,25 +294,48 @@ class MapBatchesOp(_UdfOp):
     """map with a batch function (`bastion._batches`): ``fn`` once per batch, on its
     values as one column; the records and their lineage are those of a map."""
 
+    what = "the map_batches function"  # how a length error names the function
+
     def __init__(self, node: OpNode, ctx: OperatorContext):
         super().__init__(node, ctx)
         self.format = node.params["batch_format"]
 
-    def process(self, batch: Batch, input_index: int) -> Batch | None:
-        if not len(batch):
-            return batch
+    def _apply(self, batch: Batch) -> tuple[list[int] | None, list]:
+        """`_batches.apply` of ``fn`` to ``batch``'s values; a column of the wrong
+        length fails the job with a `UDFError` naming this operator."""
         try:
-            positions, values = _batches.apply(self.fn, batch.values, self.format,
-                                               "the map_batches function",
-                                               self.ctx.dead_letter)
+            return _batches.apply(self.fn, batch.values, self.format, self.what,
+                                  self.ctx.dead_letter)
         except _batches.ColumnLengthError as exc:
             ctx = self.ctx  # the job's bug: fail it, before anything goes downstream
             raise UDFError(ctx.name, ctx.index, batch.values[0], str(exc)) from None
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        if not len(batch):
+            return batch
+        positions, values = self._apply(batch)
         if positions is not None:
             batch = batch.take(positions)
         ids = batch.ids
         return Batch(batch.keys, values, batch.ts, batch.born,
                      None if ids is None else derived_ids(self.ctx.code, ids))
+
+
+class FilterBatchesOp(MapBatchesOp):
+    """filter with a batch function: ``fn(column)`` is a column of truth values; the
+    records whose value is true go on, ids and all, as a filter's do."""
+
+    what = "the filter_batches function"
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        if not len(batch):
+            return batch
+        positions, verdicts = self._apply(batch)
+        keep = list(compress(range(len(verdicts)) if positions is None else positions,
+                             verdicts))
+        if len(keep) == len(batch):
+            return batch
+        return batch.take(keep)
 
 
 class FilterOp(_UdfOp):
@@ -1213,7 +1236,8 @@ def make_operator(node: OpNode, ctx: OperatorContext) -> Operator:
     if kind == "map":
         return MapBatchesOp(node, ctx) if "batch_format" in node.params else MapOp(node, ctx)
     if kind == "filter":
-        return FilterOp(node, ctx)
+        return FilterBatchesOp(node, ctx) if "batch_format" in node.params else FilterOp(
+            node, ctx)
     if kind == "flat_map":
         return FlatMapOp(node, ctx)
     if kind == "reduce" and "agg" in node.params:
