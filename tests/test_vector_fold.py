@@ -296,3 +296,68 @@ def test_builtin_reduces_in_a_job_give_the_python_running_results():
         mine = [d for d in result.dead_letters if d.operator == name]
         assert [(d.value, d.error) for d in mine] == dead
     assert {d.operator for d in result.dead_letters} == {"sum", "min", "max", "mean"}
+
+
+# -- tumbling windows: the same windows as TimeWindowOp --------------------------------
+
+
+def window_operators(agg_factory, size):
+    """The folded window operator make_operator picks, and a plain TimeWindowOp of the
+    same node (the Python path it must equal)."""
+    from bastion.runtime.operators import (FoldedWindowOp, OperatorContext, TimeWindowOp,
+                                           make_operator)
+
+    topo = bn.Topology("windows")
+    topo.source("src", bn.sources.Collection([])).key_by(lambda v: v).window(
+        bn.windows.Tumbling(size)).aggregate("op", agg_factory()).sink(
+        "out", bn.sinks.Discard())
+    folded = make_operator(topo.nodes["op"], OperatorContext("op", 0, 1, False))
+    assert type(folded) is FoldedWindowOp
+    plain = TimeWindowOp(topo.nodes["op"], OperatorContext("op", 0, 1, False))
+    return folded, plain
+
+
+stamps = st.one_of(st.floats(-5, 50, allow_nan=False), st.integers(-5, 50),
+                   st.sampled_from([0.0, 1.0, 2.5, 1e-9, -1e-9]))
+window_steps = st.lists(st.one_of(
+    st.tuples(st.just("batch"), st.lists(st.tuples(keys, values, stamps), min_size=1,
+                                         max_size=12), st.booleans()),
+    st.tuples(st.just("watermark"), st.floats(-5, 60))), max_size=10)
+
+
+@pytest.mark.internal
+@given(name=st.sampled_from(sorted(AGGREGATIONS)), with_fn=st.booleans(),
+       size=st.sampled_from([1.0, 2.5, 0.1, 7]), steps=window_steps)
+@settings(max_examples=300, deadline=None)
+def test_a_folded_tumbling_window_is_the_python_window_exactly(name, with_fn, size, steps):
+    """Batches of plain and odd values (a fn that raises on some, when ``with_fn``),
+    event times across window bounds or one stamp for a whole batch, watermarks in
+    between: the folded operator's snapshot, fired results, opened windows, changed
+    windows and dead letters equal TimeWindowOp's at every step."""
+    from bastion.runtime.records import Batch
+
+    def make():
+        if with_fn and name != "count":
+            return AGGREGATIONS[name](lambda v: v if v != "x" else {}["fn fails"])
+        return AGGREGATIONS[name]()
+
+    folded, plain = window_operators(make, size)
+    for op in (folded, plain):
+        op.opened, op.closed, op.changed = [], [], set()
+    for step in steps:
+        if step[0] == "batch":
+            _, records, one_stamp = step
+            ts = [float(records[0][2])] * len(records) if one_stamp else [
+                float(t) for _, _, t in records]
+            for op in (folded, plain):
+                assert op.process(Batch([k for k, _, _ in records],
+                                        [v for _, v, _ in records], ts,
+                                        [float(i) for i in range(len(records))]), 0) is None
+        else:
+            fired = [op.on_watermark(step[1]) for op in (folded, plain)]
+            assert same(*[None if f is None else (f.keys, f.values, f.ts, f.born, f.ids)
+                          for f in fired])
+        assert same(folded.snapshot(), plain.snapshot())
+        assert folded.opened == plain.opened and folded.closed == plain.closed
+        assert folded.changed == plain.changed
+        assert dead_letters(folded) == dead_letters(plain)

@@ -592,7 +592,7 @@ done:
  * aggregation per key, folded in C: for each record i from `start`, the accumulator of
  * keys[i] in the dict `state` (a fresh one when the key is missing, and the key
  * appended to `opened` when that is a list) takes values[i], is stored back, and
- * (key, result) is appended to `out`. Returns the position of the first record it did
+ * (key, result) is appended to `out` (unless `out` is None). Returns the position of the first record it did
  * not fold, len(values) when it folded them all: a record whose value or accumulator
  * is not a plain number (an exact int or an exact float; `columns.fold_keyed` says
  * what each kind accepts), which the caller folds in Python and then calls again after
@@ -894,9 +894,13 @@ fold_keyed(PyObject *module, PyObject *args)
     int kind;
     PyObject *state, *keys, *values, *out, *opened;
     Py_ssize_t start;
-    if (!PyArg_ParseTuple(args, "iO!OOnO!O:fold_keyed", &kind, &PyDict_Type, &state, &keys,
-                          &values, &start, &PyList_Type, &out, &opened))
+    if (!PyArg_ParseTuple(args, "iO!OOnOO:fold_keyed", &kind, &PyDict_Type, &state, &keys,
+                          &values, &start, &out, &opened))
         return NULL;
+    if (out != Py_None && !PyList_Check(out)) {
+        PyErr_SetString(PyExc_TypeError, "out must be a list or None");
+        return NULL;
+    }
     if (kind < FOLD_COUNT || kind > FOLD_MEAN) {
         PyErr_Format(PyExc_ValueError, "unknown fold kind %d", kind);
         return NULL;
@@ -923,8 +927,10 @@ fold_keyed(PyObject *module, PyObject *args)
                      PySequence_Fast_GET_SIZE(kseq), n);
         goto fail;
     }
-    /* the (key, result) pairs of records first..i-1, appended to `out` at the end */
-    if ((pairs = PyList_New(n - first)) == NULL || table_init(&table, 64) < 0)
+    /* the (key, result) pairs of records first..i-1, appended to `out` at the end
+     * (none made when `out` is None: a window keeps accumulators, emits nothing) */
+    if ((out != Py_None && (pairs = PyList_New(n - first)) == NULL)
+            || table_init(&table, 64) < 0)
         goto fail;
     have_table = 1;
     for (; i < n; i++) {
@@ -950,6 +956,11 @@ fold_keyed(PyObject *module, PyObject *args)
             break;  /* an error, or not plain numbers: the caller folds record i */
         }
         Py_XSETREF(slot->acc, next);
+        if (pairs == NULL) {
+            Py_DECREF(result);
+            Py_DECREF(key);
+            continue;
+        }
         PyObject *pair = PyTuple_Pack(2, key, result);
         Py_DECREF(result);
         Py_DECREF(key);
@@ -963,12 +974,12 @@ fold_keyed(PyObject *module, PyObject *args)
     if (table_flush(&table, state, opened) < 0)
         failed = 1;
     /* the pairs made, whether or not the fold went to the end: `state` holds them */
-    if (PyList_SetSlice(pairs, i - first, n - first, NULL) < 0
-            || PyList_SetSlice(out, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, pairs) < 0)
+    if (pairs != NULL && (PyList_SetSlice(pairs, i - first, n - first, NULL) < 0
+            || PyList_SetSlice(out, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, pairs) < 0))
         failed = 1;
     if (failed)
         goto fail;
-    Py_DECREF(pairs);
+    Py_XDECREF(pairs);
     Py_DECREF(kseq);
     Py_DECREF(vseq);
     return PyLong_FromSsize_t(i);

@@ -145,10 +145,11 @@ def _number(value: object) -> bool:
 
 
 def py_fold_keyed(kind: int, state: dict, keys: Sequence, values: Sequence, start: int,
-                  out: list, opened: list | None) -> int:
+                  out: list | None, opened: list | None) -> int:
     """Fold records ``start..`` into ``state`` (``{key: accumulator}``), appending
-    ``(key, result)`` to ``out`` and every key new to ``state`` to ``opened`` (when a
-    list); the position of the first record not folded (``len(values)``: all of them).
+    ``(key, result)`` to ``out`` (unless None) and every key new to ``state`` to
+    ``opened`` (when a list); the position of the first record not folded
+    (``len(values)``: all of them).
 
     A record is folded here when its value and its key's accumulator are plain numbers
     (exact ints or floats) of what ``kind`` expects: Count any value and an int
@@ -160,7 +161,8 @@ def py_fold_keyed(kind: int, state: dict, keys: Sequence, values: Sequence, star
         raise ValueError(f"{len(keys)} keys for {len(values)} values")
     if not 0 <= kind <= FOLD_MEAN:
         raise ValueError(f"unknown fold kind {kind}")
-    get, append = state.get, out.append
+    get = state.get
+    append = out.append if out is not None else _discard
     i = max(start, 0)
     for i in range(i, len(values)):
         key, value = keys[i], values[i]
@@ -202,6 +204,10 @@ def py_fold_keyed(kind: int, state: dict, keys: Sequence, values: Sequence, star
 
 
 _MISSING = object()
+
+
+def _discard(item: object) -> None:
+    pass
 
 
 def _bits(value: float) -> bytes:

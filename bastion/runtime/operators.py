@@ -780,6 +780,107 @@ class TimeWindowOp(_WindowParts):
         return Batch(keys, list(zip(keys, starts, ends, aggregates)), ts, born, ids)
 
 
+_FAILED = object()  # a record whose aggregation fn raised (FoldedWindowOp.process)
+
+
+class FoldedWindowOp(TimeWindowOp):
+    """A Tumbling window's built-in aggregation (Count, Sum, Min, Max, Mean), folded
+    in C: the records of a batch that fall in one window go through `fold_keyed` at
+    once, into that window's ``{key: acc}`` (no result is made per record: a window
+    emits when it fires). A value that is not a plain number takes the aggregation's
+    Python ``add``, and the fold resumes after it, so windows hold, fire and
+    checkpoint exactly what `TimeWindowOp` gives — the state, snapshots, parts and
+    results are its own. Window numbers come from one numpy pass over the event
+    times, ``floor(ts / size)`` as `TimeWindows.assign` computes it (or one call when
+    the batch shares one stamp, as a source's batch does without a ``timestamp``);
+    `process_into` (a protocol's replay, parts given) stays `TimeWindowOp`'s."""
+
+    def __init__(self, node: OpNode, ctx: OperatorContext):
+        super().__init__(node, ctx)
+        self.kind = _FOLD_KINDS[type(self.agg)]
+        fn = getattr(self.agg, "fn", None)
+        self.extract = None if fn is None or fn is _aggregations._identity else fn
+        self.plain = type(self.agg)()
+
+    def _window_runs(self, ts: Sequence[float]) -> list[tuple[int, int, int]] | None:
+        """The batch's runs of records in one window, ``(window, start, stop)`` in
+        order; None when an event time is not finite (the Python path decides)."""
+        first, n = ts[0], len(ts)
+        if ts[-1] == first and ts.count(first) == n:  # one stamp for all
+            return [(self.windows.assign(first)[0], 0, n)]
+        import numpy
+
+        column = _batches.to_column(ts, "numpy").astype(numpy.float64)
+        if not numpy.isfinite(column).all():
+            return None
+        # floor(ts / slide) in doubles, as math.floor(ts / self.slide) does
+        ks = numpy.floor(column / self.windows.slide).astype(numpy.int64)
+        starts = [0, *(numpy.flatnonzero(ks[1:] != ks[:-1]) + 1).tolist()]
+        windows = ks[starts].tolist()
+        return list(zip(windows, starts, [*starts[1:], n]))
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        n = len(batch)
+        if not n:
+            return None
+        runs = self._window_runs(batch.ts)
+        if runs is None:
+            return super().process(batch, input_index)
+        if self.changed is not None:  # a window's whole table is its delta's unit
+            self.changed.update(k for k, _, _ in runs)
+        keys, values, born = _keys_of(batch), batch.values, batch.born
+        errors: dict[int, BaseException] = {}
+        if self.extract is not None:
+            collected = _Failures()
+            positions, extracted = _apply_udf(batch, collected, self.extract)  # type: ignore[arg-type]
+            if positions is not None:
+                # a failed record keeps its place (it still opens its window, as in
+                # TimeWindowOp) but is not folded: _FAILED is no number, so the C fold
+                # stops there and the Python step below dead-letters it
+                full: list = [_FAILED] * n
+                for position, value in zip(positions, extracted):
+                    full[position] = value
+                kept = set(positions)
+                errors = dict(zip((i for i in range(n) if i not in kept), collected.errors))
+                extracted = full
+            values = extracted
+        failures: list[tuple[int, BaseException]] = []
+        open_, latest, kind = self.open, self.latest_born, self.kind
+        for k, start, stop in runs:
+            newest = max(born[start:stop])
+            accs = open_.get(k)
+            if accs is None:
+                accs = open_[k] = {}
+                latest[k] = newest
+                heapq.heappush(self.pending, k)
+                if self.opened is not None:
+                    self.opened.append(k)
+            elif newest > latest[k]:
+                latest[k] = newest
+            whole = start == 0 and stop == n
+            run_keys = keys if whole else keys[start:stop]
+            run_values = values if whole else values[start:stop]
+            i = 0
+            while True:
+                i = fold_keyed(kind, accs, run_keys, run_values, i, None, None)
+                if i == len(run_values):
+                    break
+                value = run_values[i]
+                if value is _FAILED:
+                    failures.append((start + i, errors[start + i]))
+                else:
+                    key, agg = run_keys[i], self.plain
+                    try:
+                        accs[key] = agg.add(accs[key] if key in accs else agg.create(),
+                                            value)
+                    except Exception as exc:  # noqa: BLE001 - a dead letter
+                        failures.append((start + i, exc))
+                i += 1
+        for position, error in failures:  # in the order of the records
+            self.ctx.dead_letter(batch.values[position], error)
+        return None
+
+
 def _float_runs(column: Sequence[float]) -> tuple[bytes, list[int]]:
     """A column of floats run-length encoded (`columns.float64_runs`); any other number
     as the float it equals."""
@@ -1247,6 +1348,9 @@ def make_operator(node: OpNode, ctx: OperatorContext) -> Operator:
     if kind == "window":
         if isinstance(node.params["spec"], window_specs.Count):
             return CountWindowOp(node, ctx)
+        if (isinstance(node.params["spec"], window_specs.Tumbling)
+                and type(node.params["agg"]) in _FOLD_KINDS):
+            return FoldedWindowOp(node, ctx)
         return TimeWindowOp(node, ctx)
     if kind == "join":
         return JoinOp(node, ctx)
