@@ -48,7 +48,9 @@ imports nothing of storage. A reader that opens a store is a connector
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Callable, Generic, Sequence, TypeVar, overload
+
+from bastion import _batches
 
 from bastion.sinks import _normalise_log_url
 
@@ -59,6 +61,7 @@ from bastion.io_interfaces import SourceReader  # noqa: F401 - re-exported
 #: The type of the records a source produces (to a type checker only: ``Source[T]``
 #: makes ``Topology.source`` return a ``Stream[T]``).
 T_co = TypeVar("T_co", covariant=True)
+T = TypeVar("T")
 
 
 class Source(Generic[T_co]):
@@ -98,9 +101,12 @@ class Collection(Source[T_co]):
 
 
 class _GeneratorReader(SourceReader):
-    def __init__(self, fn: Callable[[int], Any], count: int | None, rate: float | None,
-                 index: int, parallelism: int):
+    def __init__(self, fn: Callable[[int], Any] | None, count: int | None,
+                 rate: float | None, index: int, parallelism: int,
+                 batch_fn: Callable[[Any], Any] | None = None, format: str = "numpy"):
         self.fn = fn
+        self.batch_fn = batch_fn
+        self.format = format
         self.index = index
         self.parallelism = parallelism
         # Instance i generates fn(i), fn(i+p), …: its share of [0, count).
@@ -161,9 +167,23 @@ class _GeneratorReader(SourceReader):
                 return []
         p, fn = self.parallelism, self.fn
         first = self.index + self.offset * p
-        out = list(map(fn, range(first, first + n * p, p)))
+        if self.batch_fn is not None:
+            out = self._batch(first, n)
+        else:
+            assert fn is not None  # Generator takes fn or batch_fn
+            out = list(map(fn, range(first, first + n * p, p)))
         self.offset += n
         return out
+
+    def _batch(self, first: int, n: int) -> list[Any]:
+        """``batch_fn`` of the column of record numbers first, first + p, ... (n)."""
+        import numpy
+
+        assert self.batch_fn is not None
+        ks = numpy.arange(first, first + n * self.parallelism, self.parallelism,
+                          dtype=numpy.int64)
+        column = ks if self.format == "numpy" else _batches.to_column(ks, self.format)
+        return _batches.from_column(self.batch_fn(column), n, "the Generator's batch_fn")
 
 
 class Generator(Source[T_co]):
@@ -171,19 +191,43 @@ class Generator(Source[T_co]):
     ``rate`` records per second over all instances (as fast as possible when None).
     ``fn`` must be deterministic: replay after a failure calls it again."""
 
-    def __init__(self, fn: Callable[[int], T_co], count: int | None = None,
-                 rate: float | None = None):
+    @overload
+    def __init__(self: Generator[T], fn: Callable[[int], T], count: int | None = None,
+                 rate: float | None = None) -> None: ...
+
+    @overload
+    def __init__(self: Generator[Any], fn: None = None, count: int | None = None,
+                 rate: float | None = None, *, batch_fn: Callable[[Any], Any],
+                 format: _batches.BatchFormat = "numpy") -> None: ...
+
+    def __init__(self, fn: Callable[[int], Any] | None = None, count: int | None = None,
+                 rate: float | None = None, *, batch_fn: Callable[[Any], Any] | None = None,
+                 format: _batches.BatchFormat = "numpy"):
+        """``batch_fn``, instead of ``fn``, makes a column of records at a time:
+        called with the column of record numbers ``k`` (a numpy int64 array, or a
+        pyarrow one with ``format="arrow"``), it returns a column of as many values
+        (`bastion._batches`), one for each ``k`` — a batch function of ``k`` alone,
+        deterministic like ``fn``. A column of another length fails the job with a
+        `UDFError` naming the source."""
         if count is not None and count < 0:
             raise ValueError(f"Generator count must be >= 0 or None, got {count}")
         if rate is not None and rate <= 0:
             raise ValueError(f"Generator rate must be > 0 records/s or None, got {rate}")
+        if (fn is None) == (batch_fn is None):
+            raise ValueError("Generator takes fn (a record at a time) or batch_fn (a "
+                             "column at a time): one of them")
+        if batch_fn is not None:
+            _batches.check_format(format)
         self.fn = fn
+        self.batch_fn = batch_fn
+        self.format = format
         self.count = count
         self.rate = rate
         self.bounded = count is not None
 
     def open(self, index: int, parallelism: int) -> SourceReader:
-        return _GeneratorReader(self.fn, self.count, self.rate, index, parallelism)
+        return _GeneratorReader(self.fn, self.count, self.rate, index, parallelism,
+                                self.batch_fn, self.format)
 
     def __repr__(self) -> str:
         return f"Generator(count={self.count}, rate={self.rate})"

@@ -58,8 +58,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterable, TypeVar
+from typing import Any, Callable, Generic, Iterable, TypeVar, overload
 
+from bastion import _batches
 from bastion import aggregations as _aggregations
 from bastion import windows as _windows
 from bastion.errors import TopologyError
@@ -85,6 +86,17 @@ W = TypeVar("W")  # the other side of a join
 A = TypeVar("A")  # a reduce's accumulator
 S = TypeVar("S")  # a stateful_map's state
 R = TypeVar("R")  # a window aggregation's result
+
+# reduce's ``initial`` when not given: an aggregation brings its own (its create())
+_NO_INITIAL: Any = object()
+
+
+def _makes_aggregations(obj: Any) -> bool:
+    """Is ``obj`` a class whose instances are aggregations (it has the four methods)?
+    reduce, like `WindowedStream.aggregate`, accepts a class and makes one."""
+    return isinstance(obj, type) and all(
+        callable(getattr(obj, m, None)) for m in ("create", "add", "merge", "result"))
+
 
 OPERATOR_KINDS = (
     "source", "map", "filter", "flat_map", "reduce", "stateful_map", "window", "join",
@@ -410,6 +422,51 @@ class Stream(Generic[T_co]):
         """Every element of ``fn(value)``, each a record with the input's timestamp."""
         return self._unary("flat_map", name, fn, parallelism)
 
+    def map_batches(self, name: str, fn: Callable[[Any], Any], *,
+                    format: _batches.BatchFormat = "numpy",
+                    parallelism: int | None = None) -> Stream[Any]:
+        """``fn(column)`` once per batch: ``column`` holds the batch's values as a
+        numpy array (``format="numpy"``: ``numpy.asarray(values)``) or a pyarrow array
+        (``format="arrow"``), and ``fn`` returns a column of the same length, whose
+        items become the output records' values (a numpy or arrow result as Python
+        values). ``fn`` must be elementwise (`bastion._batches` says why); a result of
+        another length fails the job with a `UDFError` naming this operator; when
+        ``fn`` raises, the values it fails on alone are dead-lettered."""
+        _check_callable(name, "fn", fn)
+        try:
+            _batches.check_format(format)
+        except ValueError as exc:
+            raise TopologyError(f"map_batches {name!r}: {exc}") from None
+        self.topology._add(name, "map", parallelism, [self._input()], fn=fn,
+                           batch_format=format)
+        return Stream(self.topology, name)
+
+    def filter_batches(self, name: str, fn: Callable[[Any], Any], *,
+                       format: _batches.BatchFormat = "numpy",
+                       parallelism: int | None = None) -> Stream[T_co]:
+        """`filter` with a batch function: ``fn(column)`` gives a column of as many
+        truth values (see `map_batches`), and the records whose value is true go on."""
+        _check_callable(name, "fn", fn)
+        try:
+            _batches.check_format(format)
+        except ValueError as exc:
+            raise TopologyError(f"filter_batches {name!r}: {exc}") from None
+        self.topology._add(name, "filter", parallelism, [self._input()], fn=fn,
+                           batch_format=format)
+        return Stream(self.topology, name)
+
+    def key_by_batch(self, fn: Callable[[Any], Any], *,
+                     format: _batches.BatchFormat = "numpy") -> KeyedStream[Any, T_co]:
+        """`key_by` with a batch function: ``fn(column)`` gives the keys of a whole
+        batch's values as one column (see `map_batches`); numpy or arrow keys become
+        Python values."""
+        _check_callable(f"key_by_batch after {self.name}", "key", fn)
+        try:
+            _batches.check_format(format)
+        except ValueError as exc:
+            raise TopologyError(f"key_by_batch after {self.name!r}: {exc}") from None
+        return KeyedStream(self.topology, self.name, _batches.BatchKey(fn, format))
+
     def key_by(self, fn: Callable[[T_co], K]) -> KeyedStream[K, T_co]:
         """Partition by ``fn(value)``: the next operator is keyed. Keys must be values
         msgpack can carry; they are routed by a stable hash."""
@@ -455,10 +512,40 @@ class KeyedStream(Stream[V_co], Generic[K, V_co]):
     def _input(self) -> Input:
         return Input(self.name, HASH, self.key_fn)
 
+    @overload
+    def reduce(self, name: str,
+               fn: _aggregations.Aggregation[V_co, Any, R]
+               | Callable[[], _aggregations.Aggregation[V_co, Any, R]], *,
+               parallelism: int | None = None) -> Stream[tuple[K, R]]: ...
+
+    @overload
     def reduce(self, name: str, fn: Callable[[A, V_co], A], initial: A, *,
-               parallelism: int | None = None) -> Stream[tuple[K, A]]:
+               parallelism: int | None = None) -> Stream[tuple[K, A]]: ...
+
+    def reduce(self, name: str, fn: Any, initial: Any = _NO_INITIAL, *,
+               parallelism: int | None = None) -> Stream[Any]:
         """Running fold per key: emits ``(key, acc)`` after every input, where
-        ``acc = fn(acc, value)`` starting from ``initial``."""
+        ``acc = fn(acc, value)`` starting from ``initial``.
+
+        ``fn`` may instead be an aggregation (`bastion.aggregations`, or its class,
+        made with no arguments), without ``initial``: then ``acc = agg.add(acc,
+        value)`` from ``agg.create()``, and it emits ``(key, agg.result(acc))`` after
+        every input. The built-ins (``Count``, ``Sum``, ``Min``, ``Max``, ``Mean``)
+        fold a batch in C while its values are plain numbers (exact ints and floats),
+        without a Python call per record, and with the very results of their Python
+        methods; any other value takes the Python path."""
+        if _makes_aggregations(fn):
+            fn = fn()
+        if isinstance(fn, _aggregations.Aggregation) and not isinstance(fn, type):
+            if initial is not _NO_INITIAL:
+                raise TopologyError(f"reduce {name!r}: an aggregation starts from its "
+                                    "create(); drop initial")
+            self.topology._add(name, "reduce", parallelism, [self._input()], agg=fn)
+            return Stream(self.topology, name)
+        if initial is _NO_INITIAL:
+            raise TopologyError(f"reduce {name!r}: a reduce function needs initial (the "
+                                "accumulator of a new key), or pass an aggregation such "
+                                "as bn.aggregations.Count()")
         return self._unary("reduce", name, fn, parallelism, initial=initial)
 
     def stateful_map(self, name: str, fn: Callable[[S, V_co], tuple[S, U]],
@@ -504,7 +591,10 @@ class WindowedStream(Generic[K, V_co]):
                   parallelism: int | None = None) -> Stream[tuple[K, float, float, R]]:
         """Emit ``(key, window_start, window_end, agg.result(acc))`` when a window fires
         (for ``Count`` windows: the first and last record's event time). ``agg`` is an
-        aggregation or its class (made with no arguments)."""
+        aggregation or its class (made with no arguments). In ``Tumbling`` windows the
+        built-ins (``Count``, ``Sum``, ``Min``, ``Max``, ``Mean``) fold a batch in C
+        while its values are plain numbers, with the results of their Python methods
+        (see `KeyedStream.reduce`)."""
         if isinstance(agg, type):
             agg = agg()
         if not isinstance(agg, _aggregations.Aggregation):

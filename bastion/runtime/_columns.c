@@ -9,6 +9,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <limits.h>
 
 #define MAX_DESTINATIONS 256
 
@@ -584,6 +585,413 @@ done:
     return out;
 }
 
+
+/* -- keyed folds of the built-in aggregations ------------------------------------------
+ *
+ * fold_keyed(kind, state, keys, values, start, out, opened) -> int: a running
+ * aggregation per key, folded in C: for each record i from `start`, the accumulator of
+ * keys[i] in the dict `state` (a fresh one when the key is missing, and the key
+ * appended to `opened` when that is a list) takes values[i], is stored back, and
+ * (key, result) is appended to `out` (unless `out` is None). Returns the position of the first record it did
+ * not fold, len(values) when it folded them all: a record whose value or accumulator
+ * is not a plain number (an exact int or an exact float; `columns.fold_keyed` says
+ * what each kind accepts), which the caller folds in Python and then calls again after
+ * it. So state and out always hold exactly records start..returned-1, and the result
+ * is the one the Python aggregation computes, bit for bit: arithmetic on two floats or
+ * two small ints is done here in machine words with the same IEEE operations CPython
+ * does, and every other pairing (an int beyond 64 bits, an int with a float, a
+ * comparison of an int with a float, which Python makes exactly) goes through the
+ * number protocol of those exact types, which runs no user code. */
+
+enum { FOLD_COUNT = 0, FOLD_SUM = 1, FOLD_MIN = 2, FOLD_MAX = 3, FOLD_MEAN = 4 };
+
+/* a + b of two exact numbers, as Python computes it */
+static PyObject *
+add_numbers(PyObject *a, PyObject *b)
+{
+    if (PyFloat_CheckExact(a) && PyFloat_CheckExact(b))
+        return PyFloat_FromDouble(PyFloat_AS_DOUBLE(a) + PyFloat_AS_DOUBLE(b));
+    long long x, y, z;
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b) && compact_long(a, &x)
+            && compact_long(b, &y) && !__builtin_add_overflow(x, y, &z))
+        return PyLong_FromLongLong(z);
+    return PyNumber_Add(a, b);
+}
+
+/* Is `candidate` the new extreme against `acc` (candidate < acc for min, > for max)?
+ * What builtin min/max of (acc, candidate) decide: 1, 0, or -1 on error. */
+static int
+beats(PyObject *candidate, PyObject *acc, int op)
+{
+    if (PyFloat_CheckExact(candidate) && PyFloat_CheckExact(acc)) {
+        double c = PyFloat_AS_DOUBLE(candidate), a = PyFloat_AS_DOUBLE(acc);
+        return op == Py_LT ? c < a : c > a;
+    }
+    long long c, a;
+    if (PyLong_CheckExact(candidate) && PyLong_CheckExact(acc)
+            && compact_long(candidate, &c) && compact_long(acc, &a))
+        return op == Py_LT ? c < a : c > a;
+    return PyObject_RichCompareBool(candidate, acc, op);
+}
+
+static inline int
+is_number(PyObject *o)
+{
+    return PyFloat_CheckExact(o) || PyLong_CheckExact(o);
+}
+
+/* The new accumulator of `kind` after `value` (acc NULL: the key is new), its result
+ * in *result (a new reference); NULL with no error set: not plain numbers, fold it in
+ * Python; NULL with an error set: a real error (memory). */
+static PyObject *
+fold_one(int kind, PyObject *acc, PyObject *value, PyObject **result)
+{
+    PyObject *next = NULL;
+    switch (kind) {
+    case FOLD_COUNT: {
+        long long c = 0;
+        if (acc == NULL)
+            next = PyLong_FromLong(1);
+        else if (!PyLong_CheckExact(acc))
+            return NULL;
+        else if (compact_long(acc, &c) && c < LLONG_MAX)
+            next = PyLong_FromLongLong(c + 1);
+        else {
+            PyObject *one = PyLong_FromLong(1);
+            if (one == NULL)
+                return NULL;
+            next = PyNumber_Add(acc, one);
+            Py_DECREF(one);
+        }
+        break;
+    }
+    case FOLD_SUM:
+        if (!is_number(value) || (acc != NULL && !is_number(acc)))
+            return NULL;
+        if (acc == NULL) {
+            /* Sum starts at int 0: 0 + value is value itself, but for a float the sum
+             * of int 0 and -0.0 is 0.0 */
+            if (PyFloat_CheckExact(value))
+                next = PyFloat_FromDouble(0.0 + PyFloat_AS_DOUBLE(value));
+            else {
+                next = value;
+                Py_INCREF(next);
+            }
+        } else
+            next = add_numbers(acc, value);
+        break;
+    case FOLD_MIN:
+    case FOLD_MAX: {
+        if (!is_number(value) || (acc != NULL && acc != Py_None && !is_number(acc)))
+            return NULL;
+        if (acc == NULL || acc == Py_None) {
+            next = value;
+        } else {
+            int b = beats(value, acc, kind == FOLD_MIN ? Py_LT : Py_GT);
+            if (b < 0)
+                return NULL;
+            next = b ? value : acc;
+        }
+        Py_INCREF(next);
+        break;
+    }
+    case FOLD_MEAN: {
+        PyObject *sum = NULL, *count = NULL;
+        long long c = 0;
+        if (!is_number(value))
+            return NULL;
+        if (acc != NULL) {
+            if (!PyTuple_CheckExact(acc) || PyTuple_GET_SIZE(acc) != 2)
+                return NULL;
+            sum = PyTuple_GET_ITEM(acc, 0);
+            count = PyTuple_GET_ITEM(acc, 1);
+            /* a count of more than 2**62 records is not a plain count */
+            if (!is_number(sum) || !PyLong_CheckExact(count) || !compact_long(count, &c)
+                    || c < 0 || c > ((long long)1 << 62))
+                return NULL;
+        }
+        PyObject *new_sum;
+        if (sum == NULL) {
+            if (PyFloat_CheckExact(value))
+                new_sum = PyFloat_FromDouble(0.0 + PyFloat_AS_DOUBLE(value));
+            else {
+                new_sum = value;
+                Py_INCREF(new_sum);
+            }
+        } else
+            new_sum = add_numbers(sum, value);
+        if (new_sum == NULL)
+            return NULL;
+        PyObject *new_count = PyLong_FromLongLong(c + 1);
+        if (new_count == NULL) {
+            Py_DECREF(new_sum);
+            return NULL;
+        }
+        /* sum / count, as Mean.result: a float over a count below 2**53 divides in
+         * doubles as CPython's float division does; an int sum divides exactly
+         * rounded (int / int), through the number protocol */
+        if (PyFloat_CheckExact(new_sum))
+            *result = PyFloat_FromDouble(PyFloat_AS_DOUBLE(new_sum) / (double)(c + 1));
+        else
+            *result = PyNumber_TrueDivide(new_sum, new_count);
+        if (*result == NULL) {
+            Py_DECREF(new_sum);
+            Py_DECREF(new_count);
+            return NULL;
+        }
+        next = PyTuple_New(2);
+        if (next == NULL) {
+            Py_DECREF(new_sum);
+            Py_DECREF(new_count);
+            Py_CLEAR(*result);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(next, 0, new_sum);
+        PyTuple_SET_ITEM(next, 1, new_count);
+        return next;
+    }
+    default:
+        PyErr_Format(PyExc_ValueError, "unknown fold kind %d", kind);
+        return NULL;
+    }
+    if (next != NULL) {
+        *result = next;  /* the result of Count, Sum, Min and Max is the accumulator */
+        Py_INCREF(next);
+    }
+    return next;
+}
+
+/* The keys a batch folds, each with its accumulator while the batch is folded: read
+ * from `state` when the key first comes up, written back once at the end. A batch of
+ * thousands of records has a few distinct keys at most in a keyed count, so this
+ * open-addressed table saves the two dict operations per record (the lookup and the
+ * store, each a hash, a probe and a compare) for one probe that usually matches by
+ * identity (small ints are shared objects). Keys match as in a dict: the same object,
+ * or an equal hash and ==, so 1, 1.0 and True are one key here as in `state`. */
+typedef struct {
+    PyObject *key;   /* the first record's key object (a new reference) */
+    Py_hash_t hash;
+    PyObject *acc;   /* NULL while the key has no accumulator */
+    int is_new;      /* not in `state` before this batch */
+} Slot;
+
+typedef struct {
+    Slot *slots;
+    Py_ssize_t mask;       /* capacity - 1, a power of two */
+    Py_ssize_t *order;     /* slot indices, in the order keys first came up */
+    Py_ssize_t used;
+} KeyTable;
+
+static int
+table_init(KeyTable *t, Py_ssize_t capacity)
+{
+    t->slots = PyMem_Calloc(capacity, sizeof(Slot));
+    t->order = PyMem_Malloc(sizeof(Py_ssize_t) * (capacity / 2 + 1));
+    t->mask = capacity - 1;
+    t->used = 0;
+    if (t->slots == NULL || t->order == NULL) {
+        PyMem_Free(t->slots);
+        PyMem_Free(t->order);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* Double the capacity: rehash the used slots (their references move). */
+static int
+table_grow(KeyTable *t)
+{
+    KeyTable bigger;
+    if (table_init(&bigger, 2 * (t->mask + 1)) < 0)
+        return -1;
+    for (Py_ssize_t o = 0; o < t->used; o++) {
+        Slot *old = &t->slots[t->order[o]];
+        Py_ssize_t i = (Py_ssize_t)((size_t)old->hash & (size_t)bigger.mask);
+        while (bigger.slots[i].key != NULL)
+            i = (i + 1) & bigger.mask;
+        bigger.slots[i] = *old;
+        bigger.order[bigger.used++] = i;
+    }
+    PyMem_Free(t->slots);
+    PyMem_Free(t->order);
+    *t = bigger;
+    return 0;
+}
+
+/* The slot of `key`, made (its accumulator read from `state`) when missing; NULL on
+ * an error (a key's __hash__ or __eq__ raised, memory). */
+static Slot *
+table_slot(KeyTable *t, PyObject *key, PyObject *state)
+{
+    Py_hash_t hash = PyObject_Hash(key);
+    if (hash == -1)
+        return NULL;
+    Py_ssize_t i = (Py_ssize_t)((size_t)hash & (size_t)t->mask);
+    for (;;) {
+        Slot *slot = &t->slots[i];
+        if (slot->key == NULL)
+            break;
+        if (slot->key == key)
+            return slot;
+        if (slot->hash == hash) {
+            int eq = PyObject_RichCompareBool(slot->key, key, Py_EQ);
+            if (eq < 0)
+                return NULL;
+            if (eq)
+                return slot;
+        }
+        i = (i + 1) & t->mask;
+    }
+    PyObject *acc = PyDict_GetItemWithError(state, key);  /* borrowed */
+    if (acc == NULL && PyErr_Occurred())
+        return NULL;
+    if (2 * (t->used + 1) > t->mask + 1) {  /* keep it at most half full */
+        Py_XINCREF(acc);  /* growing runs no user code, but hold it anyway */
+        int grown = table_grow(t);
+        Py_XDECREF(acc);
+        if (grown < 0)
+            return NULL;
+        return table_slot(t, key, state);
+    }
+    Slot *slot = &t->slots[i];
+    Py_INCREF(key);
+    Py_XINCREF(acc);
+    slot->key = key;
+    slot->hash = hash;
+    slot->acc = acc;
+    slot->is_new = acc == NULL;
+    t->order[t->used++] = i;
+    return slot;
+}
+
+/* Store every folded accumulator in `state` and note the new keys in `opened`, in the
+ * order the keys first came up (the order record-by-record stores would give), then
+ * release the table. -1 if a store failed (the table is released all the same). */
+static int
+table_flush(KeyTable *t, PyObject *state, PyObject *opened)
+{
+    int status = 0;
+    for (Py_ssize_t o = 0; o < t->used; o++) {
+        Slot *slot = &t->slots[t->order[o]];
+        if (status == 0 && slot->acc != NULL) {
+            if (PyDict_SetItem(state, slot->key, slot->acc) < 0
+                    || (slot->is_new && opened != Py_None
+                        && PyList_Append(opened, slot->key) < 0))
+                status = -1;
+        }
+        Py_DECREF(slot->key);
+        Py_XDECREF(slot->acc);
+    }
+    PyMem_Free(t->slots);
+    PyMem_Free(t->order);
+    return status;
+}
+
+static PyObject *
+fold_keyed(PyObject *module, PyObject *args)
+{
+    int kind;
+    PyObject *state, *keys, *values, *out, *opened;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "iO!OOnOO:fold_keyed", &kind, &PyDict_Type, &state, &keys,
+                          &values, &start, &out, &opened))
+        return NULL;
+    if (out != Py_None && !PyList_Check(out)) {
+        PyErr_SetString(PyExc_TypeError, "out must be a list or None");
+        return NULL;
+    }
+    if (kind < FOLD_COUNT || kind > FOLD_MEAN) {
+        PyErr_Format(PyExc_ValueError, "unknown fold kind %d", kind);
+        return NULL;
+    }
+    if (opened != Py_None && !PyList_Check(opened)) {
+        PyErr_SetString(PyExc_TypeError, "opened must be a list or None");
+        return NULL;
+    }
+    PyObject *kseq = PySequence_Fast(keys, "keys must be a list or a tuple");
+    if (kseq == NULL)
+        return NULL;
+    PyObject *vseq = PySequence_Fast(values, "values must be a list or a tuple");
+    if (vseq == NULL) {
+        Py_DECREF(kseq);
+        return NULL;
+    }
+    PyObject *pairs = NULL;
+    KeyTable table = {NULL, 0, NULL, 0};
+    int have_table = 0, failed = 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(vseq);
+    Py_ssize_t i = start < 0 ? 0 : start > n ? n : start, first = i;
+    if (PySequence_Fast_GET_SIZE(kseq) != n) {
+        PyErr_Format(PyExc_ValueError, "%zd keys for %zd values",
+                     PySequence_Fast_GET_SIZE(kseq), n);
+        goto fail;
+    }
+    /* the (key, result) pairs of records first..i-1, appended to `out` at the end
+     * (none made when `out` is None: a window keeps accumulators, emits nothing) */
+    if ((out != Py_None && (pairs = PyList_New(n - first)) == NULL)
+            || table_init(&table, 64) < 0)
+        goto fail;
+    have_table = 1;
+    for (; i < n; i++) {
+        /* a key's __hash__ / __eq__ is user code: hold what we read, and re-read the
+         * sizes, so that nothing it does can leave us reading freed memory */
+        if (i >= PySequence_Fast_GET_SIZE(kseq) || i >= PySequence_Fast_GET_SIZE(vseq)) {
+            PyErr_SetString(PyExc_RuntimeError, "a column changed size during a fold");
+            failed = 1;
+            break;
+        }
+        PyObject *key = PySequence_Fast_GET_ITEM(kseq, i);
+        PyObject *value = PySequence_Fast_GET_ITEM(vseq, i);
+        Py_INCREF(key);
+        Py_INCREF(value);
+        Slot *slot = table_slot(&table, key, state);
+        PyObject *result = NULL, *next = NULL;
+        if (slot != NULL)
+            next = fold_one(kind, slot->acc, value, &result);
+        Py_DECREF(value);
+        if (next == NULL) {
+            Py_DECREF(key);
+            failed = PyErr_Occurred() != NULL;
+            break;  /* an error, or not plain numbers: the caller folds record i */
+        }
+        Py_XSETREF(slot->acc, next);
+        if (pairs == NULL) {
+            Py_DECREF(result);
+            Py_DECREF(key);
+            continue;
+        }
+        PyObject *pair = PyTuple_Pack(2, key, result);
+        Py_DECREF(result);
+        Py_DECREF(key);
+        if (pair == NULL) {
+            failed = 1;
+            break;
+        }
+        PyList_SET_ITEM(pairs, i - first, pair);
+    }
+    have_table = 0;
+    if (table_flush(&table, state, opened) < 0)
+        failed = 1;
+    /* the pairs made, whether or not the fold went to the end: `state` holds them */
+    if (pairs != NULL && (PyList_SetSlice(pairs, i - first, n - first, NULL) < 0
+            || PyList_SetSlice(out, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, pairs) < 0))
+        failed = 1;
+    if (failed)
+        goto fail;
+    Py_XDECREF(pairs);
+    Py_DECREF(kseq);
+    Py_DECREF(vseq);
+    return PyLong_FromSsize_t(i);
+fail:
+    if (have_table)
+        table_flush(&table, state, opened);
+    Py_XDECREF(pairs);
+    Py_DECREF(kseq);
+    Py_DECREF(vseq);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"partitions", partitions, METH_VARARGS, "memo[key] for every key, as bytes"},
     {"split_column", split_column, METH_VARARGS, "a column cut by destination code"},
@@ -596,6 +1004,8 @@ static PyMethodDef methods[] = {
     {"unpack_float64", unpack_float64, METH_VARARGS, "float64s back to a tuple of floats"},
     {"field_column", field_column, METH_VARARGS, "item `index` of every row, as a list"},
     {"float64_runs", float64_runs, METH_O, "exact floats run-length encoded, or None"},
+    {"fold_keyed", fold_keyed, METH_VARARGS,
+     "a built-in aggregation folded per key over columns of plain numbers"},
     {NULL, NULL, 0, NULL},
 };
 

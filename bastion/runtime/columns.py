@@ -26,6 +26,15 @@ logs every result): one field of every result tuple as a column (`field_column`)
 a column of floats that repeats in runs, such as the window start and the stamp all
 results of one window share, run-length encoded (`float64_runs`).
 
+The built-in aggregations of a keyed ``reduce`` (`bastion.aggregations`: Count, Sum,
+Min, Max, Mean) fold a batch here too (`fold_keyed`): per record a dict lookup, the
+arithmetic and the ``(key, result)`` pair, in C, instead of a Python call of the
+aggregation's ``add`` and ``result`` and the loop around them. It folds only plain
+numbers (exact ints and floats) and stops at the first record that is not one, which
+the operator folds in Python before calling it again after that record, so the two
+paths interleave record by record and the results are those of the Python aggregation
+exactly: the same values, of the same types.
+
 Packed columns keep the frame's meaning exactly: a column is packed only when every
 item is exactly an ``int`` that fits in 64 bits (not a ``bool``, not a subclass) or
 exactly a ``float``; it decodes to a tuple of the same values, as a msgpack array
@@ -126,6 +135,81 @@ def py_float64_runs(column: Sequence) -> tuple[bytes, list[int]] | None:
     return _little_endian(values).tobytes(), lengths
 
 
+# The kinds `fold_keyed` folds (the C kernel numbers them the same).
+FOLD_COUNT, FOLD_SUM, FOLD_MIN, FOLD_MAX, FOLD_MEAN = range(5)
+_COUNT_LIMIT = 1 << 62  # a Mean's count beyond it is not folded here (nor in C)
+
+
+def _number(value: object) -> bool:
+    return type(value) is int or type(value) is float
+
+
+def py_fold_keyed(kind: int, state: dict, keys: Sequence, values: Sequence, start: int,
+                  out: list | None, opened: list | None) -> int:
+    """Fold records ``start..`` into ``state`` (``{key: accumulator}``), appending
+    ``(key, result)`` to ``out`` (unless None) and every key new to ``state`` to
+    ``opened`` (when a list); the position of the first record not folded
+    (``len(values)``: all of them).
+
+    A record is folded here when its value and its key's accumulator are plain numbers
+    (exact ints or floats) of what ``kind`` expects: Count any value and an int
+    accumulator; Sum a number and a number accumulator; Min and Max a number and a
+    number or None; Mean a number and a ``(sum, count)`` tuple of a number and an int
+    count in 0..2**62. The accumulator and result are then exactly what the built-in
+    aggregation (with no ``fn``) computes."""
+    if len(keys) != len(values):
+        raise ValueError(f"{len(keys)} keys for {len(values)} values")
+    if not 0 <= kind <= FOLD_MEAN:
+        raise ValueError(f"unknown fold kind {kind}")
+    get = state.get
+    append = out.append if out is not None else _discard
+    i = max(start, 0)
+    for i in range(i, len(values)):
+        key, value = keys[i], values[i]
+        acc = get(key, _MISSING)
+        new = acc is _MISSING
+        if kind == FOLD_COUNT:
+            if new:
+                acc = 0
+            elif type(acc) is not int:
+                return i
+            acc = result = acc + 1
+        elif kind == FOLD_SUM:
+            if not _number(value) or not (new or _number(acc)):
+                return i
+            acc = result = (0 if new else acc) + value
+        elif kind in (FOLD_MIN, FOLD_MAX):
+            if not _number(value) or not (new or acc is None or _number(acc)):
+                return i
+            if new or acc is None:
+                acc = value
+            else:
+                acc = (min if kind == FOLD_MIN else max)(acc, value)
+            result = acc
+        else:
+            if not _number(value):
+                return i
+            if new:
+                acc = (0, 0)
+            elif not (type(acc) is tuple and len(acc) == 2 and _number(acc[0])
+                      and type(acc[1]) is int and 0 <= acc[1] <= _COUNT_LIMIT):
+                return i
+            acc = (acc[0] + value, acc[1] + 1)
+            result = acc[0] / acc[1]
+        state[key] = acc
+        append((key, result))
+        if new and opened is not None:
+            opened.append(key)
+    return len(values)
+
+
+_MISSING = object()
+
+
+def _discard(item: object) -> None:
+    pass
+
+
 def _bits(value: float) -> bytes:
     return struct.pack("<d", value)
 
@@ -151,7 +235,7 @@ def _from_little_endian(typecode: str, data: bytes) -> array:
 
 try:
     from bastion.runtime._columns import (exact_numbers, field_column, float64_runs,
-                                          pack_float64, pack_ints, partitions,
+                                          fold_keyed, pack_float64, pack_ints, partitions,
                                           split_column, split_columns, unpack_float64,
                                           unpack_ints)
     NATIVE = True
@@ -162,4 +246,5 @@ except ImportError:  # built without a C compiler: the same, slower
     unpack_ints, unpack_float64 = py_unpack_ints, py_unpack_float64
     exact_numbers = py_exact_numbers
     field_column, float64_runs = py_field_column, py_float64_runs
+    fold_keyed = py_fold_keyed
     NATIVE = False

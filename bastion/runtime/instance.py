@@ -28,11 +28,13 @@ import math
 import os
 import time
 import traceback
+from functools import partial
 from typing import Any, Callable, Coroutine, Sequence, cast
 
 import msgpack
 import ray
 
+from bastion._batches import BatchKey, ColumnLengthError
 from bastion.errors import PeerLostError, UDFError, UnserialisableError, UnstorableValueError
 from bastion.lineage import broadcast_ids, op_codes, record_hashes
 from bastion.protocols import get_protocol
@@ -95,7 +97,17 @@ def _part_list(memo: dict, keys: Sequence) -> list[int]:
 
 def apply_key(batch: Batch, key_fn: Any, ctx: OperatorContext) -> Batch:
     """Set ``batch.keys`` to ``key_fn(value)``; a raising key function dead-letters its
-    record under the keyed operator's name."""
+    record under the keyed operator's name. A `BatchKey` (``key_by_batch``) keys the
+    whole batch in one call."""
+    if type(key_fn) is BatchKey:
+        try:
+            positions, keys = key_fn.keys(batch.values, partial(ctx.dead_letter,
+                                                                what="key function"))
+        except ColumnLengthError as exc:  # the job's bug: fail it
+            raise UDFError(ctx.name, ctx.index, batch.values[0], str(exc)) from None
+        if positions is not None:
+            batch = batch.take(positions)
+        return Batch(keys, batch.values, batch.ts, batch.born, batch.ids)
     try:
         keys = list(map(key_fn, batch.values))
     except Exception:  # noqa: BLE001

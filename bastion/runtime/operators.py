@@ -31,14 +31,19 @@ import struct
 import time
 import traceback
 from itertools import accumulate, chain, compress, islice, repeat
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Sequence
 
+from bastion import _batches
+from bastion import aggregations as _aggregations
 from bastion import windows as window_specs
 from bastion.errors import UDFError
 from bastion.lineage import (IdRun, derived_ids, from_wire, ids_of, root_ids, to_wire,
                              union_ids)
 from bastion.runtime.metrics import LatencyHistogram
-from bastion.runtime.columns import field_column, float64_runs, pack_ints, unpack_ints
+from bastion.runtime.columns import (FOLD_COUNT, FOLD_MAX, FOLD_MEAN, FOLD_MIN, FOLD_SUM,
+                                     field_column, float64_runs, fold_keyed, pack_ints,
+                                     unpack_ints)
 from bastion.runtime.records import Batch, pack_column, unpack_column
 from bastion.runtime.windows import TimeWindows
 from bastion.topology import OpNode
@@ -303,6 +308,54 @@ class MapOp(_UdfOp):
                      None if ids is None else derived_ids(self.ctx.code, ids))
 
 
+class MapBatchesOp(_UdfOp):
+    """map with a batch function (`bastion._batches`): ``fn`` once per batch, on its
+    values as one column; the records and their lineage are those of a map."""
+
+    what = "the map_batches function"  # how a length error names the function
+
+    def __init__(self, node: OpNode, ctx: OperatorContext):
+        super().__init__(node, ctx)
+        self.format = node.params["batch_format"]
+
+    def _apply(self, batch: Batch) -> tuple[list[int] | None, list]:
+        """`_batches.apply` of ``fn`` to ``batch``'s values; a column of the wrong
+        length fails the job with a `UDFError` naming this operator."""
+        try:
+            return _batches.apply(self.fn, batch.values, self.format, self.what,
+                                  self.ctx.dead_letter)
+        except _batches.ColumnLengthError as exc:
+            ctx = self.ctx  # the job's bug: fail it, before anything goes downstream
+            raise UDFError(ctx.name, ctx.index, batch.values[0], str(exc)) from None
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        if not len(batch):
+            return batch
+        positions, values = self._apply(batch)
+        if positions is not None:
+            batch = batch.take(positions)
+        ids = batch.ids
+        return Batch(batch.keys, values, batch.ts, batch.born,
+                     None if ids is None else derived_ids(self.ctx.code, ids))
+
+
+class FilterBatchesOp(MapBatchesOp):
+    """filter with a batch function: ``fn(column)`` is a column of truth values; the
+    records whose value is true go on, ids and all, as a filter's do."""
+
+    what = "the filter_batches function"
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        if not len(batch):
+            return batch
+        positions, verdicts = self._apply(batch)
+        keep = list(compress(range(len(verdicts)) if positions is None else positions,
+                             verdicts))
+        if len(keep) == len(batch):
+            return batch
+        return batch.take(keep)
+
+
 class FilterOp(_UdfOp):
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
@@ -447,6 +500,112 @@ class KeyedFoldOp(Operator):
     def open_parts(self) -> list:
         return list(self.state)
 
+
+# The built-in aggregations `fold_keyed` folds, by exact type: a subclass may change
+# what ``add`` does, so it takes the Python path.
+_FOLD_KINDS: dict[type, int] = {
+    _aggregations.Count: FOLD_COUNT, _aggregations.Sum: FOLD_SUM,
+    _aggregations.Min: FOLD_MIN, _aggregations.Max: FOLD_MAX,
+    _aggregations.Mean: FOLD_MEAN,
+}
+
+
+class AggregateFoldOp(KeyedFoldOp):
+    """reduce with an aggregation object: ``acc = agg.add(acc, value)`` per key from
+    ``agg.create()``, emitting ``(key, agg.result(acc))`` after every input.
+
+    The built-in aggregations fold a batch in C (`columns.fold_keyed`) while values and
+    accumulators are plain numbers; a record that is not goes through ``agg.add`` in
+    Python, and the C fold resumes after it, so every record is folded once, in order,
+    with the result the Python aggregation gives. A built-in's ``fn`` runs first over
+    the whole batch (one C-level ``map``; a record it raises on is dead-lettered), and
+    the numbers it gives are folded. The state is the same ``{key: acc}`` dict as a
+    reduce's (snapshots, incremental tables and parts unchanged); a record whose
+    ``add`` or ``result`` raises leaves its key's accumulator unchanged."""
+
+    def __init__(self, node: OpNode, ctx: OperatorContext):
+        Operator.__init__(self, node, ctx)
+        agg = node.params["agg"]
+        self.agg = agg
+        self.kind = _FOLD_KINDS.get(type(agg))
+        self.emits_pairs = True
+        self.state = {}
+        # A built-in's fn is applied to the column first; the numbers it gives are
+        # then folded by the same aggregation without one (``plain``).
+        fn = getattr(agg, "fn", None)
+        self.extract = None if self.kind is None or fn is _aggregations._identity else fn
+        self.plain = agg if self.kind is None else type(agg)()
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        keys = _keys_of(batch)
+        if self.changed is not None:
+            self.changed.update(keys)  # a failing record's key: unchanged
+        values = batch.values
+        # (position in the batch, value, error) of every record that failed, dead-
+        # lettered at the end in the order of the records, as the Python path would
+        failures: list[tuple[int, Any, BaseException]] = []
+        positions: list[int] | None = None
+        if self.extract is not None:
+            errors = _Failures()
+            positions, values = _apply_udf(batch, errors, self.extract)  # type: ignore[arg-type]
+            if positions is not None:
+                kept = set(positions)
+                failures.extend((i, batch.values[i], exc) for i, exc in zip(
+                    (i for i in range(len(batch)) if i not in kept), errors.errors))
+                batch = batch.take(positions)
+                keys = _keys_of(batch)
+        out: list = []
+        failed: list[int] = []
+        n, i, kind = len(values), 0, self.kind
+        state, opened = self.state, self.opened
+        while i < n:
+            if kind is not None:
+                i = fold_keyed(kind, state, keys, values, i, out, opened)
+                if i == n:
+                    break
+            error = self._fold_python(keys[i], values[i], out)
+            if error is not None:
+                failed.append(i)
+                # a dead letter carries the record's value, not what fn made of it
+                failures.append((i if positions is None else positions[i],
+                                 batch.values[i], error))
+            i += 1
+        if failed:
+            gone = set(failed)
+            batch = batch.take([j for j in range(n) if j not in gone])
+        for _, value, error in sorted(failures, key=itemgetter(0)):
+            self.ctx.dead_letter(value, error)
+        ids = batch.ids
+        return Batch(batch.keys, out, batch.ts, batch.born,
+                     None if ids is None else derived_ids(self.ctx.code, ids))
+
+    def _fold_python(self, key: Any, value: Any, out: list) -> BaseException | None:
+        """One record through the aggregation's methods; the error when one raises
+        (the key's accumulator unchanged)."""
+        agg, state = self.plain, self.state
+        acc = state.get(key, _MISSING)
+        new = acc is _MISSING
+        try:
+            acc = agg.add(agg.create() if new else acc, value)
+            result = agg.result(acc)
+        except Exception as exc:  # noqa: BLE001 - any user error is a dead letter
+            return exc
+        state[key] = acc
+        out.append((key, result))
+        if new and self.opened is not None:
+            self.opened.append(key)
+        return None
+
+
+class _Failures:
+    """Stands in for an `OperatorContext` to `_apply_udf`: keeps the errors, in
+    order, for the caller to dead-letter in the order of its records."""
+
+    def __init__(self) -> None:
+        self.errors: list[BaseException] = []
+
+    def dead_letter(self, value: Any, error: BaseException) -> None:
+        self.errors.append(error)
 
 class _Emitter:
     """Collects output records one by one (for operators whose outputs are sparse)."""
@@ -663,6 +822,107 @@ class TimeWindowOp(_WindowParts):
         ts = [math.nextafter(end, -math.inf) for end in ends]
         ids = None if code is None else list(zip(repeat(code), keys, starts, ends))
         return Batch(keys, list(zip(keys, starts, ends, aggregates)), ts, born, ids)
+
+
+_FAILED = object()  # a record whose aggregation fn raised (FoldedWindowOp.process)
+
+
+class FoldedWindowOp(TimeWindowOp):
+    """A Tumbling window's built-in aggregation (Count, Sum, Min, Max, Mean), folded
+    in C: the records of a batch that fall in one window go through `fold_keyed` at
+    once, into that window's ``{key: acc}`` (no result is made per record: a window
+    emits when it fires). A value that is not a plain number takes the aggregation's
+    Python ``add``, and the fold resumes after it, so windows hold, fire and
+    checkpoint exactly what `TimeWindowOp` gives — the state, snapshots, parts and
+    results are its own. Window numbers come from one numpy pass over the event
+    times, ``floor(ts / size)`` as `TimeWindows.assign` computes it (or one call when
+    the batch shares one stamp, as a source's batch does without a ``timestamp``);
+    `process_into` (a protocol's replay, parts given) stays `TimeWindowOp`'s."""
+
+    def __init__(self, node: OpNode, ctx: OperatorContext):
+        super().__init__(node, ctx)
+        self.kind = _FOLD_KINDS[type(self.agg)]
+        fn = getattr(self.agg, "fn", None)
+        self.extract = None if fn is None or fn is _aggregations._identity else fn
+        self.plain = type(self.agg)()
+
+    def _window_runs(self, ts: Sequence[float]) -> list[tuple[int, int, int]] | None:
+        """The batch's runs of records in one window, ``(window, start, stop)`` in
+        order; None when an event time is not finite (the Python path decides)."""
+        first, n = ts[0], len(ts)
+        if ts[-1] == first and ts.count(first) == n:  # one stamp for all
+            return [(self.windows.assign(first)[0], 0, n)]
+        import numpy
+
+        column = _batches.to_column(ts, "numpy").astype(numpy.float64)
+        if not numpy.isfinite(column).all():
+            return None
+        # floor(ts / slide) in doubles, as math.floor(ts / self.slide) does
+        ks = numpy.floor(column / self.windows.slide).astype(numpy.int64)
+        starts = [0, *(numpy.flatnonzero(ks[1:] != ks[:-1]) + 1).tolist()]
+        windows = ks[starts].tolist()
+        return list(zip(windows, starts, [*starts[1:], n]))
+
+    def process(self, batch: Batch, input_index: int) -> Batch | None:
+        n = len(batch)
+        if not n:
+            return None
+        runs = self._window_runs(batch.ts)
+        if runs is None:
+            return super().process(batch, input_index)
+        if self.changed is not None:  # a window's whole table is its delta's unit
+            self.changed.update(k for k, _, _ in runs)
+        keys, values, born = _keys_of(batch), batch.values, batch.born
+        errors: dict[int, BaseException] = {}
+        if self.extract is not None:
+            collected = _Failures()
+            positions, extracted = _apply_udf(batch, collected, self.extract)  # type: ignore[arg-type]
+            if positions is not None:
+                # a failed record keeps its place (it still opens its window, as in
+                # TimeWindowOp) but is not folded: _FAILED is no number, so the C fold
+                # stops there and the Python step below dead-letters it
+                full: list = [_FAILED] * n
+                for position, value in zip(positions, extracted):
+                    full[position] = value
+                kept = set(positions)
+                errors = dict(zip((i for i in range(n) if i not in kept), collected.errors))
+                extracted = full
+            values = extracted
+        failures: list[tuple[int, BaseException]] = []
+        open_, latest, kind = self.open, self.latest_born, self.kind
+        for k, start, stop in runs:
+            newest = max(born[start:stop])
+            accs = open_.get(k)
+            if accs is None:
+                accs = open_[k] = {}
+                latest[k] = newest
+                heapq.heappush(self.pending, k)
+                if self.opened is not None:
+                    self.opened.append(k)
+            elif newest > latest[k]:
+                latest[k] = newest
+            whole = start == 0 and stop == n
+            run_keys = keys if whole else keys[start:stop]
+            run_values = values if whole else values[start:stop]
+            i = 0
+            while True:
+                i = fold_keyed(kind, accs, run_keys, run_values, i, None, None)
+                if i == len(run_values):
+                    break
+                value = run_values[i]
+                if value is _FAILED:
+                    failures.append((start + i, errors[start + i]))
+                else:
+                    key, agg = run_keys[i], self.plain
+                    try:
+                        accs[key] = agg.add(accs[key] if key in accs else agg.create(),
+                                            value)
+                    except Exception as exc:  # noqa: BLE001 - a dead letter
+                        failures.append((start + i, exc))
+                i += 1
+        for position, error in failures:  # in the order of the records
+            self.ctx.dead_letter(batch.values[position], error)
+        return None
 
 
 def _float_runs(column: Sequence[float]) -> tuple[bytes, list[int]]:
@@ -975,7 +1235,10 @@ class SourceOp(Operator):
     def poll(self, max_records: int, now_s: float) -> Batch | None:
         """The next batch (possibly empty), or None once this instance's share is read."""
         reader = self.reader
-        values = reader.read(max_records, now_s)
+        try:
+            values = reader.read(max_records, now_s)
+        except _batches.ColumnLengthError as exc:  # a batch_fn's bug: fail the job
+            raise UDFError(self.ctx.name, self.ctx.index, None, str(exc)) from None
         if values is None:
             return None
         n = len(values)
@@ -1153,16 +1416,22 @@ def make_operator(node: OpNode, ctx: OperatorContext) -> Operator:
     """The behaviour of a non-source, non-sink logical operator."""
     kind = node.kind
     if kind == "map":
-        return MapOp(node, ctx)
+        return MapBatchesOp(node, ctx) if "batch_format" in node.params else MapOp(node, ctx)
     if kind == "filter":
-        return FilterOp(node, ctx)
+        return FilterBatchesOp(node, ctx) if "batch_format" in node.params else FilterOp(
+            node, ctx)
     if kind == "flat_map":
         return FlatMapOp(node, ctx)
+    if kind == "reduce" and "agg" in node.params:
+        return AggregateFoldOp(node, ctx)
     if kind in ("reduce", "stateful_map"):
         return KeyedFoldOp(node, ctx)
     if kind == "window":
         if isinstance(node.params["spec"], window_specs.Count):
             return CountWindowOp(node, ctx)
+        if (isinstance(node.params["spec"], window_specs.Tumbling)
+                and type(node.params["agg"]) in _FOLD_KINDS):
+            return FoldedWindowOp(node, ctx)
         return TimeWindowOp(node, ctx)
     if kind == "join":
         return JoinOp(node, ctx)
