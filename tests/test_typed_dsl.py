@@ -150,11 +150,13 @@ words.sink("out", [])  # E: Argument 2 to "sink" of "Stream" has incompatible ty
 '''
 
 
-def test_a_mistyped_topology_fails_the_check_on_each_mistake(mypy, tmp_path):
-    path = tmp_path / "mistyped.py"
-    path.write_text(MISTYPED)
+
+def assert_reports_each_marked_error(mypy, path, source: str) -> None:
+    """mypy over ``source`` (written to ``path``) reports, on each line marked
+    ``# E: text``, an error containing that text, and no error anywhere else."""
+    path.write_text(source)
     expected = {number: line.split("# E: ", 1)[1]
-                for number, line in enumerate(MISTYPED.splitlines(), 1) if "# E: " in line}
+                for number, line in enumerate(source.splitlines(), 1) if "# E: " in line}
     code, errors, output = mypy(path)
     assert code == 1, output
     reported: dict[int, list[str]] = collections.defaultdict(list)
@@ -166,6 +168,10 @@ def test_a_mistyped_topology_fails_the_check_on_each_mistake(mypy, tmp_path):
             f"line {line}: expected an error containing {text!r}, got {reported[line]}")
     unexpected = {line: messages for line, messages in reported.items() if line not in expected}
     assert not unexpected, output
+
+
+def test_a_mistyped_topology_fails_the_check_on_each_mistake(mypy, tmp_path):
+    assert_reports_each_marked_error(mypy, tmp_path / "mistyped.py", MISTYPED)
 
 
 # A topology as a user would write it, with each stream's type pinned by assert_type

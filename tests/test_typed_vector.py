@@ -7,8 +7,8 @@ line any, and every ``assert_type`` holds."""
 
 from __future__ import annotations
 
-import collections
 
+from test_typed_dsl import assert_reports_each_marked_error
 from test_typed_dsl import mypy  # noqa: F401 - the fixture that runs mypy --strict
 
 VECTOR = '''\
@@ -40,18 +40,4 @@ bn.sources.Generator(count=3)  # E: No overload variant of "Generator" matches
 
 
 def test_the_vectorized_dsl_is_typed(mypy, tmp_path):  # noqa: F811 - the fixture
-    path = tmp_path / "vector.py"
-    path.write_text(VECTOR)
-    expected = {number: line.split("# E: ", 1)[1]
-                for number, line in enumerate(VECTOR.splitlines(), 1) if "# E: " in line}
-    code, errors, output = mypy(path)
-    assert code == 1, output
-    reported: dict[int, list[str]] = collections.defaultdict(list)
-    for file, line, message in errors:
-        assert file == path.name, output
-        reported[line].append(message)
-    for line, text in expected.items():
-        assert any(text in message for message in reported[line]), (
-            f"line {line}: expected an error containing {text!r}, got {reported[line]}")
-    unexpected = {line: messages for line, messages in reported.items() if line not in expected}
-    assert not unexpected, output
+    assert_reports_each_marked_error(mypy, tmp_path / "vector.py", VECTOR)
