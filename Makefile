@@ -6,7 +6,7 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast bench results clean
 
 # Bastion and its runtime dependencies: all the demo needs.
 $(VENV)/.installed: pyproject.toml setup.py bastion/runtime/_columns.c bastion/storage/_logframe.c \
@@ -46,6 +46,11 @@ bench: $(VENV)/.bench-installed
 	$(PY) benchmarks/metrics_export.py
 	$(PY) benchmarks/scaling.py
 	$(PY) benchmarks/tuning.py
+
+# docs/results.md and docs/results/: every paper's headline experiment beside the
+# paper's figure, and the peer engines (~30 min on 2 cores; RESULTS_ARGS=--quick: ~5).
+results: $(VENV)/.bench-installed
+	$(PY) benchmarks/reproduce.py $(RESULTS_ARGS)
 
 clean:
 	rm -rf $(VENV) .bastion drill-report.html

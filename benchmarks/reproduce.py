@@ -1,0 +1,213 @@
+"""Reproduce every paper's headline experiment and write ``docs/results.md``.
+
+``make results`` runs this. Each section of the page is a module of
+``benchmarks/experiments/`` (one per paper, and ``peers`` for the other engines) that
+names its experiments: a benchmark script of ``benchmarks/``, its arguments at a size
+that fits a 2-core machine, and how its figures become the page's rows
+(`bastion.bench.results`). For each experiment this runs the script with ``--json``,
+keeps its figures under ``docs/results/raw/``, draws its plots under
+``docs/results/``, and finally writes the page.
+
+    .venv/bin/python benchmarks/reproduce.py             # every experiment (~30 min)
+    .venv/bin/python benchmarks/reproduce.py --quick     # a smaller pass (~5 min)
+    .venv/bin/python benchmarks/reproduce.py --only checkmate,cec.extent
+    .venv/bin/python benchmarks/reproduce.py --render-only   # the page from kept figures
+
+An experiment that fails or overruns three times its budget is shown as *not measured*
+with its error, and the script exits 1 once the page is written. The last line printed
+is the verdict count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+from bastion.bench import results as page  # noqa: E402
+
+#: The page's sections, in the order they appear.
+SECTIONS = ["checkmate", "dynamo", "suzhou", "chiron", "cec", "peers"]
+DOCS = ROOT / "docs"
+PAGE = DOCS / "results.md"
+ASSETS = DOCS / "results"
+RAW = ASSETS / "raw"
+RUN_FILE = RAW / "run.json"
+
+
+def load_sections(names: list[str]) -> list[page.Section]:
+    sections = []
+    for name in names:
+        try:
+            module = importlib.import_module(f"experiments.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"experiments.{name}":
+                raise
+            continue  # a section not written yet is left off the page
+        section = module.SECTION
+        if section.key != name:
+            raise ValueError(f"benchmarks/experiments/{name}.py names its section "
+                             f"{section.key!r}")
+        sections.append(section)
+    return sections
+
+
+def _raw_path(section: page.Section, exp: page.Experiment) -> Path:
+    return RAW / f"{section.key}-{exp.key}.json"
+
+
+def run_experiment(section: page.Section, exp: page.Experiment, *, quick: bool,
+                   log_dir: Path) -> tuple[float, str | None]:
+    """Runs the script; returns (seconds, error or None). Keeps its figures file."""
+    args = list(exp.quick_args if quick else exp.args)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "figures.json"
+        cmd = [sys.executable, str(HERE / exp.script), *args, "--json", str(out)]
+        log = log_dir / f"{section.key}-{exp.key}.log"
+        print(f"[{section.key}.{exp.key}] {' '.join(cmd[1:])}  (log: {log})", flush=True)
+        start = time.monotonic()
+        with open(log, "w") as sink:
+            try:
+                proc = subprocess.run(cmd, stdout=sink, stderr=subprocess.STDOUT,
+                                      cwd=ROOT, timeout=3 * exp.budget_s)
+            except subprocess.TimeoutExpired:
+                return time.monotonic() - start, (
+                    f"stopped after {3 * exp.budget_s:.0f} s (three times its budget)")
+        seconds = time.monotonic() - start
+        if proc.returncode != 0:
+            tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
+            return seconds, f"`{exp.script}` exited {proc.returncode}: {tail[0][:200]}"
+        try:
+            figures = page.read_figures(out)
+        except (OSError, ValueError) as exc:
+            return seconds, f"`{exp.script}` wrote no figures: {exc}"
+        RAW.mkdir(parents=True, exist_ok=True)
+        page.write_figures(_raw_path(section, exp), figures)
+        return seconds, None
+
+
+def collect(section: page.Section, exp: page.Experiment, run: dict,
+            plot_dir: Path) -> page.ExperimentResult:
+    """The page's rows and plots for one experiment, from its kept figures.
+
+    Plots are drawn into ``plot_dir`` (the tests draw into a temporary one) and linked
+    from the page as files of ``docs/results/``.
+    """
+    entry = run.get("experiments", {}).get(f"{section.key}.{exp.key}", {})
+    seconds, error = entry.get("seconds"), entry.get("error")
+    if error:
+        return page.ExperimentResult(exp, rows=(), seconds=seconds, error=error)
+    path = _raw_path(section, exp)
+    if not path.exists():
+        return page.ExperimentResult(exp, rows=(), error="not run yet (`make results`)")
+    figures = page.read_figures(path)
+    rows = exp.rows(figures)
+    plots: list[Path] = []
+    if exp.plot is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        plots = [ASSETS / Path(p).name for p in exp.plot(figures, plot_dir)]
+    return page.ExperimentResult(exp, rows=rows, plots=plots, seconds=seconds)
+
+
+def render(sections: list[page.Section], run: dict,
+           plot_dir: Path = ASSETS) -> tuple[str, dict]:
+    collected = [(s, [collect(s, e, run, plot_dir) for e in s.experiments])
+                 for s in sections]
+    page.check_anchors(collected)
+    everything = [r for _, results in collected for r in results]
+    counts = page.verdict_counts(everything)
+    summary = ", ".join(f"{n} {v.value}" for v, n in counts.items() if n)
+    mode = "quick pass (`--quick`)" if run.get("quick") else "full run"
+    header = [
+        "# Results: the papers' experiments, and the engines a user would pick instead",
+        "",
+        "<!-- Written by `make results` (benchmarks/reproduce.py). Do not edit by hand. -->",
+        "",
+        f"Generated {run.get('date', '?')} by `make results`, {mode}, in "
+        f"{run.get('seconds', 0) / 60:.0f} min on {run.get('machine', '?')}.",
+        "",
+        "Every row puts a paper's figure (or a peer engine's, measured in the same run) "
+        "beside Bastion's, at a setting scaled to this machine, with the ratio and a "
+        "verdict computed from them: *reproduced* when the ratio lies within the noise "
+        "band the row states, *better* or *worse* beyond it, *not comparable* with the "
+        "reason, *not measured* when the experiment did not finish. Figures move "
+        "between runs on a shared machine; the bands are chosen so that the verdicts "
+        "do not.",
+        "",
+        f"Verdicts: {summary}.",
+        "",
+    ]
+    body = [page.render_section(s, results, DOCS) for s, results in collected]
+    return "\n".join(header + body).rstrip() + "\n", counts
+
+
+def machine() -> str:
+    return f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the ~5-minute pass")
+    parser.add_argument("--only", default="",
+                        help="comma-separated sections or section.experiment keys")
+    parser.add_argument("--render-only", action="store_true",
+                        help="write the page from the figures kept under docs/results/raw")
+    parser.add_argument("--logs", default=None,
+                        help="where the scripts' output goes (default: a temporary directory)")
+    args = parser.parse_args()
+
+    sections = load_sections(SECTIONS)
+    wanted = {w.strip() for w in args.only.split(",") if w.strip()}
+    known = {s.key for s in sections} | {f"{s.key}.{e.key}" for s in sections
+                                        for e in s.experiments}
+    if wanted - known:
+        parser.error(f"--only: unknown {sorted(wanted - known)}; known: {sorted(known)}")
+
+    run = json.loads(RUN_FILE.read_text()) if RUN_FILE.exists() else {}
+    if not args.render_only:
+        log_dir = Path(args.logs or tempfile.mkdtemp(prefix="bastion-results-"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        entries = run.setdefault("experiments", {})
+        for section in sections:
+            for exp in section.experiments:
+                key = f"{section.key}.{exp.key}"
+                if wanted and section.key not in wanted and key not in wanted:
+                    continue
+                seconds, error = run_experiment(section, exp, quick=args.quick,
+                                                log_dir=log_dir)
+                entries[key] = {"seconds": round(seconds, 1), "error": error}
+                print(f"[{key}] {'FAILED: ' + error if error else 'done'} in {seconds:.0f} s",
+                      flush=True)
+        if not wanted:  # a partial run keeps the header of the last whole one
+            run.update(quick=args.quick, seconds=round(time.monotonic() - started),
+                       date=datetime.date.today().isoformat(), machine=machine())
+        RAW.mkdir(parents=True, exist_ok=True)
+        RUN_FILE.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+
+    text, counts = render(sections, run)
+    PAGE.write_text(text)
+    failed = [k for k, e in run.get("experiments", {}).items() if e.get("error")]
+    print(f"wrote {PAGE.relative_to(ROOT)}")
+    print("verdicts: " + ", ".join(f"{n} {v.value}" for v, n in counts.items() if n))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The results page's verdicts (`bastion.bench.results`): each can say "worse".
+
+The page tells a user whether Bastion reproduced a paper's figure; a verdict that
+cannot come out against Bastion would be a claim, not a measurement. These feed the
+judges and the renderer figures from deliberately bad runs, and check the page's
+plumbing (`benchmarks/reproduce.py --render-only`) on figures kept in a directory.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from bastion.bench import results as page
+from bastion.bench.results import Verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("reference,measured,higher,within,expected", [
+    (100.0, 100.0, True, 0.25, Verdict.REPRODUCED),
+    (100.0, 81.0, True, 0.25, Verdict.REPRODUCED),     # 0.81 ≥ 1/1.25
+    (100.0, 79.0, True, 0.25, Verdict.WORSE),          # below the band, higher is better
+    (100.0, 79.0, False, 0.25, Verdict.BETTER),        # below the band, lower is better
+    (100.0, 126.0, True, 0.25, Verdict.BETTER),
+    (100.0, 126.0, False, 0.25, Verdict.WORSE),
+    (0.0, 3.0, False, 0.25, Verdict.WORSE),            # zero reference: by the difference
+    (0.0, 0.0, False, 0.25, Verdict.REPRODUCED),
+    (-10.0, -20.0, True, 0.25, Verdict.WORSE),         # both negative: -20 is lower
+    (-10.0, -5.0, True, 0.25, Verdict.BETTER),
+    (5.0, float("nan"), True, 0.25, Verdict.NOT_MEASURED),
+])
+def test_judge_compares_within_a_band_and_by_direction(reference, measured, higher, within,
+                                                       expected):
+    assert page.judge(reference, measured, higher_is_better=higher,
+                      within=within).verdict is expected
+
+
+def test_claims_and_targets_can_fail():
+    assert page.judge_claim(True, "PRG restores q1 first").verdict is Verdict.REPRODUCED
+    broken = page.judge_claim(False, "PRG restores q1 first", why_not="OPC was first")
+    assert broken.verdict is Verdict.WORSE and "OPC was first" in broken.reason
+    assert page.judge_target(1.2, 1.0, higher_is_better=True, what="x").verdict is Verdict.BETTER
+    missed = page.judge_target(0.5, 1.0, higher_is_better=True, what="batch/SQL")
+    assert missed.verdict is Verdict.WORSE and "missed" in missed.reason
+
+
+def test_a_verdict_needs_a_one_line_reason():
+    with pytest.raises(ValueError, match="one-line reason"):
+        page.not_comparable("")
+    with pytest.raises(ValueError, match="one-line reason"):
+        page.not_comparable("two\nlines")
+
+
+def _row(anchor: str, judgement: page.Judgement) -> page.Row:
+    return page.Row(anchor=anchor, ref="Fig 7", experiment="throughput, coordinated",
+                    reference_setting="p=8", reference_figure="0.9×",
+                    bastion_setting="p=2", bastion_figure="0.8×", ratio=0.89,
+                    judgement=judgement)
+
+
+def test_rows_render_with_their_anchor_and_verdict(tmp_path):
+    exp = page.Experiment(key="fig7", title="Fig 7: throughput", script="protocols.py",
+                          args=[], quick_args=[], rows=lambda f: [], budget_s=1)
+    section = page.Section(key="checkmate", title="CheckMate", source="003", intro="x",
+                           experiments=[exp])
+    text = page.render_section(section, [
+        page.ExperimentResult(exp, rows=[_row("checkmate-fig7-a", page.judge(
+            0.9, 0.5, higher_is_better=True, within=0.25))]),
+    ], tmp_path)
+    assert '<a id="checkmate-fig7-a"></a>' in text and "**worse**" in text
+    failed = page.render_section(section, [page.ExperimentResult(exp, rows=(),
+                                                                 error="exited 1")], tmp_path)
+    assert "**Not measured:** exited 1" in failed
+    with pytest.raises(ValueError, match="twice"):
+        page.check_anchors([(section, [page.ExperimentResult(
+            exp, rows=[_row("a", page.not_comparable("r")), _row("a", page.not_comparable("r"))])])])
+    with pytest.raises(ValueError, match="lower-case"):
+        _row("Not An Anchor", page.not_comparable("r"))
+
+
+def test_figures_files_round_trip_and_refuse_other_formats(tmp_path):
+    path = tmp_path / "f.json"
+    page.write_figures(path, {"tuples_per_s": {"none": 1.0e6}})
+    assert page.read_figures(path) == {"tuples_per_s": {"none": 1.0e6}}
+    path.write_text('{"format": 0, "figures": {}}')
+    with pytest.raises(ValueError, match="format"):
+        page.read_figures(path)
+    with pytest.raises(ValueError):
+        page.write_figures(path, {"x": float("nan")})  # the page never shows NaN
+
+
+def test_every_section_renders_from_its_kept_figures(tmp_path):
+    """The committed page is what its kept figures render to (nothing typed in)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+
+    if not reproduce.RUN_FILE.exists():
+        pytest.skip("docs/results/raw/run.json is not generated yet (make results)")
+    import json
+
+    run = json.loads(reproduce.RUN_FILE.read_text())
+    text, _ = reproduce.render(reproduce.load_sections(reproduce.SECTIONS), run,
+                               plot_dir=tmp_path)
+    assert text == reproduce.PAGE.read_text(), (
+        "docs/results.md differs from what its figures render to: run "
+        "`python benchmarks/reproduce.py --render-only` and commit the page")
