@@ -279,3 +279,49 @@ def test_a_windows_g_opens_from_its_tables_are_those_part_by_part(window, tmp_pa
         CODEC, [inner.part_state(1)])
     assert pack_rows(CODEC, [1], inner.part_state_tables()[::-1]) != pack_run(
         CODEC, [inner.part_state(1)])
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=plain | others | st.lists(plain | others, max_size=8))
+def test_a_blob_packed_in_c_is_the_codecs_blob(value):
+    """`DurableCodec.encode` packs plain values in C: the same bytes as msgpack's
+    packer, and whatever C declines still goes through the codec."""
+    native = CODEC.encode(value)
+    durable.NATIVE = False
+    try:
+        assert native == DurableCodec().encode(value)
+    finally:
+        durable.NATIVE = True
+
+
+@pytest.mark.internal
+def test_a_big_snapshot_lets_other_threads_run_while_it_is_packed():
+    """A snapshot of millions of keys is one C call; the worker's liveness thread must
+    still get the GIL during it, or the job master takes the worker for dead. A thread
+    counting its wake-ups every millisecond wakes several times during the call
+    (without the GIL offers it would wake at most once, at the call's end)."""
+    import threading
+    import time
+
+    state = {i: (i, float(i)) for i in range(2_000_000)}
+    wakeups = 0
+    stop = threading.Event()
+
+    def tick() -> None:
+        nonlocal wakeups
+        while not stop.is_set():
+            time.sleep(0.001)
+            wakeups += 1
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    time.sleep(0.01)
+    try:
+        before = wakeups
+        payload, marked = durable._pack_c(state)  # what `encode` calls (sealing it
+        during = wakeups - before                   # releases the GIL anyway: CRC32)
+    finally:
+        stop.set()
+        ticker.join()
+    assert marked and len(msgpack.unpackb(payload, strict_map_key=False)) == 2_000_000
+    assert during >= 3, f"the other thread ran {during} times while 2 M keys were packed"

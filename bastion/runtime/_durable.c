@@ -31,7 +31,26 @@ static const unsigned char TUPLE_MARK[3] = {0xc7, 0x00, 0x7f};
 typedef struct {
     char *buf;
     Py_ssize_t len, cap;
+    Py_ssize_t since_yield;  /* items packed since the GIL was last offered */
 } Out;
+
+/* A whole snapshot of millions of keys is packed in one call, which would hold the GIL
+ * for a second or more: the worker's liveness thread could not answer the job
+ * master's ping, and the worker would be taken for dead. So every YIELD_EVERY items
+ * the GIL is offered to a thread that waits for it (a release and re-take: CPython
+ * hands it over only when another thread asked). No Python code of this task runs
+ * meanwhile; the task's state is only ever changed on the task's own thread. */
+#define YIELD_EVERY 65536
+
+static inline void
+offer_gil(Out *o)
+{
+    if (++o->since_yield >= YIELD_EVERY) {
+        o->since_yield = 0;
+        Py_BEGIN_ALLOW_THREADS
+        Py_END_ALLOW_THREADS
+    }
+}
 
 /* The value of an exact int that CPython keeps in at most two digits (one from 3.12
  * on), read in place: PyLong_AsLongLongAndOverflow costs more than packing it (the
@@ -257,6 +276,7 @@ pack_value(Out *o, PyObject *v, int depth, int *marked)
         for (Py_ssize_t i = 0; i < n; i++) {
             if ((r = pack_value(o, items[i], depth + 1, marked)) <= 0)
                 return r;
+            offer_gil(o);
         }
         return 1;
     }
@@ -270,6 +290,7 @@ pack_value(Out *o, PyObject *v, int depth, int *marked)
                 return r;
             if ((r = pack_value(o, value, depth + 1, marked)) <= 0)
                 return r;
+            offer_gil(o);
         }
         return 1;
     }
@@ -287,6 +308,22 @@ finish(Out *o, int r)
         Py_INCREF(out);
     }
     PyMem_Free(o->buf);
+    return out;
+}
+
+/* pack(value) -> (bytes, marked) | None: ``value`` in msgpack as `DurableCodec.encode`
+ * packs it (the payload its blob seals), and whether it holds a marked array; None if
+ * it is not plain. A task's whole snapshot goes through here. */
+static PyObject *
+pack(PyObject *module, PyObject *value)
+{
+    Out o = {NULL, 0, 0, 0};
+    int marked = 0;
+    int r = pack_value(&o, value, 0, &marked);
+    PyObject *payload = finish(&o, r);
+    if (payload == NULL || payload == Py_None)
+        return payload;
+    PyObject *out = Py_BuildValue("(Ni)", payload, marked);
     return out;
 }
 
@@ -483,6 +520,7 @@ refused:
 }
 
 static PyMethodDef methods[] = {
+    {"pack", pack, METH_O, "a plain value packed, and whether it is marked; or None"},
     {"pack_run", pack_run, METH_O, "plain values packed back to back, or None"},
     {"pack_rows", pack_rows, METH_VARARGS,
      "a row of table lookups per part, packed back to back, or None"},

@@ -135,6 +135,15 @@ def _build_marked(items: list) -> Any:
     return items
 
 
+try:  # plain values and runs in C: an optional build (setup.py), same bytes
+    from ._durable import pack as _pack_c
+    from ._durable import pack_rows as _pack_rows_c, pack_run as _pack_run_c
+    from ._durable import split_run as _split_run_c
+    NATIVE = True
+except ImportError:  # pragma: no cover - a machine without a C compiler
+    NATIVE = False
+
+
 class DurableCodec:
     """Encodes values to sealed blobs and back, exactly, with the topology's codecs.
     One per task: it holds a msgpack Packer, which is not reentrant, so encode only on
@@ -165,7 +174,16 @@ class DurableCodec:
         raise unserialisable(value)
 
     def encode(self, value: Any) -> bytes:
-        """A sealed blob of ``value``; `TypeError` for a value no codec covers."""
+        """A sealed blob of ``value``; `TypeError` for a value no codec covers.
+
+        A plain value (see `pack_run`) is packed in C, the same bytes, offering the
+        GIL to other threads as it goes: a snapshot of millions of keys must not keep
+        the worker from answering its heartbeat."""
+        if NATIVE:
+            packed = _pack_c(value)
+            if packed is not None:
+                payload, marked = packed
+                return seal(payload, _MARKED if marked else 0)
         self._marked = False
         payload = self._packer.pack(value)
         return seal(payload, _MARKED if self._marked else 0)
@@ -266,14 +284,6 @@ class DurableCodec:
 
 
 # -- runs: a burst's keys or states as one bytes object (see the module docstring) --------
-
-try:  # the same runs in C: an optional build (setup.py), same bytes
-    from ._durable import pack_rows as _pack_rows_c, pack_run as _pack_run_c
-    from ._durable import split_run as _split_run_c
-    NATIVE = True
-except ImportError:  # pragma: no cover - a machine without a C compiler
-    NATIVE = False
-
 
 class PacksMany(Protocol):
     """What packs a run's values one by one when the C loop cannot (a state codec)."""
