@@ -205,3 +205,24 @@ def test_a_damaged_delta_is_never_loaded_the_run_falls_back(protocol, damage, tm
     if damage == "flip":  # same size: only a CRC check (verify, or the restore) finds it
         unusable = [e for e in events if e["kind"] == "checkpoint_unusable"]
         assert any(damaged["key"] in e["reason"] for e in unusable), unusable
+
+
+def test_long_chains_are_compacted_off_the_loop_and_a_kill_restores_exactly(tmp_path):
+    """With a chain allowed 30 deltas, a compaction is asked for at 15: another process
+    merges the stored links into a base, which the task's next link carries. A kill
+    later restores from chains that start on such bases, exactly once."""
+    storage = f"local://{tmp_path}"
+    # 15 intervals (2.2 s) for the compaction's Ray task to start and land on a
+    # loaded 2-core machine before the chain forces a base
+    report = bn.drill(hot_and_cold(count=16000, rate=2500),
+                      protocol=with_interval("coordinated", interval_s=0.15),
+                      faults=[bn.faults.RandomKills(count=1, between=(5.0, 5.5))], seed=5,
+                      storage=storage, state=bn.State(incremental=True, max_chain=30))
+    assert report.metrics.protocol.failures, "the kill must have forced a restart"
+    assert report.exactly_once, report.verdict_reason
+    store = open_store(storage)
+    checkpoints = CheckpointStore(store, report.job_id)
+    named = [ref.key for i in checkpoints.list_complete()
+             for ref in checkpoints.manifest(i).blobs.values()]
+    assert any(k.endswith(".base.inc") for k in named), (
+        "no retained chain starts on a compacted base", sorted(named))

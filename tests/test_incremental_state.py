@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 import bastion as bn
 from bastion.runtime.durable import DurableCodec
-from bastion.runtime.incremental import StateChain, apply_links
+from bastion.runtime.compaction import merge_chain
+from bastion.runtime.incremental import Compacted, StateChain, apply_links
 from bastion.storage import CheckpointStore, open_store
 from bastion.storage.checkpoints import BlobRef, ChainRef
 from bastion.storage.errors import CorruptBlobError
@@ -80,11 +81,14 @@ def ops_pair():
 CODEC = DurableCodec()
 
 # one step: ("put", key, value) | ("bump", key) | ("remove", key) | ("checkpoint", stored?)
+# | ("compact", landed?): a compaction the chain asks for (if it does) ends, with its
+# base or failed
 steps = st.lists(st.one_of(
     st.tuples(st.just("put"), st.integers(0, 30), st.integers(-5, 5)),
     st.tuples(st.just("bump"), st.integers(0, 30)),
     st.tuples(st.just("remove"), st.integers(0, 30)),
-    st.tuples(st.just("checkpoint"), st.booleans())), min_size=1, max_size=80)
+    st.tuples(st.just("checkpoint"), st.booleans()),
+    st.tuples(st.just("compact"), st.booleans())), min_size=1, max_size=80)
 
 
 def play(actions, max_chain):
@@ -101,13 +105,24 @@ def play(actions, max_chain):
             keyed.bump(action[1])
         elif action[0] == "remove":
             keyed.remove(action[1])
+        elif action[0] == "compact":
+            refs = chain.compaction_wanted()
+            if refs is not None:
+                # what `compaction.compact` runs in its own process, on the blobs stored
+                base = merge_chain([blobs[r.key] for r in refs], refs, CODEC, [False, True])
+                chain.compaction_landed(Compacted(refs, base) if action[1] else None)
         else:
             whole.offset = n
             link = chain.link([whole.snapshot(), None])
-            data = CODEC.encode(link.value)
+            data = CODEC.encode({"link": link.value})
             key = f"link-{n}"
             blobs[key] = data
-            ref = ChainRef("op/0", key, len(data), 0, link.parent)
+            parent = link.parent
+            if link.compacted is not None:  # stored first, as `put_chain` does
+                blobs[f"base-{n}"] = link.compacted.data
+                parent = (BlobRef("op/0", f"base-{n}", len(link.compacted.data), 0),
+                          *parent)
+            ref = ChainRef("op/0", key, len(data), 0, parent)
             expected = (copy.deepcopy(keyed.a), copy.deepcopy(keyed.b), n)
             if action[1]:  # the upload succeeded: it may be a parent
                 chain.stored(link, ref)
@@ -116,7 +131,7 @@ def play(actions, max_chain):
 
 
 def restore(blobs, ref):
-    links = [CODEC.decode(blobs[r.key], r.key) for r in (*ref.chain, ref)]
+    links = [CODEC.decode(blobs[r.key], r.key)["link"] for r in (*ref.chain, ref)]
     return apply_links(links, [False, True])
 
 
@@ -168,6 +183,44 @@ def test_a_link_whose_upload_failed_is_never_a_parent():
     assert lost.kind == "delta"
 
 
+def test_a_compacted_base_stands_for_the_links_it_merged():
+    """Half-way to max_chain the chain asks for a compaction; the base made from the
+    stored links (as another process makes it) is carried by the next link, which
+    then builds on it alone — and restores the live state. One that failed is asked
+    for again; one the chain outgrew (a base was written meanwhile) is dropped."""
+    actions = [("put", k, k) for k in range(500)] + [("checkpoint", True)]
+    for n in range(3):
+        actions += [("put", n, -n), ("checkpoint", True)]
+    actions += [("compact", False)]                     # 3 deltas: not due yet at 8
+    actions += [("put", 9, 9), ("checkpoint", True)]    # 4 deltas: due
+    actions += [("compact", False)]                     # asked, and failed
+    actions += [("put", 10, 10), ("checkpoint", True), ("compact", True)]  # asked again
+    actions += [("put", 11, 11), ("remove", 12), ("checkpoint", True),
+                ("bump", 1), ("checkpoint", True)]
+    blobs, taken = play(actions, max_chain=8)
+    refs = [ref for ref, _, _ in taken]
+    assert [len(r.chain) for r in refs] == [0, 1, 2, 3, 4, 5, 1, 2]
+    carried, after = refs[6], refs[7]
+    assert carried.chain[0].key.startswith("base-")       # stored with the link
+    assert [r.key for r in after.chain] == [carried.chain[0].key, carried.key]
+    for ref, (a, b, offset), _ in taken:
+        (whole, (got_a, got_b)) = restore(blobs, ref)
+        assert (got_a, got_b, whole) == (a, b, {"offset": offset})
+    base = CODEC.decode(blobs[carried.chain[0].key], "base")["link"]
+    assert base["kind"] == "base" and base["position"] == 5   # the newest link it merged
+    # a compaction that lands after a base was written is not used
+    actions = [("put", k, k) for k in range(500)] + [("checkpoint", True)]
+    actions += [("put", 1, 1), ("checkpoint", True), ("put", 2, 2), ("checkpoint", True)]
+    blobs, taken = play(actions + [("compact", True)] + [("put", 3, 3), ("checkpoint", True)],
+                        max_chain=2)   # the third link must be a base: 2 deltas
+    assert [kind for _, _, kind in taken] == ["base", "delta", "delta", "delta"]
+    blobs, taken = play(actions + [("put", k, -k) for k in range(400)]
+                        + [("checkpoint", True), ("compact", True), ("checkpoint", True)],
+                        max_chain=8)   # a delta of most keys forces a base first
+    assert [kind for _, _, kind in taken] == ["base", "delta", "delta", "base", "delta"]
+    assert not any(r.key.startswith("base-") for r in taken[-1][0].chain)
+
+
 def test_a_chain_with_a_link_missing_is_refused_not_loaded():
     actions = [("put", k, k) for k in range(200)] + [("checkpoint", True)]
     for n in range(3):
@@ -175,7 +228,7 @@ def test_a_chain_with_a_link_missing_is_refused_not_loaded():
     blobs, taken = play(actions, max_chain=5)
     ref = taken[-1][0]
     assert len(ref.chain) == 3
-    links = [CODEC.decode(blobs[r.key], r.key) for r in (*ref.chain, ref)]
+    links = [CODEC.decode(blobs[r.key], r.key)["link"] for r in (*ref.chain, ref)]
     # the full chain restores; one delta dropped out of it must not
     apply_links(links, [False, True])
     with pytest.raises(ValueError, match="link 2"):
@@ -269,7 +322,7 @@ def test_random_updates_check_themselves_against_a_broken_restore():
     actions += [("checkpoint", True), ("remove", actions[0][1]), ("checkpoint", True)]
     blobs, taken = play(actions, max_chain=3)
     ref, (a, _, _), _ = taken[-1]
-    links = [CODEC.decode(blobs[r.key], r.key) for r in (*ref.chain, ref)]
+    links = [CODEC.decode(blobs[r.key], r.key)["link"] for r in (*ref.chain, ref)]
     for form, deltas in [links[-1]["operators"][1]]:
         for _, removed in deltas:
             removed.clear()  # the broken restore: removals forgotten
@@ -291,13 +344,14 @@ def test_a_restored_task_builds_on_the_restored_chain_not_on_later_links():
     (_, tables) = restore(blobs, line_ref)
     keyed.load_tables(tables)
     assert (keyed.a, keyed.b) == (a, b)
-    chain = StateChain(ops, max_chain=5, restored=restored_refs)
+    chain = StateChain(ops, max_chain=5, restored=restored_refs,
+                       position=len(restored_refs) - 1)
     keyed.put(4, -4)
     link = chain.link([whole.snapshot(), None])
     assert link.kind == "delta" and list(link.parent) == restored_refs
     [_, [(changed_a, removed_a), _]] = link.value["operators"][1]
     assert changed_a == {4: -4} and removed_a == []   # key 3's later change is not here
-    data = CODEC.encode(link.value)
+    data = CODEC.encode({"link": link.value})
     blobs["new"] = data
     (_, (got_a, got_b)) = restore(blobs, ChainRef("op/0", "new", len(data), 0, link.parent))
     assert got_a == keyed.a and got_b == keyed.b and got_a[3] == 3

@@ -56,14 +56,22 @@ Why a manifest never misses a link
     under a checkpoint that never completed is named by the later manifest, so GC,
     which deletes keys and keeps every key a kept manifest names, keeps it.
 
-Cost on the task loop
+Compaction, off the task loop
     A delta's encode is synchronous (the state must not change under it) and costs
-    what changed. A base's encode is synchronous too in this phase — a full snapshot's
-    cost, once per ``max_chain`` checkpoints; its upload, like every link's, runs in
-    a thread off the loop. Encoding a base in a thread instead would need a copy of
-    the live state (values such as window accumulators change in place) and would
-    hold the GIL all the same (the codec is one C call); merging base and deltas into
-    a new base in another process, from the store, is the way off the loop (phase 2).
+    what changed. A base written by the task would cost a full snapshot's encode on
+    its loop, so it is rarely written there: once the parent's chain holds half of
+    ``max_chain`` deltas, or its deltas weigh a sixteenth of its base (half of what
+    forces a base), the task has the chain *compacted* in another process
+    (`bastion.runtime.compaction`): the chain's blobs are read from the store,
+    CRC-checked, applied in order by `apply_links` (the restore's own merge) and
+    encoded as one new base. That base stands for the links it merged: its
+    ``position`` is theirs (the newest's), so the deltas after them follow it as
+    they followed those. The task's next link carries it (`Link.compacted`), stored
+    beside the link under the same checkpoint and named first in its chain; once
+    that link is stored the chain is re-rooted on it. Nothing is adopted that is not
+    stored, and a compaction the chain has outgrown (a base was written meanwhile,
+    or a restore replaced the chain) is dropped. Only when the chain reaches
+    ``max_chain`` before a compaction lands does the task write a base itself.
 """
 
 from __future__ import annotations
@@ -73,7 +81,7 @@ from typing import Any, Sequence
 
 from bastion.storage.checkpoints import BlobRef, ChainRef
 
-__all__ = ["StateChain", "Link", "apply_links", "BASE", "DELTA"]
+__all__ = ["StateChain", "Link", "Compacted", "apply_links", "BASE", "DELTA"]
 
 BASE = "base"
 DELTA = "delta"
@@ -83,6 +91,18 @@ _FORMAT = 1
 # them key by key, which costs about three times a base's decode per byte, so it
 # stays within about 1.5x a full snapshot's restore (`benchmarks/state.py` (c))
 _RESTORE_BYTES_OVER_BASE = 8
+# A compaction starts at half of either trigger, so that it lands before the chain
+# forces the task to write a base on its own loop.
+_COMPACT_AT = 2
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """A base made off the loop from the links ``covered`` (base first): its encoded
+    blob, to be stored with the next link."""
+
+    covered: tuple[BlobRef, ...]
+    data: bytes
 
 
 @dataclass
@@ -96,6 +116,9 @@ class Link:
     parent: tuple[BlobRef, ...]
     parent_delta_bytes: int
     base_bytes: int
+    position: int
+    #: a compacted base to store first; ``parent`` then holds the links after it
+    compacted: Compacted | None = None
 
 
 @dataclass
@@ -104,6 +127,7 @@ class _Stored:
     seq: int
     base_bytes: int
     delta_bytes: int  # of the deltas of ``chain``
+    position: int  # of its newest link
 
 
 class StateChain:
@@ -114,7 +138,7 @@ class StateChain:
     """
 
     def __init__(self, ops: Sequence[Any], max_chain: int,
-                 restored: Sequence[BlobRef] = ()) -> None:
+                 restored: Sequence[BlobRef] = (), position: int = 0) -> None:
         self.max_chain = max_chain
         self.keyed = [op.tables() is not None for op in ops]
         self.ops = list(ops)
@@ -125,17 +149,60 @@ class StateChain:
         # ``restored``: the chain of the checkpoint the operators were just restored
         # from, whose state they hold now: the parent of the next link
         self.parent: _Stored | None = None if not restored else _Stored(
-            tuple(restored), 0, restored[0].size, sum(ref.size for ref in restored[1:]))
+            tuple(restored), 0, restored[0].size, sum(ref.size for ref in restored[1:]),
+            position)
         # change sets of the snapshots taken after the parent: seq -> one set per op
         self._unstored: dict[int, list[set]] = {}
+        self.compacting = False  # a compaction asked for and not landed yet
+        self.compacted: Compacted | None = None
 
-    def _base_due(self) -> bool:
+    def _links_after_compaction(self) -> tuple[tuple[BlobRef, ...], Compacted | None]:
+        """The parent's chain without the links a landed compaction covers (and that
+        compaction), or the whole chain; drops a compaction the chain outgrew."""
         parent = self.parent
-        if parent is None or not any(self.keyed):
+        compacted = self.compacted
+        if parent is None or compacted is None:
+            return (() if parent is None else parent.chain), None
+        covered = compacted.covered
+        if parent.chain[:len(covered)] != covered:
+            self.compacted = None  # a base was stored since, or the chain was replaced
+            return parent.chain, None
+        return parent.chain[len(covered):], compacted
+
+    def _base_due(self, chain: tuple[BlobRef, ...], compacted: Compacted | None) -> bool:
+        if self.parent is None or not any(self.keyed):
             return True  # no parent; or nothing keyed, so nothing a delta would save
-        deltas = len(parent.chain) - 1
+        base_bytes, delta_bytes, deltas = self._weights(chain, compacted)
         return (deltas >= self.max_chain
-                or parent.delta_bytes * _RESTORE_BYTES_OVER_BASE > parent.base_bytes)
+                or delta_bytes * _RESTORE_BYTES_OVER_BASE > base_bytes)
+
+    def _weights(self, chain: tuple[BlobRef, ...],
+                 compacted: Compacted | None) -> tuple[int, int, int]:
+        """Base bytes, delta bytes and delta count of the chain the next link builds on."""
+        if compacted is None:
+            return chain[0].size, sum(r.size for r in chain[1:]), len(chain) - 1
+        return len(compacted.data), sum(r.size for r in chain), len(chain)
+
+    def compaction_wanted(self) -> tuple[BlobRef, ...] | None:
+        """The chain to compact off the loop now, or None: when the parent's chain is
+        half-way to forcing a base and no compaction is under way or waiting."""
+        parent = self.parent
+        if parent is None or self.compacting or self.compacted is not None:
+            return None
+        deltas = len(parent.chain) - 1
+        if deltas < 1:
+            return None
+        if (deltas * _COMPACT_AT >= self.max_chain or parent.delta_bytes
+                * _RESTORE_BYTES_OVER_BASE * _COMPACT_AT > parent.base_bytes):
+            self.compacting = True
+            return parent.chain
+        return None
+
+    def compaction_landed(self, compacted: Compacted | None) -> None:
+        """The compaction asked for ended: with its base, or None if it failed (the
+        next stored link may ask again)."""
+        self.compacting = False
+        self.compacted = compacted
 
     def link(self, others: list[Any]) -> Link:
         """The next link, taken now: ``others[i]`` is operator i's `snapshot` (used
@@ -151,7 +218,8 @@ class StateChain:
             else:
                 taken.append(None)
         self._unstored[seq] = taken
-        base = self._base_due()
+        chain, compacted = self._links_after_compaction()
+        base = self._base_due(chain, compacted)
         changes: list[set] = []
         for i, keyed in enumerate(self.keyed):
             keys: set = set()
@@ -184,23 +252,27 @@ class StateChain:
                     changed_removed.append([changed, removed])
                 operators.append(["delta", changed_removed])
         parent = self.parent
-        chain = () if base or parent is None else parent.chain
+        if base or parent is None:
+            chain, compacted, base_bytes, delta_bytes = (), None, 0, 0
+        else:
+            base_bytes, delta_bytes, _ = self._weights(chain, compacted)
+        position = 0 if base or parent is None else parent.position + 1
         value = {"format": _FORMAT, "kind": BASE if base else DELTA,
-                 "position": len(chain), "operators": operators}
-        return Link(seq, BASE if base else DELTA, value, chain,
-                    0 if base or parent is None else parent.delta_bytes,
-                    0 if base or parent is None else parent.base_bytes)
+                 "position": position, "operators": operators}
+        return Link(seq, BASE if base else DELTA, value, chain, delta_bytes, base_bytes,
+                    position, compacted)
 
     def stored(self, link: Link, ref: ChainRef) -> None:
-        """``link`` is stored as ``ref``: it may be the parent of the next one (if no
-        later link was stored before it)."""
+        """``link`` is stored as ``ref`` (whose ``chain`` names the links before it,
+        a compacted base first if the link carried one): it may be the parent of the
+        next one (if no later link was stored before it)."""
         if self.parent is not None and self.parent.seq > link.seq:
             return
         if link.kind == BASE:
-            self.parent = _Stored((ref,), link.seq, ref.size, 0)
+            self.parent = _Stored((ref,), link.seq, ref.size, 0, link.position)
         else:
-            self.parent = _Stored((*link.parent, ref), link.seq, link.base_bytes,
-                                  link.parent_delta_bytes + ref.size)
+            self.parent = _Stored((*ref.chain, ref), link.seq, link.base_bytes,
+                                  link.parent_delta_bytes + ref.size, link.position)
         for seq in [s for s in self._unstored if s <= link.seq]:
             del self._unstored[seq]
 
@@ -214,13 +286,20 @@ def apply_links(links: Sequence[dict], keyed: Sequence[bool]) -> list[Any]:
     the links do not make a chain (a base, then deltas, positions in order)."""
     if not links:
         raise ValueError("an empty state chain")
-    for position, value in enumerate(links):
-        kind = BASE if position == 0 else DELTA
+    first = links[0].get("position") if isinstance(links[0], dict) else None
+    if not isinstance(first, int) or first < 0:
+        raise ValueError(f"the base of a state chain has no position ({first!r})")
+    for i, value in enumerate(links):
+        # a compacted base stands for the links it merged: it has the newest one's
+        # position, and the deltas after it follow on
+        kind = BASE if i == 0 else DELTA
         if (not isinstance(value, dict) or value.get("format") != _FORMAT
-                or value.get("kind") != kind or value.get("position") != position
+                or value.get("kind") != kind or value.get("position") != first + i
                 or len(value.get("operators", ())) != len(keyed)):
-            raise ValueError(f"link {position} of a state chain is not its {kind} "
-                             f"(kind {value.get('kind') if isinstance(value, dict) else '?'!r})")
+            raise ValueError(f"link {i} of a state chain is not its {kind} at position "
+                             f"{first + i} (kind "
+                             f"{value.get('kind') if isinstance(value, dict) else '?'!r}, "
+                             f"position {value.get('position') if isinstance(value, dict) else '?'})")
     state: list[Any] = []
     for i, is_keyed in enumerate(keyed):
         if not is_keyed:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import math
 import os
 import time
@@ -38,7 +39,7 @@ from bastion._batches import BatchKey, ColumnLengthError
 from bastion.errors import PeerLostError, UDFError, UnserialisableError, UnstorableValueError
 from bastion.lineage import broadcast_ids, op_codes, record_hashes
 from bastion.protocols import get_protocol
-from bastion.runtime import priority, savepoint
+from bastion.runtime import compaction, priority, savepoint
 from bastion.runtime.channel import (HeldOutputChannel, InputGate, LocalOutputChannel,
                                      OutputChannel, RemoteOutputChannel,
                                      ReplayableOutputChannel, ReroutableOutputChannel,
@@ -47,7 +48,7 @@ from bastion.runtime.columns import partitions
 from bastion.runtime.config import JobConfig
 from bastion.runtime.durable import DurableCodec
 from bastion.runtime.faults import TaskFaults
-from bastion.runtime.incremental import StateChain, apply_links
+from bastion.runtime.incremental import Compacted, StateChain, apply_links
 from bastion.runtime.key_groups import instance_of_hash
 from bastion.runtime.merge import DeterministicMerge
 from bastion.runtime.metrics import LatencyHistogram, OperatorCounts
@@ -67,6 +68,8 @@ from bastion.scheduler.failover import FailoverStrategy, failover_strategy
 from bastion.sinks import SinkWriter
 from bastion.storage import BlobRef, CheckpointStore, ObjectStore, open_store
 from bastion.storage.errors import CorruptBlobError
+
+_log = logging.getLogger(__name__)
 
 _STATELESS = ("map", "filter", "flat_map", "union")
 _ROUTE_MEMO_KEYS = 65536  # keys whose partition a router remembers before starting over
@@ -397,6 +400,8 @@ class Task:
         # incremental keyed state (`bastion.runtime.incremental`): made at the first
         # checkpoint, or by a restore from the restored checkpoint's chain
         self.state_chain: StateChain | None = None
+        self.compaction: asyncio.Future | None = None  # a chain being compacted
+        self.compactions = 0  # bases made off the loop that landed
         self.physical = physical
         # (source code, instance) -> the task that runs it, for tuple tracking
         self.source_tasks = {(codes[physical.chains[t.chain_id].ops[0]], t.index): t.task_id
@@ -843,7 +848,8 @@ class Task:
                 op.load_tables(state)
             else:
                 op.restore(state)
-        self.state_chain = StateChain(self.ops, self.config.max_chain, refs)
+        self.state_chain = StateChain(self.ops, self.config.max_chain, refs,
+                                      snapshots[-1]["link"]["position"])
         self._restore_task_state(snapshots[-1])
 
     def _restore_task_state(self, snapshot: dict) -> None:
@@ -925,13 +931,40 @@ class Task:
 
         async def store() -> BlobRef:
             await self._store_staged(staged, checkpoint_id)
-            ref = await asyncio.to_thread(self.checkpoints.put_chain, checkpoint_id,
-                                          self.op_names[0], self.index, state, link.parent)
+            ref = await asyncio.to_thread(
+                self.checkpoints.put_chain, checkpoint_id, self.op_names[0], self.index,
+                state, link.parent, link.compacted and link.compacted.data)
             if self.state_chain is chain:  # not restored meanwhile
                 chain.stored(link, ref)
+                self._compact_if_due(chain)
             return ref
 
         return self._tracked_upload(store)
+
+    def _compact_if_due(self, chain: StateChain) -> None:
+        """Have the chain merged into a new base in another process when it is
+        half-way to forcing one (`bastion.runtime.compaction`); the base lands in the
+        chain for its next link to carry."""
+        refs = chain.compaction_wanted()
+        if refs is None:
+            return
+
+        async def run() -> None:
+            compacted = None
+            try:
+                data = await compaction.compact(self.config.storage_url,
+                                                self.config.codecs, refs, chain.keyed)
+                compacted = Compacted(refs, data)
+                self.compactions += 1
+            except Exception as exc:  # noqa: BLE001 - the task writes a base itself
+                _log.warning("%s: compacting its state chain failed (%s: %s); it "
+                               "will write a base itself if the chain gets too long",
+                               self.name, type(exc).__name__, exc)
+            chain.compaction_landed(compacted)
+
+        # kept referenced until it ends; a reset does not wait for it (its base would
+        # land in a chain no one builds on any more)
+        self.compaction = asyncio.ensure_future(run())
 
     def _tracked_upload(self, store: Callable[[], Coroutine[Any, Any, BlobRef]]
                         ) -> Coroutine[Any, Any, BlobRef]:

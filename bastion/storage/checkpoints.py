@@ -141,6 +141,22 @@ class GcReport:
     deleted_objects: int
 
 
+def read_blob(store: ObjectStore, ref: BlobRef) -> bytes:
+    """The blob ``ref`` names, checked against its size and CRC32:
+    :class:`IncompleteCheckpointError` if it is missing, :class:`CorruptBlobError` if
+    it does not match."""
+    try:
+        data = store.get(ref.key)
+    except KeyNotFoundError:
+        raise IncompleteCheckpointError(f"checkpoint blob {ref.key!r} is missing") from None
+    if len(data) != ref.size or zlib.crc32(data) != ref.crc32:
+        raise CorruptBlobError(
+            f"checkpoint blob {ref.key!r} does not match its manifest (size "
+            f"{len(data)} vs {ref.size}, CRC32 {zlib.crc32(data):#010x} vs "
+            f"{ref.crc32:#010x})", key=ref.key)
+    return data
+
+
 def _check_component(what: str, value: str) -> str:
     if not value or "/" in value or value in (".", "..") or "\x00" in value:
         raise ValueError(f"invalid {what} {value!r}: must be a non-empty name without '/'")
@@ -193,12 +209,19 @@ class CheckpointStore:
 
     def put_chain(self, checkpoint_id: int, operator: str, instance: int | str,
                   data: bytes | bytearray | memoryview, chain: Iterable[BlobRef] = (),
-                  ) -> ChainRef:
+                  compacted: bytes | None = None) -> ChainRef:
         """Store one instance's chain blob (base or delta) for a checkpoint; ``chain``:
-        the blobs it builds on, base first (none for a base)."""
+        the blobs it builds on, base first (none for a base). ``compacted``: a base
+        made off the task's loop (`bastion.runtime.compaction`) that the chain starts
+        from instead, stored first under the same checkpoint (``<instance>.base.inc``),
+        where GC keeps it while the checkpoint is being written."""
+        links = tuple(_plain(link) for link in chain)
+        if compacted is not None:
+            base = self.put_state(checkpoint_id, operator,
+                                  f"{instance}.base{_CHAIN_SUFFIX}", compacted)
+            links = (base, *links)
         ref = self.put_state(checkpoint_id, operator, f"{instance}{_CHAIN_SUFFIX}", data)
-        return ChainRef(f"{operator}/{instance}", ref.key, ref.size, ref.crc32,
-                        tuple(_plain(link) for link in chain))
+        return ChainRef(f"{operator}/{instance}", ref.key, ref.size, ref.crc32, links)
 
     def put_channel(self, checkpoint_id: int, channel: str,
                     data: bytes | bytearray | memoryview) -> BlobRef:
@@ -330,16 +353,7 @@ class CheckpointStore:
             self._read_verified(ref)
 
     def _read_verified(self, ref: BlobRef) -> bytes:
-        try:
-            data = self._store.get(ref.key)
-        except KeyNotFoundError:
-            raise IncompleteCheckpointError(f"checkpoint blob {ref.key!r} is missing") from None
-        if len(data) != ref.size or zlib.crc32(data) != ref.crc32:
-            raise CorruptBlobError(
-                f"checkpoint blob {ref.key!r} does not match its manifest (size "
-                f"{len(data)} vs {ref.size}, CRC32 {zlib.crc32(data):#010x} vs "
-                f"{ref.crc32:#010x})", key=ref.key)
-        return data
+        return read_blob(self._store, ref)
 
     def _load(self, checkpoint_id: int, name: str) -> bytes:
         manifest = self.manifest(checkpoint_id)
