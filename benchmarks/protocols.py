@@ -25,15 +25,16 @@ Two parts run only when asked for (``--parts``), for the results page
 (``benchmarks/experiments/checkmate.py``):
 
 - ``skew-latency`` (CheckMate Fig. 12): ``--skew-query`` under each checkpointing
-  protocol at 50% of that protocol's own non-skewed throughput (measured first, in the
-  same run), at hot-item ratios ``--hot``: p50 latency and the average checkpoint
-  time. No failure.
+  protocol, all at one rate: ``--skew-load`` (default 50%) of the lowest of the
+  protocols' non-skewed throughputs (measured first, in the same run), at hot-item
+  ratios ``--hot``: p50 latency and the average checkpoint time. No failure.
 - ``cyclic`` (CheckMate Table IV): the reachability query with its feedback edge
   (`bastion.bench.nexmark.reachability`) under ``uncoordinated`` and ``cic`` at each
   of ``--cyclic-parallelism``, one instance of the loop's join killed
   ``--cyclic-kill-at`` seconds in: average checkpoint time, restart time and invalid
-  checkpoints. Coordinated checkpoints refuse a cycle (a marker would wait for
-  itself), as in the paper.
+  checkpoints, and how many tasks the recovery line put back to their initial state
+  (a rollback to the start: the domino effect). Coordinated checkpoints refuse a cycle
+  (a marker would wait for itself), as in the paper.
 
 ``--json PATH`` writes every figure printed as JSON (`bastion.bench.results`).
 
@@ -130,12 +131,14 @@ def main() -> None:
     parser.add_argument("--skew-seconds", type=float, default=4.0,
                         help="skew-latency: seconds of input per paced run")
     parser.add_argument("--hot", default="0.1,0.2,0.3", help="skew-latency: hot ratios")
+    parser.add_argument("--skew-load", type=float, default=0.5,
+                        help="skew-latency: the rate, as a fraction of the lowest MST")
     parser.add_argument("--cyclic-parallelism", default="1,2")
-    parser.add_argument("--cyclic-links", type=int, default=6000,
+    parser.add_argument("--cyclic-links", type=int, default=8000,
                         help="cyclic: links of the streamed graph")
     parser.add_argument("--cyclic-rate", type=float, default=2_000.0,
                         help="cyclic: links per second")
-    parser.add_argument("--cyclic-kill-at", type=float, default=1.5, help="cyclic: s")
+    parser.add_argument("--cyclic-kill-at", type=float, default=3.0, help="cyclic: s")
     parser.add_argument("--json", default=None, help="write the figures here as JSON")
     args = parser.parse_args()
     queries = args.queries.split(",")
@@ -251,26 +254,28 @@ def main() -> None:
 
 def skew_latency(run, args) -> dict:
     """CheckMate Fig. 12: p50 latency and average checkpoint time of ``--skew-query``
-    at 50% of each protocol's own non-skewed throughput, for each hot ratio."""
+    at ``--skew-load`` of the lowest protocol's non-skewed throughput, for each hot
+    ratio."""
     query = args.skew_query
     hots = [float(h) for h in args.hot.split(",")]
     checkpointing = PROTOCOLS[1:]
-    print(f"\nSkew (CheckMate Fig. 12): {query} at 50% of the lowest protocol's non-skewed "
-          f"throughput, {args.skew_seconds:g} s of input, checkpoint interval {args.interval} s")
+    print(f"\nSkew (CheckMate Fig. 12): {query} at {args.skew_load:.0%} of the lowest "
+          f"protocol's non-skewed throughput, {args.skew_seconds:g} s of input, "
+          f"checkpoint interval {args.interval} s")
     print(f"{'protocol':<14} {'MST':>10} {'rate':>9} " + " ".join(
         f"{f'p50 ms @{h:.0%}':>11} {f'ckpt ms @{h:.0%}':>12}" for h in hots))
     out: dict = {"query": query, "hot": hots, "seconds": args.skew_seconds,
-                 "protocols": {}}
+                 "load": args.skew_load, "parallelism": 2, "protocols": {}}
     # Each protocol's non-skewed throughput (the best of --repeat runs), then one rate
-    # for all: half the lowest. CheckMate paced each protocol at half its own MST, and
-    # its protocols' MSTs were within ~10% of each other (Fig. 7, 10 workers); here a
-    # run's MST moves more than that with the machine's neighbours, and a protocol
-    # paced faster would look slower for it.
+    # for all: --skew-load of the lowest. CheckMate paced each protocol at a share of
+    # its own MST, and its protocols' MSTs were within ~10% of each other (Fig. 7, 10
+    # workers); here a run's MST moves more than that with the machine's neighbours,
+    # and a protocol paced faster would look slower for it.
     uniform = nexmark.NexmarkConfig(seed=7, events=args.events, inter_event_s=0.001)
     msts = {protocol: max(run(build(query, uniform, None, bn.sinks.Discard()), protocol)
                           .metrics.tuples_per_s for _ in range(args.repeat))
             for protocol in checkpointing}
-    rate = min(msts.values()) / 2
+    rate = min(msts.values()) * args.skew_load
     for protocol in checkpointing:
         mst = msts[protocol]
         p50s, ckpts, counts = [], [], []
@@ -300,7 +305,7 @@ def cyclic(storage: str, args) -> dict:
           f"kill join[0] at "
           f"{args.cyclic_kill_at:g} s, checkpoint interval {args.interval} s")
     print(f"{'p':>3} {'protocol':<14} {'run s':>6} {'ckpts':>6} {'CT ms':>8} {'RT ms':>8} "
-          f"{'IC':>8} {'IC/task':>8} {'answer':>7}")
+          f"{'IC':>8} {'IC/task':>8} {'from 0':>7} {'answer':>7}")
     out: dict = {"links": graph.links, "vertices": graph.vertices, "runs": []}
     for p in [int(x) for x in args.cyclic_parallelism.split(",")]:
         for protocol in ("uncoordinated", "cic"):
@@ -313,6 +318,11 @@ def cyclic(storage: str, args) -> dict:
             x = result.metrics.protocol
             found = {(root, vertex) for root, vertex, _ in result.outputs[sink]}
             restart_s = x.failures[0].restart_s if x.failures else None
+            # How far the first recovery rolled back: the tasks its line put back to
+            # their initial state (None in the line's summary), all rollback long.
+            line = x.failures[0].recovery_line if x.failures else None
+            from_start = (sum(1 for v in line.values() if v is None)
+                          if isinstance(line, dict) else -1)
             ok = found == reference and len(result.outputs[sink]) == len(reference)
             out["runs"].append({
                 "parallelism": p, "protocol": protocol,
@@ -320,6 +330,7 @@ def cyclic(storage: str, args) -> dict:
                 "checkpoint_ms": (x.checkpoint_duration_s_avg or 0.0) * 1000.0,
                 "restart_ms": -1.0 if restart_s is None else restart_s * 1000.0,
                 "failures": len(x.failures), "tasks": result.metrics.extra["tasks"],
+                "line_tasks_from_start": from_start,
                 "invalid": x.invalid_checkpoints,
                 "invalid_share": x.invalid_share, "exactly_once": ok})
             print(f"{p:>3} {protocol:<14} {result.metrics.duration_s:>6.1f} "
@@ -328,6 +339,7 @@ def cyclic(storage: str, args) -> dict:
                   f"{fmt(None if restart_s is None else restart_s * 1000, '.0f'):>8} "
                   f"{x.invalid_share:>8.1%} "
                   f"{x.invalid_checkpoints / result.metrics.extra['tasks']:>8.2f} "
+                  f"{from_start:>7} "
                   f"{'exact' if ok else 'WRONG':>7}")
     return out
 
