@@ -139,22 +139,28 @@ def test_skew_rows():
 
 
 def cyclic_figures(*, unc_rt: float = 300.0, cic_rt: float = 350.0, unc_ct: float = 2.0,
-                   cic_ct: float = 3.0, share: float = 0.02, exact: bool = True) -> dict:
+                   cic_ct: float = 3.0, share: float = 0.02, exact: bool = True,
+                   from_start: int = 0) -> dict:
     runs = []
     for p in (1, 2):
         for protocol, ct, rt in (("uncoordinated", unc_ct, unc_rt), ("cic", cic_ct, cic_rt)):
+            unc = protocol == "uncoordinated"
             runs.append({"parallelism": p, "protocol": protocol, "duration_s": 6.0,
                          "checkpoints": 100, "checkpoint_ms": ct, "restart_ms": rt,
-                         "failures": 1, "tasks": 6 * p, "invalid": int(share * 100),
-                         "invalid_share": share, "exactly_once": exact})
-    return {"cyclic": {"links": 12_000, "vertices": 3000, "runs": runs}}
+                         "failures": 1, "tasks": 6 * p,
+                         "invalid": int((share if unc else 0.02) * 100),
+                         "invalid_share": share if unc else 0.02,
+                         "line_tasks_from_start": from_start, "exactly_once": exact})
+    return {"cyclic": {"links": 8000, "vertices": 16_000, "roots": 2000, "rate": 2000.0,
+                       "runs": runs}}
 
 
 def test_cyclic_rows():
     good = verdicts(checkmate.cyclic_rows(cyclic_figures()))
     assert set(good.values()) == {Verdict.REPRODUCED}
     broken = verdicts(checkmate.cyclic_rows(cyclic_figures(
-        unc_rt=100.0, cic_rt=900.0, unc_ct=50.0, cic_ct=2.0, share=0.4, exact=False)))
+        unc_rt=100.0, cic_rt=900.0, unc_ct=50.0, cic_ct=2.0, share=0.4, exact=False,
+        from_start=5)))
     assert set(broken.values()) == {Verdict.WORSE}
     no_kill = cyclic_figures()
     no_kill["cyclic"]["runs"][0]["restart_ms"] = -1.0

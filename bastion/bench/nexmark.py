@@ -578,12 +578,15 @@ def reach_output(item: tuple) -> tuple[int, int, tuple[int, ...]]:
 
 def _reach_sources(topo: Topology, config: ReachabilityConfig, prefix: str,
                    rate: float | None = None) -> tuple[Stream, Stream]:
-    # ``rate``: links per second (wall clock) in total; None streams them unpaced.
+    # ``rate``: links per second (wall clock) in total, the roots paced to arrive over
+    # the same span; None streams both unpaced.
+    root_rate = (None if rate is None or not config.roots or not config.links
+                 else rate * config.roots / config.links)
     links = topo.source(f"{prefix}-links",
                         sources.Generator(config.link, count=config.links, rate=rate),
                         timestamp=event_time)
     roots = topo.source(f"{prefix}-roots",
-                        sources.Generator(config.root, count=config.roots),
+                        sources.Generator(config.root, count=config.roots, rate=root_rate),
                         timestamp=event_time)
     return links, roots.map(f"{prefix}-seed", root_fact)
 
@@ -621,7 +624,8 @@ def reachability(topo: Topology, config: ReachabilityConfig, sink: Sink, *,
     by its vertex, to meet that vertex's out-links: one trip round the loop per hop.
     Not modelled: CheckMate's link/source *removals* (the join dropping state when a
     link disappears) — the streams here only add. ``rate``: links per second in total
-    (wall clock), as CheckMate paces its generator; None: as fast as the loop takes them.
+    (wall clock), the roots spread over the same span, as CheckMate paces its
+    generator; None: as fast as the loop takes them.
     """
     links, seeds = _reach_sources(topo, config, prefix, rate)
     reached, pairs = _reach_stage(links, seeds, prefix, parallelism)
