@@ -148,7 +148,12 @@ def protocols_rows(figures: Figures) -> list[Row]:
             f"{q3:.2f}× (COOR {qs['q3']['coordinated']['vs_none']:.2f}×, "
             f"UNC {qs['q3']['uncoordinated']['vs_none']:.2f}×)",
             q3 / FIG7_Q3_FLOOR,
-            page.judge(FIG7_Q3_FLOOR, q3, higher_is_better=True, within=THROUGHPUT_WITHIN)))
+            # the paper's figure is a floor: above it is what it claims, however far
+            page.judge_claim(q3 * (1 + THROUGHPUT_WITHIN) >= FIG7_Q3_FLOOR,
+                             f"COOR and UNC keep more than {FIG7_Q3_FLOOR:.0%} of the "
+                             f"checkpoint-free throughput on Q3 (within the "
+                             f"±{THROUGHPUT_WITHIN:.0%} a ratio moves)",
+                             why_not=f"the lower is {q3:.2f}×")))
 
     # Table II: message size relative to no checkpoints.
     networked = [q for q in ORDER if q in qs and qs[q]["cic"].get("frames_sent", 0) > 0
@@ -292,12 +297,12 @@ def restart_rows(figures: Figures) -> list[Row]:
     # the gap widens with parallelism.
     gap_low = min(times["uncoordinated"][0], times["cic"][0]) / times["coordinated"][0]
     gap_high = min(times["uncoordinated"][-1], times["cic"][-1]) / times["coordinated"][-1]
-    growth = page.judge_claim(
-        gap_high * (1 + RESTART_WITHIN) >= gap_low,
-        f"the gap between the UNC/CIC restart and COOR's does not narrow as parallelism "
-        f"grows (beyond ±{RESTART_WITHIN:.0%})",
-        why_not=f"(min of UNC, CIC) / COOR {gap_low:.2f}× at p={ps[0]}, "
-                f"{gap_high:.2f}× at p={ps[-1]}")
+    # Measured and shown, not judged: between p=1 and p=3 the gap moved from 0.72× to
+    # 1.05× between two full runs — restarts of 50–150 ms differ by less than their
+    # noise there, and the gap the paper reports opens at 50–100 workers.
+    growth = page.not_comparable(
+        "the gap opens at 50–100 workers; 3 simulated nodes on 2 cores reach p=3, where "
+        "restarts differ by less than their run-to-run noise")
     return [
         Row("checkmate-fig11-coordinated-fastest", "Fig 11",
             "restart time: COOR fastest on average", "10–100 workers, per query",
@@ -440,7 +445,7 @@ def cyclic_rows(figures: Figures) -> list[Row]:
     if not complete:
         why = page.not_measured("a run recorded no failure (the kill came after the end?)")
         return [Row(f"checkmate-table4-{k}", "Table IV", k, "", "", setting, "", None, why)
-                for k in ("ct", "rt", "ic", "domino", "exact")]
+                for k in ("ct", "rt", "ic", "exact")]
 
     def med(p: int, x: str, key: str) -> float:
         return statistics.median(r[key] for r in by[(p, x)])
@@ -483,32 +488,29 @@ def cyclic_rows(figures: Figures) -> list[Row]:
                          "within 0.5×–2× (the paper's 0.56×–1.16×)",
                          why_not=f"CIC/UNC {ratio:.2f}×")))
     # IC, Table IV: "both protocols unexpectedly share very similar percentages of
-    # invalid checkpoints for both parallelisms" (1.4% against 1.6–1.7%).
+    # invalid checkpoints for both parallelisms" (1.4% against 1.6–1.7%) "... and the
+    # uncoordinated protocol does not introduce a domino effect" — a recovery line
+    # that rolls tasks back to their start.
     unc_ic = statistics.median(r["invalid_share"] for r in pooled["uncoordinated"])
     cic_ic = statistics.median(r["invalid_share"] for r in pooled["cic"])
+    domino = [f"p={r['parallelism']} {LABEL[r['protocol']]} {r['line_tasks_from_start']} "
+              f"of {r['tasks']} tasks" for r in runs if r.get("line_tasks_from_start", 0) > 0]
+    similar = unc_ic <= max(2 * cic_ic, 0.02)
     rows.append(Row(
-        "checkmate-table4-ic", "Table IV", "invalid checkpoints (IC): UNC no more than CIC",
+        "checkmate-table4-ic", "Table IV",
+        "invalid checkpoints (IC): similar for UNC and CIC, no domino effect",
         "5 and 10 workers, one failure at 48 s of 60", paper_ic, setting
         + " (a short run: one failure's rollback is a larger share)",
-        figure("invalid_share", "", ".1%") + " (medians)",
+        figure("invalid_share", "", ".1%") + " (medians); "
+        + ("no task rolled back to its start" if not domino
+           else "rolled back to the start: " + ", ".join(domino)),
         unc_ic / cic_ic if cic_ic > 0 else None,
-        page.judge_claim(unc_ic <= max(2 * cic_ic, 0.02),
-                         "UNC invalidates no more checkpoints than CIC (within 2×, or 2 points "
-                         "of the run's checkpoints): the paper's 'very similar percentages'",
-                         why_not=f"UNC {unc_ic:.1%}, CIC {cic_ic:.1%}")))
-    # Table IV: "the uncoordinated protocol does not introduce a domino effect" — the
-    # recovery line rolling a task back to its start.
-    domino = [f"p={r['parallelism']} {LABEL[r['protocol']]}: {r['line_tasks_from_start']} "
-              f"of {r['tasks']} tasks" for r in runs if r.get("line_tasks_from_start", 0) > 0]
-    per_task = max(r["invalid"] / max(1, r["tasks"]) for r in runs)
-    rows.append(Row(
-        "checkmate-table4-domino", "Table IV", "no domino effect",
-        "5 and 10 workers", "UNC does not introduce a domino effect", setting,
-        ("no task rolled back to its start" if not domino else
-         "rolled back to the start: " + "; ".join(domino))
-        + f"; at most {per_task:.1f} invalid checkpoints per task", None,
-        page.judge_claim(not domino, "no recovery line puts a task back to its initial state",
-                         why_not="; ".join(domino))))
+        page.judge_claim(similar and not domino,
+                         "UNC invalidates no more checkpoints than CIC (within 2×, or 2 "
+                         "points) and no recovery line puts a task back to its start",
+                         why_not=(f"UNC {unc_ic:.1%}, CIC {cic_ic:.1%}" if not similar
+                                  else "") + ("; " if not similar and domino else "")
+                         + ("domino: " + ", ".join(domino) if domino else ""))))
     wrong = [f"p={r['parallelism']} {LABEL[r['protocol']]}" for r in runs
              if not r["exactly_once"]]
     rows.append(Row(
@@ -544,13 +546,13 @@ SECTION = Section(
                   "--repeat", "2", "--paced-seconds", "0"],
             quick_args=["--parts", "main", "--queries", "q3,q12", "--events", "80000",
                         "--interval", "0.1", "--paced-seconds", "0"],
-            rows=protocols_rows, plot=protocols_plot, budget_s=150),
+            rows=protocols_rows, plot=protocols_plot, budget_s=120),
         Experiment(
             key="restart", title="Fig 11: restart time against parallelism (simulated nodes)",
             script="restart_parallelism.py",
             args=["--parallelism", "1", "2", "3", "--seconds", "4", "--repeat", "3"],
             quick_args=["--parallelism", "1", "2", "--seconds", "3", "--kill-at", "1.5"],
-            rows=restart_rows, plot=restart_plot, budget_s=150),
+            rows=restart_rows, plot=restart_plot, budget_s=120),
         Experiment(
             key="skew", title="Fig 12: p50 latency and checkpoint time under skew",
             script="protocols.py",
@@ -561,13 +563,13 @@ SECTION = Section(
             quick_args=["--parts", "skew-latency", "--skew-query", "q3", "--events", "40000",
                         "--interval", "0.25", "--skew-seconds", "1.5", "--hot", "0.1,0.3",
                         "--skew-load", "0.8"],
-            rows=skew_rows, plot=skew_plot, budget_s=90),
+            rows=skew_rows, plot=skew_plot, budget_s=60),
         Experiment(
             key="cyclic", title="Table IV: the cyclic query", script="protocols.py",
             args=["--parts", "cyclic", "--cyclic-parallelism", "1,2", "--interval", "0.25",
                   "--repeat", "2"],
             quick_args=["--parts", "cyclic", "--cyclic-parallelism", "1", "--interval", "0.25",
                         "--cyclic-links", "4000", "--cyclic-kill-at", "1.5"],
-            rows=cyclic_rows, budget_s=100),
+            rows=cyclic_rows, budget_s=75),
     ],
 )
