@@ -36,7 +36,10 @@ Two parts run only when asked for (``--parts``), for the results page
   (a rollback to the start: the domino effect). Coordinated checkpoints refuse a cycle
   (a marker would wait for itself), as in the paper.
 
-``--json PATH`` writes every figure printed as JSON (`bastion.bench.results`).
+``--json PATH`` writes the figures of the main table and of those two parts as JSON
+(`bastion.bench.results`). ``--repeat N`` keeps the fastest of N unpaced runs (a run on
+a shared machine only loses throughput to its neighbours); ``--paced-seconds 0`` skips
+the half-rate latency runs of the main table.
 
     .venv/bin/python benchmarks/protocols.py [--events N] [--queries q1,q3,q8,q12] [--quick]
         [--parts main,kill,skew,restart,w1,skew-latency,cyclic] [--json PATH]

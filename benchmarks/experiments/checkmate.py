@@ -27,9 +27,9 @@ figure shows a value, the row uses what the text says of it).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from pathlib import Path
-from typing import Any
 
 from bastion.bench import results as page
 from bastion.bench.results import Experiment, Figures, Row, Section
@@ -130,14 +130,14 @@ def protocols_rows(figures: Figures) -> list[Row]:
          ["q1", "q3", "q8", "q12"]),
     ]:
         measured, text = vs_none(protocol, names)
-        present = "/".join(q.upper() for q in _queries(figures, names))
+        ran = "/".join(q.upper() for q in _queries(figures, names))
         judgement = page.judge(reference, measured, higher_is_better=True,
                                within=THROUGHPUT_WITHIN)
         rows.append(Row(
             f"checkmate-fig7-{protocol}", "Fig 7",
             f"MST relative to no checkpoints, {LABEL[protocol]}",
             f"10–100 one-CPU workers; {'/'.join(q.upper() for q in names)}",
-            paper_text, setting + f"; best of the runs, median over {present or 'none'}",
+            paper_text, setting + f"; best of the runs, median over {ran or 'none'}",
             f"{measured:.2f}× ({text})", measured / reference, judgement))
     if "q3" in qs:
         q3 = min(qs["q3"]["coordinated"]["vs_none"], qs["q3"]["uncoordinated"]["vs_none"])
@@ -158,10 +158,10 @@ def protocols_rows(figures: Figures) -> list[Row]:
     # Table II: message size relative to no checkpoints.
     networked = [q for q in ORDER if q in qs and qs[q]["cic"].get("frames_sent", 0) > 0
                  and qs[q]["cic"].get("data_bytes", 1) > 0]
-    for protocol, table in [("coordinated", TABLE2_COOR), ("uncoordinated", TABLE2_UNC)]:
-        present = [q for q in networked if q in table]
+    for protocol, sizes in [("coordinated", TABLE2_COOR), ("uncoordinated", TABLE2_UNC)]:
+        present = [q for q in networked if q in sizes]
         measured = _median([qs[q][protocol]["msg_size_per_frame"] for q in present])
-        reference = _median([table[q] for q in present])
+        reference = _median([sizes[q] for q in present])
         rows.append(Row(
             f"checkmate-table2-{protocol}", "Table II", f"message size, {LABEL[protocol]}",
             "10 workers, relative to no checkpoints", f"{reference:.2f}×",
@@ -192,7 +192,7 @@ def protocols_rows(figures: Figures) -> list[Row]:
         + ")", per_message / cic_ref if cic_ref else None,
         page.judge(cic_ref, per_message, higher_is_better=False, within=PER_MESSAGE_WITHIN)))
     if not present:
-        rows[-2:] = [dataclass_replace(r, judgement=page.not_measured(
+        rows[-2:] = [dataclasses.replace(r, judgement=page.not_measured(
             "no query sent frames between tasks")) for r in rows[-2:]]
 
     # Table III: invalid checkpoints, and how many checkpoints each protocol took.
@@ -231,12 +231,6 @@ def protocols_rows(figures: Figures) -> list[Row]:
         page.not_measured("COOR completed no round in a run: the runs were shorter than "
                           "its checkpoint")))
     return rows
-
-
-def dataclass_replace(row: Row, **changes: Any) -> Row:
-    import dataclasses
-
-    return dataclasses.replace(row, **changes)
 
 
 def protocols_plot(figures: Figures, out_dir: Path) -> list[Path]:
@@ -356,8 +350,9 @@ def skew_rows(figures: Figures) -> list[Row]:
     # 0.95x/1.40x/1.85x of its capacity at 10/20/30% in (a) — a straggler. At p=2 the
     # same hot ratios load it far less; the setting says how much.
     straggle = "/".join(f"{hot_instance_load(h, p, load):.2f}×" for h in hots)
+    rate = float(next(iter(by.values()))["rate"]) if by else 0.0
     setting = (f"NexMark {str(skew.get('query', '?')).upper()}, p={p}, every protocol at "
-               f"{next(iter(by.values()), {}).get('rate', 0):,.0f} events/s ({load:.0%} of "
+               f"{rate:,.0f} events/s ({load:.0%} of "
                f"the lowest protocol's non-skewed MST), hot items "
                + "/".join(f"{h:.0%}" for h in hots)
                + f": the hot instance at {straggle} of its capacity")
@@ -544,7 +539,7 @@ SECTION = Section(
             "invalid checkpoints", script="protocols.py",
             args=["--parts", "main", "--events", "250000", "--interval", "0.5",
                   "--repeat", "2", "--paced-seconds", "0"],
-            quick_args=["--parts", "main", "--queries", "q3,q12", "--events", "80000",
+            quick_args=["--parts", "main", "--queries", "q3,q12", "--events", "60000",
                         "--interval", "0.1", "--paced-seconds", "0"],
             rows=protocols_rows, plot=protocols_plot, budget_s=120),
         Experiment(
