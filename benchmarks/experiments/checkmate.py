@@ -76,9 +76,10 @@ TABLE4 = {5: {"uncoordinated": (0.01, 620.0, 0.014), "cic": (2.73, 347.0, 0.017)
 
 # -- noise bands (from repeated runs on this machine; see the module's test) ----------
 
-# Throughput relative to none, best of two unpaced runs of ~2 s, median over queries:
-# moved by up to ±25% between runs on a 2-core machine shared with other jobs.
-THROUGHPUT_WITHIN = 0.30
+# Throughput relative to none, best of two unpaced runs of ~2–3 s, median over queries:
+# between five runs on this 2-core machine, shared with four other jobs (load average
+# 11–16), the medians moved from 0.84× to 1.00× (COOR) and from 0.87× to 1.32× (UNC).
+THROUGHPUT_WITHIN = 0.40
 # Message sizes are byte counts of the run, not timings: they move by the share of
 # frames filled differently (well under 5%).
 SIZE_WITHIN = 0.05
