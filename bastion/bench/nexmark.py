@@ -576,13 +576,17 @@ def reach_output(item: tuple) -> tuple[int, int, tuple[int, ...]]:
     return (item[1], item[2], tuple(item[3]))
 
 
-def _reach_sources(topo: Topology, config: ReachabilityConfig, prefix: str
-                   ) -> tuple[Stream, Stream]:
+def _reach_sources(topo: Topology, config: ReachabilityConfig, prefix: str,
+                   rate: float | None = None) -> tuple[Stream, Stream]:
+    # ``rate``: links per second (wall clock) in total, the roots paced to arrive over
+    # the same span; None streams both unpaced.
+    root_rate = (None if rate is None or not config.roots or not config.links
+                 else rate * config.roots / config.links)
     links = topo.source(f"{prefix}-links",
-                        sources.Generator(config.link, count=config.links),
+                        sources.Generator(config.link, count=config.links, rate=rate),
                         timestamp=event_time)
     roots = topo.source(f"{prefix}-roots",
-                        sources.Generator(config.root, count=config.roots),
+                        sources.Generator(config.root, count=config.roots, rate=root_rate),
                         timestamp=event_time)
     return links, roots.map(f"{prefix}-seed", root_fact)
 
@@ -604,7 +608,8 @@ def _select_project(pairs: Stream, stage: str) -> Stream:
 
 
 def reachability(topo: Topology, config: ReachabilityConfig, sink: Sink, *,
-                 parallelism: int = 1, prefix: str = "reach") -> str:
+                 parallelism: int = 1, prefix: str = "reach",
+                 rate: float | None = None) -> str:
     """CheckMate's cyclic query (§VI, Figure 6, adapted from FFP): ``(root, vertex,
     path)`` once for every vertex reachable from a root.
 
@@ -618,9 +623,11 @@ def reachability(topo: Topology, config: ReachabilityConfig, sink: Sink, *,
     Each projected fact travels the feedback edge back into the join, hash-partitioned
     by its vertex, to meet that vertex's out-links: one trip round the loop per hop.
     Not modelled: CheckMate's link/source *removals* (the join dropping state when a
-    link disappears) — the streams here only add.
+    link disappears) — the streams here only add. ``rate``: links per second in total
+    (wall clock), the roots spread over the same span, as CheckMate paces its
+    generator; None: as fast as the loop takes them.
     """
-    links, seeds = _reach_sources(topo, config, prefix)
+    links, seeds = _reach_sources(topo, config, prefix, rate)
     reached, pairs = _reach_stage(links, seeds, prefix, parallelism)
     assert pairs is not None  # asked with_pairs (the default)
     facts = _select_project(pairs, prefix)
