@@ -25,7 +25,8 @@ Three sections (``--sections a,b,c``), every figure measured in this run:
     the spout, Heron's through two stream managers. Here both modes send them straight
     to the source task, so only what each mode computes differs.
 
-``--json PATH`` writes the figures for the results page. Prints tables and asserts nothing; the headline is the last line.
+``--json PATH`` writes the figures for the results page. Prints tables and asserts
+nothing; the headline is the last line.
 
     .venv/bin/python benchmarks/acks.py [--records N] [--repeats K] [--sections a,b,c]
 """

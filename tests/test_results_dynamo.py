@@ -222,9 +222,21 @@ def test_managed_worse_when_it_never_moves_or_costs_as_much_as_static():
     figures = managed_figures({"r=0": 20, "managed": 19, "static 1.6": 15},
                               {**CALM_CPU, "managed": 168.0, "static 1.6": 168.5},
                               {**CALM_RECORDS, "managed": 4500.0, "static 1.6": 4590.0},
-                              [[t, 1.6] for t, _ in ADAPTS])
+                              [[0.0, 1.6]] + [[t, 1.6] for t, _ in ADAPTS])
     got = verdicts(dynamo.managed_rows(figures))
     assert set(got.values()) == {WORSE}, got
+
+
+def test_the_managed_ratio_is_weighed_by_time():
+    """A ratio held for long counts for long: one early decision up in a fault period
+    and many brief ones down in the calm still make the ratio higher in the faults."""
+    periods = [[5.0, 15.0, 2.0]]
+    decisions = [[5.0, 1.0]] + [[15.0 + k * 0.1, 0.0] for k in range(20)]
+    assert dynamo._ratio_in_and_out(decisions, periods, 20.0) == (1.0, 0.0)
+    late = [[14.0, 1.2], [20.0, 0.0]]   # up only at the end, held through the calm
+    inside, outside = dynamo._ratio_in_and_out(late, periods, 30.0)
+    assert inside == pytest.approx(0.12) and outside == pytest.approx(6 / 20)
+    assert dynamo._ratio_in_and_out([], periods, 20.0) is None
 
 
 def test_managed_cpu_is_measured_against_r0_without_faults():

@@ -464,6 +464,32 @@ def _overheads(runs: dict[str, Any], field: str) -> dict[str, float] | None:
     return {label: r[field] / calm - 1.0 for label, r in runs.items() if field in r}
 
 
+def _ratio_in_and_out(decisions: Sequence[Sequence[float]],
+                      periods: Sequence[Sequence[float]], seconds: float
+                      ) -> tuple[float, float] | None:
+    """The managed ratio's time-weighted mean inside the injection periods and outside
+    them, over the run: each decision's ratio holds until the next one (0 before the
+    first)."""
+    steps = sorted((float(t), float(r)) for t, r in decisions)
+    if not steps or seconds <= 0:
+        return None
+    bounds = [0.0] + [t for t, _ in steps] + [max(seconds, steps[-1][0])]
+    values = [0.0] + [r for _, r in steps]
+    weight = {True: 0.0, False: 0.0}
+    total = {True: 0.0, False: 0.0}
+    for (a, b), ratio in zip(zip(bounds, bounds[1:]), values):
+        # split [a, b) at the periods' edges
+        cuts = sorted({a, b, *(x for p in periods for x in p[:2] if a < x < b)})
+        for lo, hi in zip(cuts, cuts[1:]):
+            mid = (lo + hi) / 2
+            faulty = any(p[0] <= mid < p[1] for p in periods)
+            weight[faulty] += hi - lo
+            total[faulty] += (hi - lo) * ratio
+    if not weight[True] or not weight[False]:
+        return None
+    return total[True] / weight[True], total[False] / weight[False]
+
+
 def managed_rows(figures: Figures) -> list[Row]:
     m = figures.get("managed") or {}
     runs = m.get("runs", {})
@@ -524,15 +550,14 @@ def managed_rows(figures: Figures) -> list[Row]:
     # zero without faults
     anchor = "dynamo-fig4.9-adapts"
     claim = "the managed ratio is higher while faults are injected than in the calm"
-    decisions, periods = m.get("decisions", []), m.get("periods", [])
-    inside = [r for t, r in decisions if any(a <= t < b for a, b, _ in periods)]
-    outside = [r for t, r in decisions if not any(a <= t < b for a, b, _ in periods)]
-    if not inside or not outside:
+    means = _ratio_in_and_out(m.get("decisions", []), m.get("periods", []),
+                              m.get("seconds", 0.0))
+    if means is None:
         rows.append(_missing(anchor, "Fig 4.9", claim, ref_setting,
                              "up in each injection period, to 0 between",
                              "no decisions of the manager both in and out of faults"))
     else:
-        mean_in, mean_out = sum(inside) / len(inside), sum(outside) / len(outside)
+        mean_in, mean_out = means
         fig = f"mean ratio {mean_in:.2f} in faults, {mean_out:.2f} in calm"
         rows.append(Row(anchor, "Fig 4.9", claim, ref_setting,
                         "up in each injection period, to 0 between", setting, fig, None,
@@ -638,8 +663,7 @@ SECTION = page.Section(
                                  "copies",
             script="lossy_links.py",
             args=["--seconds", "8", "--repeats", "2", "--ratios", "0,0.5,1"],
-            quick_args=["--seconds", "4", "--repeats", "1", "--ratios", "0,1",
-                        "--mtbf-s", "2"],
+            quick_args=["--seconds", "5", "--repeats", "1", "--ratios", "0,1"],
             rows=fig_3_31_rows, plot=fig_3_31_plot, budget_s=70),
         page.Experiment(
             key="failed", title="Figs 3.34-3.35: failed instances, recoverable and "
@@ -647,16 +671,16 @@ SECTION = page.Section(
             script="local_recovery.py",
             args=["--sections", "2,3", "--grep-seconds", "6", "--crashes", "2",
                   "--mtbf-s", "1.5", "--mttr-s", "1.5", "--ack-timeout-s", "2"],
-            quick_args=["--sections", "2,3", "--grep-seconds", "3", "--crashes", "1",
+            quick_args=["--sections", "2,3", "--grep-seconds", "2.5", "--crashes", "1",
                         "--mtbf-s", "1", "--mttr-s", "1", "--ack-timeout-s", "2",
-                        "--persist-ratios", "0,0.25,1"],
+                        "--persist-ratios", "0,0.25,1", "--persist-from-s", "0.5"],
             rows=failed_instance_rows, plot=failed_instance_plot, budget_s=70),
         page.Experiment(
             key="managed", title="Figs 4.9-4.10: managed vs static redundancy",
             script="redundancy.py",
             args=["--sections", "3", "--seconds", "5", "--managed-scale", "27",
                   "--managed-rounds", "1"],
-            quick_args=["--sections", "3", "--seconds", "3", "--managed-scale", "120",
+            quick_args=["--sections", "3", "--seconds", "3", "--managed-scale", "60",
                         "--managed-rounds", "1"],
             rows=managed_rows, plot=managed_plot, budget_s=180),
     ],
