@@ -76,6 +76,13 @@ def test_table_3_5_worse_when_copies_buy_nothing():
             assert got[f"dynamo-table3.5-{topo}-{suffix}"] is WORSE, (topo, suffix)
 
 
+def test_the_falling_trend_allows_noise_but_not_a_flat_line():
+    assert dynamo._falling([0.073, 0.079, 0.004])      # WordCount's r=0.5, +8 %
+    assert not dynamo._falling([0.073, 0.090, 0.004])  # +23 %: not noise
+    assert not dynamo._falling([0.073, 0.072, 0.070])  # flat: no trend
+    assert not dynamo._falling([0.073, 0.05, 0.075])
+
+
 def test_table_3_5_not_measured_without_a_topology():
     figures = table_figures((0.88, 0.80, 0.52), (0.36, 0.37, 0.055))
     del figures["table_3_5"]["WordCount"]

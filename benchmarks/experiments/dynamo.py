@@ -67,6 +67,10 @@ TABLE_3_5 = {
              1.0: (7.532, 34, 69.879)},
 }
 TABLE_3_5_RATE = {"WordCount": 44, "Grep": 118}   # Table 3.4, tuples/s
+# Bastion's topologies (benchmarks/redundancy.py) and the operator its stalls hit
+TABLE_3_5_SHAPE = {"WordCount": "lines → split p=2 → keyed count p=2 → sink",
+                   "Grep": "lines → filter p=2 → sink"}
+TABLE_3_5_FAULTED = {"WordCount": "count", "Grep": "filter"}
 
 # Fig 3.28 (§3.2.3.3, p. 76): "The original scheme has a mean of 6.28ms and a 99% tail
 # latency of 9.71ms, while our fine-grained system has a mean of 4.27ms and tail
@@ -117,6 +121,17 @@ WITHIN_ACKS = 0.10         # fine / coarse ratios of alternating runs
 WITHIN_FAILED = 0.25       # failed tuples: a dozen outages
 WITHIN_INSTANCE = 0.10     # a reduction near 100 %
 WITHIN_OVERHEAD = 0.35     # managed / static overheads over ~a minute of a shared host
+# A missed-deadline share at one ratio moves by ~10 % between runs (WordCount at r=0:
+# 5.9 %, 6.9 %, 7.3 % of records in three runs): a claim of a falling trend allows a
+# step up that small
+WITHIN_SHAPE = 0.10
+
+
+def _falling(values: Sequence[float]) -> bool:
+    """Each value no more than the one before it within ``WITHIN_SHAPE``, and the last
+    below the first beyond it: a trend, not a flat line."""
+    steps = all(b <= a * (1 + WITHIN_SHAPE) for a, b in zip(values, values[1:]))
+    return steps and values[-1] * (1 + WITHIN_SHAPE) < values[0]
 
 
 def _pct(x: float) -> str:
@@ -162,9 +177,11 @@ def table_3_5_rows(figures: Figures) -> list[Row]:
         measured = table.get(topo)
         runs = {} if measured is None else {r["label"]: r for r in measured["runs"]}
         r0, r1 = runs.get("r=0"), runs.get("r=1")
-        setting = (f"{topo}, protocol none, p=2, {rate:g} records/s, {seconds:g} s; stalls "
-                   "every ~1 s of an instance's running time, Gaussian(150, 37.5) ms in "
-                   "[75, 300] ms; redundancy 1.0 at every operator" if measured else "-")
+        setting = (f"{TABLE_3_5_SHAPE[topo]}, protocol none, {rate:g} records/s, "
+                   f"{seconds:g} s; stalls on every instance of {TABLE_3_5_FAULTED[topo]} "
+                   "every ~1 s of its running time (exp.), Gaussian(150, 37.5) ms in "
+                   "[75, 300] ms; copies of every tuple into each operator of p=2"
+                   if measured else "-")
         base, full = paper[0.0], paper[1.0]
         specs = [
             ("p99", "tail latency (p99) reduction at 100%", 2, WITHIN_TAIL, "p99_ms"),
@@ -195,14 +212,15 @@ def table_3_5_rows(figures: Figures) -> list[Row]:
         ordered = sorted((r for r in runs.values() if r["label"].startswith("r=")
                           and r.get("missed_b") is not None),
                          key=lambda r: float(r["label"][2:]))
-        claim = "more copies, fewer missed deadlines (each ratio misses no more than the one below)"
+        claim = ("more copies, fewer missed deadlines (each ratio misses no more than the "
+                 f"one below, within {WITHIN_SHAPE:.0%})")
         ref_fig = ", ".join(f"{int(r * 100)}%: {paper[r][1]}" for r in sorted(paper))
         if len(ordered) < 2:
             rows.append(_missing(anchor, "Table 3.5", f"{topo}: {claim}", ref_setting,
                                  ref_fig, "fewer than two ratios in the run"))
             continue
         missed = [r["missed_b"] for r in ordered]
-        holds = all(b <= a for a, b in zip(missed, missed[1:]))
+        holds = _falling(missed)
         fig = ", ".join(f"{r['label']}: {r['missed_b']:.2%}" for r in ordered)
         rows.append(Row(anchor, "Table 3.5", f"{topo}: {claim}", ref_setting,
                         ref_fig + " missed", setting, fig + " missed", None,
@@ -330,13 +348,13 @@ def fig_3_31_rows(figures: Figures) -> list[Row]:
                         page.judge(FIG_3_31_CUT, cut, higher_is_better=True,
                                    within=WITHIN_FAILED)))
     anchor = "dynamo-fig3.31-shape"
-    claim = "failed tuples fall as redundancy rises (each ratio fails no more than the one below)"
+    claim = ("failed tuples fall as redundancy rises (each ratio fails no more than the "
+             f"one below, within {WITHIN_SHAPE:.0%})")
     if len(ratios) < 2:
         rows.append(_missing(anchor, "Fig 3.31", claim, ref_setting, "falling curves",
                              "fewer than two ratios in the run"))
     else:
-        failed = [r["failed"] for r in ratios]
-        holds = all(b <= a for a, b in zip(failed, failed[1:]))
+        holds = _falling([r["failed"] for r in ratios])
         fig = ", ".join(f"r={r['ratio']:g}: {r['failed_share']:.2%}" for r in ratios)
         rows.append(Row(anchor, "Fig 3.31", claim, ref_setting,
                         "falling in every panel (0-100%)", setting, fig, None,
