@@ -258,6 +258,12 @@ def test_managed_cpu_is_measured_against_r0_without_faults():
                if r.anchor == "dynamo-fig4.10-cpu-overhead")
     assert row.ratio is not None
     assert row.ratio * (0.104 / 0.685) == pytest.approx(10 / 60)
+    # less CPU than r=0 without faults is no overhead, not a negative share
+    cheap = copy.deepcopy(figures)
+    cheap["managed"]["runs"]["managed"]["cpu_s"] = 99.0
+    row = next(r for r in dynamo.managed_rows(cheap)
+               if r.anchor == "dynamo-fig4.10-cpu-overhead")
+    assert row.ratio == 0.0 and row.judgement.verdict is Verdict.BETTER
     broken = copy.deepcopy(figures)
     del broken["managed"]["runs"]["r=0 calm"]
     got = verdicts(dynamo.managed_rows(broken))
