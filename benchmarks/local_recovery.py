@@ -22,24 +22,34 @@ failure-free reference) is printed beside its timings.
     protocol (target: within 3x under a local failover). A restart here takes tens of
     milliseconds (a warm standby), so a global one meets the gap target too: what
     tells the two apart is the work redone.
-(2) **Dynamo's failed instances** (thesis Figs 3.34-3.35) — Grep (paced lines →
-    ``filter`` at p=3 → sink) under ``protocol="acks"``, instance 1 of the filter
+(2) **Dynamo's failed instances, recoverable** (thesis Fig 3.34) — Grep (paced lines
+    → ``filter`` at p=3 → sink) under ``protocol="acks"``, instance 1 of the filter
     crashing ``--crashes`` times (`bn.faults.Crash`, exponential MTBF and MTTR), at
-    redundancy 0 and 1.0: the share of records whose latency, measured from the
-    record's first arrival (`born`, kept across replays), missed the deadline of a
-    failure-free run without copies (its mean + 2 sigma), and of the thesis's baseline
-    trial (the crashing run without copies), with failure-free runs at both ratios
-    beside them (what the copies cost when nothing fails). Target: redundancy 1.0
-    misses >= 90 % fewer.
+    the redundancy ratios ``--ratios`` (0 and 1.0): the share of records whose
+    latency, measured from the record's first arrival (`born`, kept across replays),
+    missed the deadline of a failure-free run without copies (its mean + 2 sigma),
+    and of the thesis's baseline trial (the crashing run without copies). Target:
+    redundancy 1.0 misses >= 90 % fewer.
+(3) **Dynamo's failed instances, persistent** (thesis Fig 3.35, ``--sections 3``) —
+    the same Grep, the thesis's model of a failed instance (§3.1.3: a correlated
+    communication fault whose MTTR is tens to hundreds of seconds): the link of
+    ``--persist-instances`` (instance 1 of 3; the thesis failed up to 22 of 66)
+    goes down a second or two into the run (`bn.faults.LinkOutage(lose=True)`) and
+    stays down until the input has ended, losing what the instance emits and
+    acknowledges; at ratios ``--persist-ratios`` (0, 0.25, 1.0: the thesis reports
+    25 % and 100 %). Under ``acks`` a replayed root keeps its lineage id, and with it
+    its instance, so without a copy elsewhere its records wait for the link.
 
+``--json PATH`` writes the figures of sections 2 and 3 for the results page.
 Asserts nothing; the headline is the last line.
 
-    .venv/bin/python benchmarks/local_recovery.py [--quick] [--protocols P,...]
+    .venv/bin/python benchmarks/local_recovery.py [--quick] [--protocols P,...] [--sections 1,2,3]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -176,48 +186,101 @@ def section_per_protocol(args: argparse.Namespace, storage: str) -> dict[str, An
     return results
 
 
-def section_dynamo(args: argparse.Namespace, storage: str) -> dict[str, float]:
-    print(f"\n(2) Dynamo failed instances: Grep p=3 under acks, match[1] crashing "
-          f"{args.crashes} times (MTBF {args.mtbf_s:g} s, MTTR {args.mttr_s:g} s), latency "
-          "from first arrival")
-    crash = bn.faults.Crash("match", instances=(1,), mtbf_s=args.mtbf_s, mttr_s=args.mttr_s,
-                            max_crashes=args.crashes, seed=args.seed)
-    runs: dict[tuple[float, bool], Any] = {}
-    for ratio, crashing in ((0.0, False), (1.0, False), (0.0, True), (1.0, True)):
-        runs[(ratio, crashing)] = bn.run(
-            grep(args.grep_rate, args.grep_seconds), bn.protocols.Acks(interval_s=0.2),
-            storage=storage, redundancy=ratio,
-            faults=[crash] if crashing else []).metrics
+FREE_RUNS: dict[str, Any] = {}
+
+
+def failed_instances(args: argparse.Namespace, storage: str, title: str,
+                     faults: list[Any], ratios: list[float]) -> dict[str, Any]:
+    """Grep under ``acks`` with ``faults`` at each ratio of ``ratios``, and failure-free
+    without copies: the share of records that missed each deadline, by ratio."""
+    print(title)
+    protocol = bn.protocols.Acks(interval_s=0.2, timeout_s=args.ack_timeout_s)
+    free = FREE_RUNS.get("grep")   # sections 2 and 3 share it
+    if free is None:
+        free = FREE_RUNS["grep"] = bn.run(grep(args.grep_rate, args.grep_seconds), protocol,
+                                          storage=storage, redundancy=0.0).metrics
+    runs = {ratio: bn.run(grep(args.grep_rate, args.grep_seconds), protocol,
+                          storage=storage, redundancy=ratio, faults=faults).metrics
+            for ratio in ratios}
     # Two deadlines, each mean + 2 sigma: of the failure-free run without copies (what
-    # the job promises when nothing fails), and of the crashing run without copies
+    # the job promises when nothing fails), and of the faulted run without copies
     # (the thesis's "baseline trial", section 3.2.2.4)
-    deadlines = {"failure-free": runs[(0.0, False)].deadline_ms(),
-                 "baseline trial": runs[(0.0, True)].deadline_ms()}
+    deadlines = {"failure-free": free.deadline_ms() or 0.0,
+                 "baseline trial": runs[0.0].deadline_ms() or 0.0}
     print("  deadlines: " + ", ".join(f"{name} {ms:.1f} ms" for name, ms in deadlines.items()))
-    print(f"  {'redundancy':>10} {'crashes':>7} {'p50 ms':>8} {'p99 ms':>9} "
+    print(f"  {'redundancy':>10} {'faults':>6} {'p50 ms':>8} {'p99 ms':>9} "
           f"{'missed (free)':>13} {'missed (baseline)':>17} {'restarted':>9} {'replayed':>8}")
-    for (ratio, crashing), m in runs.items():
+    rows = []
+    for ratio, m in [(None, free)] + list(runs.items()):
         failures = m.protocol.failures
         restarted = sorted({name for f in failures for name in f.restarted_tasks})
         replayed = m.extra.get("protocol_counters", {}).get("roots_replayed", 0)
-        print(f"  {ratio:>10.1f} {len(failures) if crashing else '-':>7} "
+        missed = {name: m.missed_deadlines(d) for name, d in deadlines.items()}
+        print(f"  {'-' if ratio is None else f'{ratio:.2f}':>10} "
+              f"{'no' if ratio is None else 'yes':>6} "
               f"{m.latency_ms['p50']:>8.1f} {m.latency_ms['p99']:>9.1f} "
-              f"{m.missed_deadlines(deadlines['failure-free']):>13.2%} "
-              f"{m.missed_deadlines(deadlines['baseline trial']):>17.2%} "
+              f"{missed['failure-free']:>13.2%} {missed['baseline trial']:>17.2%} "
               f"{','.join(restarted) or '-':>9} {replayed:>8,.0f}", flush=True)
-    cuts = {}
+        if ratio is not None:
+            rows.append({"ratio": ratio, "p50_ms": m.latency_ms["p50"],
+                         "p99_ms": m.latency_ms["p99"], "crashes": len(failures),
+                         "replayed": replayed, "missed_free": missed["failure-free"],
+                         "missed_baseline": missed["baseline trial"]})
+    cuts: dict[str, dict[str, float]] = {}
     for name, deadline in deadlines.items():
-        base = runs[(0.0, True)].missed_deadlines(deadline)
-        copied = runs[(1.0, True)].missed_deadlines(deadline)
-        cuts[name] = 1 - copied / base if base else float("nan")
-        print(f"  redundancy 1.0 against 0 under crashes, {name} deadline: {cuts[name]:.0%} "
-              f"fewer missed (target >= 90%: {'met' if cuts[name] >= 0.9 else 'missed'})")
-    return cuts
+        base = runs[0.0].missed_deadlines(deadline)
+        cuts[name] = {}
+        for ratio in ratios[1:]:
+            copied = runs[ratio].missed_deadlines(deadline)
+            cuts[name][f"{ratio:g}"] = 1 - copied / base if base else float("nan")
+        print(f"  against r=0, {name} deadline: " + ", ".join(
+            f"r={r} {c:.0%} fewer missed" for r, c in cuts[name].items())
+            + f" (target at r=1 >= 90%: {'met' if cuts[name]['1'] >= 0.9 else 'missed'})")
+    return {"deadlines_ms": deadlines, "runs": rows, "cuts": cuts}
+
+
+def section_dynamo(args: argparse.Namespace, storage: str) -> dict[str, Any]:
+    crash = bn.faults.Crash("match", instances=(1,), mtbf_s=args.mtbf_s, mttr_s=args.mttr_s,
+                            max_crashes=args.crashes, seed=args.seed)
+    return failed_instances(
+        args, storage,
+        f"\n(2) Dynamo failed instances, recoverable (Fig 3.34): Grep p=3 under acks, "
+        f"match[1] crashing {args.crashes} times (MTBF {args.mtbf_s:g} s, MTTR "
+        f"{args.mttr_s:g} s), latency from first arrival", [crash], args.ratios)
+
+
+def section_persistent(args: argparse.Namespace, storage: str) -> dict[str, Any]:
+    """The thesis models a failed instance as a correlated communication fault whose
+    MTTR is tens to hundreds of seconds (section 3.1.3): the instance's link goes down
+    and what it emits and acknowledges is lost. Here it goes down between
+    ``--persist-from-s`` and twice that after its task started and stays down until
+    the input has ended (the run could not end while a root's every copy leads to it:
+    under ``acks`` a replay keeps its lineage id, and so its instance)."""
+    down_from = args.persist_from_s
+    outage = bn.faults.LinkOutage(
+        "match", instances=tuple(args.persist_instances), mtbf_s=down_from * 1.5,
+        mtbf_min_s=down_from, mtbf_max_s=2 * down_from, lose=True, seed=args.seed,
+        mttr=bn.faults.Constant(args.grep_seconds), mttr_s=args.grep_seconds)
+    out = failed_instances(
+        args, storage,
+        f"\n(3) Dynamo failed instances, persistent (Fig 3.35): Grep p=3 under acks, "
+        f"match{list(args.persist_instances)} losing what it emits and acknowledges from "
+        f"{down_from:g}-{2 * down_from:g} s to the end of the input", [outage],
+        args.persist_ratios)
+    out["instances"] = list(args.persist_instances)
+    return out
+
+
+def ratio_list(text: str) -> list[float]:
+    """Redundancy ratios from "0,0.5,1": sorted, 0 and 1 always among them."""
+    return sorted({0.0, 1.0} | {float(r) for r in text.split(",") if r.strip()})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter jobs, two protocols")
+    parser.add_argument("--sections", default="1,2",
+                        help="which sections to run: 1, 2 and 3 (default 1,2)")
     parser.add_argument("--protocols", default=",".join(PROTOCOLS))
     parser.add_argument("--rate", type=float, default=1500.0, help="records/s per source")
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -229,31 +292,85 @@ def main() -> None:
     parser.add_argument("--mtbf-s", type=float, default=3.0)
     parser.add_argument("--mttr-s", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--ack-timeout-s", type=float, default=5.0,
+                        help="sections 2 and 3: acks' replay timeout")
+    parser.add_argument("--ratios", default="0,1",
+                        help="section 2: redundancy ratios under crashes (0 and 1 always)")
+    parser.add_argument("--persist-ratios", default="0,0.25,1",
+                        help="section 3: redundancy ratios (0 and 1 always; the thesis "
+                             "reports 25%% and 100%%)")
+    parser.add_argument("--persist-instances", default="1",
+                        help="section 3: the instances of match (of 3) that fail")
+    parser.add_argument("--persist-from-s", type=float, default=1.0,
+                        help="section 3: the failure comes between this and twice this "
+                             "many seconds after the task started")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also write the figures of sections 2 and 3 as JSON (the "
+                             "results page)")
     args = parser.parse_args()
     args.protocols = [p for p in args.protocols.split(",") if p]
+    args.ratios = ratio_list(args.ratios)
+    args.persist_ratios = ratio_list(args.persist_ratios)
+    args.persist_instances = [int(i) for i in args.persist_instances.split(",") if i]
+    sections = set(args.sections.split(","))
     if args.quick:
         args.seconds, args.grep_seconds = 4.0, 10.0
         args.protocols = [p for p in args.protocols if p in ("coordinated", "acks")]
     ensure_ray()
+    results: dict[Any, Any] = {}
+    dynamo: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bastion-local-recovery-") as tmp:
         storage = f"local://{tmp}"
-        results = section_per_protocol(args, storage)
-        cuts = section_dynamo(args, storage)
-    unhit = [r for (p, job, f), r in results.items()
-             if job == "two-branches" and f == "local" and r["free_gap_s"]]
-    within = sum(r["gap_s"] is not None and r["gap_s"] <= 3 * r["free_gap_s"] for r in unhit)
-    untouched = [p for p in args.protocols
-                 if results[(p, "two-branches", "local")]["redone"] == 0]
-    print(f"\nheadline: a kill in one branch leaves the other untouched (0 records redone) "
-          f"under {len(untouched)}/{len(args.protocols)} protocols "
-          f"({', '.join(untouched) or 'none'}), its largest gap within 3x failure-free "
-          f"under {within}/{len(unhit)}; Dynamo's crashed instance: redundancy 1.0 misses "
-          f"{cuts['baseline trial']:.0%} fewer deadlines than 0 (thesis's baseline-trial "
-          f"deadline), {cuts['failure-free']:.0%} fewer (failure-free deadline)" + (
-              f"; uncoordinated one-task restart "
-              f"{results[('uncoordinated', 'three-stages', 'local')]['restart_ratio']:.2f}x "
-              "global's" if "restart_ratio" in results.get(
-                  ("uncoordinated", "three-stages", "local"), {}) else ""))
+        if "1" in sections:
+            results = section_per_protocol(args, storage)
+        if "2" in sections:
+            dynamo["recoverable"] = section_dynamo(args, storage)
+        if "3" in sections:
+            dynamo["persistent"] = section_persistent(args, storage)
+    if args.json:
+        from bastion.bench import results as page
+
+        page.write_figures(args.json, {
+            "grep_rate": args.grep_rate, "grep_seconds": args.grep_seconds,
+            "crashes": args.crashes, "mtbf_s": args.mtbf_s, "mttr_s": args.mttr_s,
+            "ack_timeout_s": args.ack_timeout_s, **_finite(dynamo)})
+    parts = []
+    if results:
+        unhit = [r for (p, job, f), r in results.items()
+                 if job == "two-branches" and f == "local" and r["free_gap_s"]]
+        within = sum(r["gap_s"] is not None and r["gap_s"] <= 3 * r["free_gap_s"]
+                     for r in unhit)
+        untouched = [p for p in args.protocols
+                     if results[(p, "two-branches", "local")]["redone"] == 0]
+        parts.append(
+            f"a kill in one branch leaves the other untouched (0 records redone) "
+            f"under {len(untouched)}/{len(args.protocols)} protocols "
+            f"({', '.join(untouched) or 'none'}), its largest gap within 3x failure-free "
+            f"under {within}/{len(unhit)}" + (
+                f"; uncoordinated one-task restart "
+                f"{results[('uncoordinated', 'three-stages', 'local')]['restart_ratio']:.2f}x "
+                "global's" if "restart_ratio" in results.get(
+                    ("uncoordinated", "three-stages", "local"), {}) else ""))
+    for name, what in (("recoverable", "Dynamo's crashed instance"),
+                       ("persistent", "Dynamo's persistently failed instance")):
+        if name in dynamo:
+            cuts = dynamo[name]["cuts"]
+            parts.append(f"{what}: redundancy 1.0 misses {cuts['baseline trial']['1']:.0%} "
+                         f"fewer deadlines than 0 (thesis's baseline-trial deadline), "
+                         f"{cuts['failure-free']['1']:.0%} fewer (failure-free deadline)")
+    print("\nheadline: " + "; ".join(parts))
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity replaced by None (JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
 
 if __name__ == "__main__":
     main()

@@ -45,7 +45,7 @@ the frames and acknowledgments the outages lost and the roots the sources replay
 The last line is the headline: failed tuples at r=1.0 against r=0 (target: at least
 50 % fewer).
 
-    .venv/bin/python benchmarks/lossy_links.py [--seconds S] [--rate R] [--repeats K]
+    .venv/bin/python benchmarks/lossy_links.py [--seconds S] [--rate R] [--repeats K] [--json PATH]
 """
 
 from __future__ import annotations
@@ -238,7 +238,12 @@ def main() -> None:
                         help="how often the sink commits and acknowledges")
     parser.add_argument("--deadline-ms", type=float, default=500.0,
                         help="from a record's first arrival; below the ack timeout")
+    parser.add_argument("--ratios", default=",".join(f"{r:g}" for r in RATIOS),
+                        help="redundancy ratios on 'view' (0 and 1 always)")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also write the figures as JSON (the results page)")
     args = parser.parse_args()
+    ratios = tuple(sorted({0.0, 1.0} | {float(r) for r in args.ratios.split(",") if r}))
     if args.deadline_ms >= args.ack_timeout_s * 1000:
         parser.error("--deadline-ms must be below the ack timeout: a replay is seen "
                      "only as a second output or as a first one after the timeout")
@@ -253,10 +258,10 @@ def main() -> None:
           f"start): a link down {each:.1%} of the time, both at once {both:.1%} — "
           f"what no copy can save: at most {1 - both / each:.0%} fewer failed tuples"
           if each else "no outage within the run")
-    runs: dict[float, list[dict[str, Any]]] = {r: [] for r in RATIOS}
+    runs: dict[float, list[dict[str, Any]]] = {r: [] for r in ratios}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            order = RATIOS[repeat % len(RATIOS):] + RATIOS[:repeat % len(RATIOS)]
+            order = ratios[repeat % len(ratios):] + ratios[:repeat % len(ratios)]
             for ratio in order:
                 runs[ratio].append(one_run(args, ratio, f"local://{tmp}/{repeat}-{ratio}"))
     print(f"\n  {'r':>4} {'tuples':>7} {'failed':>7} {'failed %':>9} {'late':>5} "
@@ -279,6 +284,22 @@ def main() -> None:
     base = median(runs[0.0], lambda r: r["counted"].failed)
     full = median(runs[1.0], lambda r: r["counted"].failed)
     cut = 1 - full / base if base else float("nan")
+    if args.json:
+        from bastion.bench import results as page
+
+        page.write_figures(args.json, {
+            "seconds": args.seconds, "rate": args.rate, "repeats": args.repeats,
+            "mtbf_s": args.mtbf_s, "mttr_ms": args.mttr_ms,
+            "link_down_share": each, "both_down_share": both,
+            "ratios": [{
+                "ratio": ratio,
+                "tuples": median(done, lambda r: r["counted"].tuples),
+                "failed": median(done, lambda r: r["counted"].failed),
+                "failed_share": median(done, lambda r: r["counted"].failed_share),
+                "replayed_roots": median(done, lambda r: r["replayed_roots"]),
+                "cpu_per_record_s": median(done, lambda r: r["cpu_per_record_s"]),
+                "failed_per_run": [d["counted"].failed for d in done]}
+                for ratio, done in runs.items()]})
     print(f"\nfailed tuples at r=1.0 vs r=0: {full:,.0f} vs {base:,.0f} "
           f"({cut:.0%} fewer; target >= 50 % fewer: {'met' if cut >= 0.5 else 'missed'})")
 

@@ -1,4 +1,4 @@
-"""Tuple-level redundancy under timing faults (Dynamo thesis, Tables 3.5 and 4.2).
+"""Tuple-level redundancy under timing faults (Dynamo thesis, Table 3.5, Figs 4.9-4.10).
 
 Every figure is measured in this run, in one Ray session:
 
@@ -15,7 +15,7 @@ Every figure is measured in this run, in one Ray session:
     Table 3.5 (§3.2.2.4: MTBF exponential with a mean of 1 s, magnitude Gaussian with a
     mean of 150 ms; standard deviation and bounds from its Listing 3.1: 37.5 ms,
     75–300 ms), every faulted instance on its own. The 450 ms magnitude is the
-    thesis's for Table 4.2 (§4.2.1) and section (3) only. First a failure-free
+    thesis's for Figs 4.9-4.10 (§4.2.1) and section (3) only. First a failure-free
     redundancy-0 run of the topology; then redundancy 0 / 0.5 / 1.0 under faults:
     mean and p99 latency, missed deadlines (two: against mean + 2σ of the faulted
     redundancy-0 run, the thesis's "baseline trial" of §3.2.2.4, and against mean +
@@ -28,7 +28,7 @@ Every figure is measured in this run, in one Ray session:
     and roots replayed;
     and the failure-free throughput (unpaced source, same records, redundancy 1.0)
     of fine acks over ``none``, median of ``--repeats`` runs each, alternating.
-(3) **Static vs managed redundancy** (Table 4.2) — Grep at p=3 (so that a ratio of
+(3) **Static vs managed redundancy** (Figs 4.9-4.10) — Grep at p=3 (so that a ratio of
     1.6 means something: at p=2 the router caps the copies at one per tuple, and 1.6
     behaves like 1.0) under the thesis's dynamic injection profile (§4.2.1: injection
     periods of 270, 180 and 90 s with an MTBF of 2, 4 and 1 s, calm between them,
@@ -44,6 +44,12 @@ Every figure is measured in this run, in one Ray session:
     take ten minutes and this host's speed drifts in that time, so they run in
     ``--managed-rounds`` rounds (3), each in the order of the last rotated by one, and
     the verdict is on the sums over the rounds.
+
+``--ratios`` picks section (1)'s ratios under faults (0, 0.5, 1; the thesis's Table 3.5
+has 0, 12.5, 25, 50 and 100 %) and ``--skip-calm`` leaves out its failure-free runs (the
+thesis's deadline is the faulted r=0 run's). ``--json PATH`` writes the figures for the
+results page (`benchmarks/experiments/dynamo.py`), section (3)'s overheads there over
+r=0 without faults (issue 13's definition).
 
 Targets (issue 13) are printed next to the figures with "met"/"missed". Asserts
 nothing; the headline is the last line.
@@ -196,11 +202,13 @@ def mean_ms(metrics: Any) -> float | None:
     return None if stats is None else stats[0] * 1000
 
 
-def row(label: str, m: Any, base: Any, deadline_ms: float, baseline_deadline_ms: float
-        ) -> dict[str, Any]:
+def row(label: str, m: Any, base: Any, deadline_ms: float | None,
+        baseline_deadline_ms: float) -> dict[str, Any]:
+    """One run's figures; ``missed`` is NaN without a failure-free deadline."""
     red = m.extra.get("redundancy", {})
     out = {"label": label, "mean": mean_ms(m), "p99": m.latency_ms.get("p99"),
-           "missed": m.missed_deadlines(deadline_ms),
+           "missed": (float("nan") if deadline_ms is None
+                      else m.missed_deadlines(deadline_ms)),
            "missed_b": m.missed_deadlines(baseline_deadline_ms), "cpu": m.cpu_s,
            "records": m.extra["records_sent"], "bytes": m.extra["bytes_sent"],
            "copies": red.get("copies_sent", 0), "dropped": red.get("copies_dropped", 0),
@@ -219,7 +227,8 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
           f"{'cpu x':>6} {'recs x':>6} {'bytes x':>7} {'copies':>8} {'dropped':>8} "
           f"{'ids':>6} {'stalls':>6} {'sink':>8} {'att':>3}")
     for r in rows:
-        print(f"  {r['label']:<16} {ms(r['mean']):>9} {ms(r['p99']):>9} {r['missed']:>6.1%} "
+        missed = "-" if math.isnan(r["missed"]) else f"{r['missed']:.1%}"
+        print(f"  {r['label']:<16} {ms(r['mean']):>9} {ms(r['p99']):>9} {missed:>7} "
               f"{r['missed_b']:>8.1%} {r['cpu']:>7.2f} {r['cpu_x']:>5.2f}x {r['records_x']:>5.2f}x "
               f"{r['bytes_x']:>6.2f}x {r['copies']:>8,} {r['dropped']:>8,} {r['ids']:>6,} "
               f"{r['stalls']:>6,.0f} {r['sink']:>8,} {r['attempts']:>3}")
@@ -244,26 +253,32 @@ def table_3_5(args: argparse.Namespace, storage: str) -> dict[str, Any]:
     }
     results: dict[str, Any] = {}
     chosen = args.topologies.split(",")
+    ratios = args.ratios
     for name, build in builds.items():
         if name not in chosen:
             continue
         topo, op, per_instance = build()
-        clean = run(topo, storage=storage)
-        deadline = clean.deadline_ms()
-        p90 = clean.latency_histogram.percentile(90)
-        print(f"\n{name}: failure-free r=0 — mean {ms(mean_ms(clean))} ms, p99 "
-              f"{ms(clean.latency_ms.get('p99'))} ms, deadline (mean + 2σ) {ms(deadline)} ms; "
-              f"faults on {op!r} ({per_instance * args.mtbf_s:,.0f} records of an "
+        clean = None if args.skip_calm else run(topo, storage=storage)
+        deadline = None if clean is None else clean.deadline_ms()
+        p90 = None if clean is None else clean.latency_histogram.percentile(90)
+        if clean is not None:
+            print(f"\n{name}: failure-free r=0 — mean {ms(mean_ms(clean))} ms, p99 "
+                  f"{ms(clean.latency_ms.get('p99'))} ms, deadline (mean + 2σ) "
+                  f"{ms(deadline)} ms; ", end="")
+        else:
+            print(f"\n{name}: (no failure-free runs: --skip-calm) ", end="")
+        print(f"faults on {op!r} ({per_instance * args.mtbf_s:,.0f} records of an "
               "instance between stalls at r=0)")
         runs: list[tuple[str, Any]] = []
-        for r in (0.0, 0.5, 1.0):
+        for r in ratios:
             topo, _, _ = build()
             fault = [timing(op, per_instance, args, load=1.0 + r)]
             runs.append((f"r={r:g}", run(topo, storage=storage, faults=fault, redundancy=r)))
-        # what copies cost without faults: the copies' load, and the receivers' dedup
-        topo, _, _ = build()
-        runs.append(("r=1 no faults", run(topo, storage=storage, redundancy=1.0)))
-        runs.append(("r=0 no faults", clean))
+        if clean is not None:
+            # what copies cost without faults: the copies' load, and the receivers' dedup
+            topo, _, _ = build()
+            runs.append(("r=1 no faults", run(topo, storage=storage, redundancy=1.0)))
+            runs.append(("r=0 no faults", clean))
         # The thesis's deadline (§3.2.2.4) is mean + 2σ "of the baseline trial", the
         # run with faults and no redundancy; "missed" is against the failure-free
         # deadline instead, which also counts what the copies' own load adds.
@@ -271,19 +286,20 @@ def table_3_5(args: argparse.Namespace, storage: str) -> dict[str, Any]:
         baseline_deadline = base.deadline_ms()
         print(f"  deadlines: failure-free {ms(deadline)} ms (missed), faulted r=0 "
               f"{ms(baseline_deadline)} ms (missed_b, the thesis's)")
-        rows = [row(label, m, base, deadline or 0.0, baseline_deadline or 0.0)
+        rows = [row(label, m, base, deadline, baseline_deadline or 0.0)
                 for label, m in runs]
         print_rows(rows)
-        r0, r1 = rows[0], rows[2]
+        r0, r1 = rows[0], rows[ratios.index(1.0)]
         p99_change = change(r1["p99"] or 0.0, r0["p99"] or 0.0)
         missed_change = change(r1["missed"], r0["missed"])
         missed_b_change = change(r1["missed_b"], r0["missed_b"])
+        mean_change = change(r1["mean"] or 0.0, r0["mean"] or 0.0)
         print(f"  r=1.0 vs r=0: p99 {p99_change:+.0%}, missed deadlines "
               f"{missed_b_change:+.0%} (thesis's deadline), {missed_change:+.0%} "
               "(failure-free deadline)")
         results[name] = {"p99_change": p99_change, "missed_change": missed_change,
-                         "missed_b_change": missed_b_change, "clean_p90": p90,
-                         "rows": rows}
+                         "missed_b_change": missed_b_change, "mean_change": mean_change,
+                         "clean_p90": p90, "rows": rows}
     g = results["Grep"]
     print(f"\nGrep targets: p99 >= 50% lower at r=1.0: {g['p99_change']:+.0%} "
           f"({verdict(g['p99_change'] <= -0.5)}); missed deadlines >= 80% fewer: "
@@ -347,9 +363,10 @@ def grep_unpaced(records: int) -> bn.Topology:
 
 # -- (3) static vs managed -------------------------------------------------------------------
 
-# Table 4.2's dynamic injection profile (§4.2.1): three injection periods of 270, 180 and
-# 90 s with an MTBF of 2, 4 and 1 s, calm between them, over an 18-minute run (faults
-# about half of it). Scaled down by --managed-scale (7.5: 36, 24 and 12 s of faults and
+# The dynamic injection profile of Figs 4.9-4.10 (§4.2.1; the thesis's Table 4.2 is the
+# older model-based monitor of §4.1): three injection periods of 270, 180 and 90 s with
+# an MTBF of 2, 4 and 1 s, calm between them, over an 18-minute run (faults about half
+# of it). Scaled down by --managed-scale (7.5: 36, 24 and 12 s of faults and
 # 18 s calm before, between and after, 144 s in all). Not shorter: a manager that
 # adapts needs at least one violated window per injection period (the thesis's
 # "theoretical bound"), so the target (90% fewer than r=0) is out of reach by
@@ -381,7 +398,7 @@ def managed_section(args: argparse.Namespace, storage: str) -> dict[str, Any]:
     clean = run(topo, storage=storage)
     p90 = clean.latency_histogram.percentile(90)
     bound = (p90 or 0.0) * 1000 * args.bound_factor
-    print(f"\n(3) static vs managed redundancy (Table 4.2), Grep p={parallelism}, "
+    print(f"\n(3) static vs managed redundancy (Figs 4.9-4.10), Grep p={parallelism}, "
           f"{seconds:.0f} s: failure-free p90 {ms((p90 or 0) * 1000)} ms, bound B = "
           f"{args.bound_factor:g} x = {bound:.1f} ms (p90 of 1-s windows); stalls "
           f"Gaussian({args.managed_stall_ms:g} ms, sd {args.managed_stall_sd_ms:g} ms) on "
@@ -488,7 +505,42 @@ def managed_section(args: argparse.Namespace, storage: str) -> dict[str, Any]:
           f"a run, static {over('static 1.6', cpu, 'r=0 calm') / len(rounds):+.1f} s "
           f"({ratio(over('managed', cpu, 'r=0 calm'), over('static 1.6', cpu, 'r=0 calm')):.2f}x)")
     managed.update(fewer=fewer, extra_cpu=extra_cpu, extra_recs=extra_recs)
+    out["figures"] = managed_figures(rounds, labels, bound, periods, seconds, decisions)
     return out
+
+
+def managed_figures(rounds: list[dict[str, Any]], labels: list[str], bound: float,
+                    periods: list[tuple[float, float, float]], seconds: float,
+                    decisions: list) -> dict[str, Any]:
+    """The figures of Figs 4.9-4.10 for the results page: per run, sums over the
+    rounds (violated windows, windows, CPU s, records and bytes sent), and round 1's
+    timeline (each 1-s window's p90 of r=0 and managed, the managed ratio)."""
+    runs = {}
+    for label in labels:
+        ms_ = [r[label] for r in rounds]
+        runs[label] = {
+            "violated": sum(m.violated_windows(bound, 90)[0] for m in ms_),
+            "windows": sum(m.violated_windows(bound, 90)[1] for m in ms_),
+            "cpu_s": sum(m.cpu_s for m in ms_),
+            "records": sum(m.extra["records_sent"] for m in ms_),
+            "bytes": sum(m.extra["bytes_sent"] for m in ms_),
+            "copies": sum(m.extra.get("redundancy", {}).get("copies_sent", 0) for m in ms_)}
+
+    def timeline(m: Any) -> list[list[float]]:
+        windows = m.latency_windows
+        if not windows:
+            return []
+        first = min(windows)
+        return [[float(second - first), round(v * 1000, 3)]
+                for second, h in sorted(windows.items())
+                if (v := h.percentile(90)) is not None]
+
+    first = rounds[0]
+    return {"rounds": len(rounds), "bound_ms": bound, "seconds": seconds,
+            "periods": [list(p) for p in periods], "runs": runs,
+            "timeline": {label: timeline(first[label]) for label in ("r=0", "managed")},
+            "decisions": [[float(d.get("at_s", 0.0)), float(d.get("ratio", 0.0))]
+                          for d in decisions]}
 
 
 def calibrated_policy(args: argparse.Namespace, zero: Any, bound: float
@@ -570,7 +622,7 @@ def main() -> None:
     parser.add_argument("--stall-sd-ms", type=float, default=37.5)
     parser.add_argument("--stall-min-ms", type=float, default=75.0)
     parser.add_argument("--stall-max-ms", type=float, default=300.0)
-    # the thesis's Table 4.2 profile (§4.2.1: magnitude mean 450 ms), section (3)
+    # the profile of Figs 4.9-4.10 (§4.2.1: magnitude mean 450 ms), section (3)
     parser.add_argument("--managed-stall-ms", type=float, default=450.0)
     parser.add_argument("--managed-stall-sd-ms", type=float, default=100.0)
     parser.add_argument("--noise-share", type=float, default=0.1,
@@ -585,6 +637,15 @@ def main() -> None:
                              "--quick 1)")
     parser.add_argument("--topologies", default="WordCount,Grep,Join",
                         help="which topologies section (1) runs (Grep carries its targets)")
+    parser.add_argument("--ratios", default="0,0.5,1",
+                        help="section (1): the redundancy ratios run under faults "
+                             "(0 and 1 always; the thesis's Table 3.5 has 0, 0.125, "
+                             "0.25, 0.5 and 1)")
+    parser.add_argument("--skip-calm", action="store_true",
+                        help="section (1): leave out the failure-free runs (r=0, r=1): "
+                             "the thesis's deadline is the faulted r=0 run's")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also write the figures as JSON (the results page)")
     parser.add_argument("--ack-timeout", type=float, default=2.5,
                         help="must exceed twice the dedup window")
     parser.add_argument("--records", type=int, default=None,
@@ -604,6 +665,7 @@ def main() -> None:
     args = parser.parse_args()
     if "Grep" not in args.topologies.split(","):
         parser.error("--topologies must include Grep: the targets are Grep's")
+    args.ratios = sorted({0.0, 1.0} | {float(r) for r in args.ratios.split(",") if r})
     RUN_OPTIONS.update(data_plane=bn.DataPlane(buffer_timeout_ms=args.buffer_timeout_ms,
                                                max_inflight_frames=args.max_inflight_frames),
                        dedup_window_s=args.dedup_window_s)
@@ -649,6 +711,35 @@ def main() -> None:
     elif "3" in args.sections.split(","):
         parts.append("managed skipped (not available)")
     print("HEADLINE " + "; ".join(parts))
+    if args.json:
+        from bastion.bench import results as page
+
+        page.write_figures(args.json, figures(args, t35, acks, managed))
+
+
+def figures(args: argparse.Namespace, t35: dict[str, Any] | None,
+            acks: dict[str, Any] | None, managed: dict[str, Any]) -> dict[str, Any]:
+    """What the results page reads (`benchmarks/experiments/dynamo.py`): plain numbers,
+    no NaN (a figure that could not be computed is left out)."""
+    def finite(v: Any) -> Any:
+        return v if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+    out: dict[str, Any] = {"seconds": args.seconds, "rate": args.rate,
+                           "mtbf_s": args.mtbf_s, "stall_ms": args.stall_ms}
+    if t35 is not None:
+        out["table_3_5"] = {
+            name: {"runs": [{"label": r["label"], "mean_ms": finite(r["mean"]),
+                             "p99_ms": finite(r["p99"]),
+                             "missed_b": finite(r["missed_b"]),
+                             "cpu_s": finite(r["cpu"]), "stalls": finite(r["stalls"])}
+                            for r in res["rows"]],
+                   "ratios": args.ratios}
+            for name, res in t35.items()}
+    if acks is not None:
+        out["acks"] = {k: finite(v) for k, v in acks.items()}
+    if managed.get("figures"):
+        out["managed"] = managed["figures"]
+    return out
 
 if __name__ == "__main__":
     main()
