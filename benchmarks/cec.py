@@ -29,14 +29,15 @@ Seven figures, each against its target:
     local storage, ``close()`` included (every record sealed and stored), 1 million
     records, best of ``--repeats``. Target ≥ 1 M records/s.
 
-(d) **Throughput under the protocol** (paper §V, Fig 5): a window count over two item
+(d) **Throughput under the protocol** (paper §IV-A, Fig 5): a window count over two item
     ids, unthrottled, ``--runtime-records`` records, with *fast windows* and *slow
     windows* of each kind (``--runtime-workloads``): tumbling (a part per window: a
     fast one holds one record per id, so a part opens every two records), sliding (a
     part per window instance) and count (a part per item id, never closed: the
     paper's own kind; Count(1) fires a window per record), under ``none``, ``none``
     with lineage ids (which ``cec`` needs), ``cec`` with G_open only, ``cec`` with the
-    default policy and ``coordinated`` (1 s); best of ``--runtime-repeats``, the
+    default policy and ``coordinated`` (1 s) (``--runtime-configs`` picks some),
+    after a small warm-up run; best of ``--runtime-repeats``, the
     configurations alternating, with the median beside it, the median of each
     repeat's own ratio to ``none`` (the runs next to each other), and the workers' CPU
     time per record (less sensitive than the wall clock to other work on a shared
@@ -76,19 +77,26 @@ Seven figures, each against its target:
     bookkeeping does: the count window's lineage ids (a tuple per result, built even
     where nothing reads them) and the log's passes over each byte are the levers
     left.
-(e) **Policy sweeps**: a keyed sum over ``--sweep-keys`` keys (parts that never close),
-    paced at ``--sweep-rate`` (runs of seconds: a burst refreshes only so many parts)
-    under growing Q (extent target, as multiples of the N open parts), U (replay
-    target) and CP (period); at a crash in the middle of the run (the EC at the middle
-    log time): the extent in log records and in tuples (a result record holds a
-    batch), the inputs the sources replay, the G_checks written, and the EC-load time
-    — reading the extent back and decoding every part — best of ``--repeats``.
+(e) **Policy sweeps** (paper §IV-B, Figs 6 and 7): a keyed sum over ``--sweep-keys``
+    keys (parts that never close), paced at ``--sweep-rate`` (runs of seconds: a burst
+    refreshes only so many parts) under growing Q (extent target, 1-8 times the N open
+    parts, in log records), U (replay target, 1.25-10 times N inputs, over
+    ``--sweep-u-keys`` keys: see `policy_sweeps`) and CP (period), CI 5 ms and CP 100
+    ms as the paper's (``--sweep-groups`` picks some): the G_checks written (parts
+    refreshed) in the run, and at ``--crash-points`` crashes spread over the middle
+    half of the run (the EC at each such log time), the means of the extent in log
+    records and in tuples (a result record holds a batch), the inputs the sources
+    replay, and the EC-load time — reading the extent back and decoding every part —
+    at each crash the best of ``--repeats``. One crash in the middle, as the paper
+    took, lands anywhere on the saw the extent draws as bursts of G_checks move the
+    oldest footprint: Q = 4 x N came out below Q = 2 x N that way.
 (f) **EC-load of the paper's extent sizes**, 120,000 and 230,000 tuples, in the harshest
     shape: every input opens a part, so half the extent's tuples are footprints to check
     and load (the other half the results between them). Target ≤ 0.4 s. Then, beyond
     the target, 230,000 *footprints* (an extent of about 460,000 tuples), the size
     this section measured until it was sized in tuples as the target is. The same
-    sizes for count windows (``Count(1)`` over a key per input: a part and a result
+    sizes (``--no-ec-load-beyond`` leaves this out; ``--no-ec-load-windows`` the next)
+    for count windows (``Count(1)`` over a key per input: a part and a result
     per input) and sliding windows (``Sliding(4, 1)``, one record per key per time
     unit, the EC at a crash halfway: an extent of the results of the windows that
     fired since the oldest open one opened, and a footprint per open window).
@@ -97,13 +105,18 @@ Seven figures, each against its target:
     window's result, paced input — of a ``Count(2)`` aggregate over ``--response-keys``
     item ids under ``none`` and under ``cec`` with CI 10 ms and CP 25, 50, 100 ms and
     an extent target low enough that every period spends its CI writing G_checks; mean,
-    p50, p99 and the mean's ratio to ``none``.
+    p50, p99 and the mean's ratio to ``none`` (and the median of each repeat's own
+    ratio, the runs next to each other), ``--response-repeats`` runs of each. Beside
+    them, from the same runs (paper Fig 9), the extent in log records and in tuples,
+    averaged over ``--crash-points`` crashes in each run's middle half.
 
 Logs are written with `LogWriter.append_many` in batches of 100,000 straight from
 prepared values (the CEC model of the tests would take minutes for 10 million), into a
 temporary directory that is removed afterwards. It prints figures and asserts nothing;
 the headline is the last line. This machine may be shared: best-of figures, and the
-load average is printed with them.
+load average is printed with them. ``--json PATH`` also writes every figure printed
+(`bastion.bench.results.write_figures`) for the results page
+(``benchmarks/experiments/cec.py`` runs (d) and (e)-(g) at sizes of a few minutes).
 
 Run: ``.venv/bin/python benchmarks/cec.py`` (about 20-30 minutes on two cores;
 ``--spark-records 2000000 --repeats 1`` for a quick look, ``--no-spark`` and

@@ -502,16 +502,16 @@ SECTION = Section(
         Experiment(
             key="baseline", title="Fig 5: baseline impact of G_open (fast and slow windows)",
             script="cec.py",
-            args=[*_BASELINE_COMMON, "--runtime-records", "300000", "--runtime-repeats", "3"],
+            args=[*_BASELINE_COMMON, "--runtime-records", "300000", "--runtime-repeats", "5"],
             quick_args=[*_BASELINE_COMMON, "--runtime-records", "100000",
                         "--runtime-repeats", "2"],
-            rows=baseline_rows, plot=baseline_plot, budget_s=90),
+            rows=baseline_rows, plot=baseline_plot, budget_s=120),
         Experiment(
             key="recovery",
             title="Figs 6–9: G_checks, extent, EC-load and replay against Q and U; "
                   "response time and extent against CP",
             script="cec.py",
-            args=[*_RECOVERY_COMMON, "--sweep-records", "240000", "--repeats", "2",
+            args=[*_RECOVERY_COMMON, "--sweep-records", "240000", "--repeats", "3",
                   "--response-keys", "10000", "--response-records", "30000",
                   "--response-repeats", "3"],
             quick_args=[*_RECOVERY_COMMON, "--sweep-records", "120000", "--repeats", "1",
