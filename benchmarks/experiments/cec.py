@@ -539,7 +539,7 @@ SECTION = Section(
                   "--response-repeats", "3"],
             quick_args=[*_RECOVERY_COMMON, "--sweep-records", "120000", "--repeats", "1",
                         "--crash-points", "5", "--response-keys", "10000",
-                        "--response-records", "25000", "--response-repeats", "1"],
+                        "--response-records", "22000", "--response-repeats", "1"],
             rows=recovery_rows, plot=recovery_plot, budget_s=180),
     ],
 )
