@@ -506,7 +506,8 @@ def runtime_throughput(storage: str, records: int, repeats: int, workloads: list
             costs[workload] = (1 - best.get("cec G_open only", math.nan) / best["none"],
                                cec_cpu / cpu["none"] - 1, math.nan)
             continue
-        us = {k: v * 1e6 for k, v in operator_cost(window, operator_records, 5).items()}
+        us = {k: v * 1e6 for k, v in operator_cost(window, min(records, operator_records),
+                                                   5).items()}
         added = (us["cec"] - us["alone"]) / cpu["none"]
         print(f"    in process, the operator alone {us['alone']:.3f} us/record "
               f"({us['alone'] - us['no ids']:+.3f} for its lineage ids), under cec G_open "
@@ -516,8 +517,8 @@ def runtime_throughput(storage: str, records: int, repeats: int, workloads: list
               f"{us['cec, no log'] - us['alone']:+.3f}; {added:+.0%} of none's CPU per "
               "record above, ids and cec together "
               f"{(us['cec'] - us['no ids']) / cpu['none']:+.0%}")
-        costs[workload] = (1 - best["cec G_open only"] / best["none"],
-                           cpu["cec G_open only"] / cpu["none"] - 1, added)
+        costs[workload] = (1 - best.get("cec G_open only", math.nan) / best["none"],
+                           cec_cpu / cpu["none"] - 1, added)
     return costs
 
 
