@@ -29,14 +29,15 @@ Seven figures, each against its target:
     local storage, ``close()`` included (every record sealed and stored), 1 million
     records, best of ``--repeats``. Target ≥ 1 M records/s.
 
-(d) **Throughput under the protocol** (paper §V, Fig 5): a window count over two item
+(d) **Throughput under the protocol** (paper §IV-A, Fig 5): a window count over two item
     ids, unthrottled, ``--runtime-records`` records, with *fast windows* and *slow
     windows* of each kind (``--runtime-workloads``): tumbling (a part per window: a
     fast one holds one record per id, so a part opens every two records), sliding (a
     part per window instance) and count (a part per item id, never closed: the
     paper's own kind; Count(1) fires a window per record), under ``none``, ``none``
     with lineage ids (which ``cec`` needs), ``cec`` with G_open only, ``cec`` with the
-    default policy and ``coordinated`` (1 s); best of ``--runtime-repeats``, the
+    default policy and ``coordinated`` (1 s) (``--runtime-configs`` picks some),
+    after a small warm-up run; best of ``--runtime-repeats``, the
     configurations alternating, with the median beside it, the median of each
     repeat's own ratio to ``none`` (the runs next to each other), and the workers' CPU
     time per record (less sensitive than the wall clock to other work on a shared
@@ -76,19 +77,26 @@ Seven figures, each against its target:
     bookkeeping does: the count window's lineage ids (a tuple per result, built even
     where nothing reads them) and the log's passes over each byte are the levers
     left.
-(e) **Policy sweeps**: a keyed sum over ``--sweep-keys`` keys (parts that never close),
-    paced at ``--sweep-rate`` (runs of seconds: a burst refreshes only so many parts)
-    under growing Q (extent target, as multiples of the N open parts), U (replay
-    target) and CP (period); at a crash in the middle of the run (the EC at the middle
-    log time): the extent in log records and in tuples (a result record holds a
-    batch), the inputs the sources replay, the G_checks written, and the EC-load time
-    — reading the extent back and decoding every part — best of ``--repeats``.
+(e) **Policy sweeps** (paper §IV-B, Figs 6 and 7): a keyed sum over ``--sweep-keys``
+    keys (parts that never close), paced at ``--sweep-rate`` (runs of seconds: a burst
+    refreshes only so many parts) under growing Q (extent target, 1-8 times the N open
+    parts, in log records), U (replay target, 1.25-10 times N inputs, over
+    ``--sweep-u-keys`` keys: see `policy_sweeps`) and CP (period), CI 5 ms and CP 100
+    ms as the paper's (``--sweep-groups`` picks some): the G_checks written (parts
+    refreshed) in the run, and at ``--crash-points`` crashes spread over the middle
+    half of the run (the EC at each such log time), the means of the extent in log
+    records and in tuples (a result record holds a batch), the inputs the sources
+    replay, and the EC-load time — reading the extent back and decoding every part —
+    at each crash the best of ``--repeats``. One crash in the middle, as the paper
+    took, lands anywhere on the saw the extent draws as bursts of G_checks move the
+    oldest footprint: Q = 4 x N came out below Q = 2 x N that way.
 (f) **EC-load of the paper's extent sizes**, 120,000 and 230,000 tuples, in the harshest
     shape: every input opens a part, so half the extent's tuples are footprints to check
     and load (the other half the results between them). Target ≤ 0.4 s. Then, beyond
     the target, 230,000 *footprints* (an extent of about 460,000 tuples), the size
     this section measured until it was sized in tuples as the target is. The same
-    sizes for count windows (``Count(1)`` over a key per input: a part and a result
+    sizes (``--no-ec-load-beyond`` leaves this out; ``--no-ec-load-windows`` the next)
+    for count windows (``Count(1)`` over a key per input: a part and a result
     per input) and sliding windows (``Sliding(4, 1)``, one record per key per time
     unit, the EC at a crash halfway: an extent of the results of the windows that
     fired since the oldest open one opened, and a footprint per open window).
@@ -97,13 +105,20 @@ Seven figures, each against its target:
     window's result, paced input — of a ``Count(2)`` aggregate over ``--response-keys``
     item ids under ``none`` and under ``cec`` with CI 10 ms and CP 25, 50, 100 ms and
     an extent target low enough that every period spends its CI writing G_checks; mean,
-    p50, p99 and the mean's ratio to ``none``.
+    p50, p99 and the mean's ratio to ``none`` (and the median of each repeat's own
+    ratio, the runs next to each other), ``--response-repeats`` runs of each; and the
+    level of the per-second means the paper plots (`second_level_ms`: the median over
+    the run's seconds), which a second taken by other work on the machine moves less. Beside
+    them, from the same runs (paper Fig 9), the extent in log records and in tuples,
+    averaged over ``--crash-points`` crashes in each run's middle half.
 
 Logs are written with `LogWriter.append_many` in batches of 100,000 straight from
 prepared values (the CEC model of the tests would take minutes for 10 million), into a
 temporary directory that is removed afterwards. It prints figures and asserts nothing;
 the headline is the last line. This machine may be shared: best-of figures, and the
-load average is printed with them.
+load average is printed with them. ``--json PATH`` also writes every figure printed
+(`bastion.bench.results.write_figures`) for the results page
+(``benchmarks/experiments/cec.py`` runs (d) and (e)-(g) at sizes of a few minutes).
 
 Run: ``.venv/bin/python benchmarks/cec.py`` (about 20-30 minutes on two cores;
 ``--spark-records 2000000 --repeats 1`` for a quick look, ``--no-spark`` and
@@ -129,7 +144,10 @@ from typing import Any
 
 import msgpack
 
-import bastion as bn
+# Before Ray is imported (through bastion): a local Ray of this script's own, on 127.0.0.1.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import bastion as bn  # noqa: E402
 from bastion.lineage import from_wire, ids_of
 from bastion.protocols import eventual
 from bastion.protocols.cec import CecPolicy
@@ -440,37 +458,58 @@ def operator_cost(window: Any, records: int, repeats: int) -> dict[str, float]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def runtime_throughput(storage: str, records: int, repeats: int, workloads: list[str]
+def runtime_throughput(storage: str, records: int, repeats: int, workloads: list[str],
+                       configs: list[str], operator_records: int,
+                       figures: dict[str, Any] | None = None
                        ) -> dict[str, tuple[float, float, float]]:
-    """(d) records/s of each workload under each protocol, best of ``repeats``, the
-    configurations alternating within each repeat; returns the G_open-only cost
-    against none per workload: in throughput (best of each), in the workers' CPU
-    time per record (least of each), and what `operator_cost` measures CEC adds, as
-    a share of none's CPU time per record."""
+    """(d) records/s of each workload under each protocol of ``configs`` (keys of
+    `RUNTIME_CONFIGS`, ``none`` among them), best of ``repeats``, the configurations
+    alternating within each repeat, after one small warm-up run (the first run of a
+    script also starts the workers' processes: it would charge that to ``none``);
+    returns the G_open-only cost against none per workload: in throughput (best of
+    each), in the workers' CPU time per record (least of each), and what
+    `operator_cost` (over ``operator_records``; 0 leaves it out) measures CEC adds, as
+    a share of none's CPU time per record. ``figures``, when given, gets per workload
+    and configuration the best and median rate, the median paired ratio to ``none``
+    and the least CPU time per record."""
     costs = {}
+    chosen = {name: RUNTIME_CONFIGS[name] for name in configs}
+    bn.run(_windowed(20_000, bn.windows.Count(1)), storage=storage, protocol="cec")
     for workload in workloads:
         label, window = RUNTIME_WORKLOADS[workload]
-        rates: dict[str, list[float]] = {name: [] for name in RUNTIME_CONFIGS}
-        cpu_us: dict[str, list[float]] = {name: [] for name in RUNTIME_CONFIGS}
+        rates: dict[str, list[float]] = {name: [] for name in chosen}
+        cpu_us: dict[str, list[float]] = {name: [] for name in chosen}
         for _ in range(repeats):
-            for name, options in RUNTIME_CONFIGS.items():
+            for name, options in chosen.items():
                 metrics = bn.run(_windowed(records, window), storage=storage,
                                  **options).metrics
                 rates[name].append(records / metrics.duration_s)
                 cpu_us[name].append(metrics.cpu_s_per_million_records)
-        best = {name: max(rates[name]) for name in RUNTIME_CONFIGS}
+        best = {name: max(rates[name]) for name in chosen}
         paired = {name: statistics.median(r / n for r, n in zip(rates[name], rates["none"]))
-                  for name in RUNTIME_CONFIGS}
+                  for name in chosen}
         # CPU seconds of the workers per record: on a shared machine the wall clock
         # also measures the neighbours, the CPU time much less so
-        cpu = {name: min(cpu_us[name]) for name in RUNTIME_CONFIGS}
+        cpu = {name: min(cpu_us[name]) for name in chosen}
         print(f"(d) {label}, {records:,} records, best of {repeats} ({load()}):")
         for name, rate in best.items():
             print(f"    {name:<20} {rate:>12,.0f} records/s  {rate / best['none']:.2f}x none"
                   f"  (median {statistics.median(rates[name]):>10,.0f}, paired"
                   f" {paired[name]:.2f}x)  CPU {cpu[name]:.2f} us/record"
                   f"  {cpu[name] / cpu['none']:.2f}x none")
-        us = {k: v * 1e6 for k, v in operator_cost(window, min(records, 600_000), 5).items()}
+        if figures is not None:
+            figures[workload] = {name: {
+                "records_per_s_best": best[name],
+                "records_per_s_median": statistics.median(rates[name]),
+                "paired_ratio_to_none": paired[name],
+                "cpu_us_per_record": cpu[name]} for name in chosen}
+        cec_cpu = cpu.get("cec G_open only", math.nan)
+        if operator_records <= 0:
+            costs[workload] = (1 - best.get("cec G_open only", math.nan) / best["none"],
+                               cec_cpu / cpu["none"] - 1, math.nan)
+            continue
+        us = {k: v * 1e6 for k, v in operator_cost(window, min(records, operator_records),
+                                                   5).items()}
         added = (us["cec"] - us["alone"]) / cpu["none"]
         print(f"    in process, the operator alone {us['alone']:.3f} us/record "
               f"({us['alone'] - us['no ids']:+.3f} for its lineage ids), under cec G_open "
@@ -480,8 +519,8 @@ def runtime_throughput(storage: str, records: int, repeats: int, workloads: list
               f"{us['cec, no log'] - us['alone']:+.3f}; {added:+.0%} of none's CPU per "
               "record above, ids and cec together "
               f"{(us['cec'] - us['no ids']) / cpu['none']:+.0%}")
-        costs[workload] = (1 - best["cec G_open only"] / best["none"],
-                           cpu["cec G_open only"] / cpu["none"] - 1, added)
+        costs[workload] = (1 - best.get("cec G_open only", math.nan) / best["none"],
+                           cec_cpu / cpu["none"] - 1, added)
     return costs
 
 
@@ -524,52 +563,122 @@ def ec_load(store: ObjectStore, prefix: str, at: float | None) -> tuple[float, A
     return seconds, ec
 
 
-def policy_sweeps(root: Path, records: int, keys: int, rate: float, repeats: int
-                  ) -> list[tuple]:
-    """(e) A keyed sum over ``keys`` keys (a part each, never closed) under policies
-    of growing Q, U and CP: per run, at a crash in the middle of the log (the EC at
-    its median log time), the extent (log records read back), the inputs the sources
-    replay, the G_checks written, and the EC-load time (best of ``repeats``)."""
+#: (e)'s sweeps, as multiples of N, the parts open (the paper's "openwins"). Fig 6: Q
+#: from 1 to 8 times the open windows; Fig 7: U from 125,000 to 10^6 tuples with
+#: 100,000 item ids (about 90,000 windows open), which is 1.25 to 10 times N here.
+SWEEP_Q = (1, 2, 4, 8)
+SWEEP_U = (1.25, 2.5, 5, 10)
+SWEEP_CP_S = (0.025, 0.1, 0.25)
+SWEEP_GROUPS = ("q", "u", "cp", "open")
+#: The paper's CI and CP in the Q and U experiments (§IV-B: "The CI parameter is set to
+#: 5ms and the CP to 100ms in all cases").
+SWEEP_CHECK_INTERVAL_S, SWEEP_PERIOD_S = 0.005, 0.1
+
+
+def sweep_policies(keys: int, groups: tuple[str, ...]
+                   ) -> list[tuple[str, str, float, CecPolicy]]:
+    """(group, label, the swept value, policy) of (e)'s runs over ``keys`` parts; Q
+    in log records (what `CecPolicy.extent_target` counts), U in inputs."""
+    big = math.inf
+    knobs = dict(check_interval_s=SWEEP_CHECK_INTERVAL_S, period_s=SWEEP_PERIOD_S)
+    policies: list[tuple[str, str, float, CecPolicy]] = []
+    if "q" in groups:
+        policies += [("q", f"Q={q:g}xN", q, CecPolicy(extent_target=q * keys,
+                                                      replay_target=big, **knobs))
+                     for q in SWEEP_Q]
+    if "u" in groups:
+        policies += [("u", f"U={u:g}xN", u, CecPolicy(extent_target=big,
+                                                      replay_target=u * keys, **knobs))
+                     for u in SWEEP_U]
+    if "cp" in groups:
+        policies += [("cp", f"CP={cp:g}s", cp, CecPolicy(extent_target=keys, replay_target=big,
+                                                        period_s=cp)) for cp in SWEEP_CP_S]
+    if "open" in groups:
+        policies += [("open", "G_open only", math.inf, CecPolicy.open_only())]
+    return policies
+
+
+def crash_times(log: list, points: int) -> list[float]:
+    """``points`` log times spread evenly over the middle half of the run (one: its
+    middle). The extent saws up and down as bursts of G_checks move the oldest
+    footprints; the paper read it at one crash "in the middle of each run", which here
+    lands anywhere on the saw: the mean over several crashes is the figure a run gives
+    again."""
+    t0, t1 = log[0][1], log[-1][1]
+    if points <= 1:
+        return [(t0 + t1) / 2]
+    return [t0 + (t1 - t0) * (0.25 + 0.5 * j / (points - 1)) for j in range(points)]
+
+
+def policy_sweeps(root: Path, records: int, keys: int, rate: float, crash_points: int,
+                  repeats: int, groups: tuple[str, ...] = SWEEP_GROUPS,
+                  u_keys: int | None = None) -> dict[str, list[dict]]:
+    """(e) A keyed sum over ``keys`` keys (a part each, never closed: N = ``keys``
+    open parts) under policies of growing Q, U and CP: per run, the G_checks written
+    (parts refreshed, the whole run), and at ``crash_points`` crashes in the middle
+    half of the run (the EC at each such log time), the means of the extent (log
+    records read back, and tuples), the inputs the sources replay and the EC-load
+    time (reading the extent back and decoding every part; at each crash the best of
+    ``repeats``). Returns per group of `SWEEP_GROUPS` its runs' figures, in the order
+    swept.
+
+    The U sweep runs over ``u_keys`` keys (default ``keys``): a period's burst
+    refreshes every part whose footprint is more than U inputs old, so U is felt only
+    where a period brings fewer inputs than U — with N keys, ``rate * period_s`` under
+    1.25 N (at 100,000/s and CP 100 ms, N of 10,000 and more). Q, in log records,
+    wants the other way round: a run long enough to write several times N log
+    records."""
     storage = f"local://{root / 'sweeps'}"
     store = open_store(storage)
-    big = math.inf
-    policies = [(f"Q={q}xN", CecPolicy(extent_target=q * keys, replay_target=big))
-                for q in (1, 2, 4, 8)]
-    policies += [(f"U={u}xN", CecPolicy(extent_target=big, replay_target=u * keys))
-                 for u in (1, 4, 16)]
-    policies += [(f"CP={cp}s", CecPolicy(extent_target=keys, replay_target=big,
-                                          period_s=cp)) for cp in (0.025, 0.1, 0.25)]
-    policies += [("G_open only", CecPolicy.open_only())]
-    rows = []
-    print(f"(e) keyed sum, {records:,} records at {rate:,.0f}/s over N = {keys:,} keys; "
-          f"a crash in the middle of the run ({load()}):")
+    codec = DurableCodec()
+    out: dict[str, list[dict]] = {group: [] for group in groups}
+    print(f"(e) keyed sum, {records:,} records at {rate:,.0f}/s over N = {keys:,} keys "
+          f"(the U sweep over {u_keys or keys:,}); means over {crash_points} crashes in "
+          f"the middle half of each run ({load()}):")
     print(f"    {'policy':<12} {'records/s':>10} {'extent':>9} {'(tuples)':>10} "
           f"{'replayed':>9} {'G_checks':>9} {'EC-load':>8}")
-    for label, policy in policies:
-        result = bn.run(_keyed_sum(records, keys, rate), bn.protocols.Cec(policy),
+    policies = [p for p in sweep_policies(keys, groups) if p[0] != "u"]
+    if "u" in groups:
+        policies += sweep_policies(u_keys or keys, ("u",))
+    for group, label, value, policy in policies:
+        n = (u_keys or keys) if group == "u" else keys
+        result = bn.run(_keyed_sum(records, n, rate), bn.protocols.Cec(policy),
                         storage=storage)
         prefix = log_prefix(result.job_id, "sum", 0)
         log = list(LogReader(store, prefix).records())
-        at = (log[0][1] + log[-1][1]) / 2  # the middle of the run
-        checks = sum(1 for _, ts, v in log if ts <= at and v[0] == eventual.G_CHECK)
-        seconds = min(ec_load(store, prefix, at)[0] for _ in range(repeats))
-        ec = ec_load(store, prefix, at)[1]
-        # What the sources replay: from the EC's replay point to what the job had
-        # read at the crash (the newest result's input: a lineage id's root position)
-        codec = DurableCodec()
-        newest = next(v for _, ts, v in reversed(log) if ts <= at and eventual.is_result(v))
-        ids = from_wire(codec.unpack(newest[1], "result")[4])
-        read_at_crash = max(rid[1][2] for rid in ids_of(ids))
-        replayed = read_at_crash - min(p for s, p in ec.replay_from.items() if "/" in s)
-        tuples = extent_tuples(log, ec)
-        rate = records / result.metrics.duration_s
-        rows.append((label, rate, ec.extent_records, tuples, replayed, checks, seconds))
-        print(f"    {label:<12} {rate:>10,.0f} {ec.extent_records:>9,} {tuples:>10,} "
-              f"{replayed:>9,} {checks:>9,} {seconds:>7.3f}s")
-    return rows
+        checks = sum(len(eventual.parts_of(v) or ()) for _, _, v in log
+                     if v[0] == eventual.G_CHECK)
+        extents, tuples, replays, seconds = [], [], [], []
+        for at in crash_times(log, crash_points):
+            took, ec = min((ec_load(store, prefix, at) for _ in range(repeats)),
+                           key=lambda timed: timed[0])
+            # What the sources replay: from the EC's replay point to what the job had
+            # read at the crash (the newest result's input: a lineage id's root position)
+            newest = next(v for _, ts, v in reversed(log)
+                          if ts <= at and eventual.is_result(v))
+            ids = from_wire(codec.unpack(newest[1], "result")[4])
+            read_at_crash = max(rid[1][2] for rid in ids_of(ids))
+            replays.append(read_at_crash
+                           - min(p for s, p in ec.replay_from.items() if "/" in s))
+            extents.append(ec.extent_records)
+            tuples.append(extent_tuples(log, ec))
+            seconds.append(took)
+        run_rate = records / result.metrics.duration_s
+        row = {"label": label, "value": value if math.isfinite(value) else None, "keys": n,
+               "records_per_s": run_rate, "g_checks": checks,
+               "extent_records": statistics.mean(extents),
+               "extent_tuples": statistics.mean(tuples),
+               "replayed_inputs": statistics.mean(replays),
+               "ec_load_s": statistics.mean(seconds)}
+        out[group].append(row)
+        print(f"    {label:<12} {run_rate:>10,.0f} {row['extent_records']:>9,.0f} "
+              f"{row['extent_tuples']:>10,.0f} {row['replayed_inputs']:>9,.0f} "
+              f"{checks:>9,} {row['ec_load_s']:>7.3f}s")
+    return out
 
 
-def ec_load_targets(root: Path, sizes: tuple[int, ...], repeats: int) -> list[tuple]:
+def ec_load_targets(root: Path, sizes: tuple[int, ...], repeats: int, beyond: bool = True
+                    ) -> list[tuple]:
     """(f) EC-load of extents of the paper's sizes (120,000 and 230,000 tuples), in the
     harshest shape: a keyed sum where every record opens a part of its own, G_open
     only; the crash at the end of the log, whose EC then reaches back to the first
@@ -579,9 +688,9 @@ def ec_load_targets(root: Path, sizes: tuple[int, ...], repeats: int) -> list[tu
     extent of a size is read from a first run, and the inputs grown until the extent
     is at least the size. In log records the extent is small, since the G_opens of
     one period are one control tuple (a burst). (The paper's extents of those sizes
-    held ~90,000 footprints and results.) Then, beyond the target, as many
-    footprints as the larger size. Returns, per target size, (extent tuples, best
-    seconds)."""
+    held ~90,000 footprints and results.) Then, beyond the target (unless not
+    ``beyond``), as many footprints as the larger size. Returns, per target size,
+    (extent tuples, best seconds)."""
     storage = f"local://{root / 'ec-load'}"
     store = open_store(storage)
 
@@ -593,7 +702,7 @@ def ec_load_targets(root: Path, sizes: tuple[int, ...], repeats: int) -> list[tu
         return prefix, extent_tuples(list(LogReader(store, prefix).records()), ec)
 
     rows = []
-    for size in [*sizes, None]:
+    for size in [*sizes, None] if beyond else sizes:
         if size is None:
             prefix, tuples = extent(max(sizes))
         else:
@@ -612,6 +721,16 @@ def ec_load_targets(root: Path, sizes: tuple[int, ...], repeats: int) -> list[tu
         if size is not None:
             rows.append((tuples, times[0]))
     return rows
+
+
+def window_operator(topo: "bn.Topology", name: str) -> Any:
+    """A fresh instance of ``topo``'s window operator ``name``: what reads its logged
+    results back (`extent_tuples`)."""
+    from bastion.lineage import op_codes
+    from bastion.runtime.operators import OperatorContext, make_operator
+
+    return make_operator(topo.nodes[name], OperatorContext(
+        name, 0, 1, False, code=op_codes(topo)[name], lineage=True))
 
 
 def _count_windows(inputs: int) -> "bn.Topology":
@@ -694,7 +813,22 @@ def _paced_counts(records: int, keys: int, rate: float) -> "bn.Topology":
 RESPONSE_PERIODS_MS = (25, 50, 100)
 
 
-def response_times(storage: str, records: int, keys: int, rate: float, repeats: int
+def second_level_ms(metrics: Any, least_samples: int = 100) -> float:
+    """The paper's Fig 8 reports response time as per-second averages: the median over
+    the run's wall-clock seconds (of at least ``least_samples`` results) of each
+    second's mean, in ms — the level the per-second series runs at; the run's mean
+    where no second has that many."""
+    means = [found[0] * 1000 for hist in metrics.latency_windows.values()
+             if hist.count >= least_samples and (found := hist.mean_std()) is not None]
+    if not means:
+        return metrics.latency_histogram.mean_std()[0] * 1000
+    return statistics.median(means)
+#: (f)'s extents: Fig 7's smallest and largest (120,000 and 230,000 tuples)
+EC_LOAD_SIZES = (120_000, 230_000)
+
+
+def response_times(storage: str, records: int, keys: int, rate: float, repeats: int,
+                   crash_points: int = 9, figures: dict[str, Any] | None = None
                    ) -> dict[str, float]:
     """(g) Response time of a window — its last input's birth to its result at the sink,
     the runtime's first-arrival latency of the window's result (`born` of a window is
@@ -702,30 +836,76 @@ def response_times(storage: str, records: int, keys: int, rate: float, repeats: 
     and 100 ms, the extent target so low (Q = 1 log record) that every period spends
     its CI refreshing footprints, as the paper's Q = open windows did. Mean, p50 and
     p99 over the results the sinks sampled; the median of ``repeats`` runs, the
-    configurations alternating. Returns the mean response time per configuration
-    (ms)."""
+    configurations alternating. Beside them (the paper's Fig 9), each CEC run's extent
+    in tuples, the mean over ``crash_points`` crashes in the middle half of the run
+    (`crash_times`), the median over the runs. Returns the mean response time per
+    configuration (ms); ``figures``, when given, gets every figure printed."""
     configs = {"none": dict(protocol="none")}
     configs.update({f"cec CP={cp} ms": dict(protocol=bn.protocols.Cec(CecPolicy(
         extent_target=1, replay_target=math.inf, check_interval_s=0.01,
         period_s=cp / 1000))) for cp in RESPONSE_PERIODS_MS})
-    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in configs}
+    runs: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in configs}
+    extents: dict[str, list[float]] = {name: [] for name in configs if name != "none"}
+    extent_records: dict[str, list[float]] = {name: [] for name in extents}
+    store = open_store(storage)
     for _ in range(repeats):
         for name, options in configs.items():
-            result = bn.run(_paced_counts(records, keys, rate), storage=storage, **options)
+            topo = _paced_counts(records, keys, rate)
+            result = bn.run(topo, storage=storage, **options)
             metrics = result.metrics
+            if metrics.latency_histogram.mean_std() is None:
+                raise RuntimeError(f"(g) {name}: no window fired: give each of the "
+                                   f"{keys:,} ids at least two of the {records:,} records")
             mean_s, _ = metrics.latency_histogram.mean_std()
             runs[name].append((mean_s * 1000, metrics.latency_ms["p50"],
-                               metrics.latency_ms["p99"]))
+                               metrics.latency_ms["p99"], second_level_ms(metrics)))
+            if name in extents:
+                # the paper's Fig 9, from the same run: the extent (tuples) at crashes
+                # in the middle half of the run
+                prefix = log_prefix(result.job_id, "per-item", 0)
+                log = list(LogReader(store, prefix).records())
+                operator = window_operator(topo, "per-item")
+                ecs = [read_eventual_checkpoint(store, prefix, at)[0]
+                       for at in crash_times(log, crash_points)]
+                extents[name].append(statistics.mean(
+                    extent_tuples(log, ec, operator) for ec in ecs))
+                extent_records[name].append(statistics.mean(
+                    ec.extent_records for ec in ecs))
     means = {name: statistics.median(r[0] for r in rows) for name, rows in runs.items()}
+    levels = {name: statistics.median(r[3] for r in rows) for name, rows in runs.items()}
     print(f"(g) response time (window's last input to its result at the sink), Count(2) "
           f"over {keys:,} ids, {records:,} records at {rate:,.0f}/s, CI 10 ms, median of "
           f"{repeats} ({load()}):")
-    print(f"    {'configuration':<16} {'mean':>9} {'p50':>9} {'p99':>9} {'vs none':>8}")
+    print(f"    {'configuration':<16} {'mean':>9} {'p50':>9} {'p99':>9} {'vs none':>8} "
+          f"{'per-s mean':>11} {'vs none':>8}")
     for name, rows in runs.items():
         p50 = statistics.median(r[1] for r in rows)
         p99 = statistics.median(r[2] for r in rows)
+        extent = (f"  extent {statistics.median(extents[name]):>8,.0f} tuples, "
+                  f"{statistics.median(extent_records[name]):>6,.0f} log records"
+                  if name in extents else "")
         print(f"    {name:<16} {means[name]:>7.2f}ms {p50:>7.2f}ms {p99:>7.2f}ms "
-              f"{means[name] / means['none']:>7.2f}x")
+              f"{means[name] / means['none']:>7.2f}x {levels[name]:>9.2f}ms "
+              f"{levels[name] / levels['none']:>7.2f}x{extent}")
+        if figures is not None:
+            figures[name] = {
+                "mean_ms": means[name], "p50_ms": p50, "p99_ms": p99,
+                "mean_ms_runs": [r[0] for r in rows],
+                "ratio_to_none": means[name] / means["none"],
+                # each repeat's mean over the same repeat's none (runs next to each
+                # other), the median of them: less of the machine's moods in it
+                "paired_ratio_to_none": statistics.median(
+                    r[0] / n[0] for r, n in zip(rows, runs["none"])),
+                # the paper's figure: per-second averages — here the median over the
+                # run's seconds of each second's mean (a second the neighbours took
+                # the CPU in is one of several), over the runs
+                "second_mean_ms": levels[name],
+                "paired_second_ratio_to_none": statistics.median(
+                    r[3] / n[3] for r, n in zip(rows, runs["none"])),
+                "extent_tuples": (statistics.median(extents[name])
+                                  if name in extents else None),
+                "extent_records": (statistics.median(extent_records[name])
+                                   if name in extents else None)}
     return means
 
 
@@ -744,12 +924,30 @@ def main() -> None:
     parser.add_argument("--runtime-workloads", default=",".join(RUNTIME_WORKLOADS),
                         help="the (d) workloads, comma-separated, of: "
                              + ", ".join(RUNTIME_WORKLOADS))
+    parser.add_argument("--runtime-configs", default=",".join(RUNTIME_CONFIGS),
+                        help="the (d) configurations, comma-separated, of: "
+                             + ", ".join(RUNTIME_CONFIGS) + " (none is always run)")
+    parser.add_argument("--operator-records", type=int, default=600_000,
+                        help="records of (d)'s in-process operator cost (0: leave it out)")
     parser.add_argument("--sweep-records", type=int, default=2_000_000)
     parser.add_argument("--sweep-keys", type=int, default=5_000)
     parser.add_argument("--sweep-rate", type=float, default=250_000,
                         help="records/s of the (e) runs: long enough for the policy to "
                              "go round the parts")
+    parser.add_argument("--sweep-u-keys", type=int, default=10_000,
+                        help="keys of the (e) U sweep (see `policy_sweeps`)")
+    parser.add_argument("--sweep-groups", default=",".join(SWEEP_GROUPS),
+                        help="the (e) sweeps, comma-separated, of: " + ", ".join(SWEEP_GROUPS))
+    parser.add_argument("--crash-points", type=int, default=9,
+                        help="crashes in the middle half of each (e) and (g) run whose "
+                             "extents are averaged")
+    parser.add_argument("--ec-load-windows", action=argparse.BooleanOptionalAction,
+                        default=True, help="(f) for count and sliding windows too")
+    parser.add_argument("--ec-load-beyond", action=argparse.BooleanOptionalAction,
+                        default=True, help="(f) beyond the target: 230,000 footprints")
     parser.add_argument("--response-records", type=int, default=60_000)
+    parser.add_argument("--response-repeats", type=int, default=None,
+                        help="repeats of each (g) configuration (default --repeats)")
     parser.add_argument("--response-keys", type=int, default=10_000,
                         help="item ids of the (g) runs: parts enough to fill every CI")
     parser.add_argument("--response-rate", type=float, default=10_000,
@@ -759,6 +957,8 @@ def main() -> None:
     parser.add_argument("--sections", default="abcdefg",
                         help="the sections to run, e.g. 'df' for (d) and (f) only "
                              "(default all; --no-spark and --no-runtime still apply)")
+    parser.add_argument("--json", metavar="PATH", default=None,
+                        help="also write the figures to PATH (benchmarks/reproduce.py)")
     args = parser.parse_args()
     unknown = set(args.sections) - set("abcdefg")
     if unknown:
@@ -768,6 +968,14 @@ def main() -> None:
     if unknown:
         parser.error(f"--runtime-workloads: unknown {', '.join(sorted(unknown))}; "
                      f"known: {', '.join(RUNTIME_WORKLOADS)}")
+    configs = ["none", *(c for c in args.runtime_configs.split(",") if c != "none")]
+    unknown = set(configs) - set(RUNTIME_CONFIGS)
+    if unknown:
+        parser.error(f"--runtime-configs: unknown {', '.join(sorted(unknown))}")
+    groups = tuple(args.sweep_groups.split(","))
+    unknown = set(groups) - set(SWEEP_GROUPS)
+    if unknown:
+        parser.error(f"--sweep-groups: unknown {', '.join(sorted(unknown))}")
     run = set(args.sections)
     if args.no_spark:
         run.discard("b")
@@ -775,27 +983,61 @@ def main() -> None:
         run -= set("defg")
     root = Path(tempfile.mkdtemp(prefix="bastion-cec-bench-"))
     python_rate = spark = append_rate = costs = loads = responses = window_loads = None
+    # what --json writes: every figure measured in this run, by section
+    figures: dict[str, Any] = {"sections": "".join(sorted(run)), "load_average_start":
+                               list(os.getloadavg())}
     try:
         if "a" in run:
             python_rate = python_reconstruction(root, args.python_records, args.repeats)
+            figures["python_reconstruction"] = {"records": args.python_records,
+                                                "records_per_s": python_rate}
         if "b" in run:
             spark = spark_reconstruction(root, args.spark_records, args.instances,
                                          min(args.repeats, 2))
+            figures["spark_reconstruction"] = {"records": args.spark_records,
+                                               "instances": args.instances,
+                                               "records_per_s": spark}
         if "c" in run:
             append_rate = log_append(root, args.append_records, args.repeats)
+            figures["log_append"] = {"records": args.append_records,
+                                     "records_per_s": append_rate}
         if "d" in run:
+            by_workload: dict[str, Any] = {}
             costs = runtime_throughput(f"local://{root / 'runs'}", args.runtime_records,
-                                       args.runtime_repeats, workloads)
+                                       args.runtime_repeats, workloads, configs,
+                                       args.operator_records, by_workload)
+            figures["throughput"] = {"records": args.runtime_records,
+                                     "repeats": args.runtime_repeats,
+                                     "workloads": by_workload}
         if "e" in run:
-            policy_sweeps(root, args.sweep_records, args.sweep_keys, args.sweep_rate,
-                          args.repeats)
+            figures["sweeps"] = {
+                "records": args.sweep_records, "keys": args.sweep_keys,
+                "rate": args.sweep_rate, "crash_points": args.crash_points,
+                "u_keys": args.sweep_u_keys,
+                "runs": policy_sweeps(root, args.sweep_records, args.sweep_keys,
+                                      args.sweep_rate, args.crash_points, args.repeats,
+                                      groups, args.sweep_u_keys)}
         if "f" in run:
-            loads = ec_load_targets(root, (120_000, 230_000), args.repeats)
-            window_loads = ec_load_windows(root, (120_000, 230_000), args.repeats)
+            loads = ec_load_targets(root, EC_LOAD_SIZES, args.repeats, args.ec_load_beyond)
+            figures["ec_load"] = {"repeats": args.repeats, "sizes": list(EC_LOAD_SIZES),
+                                  "keyed_sum": [{"extent_tuples": t, "seconds": sec}
+                                                for t, sec in loads]}
+            if args.ec_load_windows:
+                window_loads = ec_load_windows(root, EC_LOAD_SIZES, args.repeats)
+                figures["ec_load"]["windows"] = [
+                    {"kind": kind, "extent_tuples": t, "seconds": sec}
+                    for kind, t, sec in window_loads]
         if "g" in run:
+            response_repeats = args.response_repeats or args.repeats
+            by_config: dict[str, Any] = {}
             responses = response_times(f"local://{root / 'response'}",
                                        args.response_records, args.response_keys,
-                                       args.response_rate, args.repeats)
+                                       args.response_rate, response_repeats,
+                                       args.crash_points, by_config)
+            figures["response"] = {"records": args.response_records,
+                                   "keys": args.response_keys, "rate": args.response_rate,
+                                   "repeats": response_repeats, "periods_ms":
+                                   list(RESPONSE_PERIODS_MS), "configs": by_config}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     headline = []
@@ -811,7 +1053,8 @@ def main() -> None:
     if costs:
         headline.append("G_open-only cost vs none in throughput (job CPU/record; in "
                         "process) " + ", ".join(
-            f"{workload} {cost:.0%} ({cpu:+.0%}; {added:+.0%})"
+            f"{workload} {cost:.0%} ({cpu:+.0%}"
+            + (f"; {added:+.0%})" if math.isfinite(added) else ")")
             for workload, (cost, cpu, added) in costs.items()) + " (target <= 10%)")
     if loads:
         headline.append("EC-load " + ", ".join(
@@ -826,6 +1069,11 @@ def main() -> None:
             f"{name.removeprefix('cec ')} {ms / responses['none']:.2f}x"
             for name, ms in responses.items() if name != "none")
             + f" (none {responses['none']:.1f} ms)")
+    if args.json:
+        from bastion.bench.results import write_figures
+
+        figures["load_average_end"] = list(os.getloadavg())
+        write_figures(args.json, figures)
     print("CEC: " + "; ".join(headline))
 
 if __name__ == "__main__":

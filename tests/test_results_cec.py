@@ -1,0 +1,190 @@
+"""The CEC section of the results page (`benchmarks/experiments/cec.py`): its verdicts
+can say "worse".
+
+Each experiment's ``rows`` is fed the figures of a good run and of deliberately broken
+ones, in the shape ``benchmarks/cec.py --json`` writes them: a G_open that halves the
+throughput, sweeps whose extent shrinks as the targets grow, a response time that
+doubles, an EC-load of seconds, and runs that wrote nothing. No benchmark runs here.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from bastion.bench.results import Verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from experiments import cec  # noqa: E402
+
+
+def _config(rate: float, paired: float, cpu: float) -> dict:
+    return {"records_per_s_best": rate, "records_per_s_median": rate * 0.95,
+            "paired_ratio_to_none": paired, "cpu_us_per_record": cpu}
+
+
+def baseline_figures(gopen_ratio: float = 0.93, gopen_cpu: float = 0.85) -> dict:
+    return {"sections": "d", "throughput": {"records": 300_000, "repeats": 5, "workloads": {
+        "count-fast": {"none": _config(1.0e6, 1.0, 0.75),
+                       "cec G_open only": _config(gopen_ratio * 1.0e6, 0.83, gopen_cpu)},
+        "count-slow": {"none": _config(2.0e6, 1.0, 0.41),
+                       "cec G_open only": _config(gopen_ratio * 2.0e6, 1.02, 0.43)}}}}
+
+
+def _run(label: str, value: float, keys: int, checks: int, extent_records: float,
+         extent_tuples: float, replayed: float, ec_load_s: float) -> dict:
+    return {"label": label, "value": value, "keys": keys, "records_per_s": 59_000.0,
+            "g_checks": checks, "extent_records": extent_records,
+            "extent_tuples": extent_tuples, "replayed_inputs": replayed,
+            "ec_load_s": ec_load_s}
+
+
+def _response(mean_ms: float, paired: float, extent_records: float | None) -> dict:
+    return {"mean_ms": mean_ms, "p50_ms": 0.55, "p99_ms": 4.0, "mean_ms_runs": [mean_ms],
+            "ratio_to_none": paired, "paired_ratio_to_none": paired,
+            "second_mean_ms": mean_ms, "paired_second_ratio_to_none": paired,
+            "extent_tuples": None if extent_records is None else 9_000.0,
+            "extent_records": extent_records}
+
+
+def recovery_figures() -> dict:
+    """What a good run of ``--sections efg`` looked like (Nov 2026, quick size)."""
+    q = [_run(f"Q={v}xN", v, 2000, c, er, et, rp, s) for v, c, er, et, rp, s in [
+        (1, 21_745, 2_247, 10_267, 8_267, 0.027), (2, 13_027, 3_533, 16_688, 14_688, 0.031),
+        (4, 6_000, 4_955, 22_490, 20_490, 0.029), (8, 4_000, 10_200, 29_666, 27_665, 0.044)]]
+    u = [_run(f"U={v:g}xN", v, 10_000, c, er, et, rp, s) for v, c, er, et, rp, s in [
+        (1.25, 60_000, 2_534, 19_416, 9_416, 0.05), (2.5, 30_000, 7_890, 34_013, 24_013, 0.04),
+        (5, 20_000, 12_551, 47_567, 37_566, 0.05), (10, 10_000, 13_638, 74_813, 64_812, 0.06)]]
+    return {
+        "sections": "efg",
+        "sweeps": {"records": 120_000, "keys": 2000, "u_keys": 10_000, "rate": 60_000.0,
+                   "crash_points": 5, "runs": {"q": q, "u": u}},
+        "ec_load": {"repeats": 2, "sizes": [120_000, 230_000], "keyed_sum": [
+            {"extent_tuples": 120_000, "seconds": 0.047},
+            {"extent_tuples": 230_000, "seconds": 0.197}]},
+        "response": {"records": 30_000, "keys": 10_000, "rate": 10_000.0, "repeats": 3,
+                     "periods_ms": [25, 50, 100], "configs": {
+                         "none": _response(0.60, 1.0, None),
+                         "cec CP=25 ms": _response(0.80, 1.33, 14.0),
+                         "cec CP=50 ms": _response(0.70, 1.17, 39.0),
+                         "cec CP=100 ms": _response(0.65, 1.08, 105.0)}},
+    }
+
+
+def _verdicts(rows) -> dict[str, Verdict]:
+    return {row.anchor: row.judgement.verdict for row in rows}
+
+
+def test_baseline_good_run():
+    v = _verdicts(cec.baseline_rows(baseline_figures()))
+    assert v == {"cec-fig5-fast-throughput": Verdict.REPRODUCED,
+                 "cec-fig5-fast-cpu": Verdict.BETTER,   # 1.13x against the paper's 1.33x
+                 "cec-fig5-slow-throughput": Verdict.REPRODUCED,
+                 "cec-fig5-gopen-net": Verdict.NOT_COMPARABLE}
+
+
+def test_baseline_broken_run_says_worse():
+    v = _verdicts(cec.baseline_rows(baseline_figures(gopen_ratio=0.7, gopen_cpu=1.5)))
+    assert v["cec-fig5-fast-throughput"] is Verdict.WORSE
+    assert v["cec-fig5-slow-throughput"] is Verdict.WORSE
+    assert v["cec-fig5-fast-cpu"] is Verdict.WORSE   # 2x none against the paper's 1.33x
+
+
+def test_baseline_missing_run_is_not_measured():
+    figures = baseline_figures()
+    del figures["throughput"]["workloads"]["count-fast"]
+    v = _verdicts(cec.baseline_rows(figures))
+    assert v["cec-fig5-fast-throughput"] is Verdict.NOT_MEASURED
+    assert v["cec-fig5-fast-cpu"] is Verdict.NOT_MEASURED
+    assert v["cec-fig5-slow-throughput"] is Verdict.REPRODUCED
+    assert all(r is Verdict.NOT_MEASURED for a, r in _verdicts(cec.baseline_rows({})).items()
+               if a != "cec-fig5-gopen-net")
+
+
+def test_recovery_good_run():
+    v = _verdicts(cec.recovery_rows(recovery_figures()))
+    for anchor in ("cec-fig6-gchecks", "cec-fig6-extent", "cec-fig6-replay",
+                   "cec-fig7-gchecks", "cec-fig7-extent", "cec-fig7-replay",
+                   "cec-fig8-cp100", "cec-fig8-order", "cec-fig9-extent"):
+        assert v[anchor] is Verdict.REPRODUCED, anchor
+    assert v["cec-fig6-ecload"] is Verdict.BETTER         # grows 1.6x against 7.7x
+    assert v["cec-fig7-ec-load-120k"] is Verdict.BETTER   # 0.05 s against 2.5 s
+    assert v["cec-fig8-cp25"] is Verdict.BETTER           # 1.33x against 1.97x
+    assert v["cec-fig8-cp50"] is Verdict.REPRODUCED       # 1.17x against 1.30x
+
+
+@pytest.mark.parametrize("metric", ["g_checks", "extent_tuples", "replayed_inputs"])
+def test_recovery_sweeps_the_wrong_way_round_say_worse(metric):
+    figures = recovery_figures()
+    for group in ("q", "u"):
+        runs = figures["sweeps"]["runs"][group]
+        values = [r[metric] for r in runs]
+        for run, value in zip(runs, reversed(values)):
+            run[metric] = value
+    v = _verdicts(cec.recovery_rows(figures))
+    name = {"g_checks": "gchecks", "extent_tuples": "extent",
+            "replayed_inputs": "replay"}[metric]
+    assert v[f"cec-fig6-{name}"] is Verdict.WORSE
+    assert v[f"cec-fig7-{name}"] is Verdict.WORSE
+
+
+def test_recovery_ec_load_growing_faster_than_the_papers_says_worse():
+    figures = recovery_figures()
+    figures["sweeps"]["runs"]["q"][-1]["ec_load_s"] = 0.5   # 18x the Q = 1 x N run's
+    assert _verdicts(cec.recovery_rows(figures))["cec-fig6-ecload"] is Verdict.WORSE
+    figures["sweeps"]["runs"]["q"][0]["ec_load_s"] = 0.0    # no figure to divide by
+    assert _verdicts(cec.recovery_rows(figures))["cec-fig6-ecload"] is Verdict.NOT_MEASURED
+
+
+def test_recovery_extent_over_its_target_says_worse():
+    figures = recovery_figures()
+    figures["sweeps"]["runs"]["q"][1]["extent_records"] = 2.5 * 2000   # Q = 2 x N missed
+    assert _verdicts(cec.recovery_rows(figures))["cec-fig6-extent"] is Verdict.WORSE
+
+
+def test_recovery_slow_ec_load_and_response_say_worse():
+    figures = recovery_figures()
+    figures["ec_load"]["keyed_sum"][1]["seconds"] = 20.0
+    configs = figures["response"]["configs"]
+    configs["cec CP=100 ms"]["paired_second_ratio_to_none"] = 2.5
+    configs["cec CP=25 ms"]["paired_second_ratio_to_none"] = 1.1
+    configs["cec CP=25 ms"]["extent_records"] = 300.0
+    v = _verdicts(cec.recovery_rows(figures))
+    assert v["cec-fig7-ec-load-230k"] is Verdict.WORSE
+    assert v["cec-fig8-cp100"] is Verdict.WORSE
+    assert v["cec-fig8-order"] is Verdict.WORSE
+    assert v["cec-fig9-extent"] is Verdict.WORSE
+
+
+def test_recovery_missing_parts_are_not_measured():
+    figures = recovery_figures()
+    del figures["sweeps"]
+    del figures["response"]["configs"]["cec CP=50 ms"]
+    v = _verdicts(cec.recovery_rows(figures))
+    assert v["cec-fig6-extent"] is Verdict.NOT_MEASURED
+    assert v["cec-fig7-replay"] is Verdict.NOT_MEASURED
+    assert v["cec-fig8-cp50"] is Verdict.NOT_MEASURED
+    assert v["cec-fig9-extent"] is Verdict.NOT_MEASURED
+    assert v["cec-fig8-cp25"] is Verdict.BETTER
+    assert all(r is Verdict.NOT_MEASURED for r in _verdicts(cec.recovery_rows({})).values())
+
+
+def test_anchors_unique_and_plots_drawn(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rows = cec.baseline_rows(baseline_figures()) + cec.recovery_rows(recovery_figures())
+    anchors = [r.anchor for r in rows]
+    assert len(anchors) == len(set(anchors))
+    paths = (cec.baseline_plot(baseline_figures(), tmp_path)
+             + cec.recovery_plot(recovery_figures(), tmp_path))
+    assert sorted(p.name for p in paths) == ["cec-baseline.png", "cec-recovery-fig6.png",
+                                             "cec-recovery-fig7.png",
+                                             "cec-recovery-fig8-9.png"]
+    assert all(p.stat().st_size < 200_000 for p in paths)
+    assert cec.baseline_plot({}, tmp_path) == [] and cec.recovery_plot({}, tmp_path) == []
+    assert cec.SECTION.key == "cec"
