@@ -1,12 +1,13 @@
-"""Keyed running count with 1-s checkpoints: Bastion against Spark Structured Streaming.
+"""Bastion against Spark Structured Streaming: keyed count, window sum, latency, recovery.
 
-One workload, the one Spark users tune: a stream of numbers ``i``, keyed by
-``i % 100``, a running count per key, checkpointed every second, its output
-discarded. In three forms on each side (issue 41):
+The workload Spark users tune: a stream of numbers ``i``, keyed by ``i % 100``, a
+running count per key, checkpointed every second, its output discarded. In three forms
+on each side (issue 41):
 
 - Bastion **per-record**: ``Generator(identity)`` → ``key_by(lambda x: x % 100)`` →
   ``reduce(lambda acc, _: acc + 1, initial=0)``: a Python call per record for the
-  source, the key and the fold;
+  source, the key and the fold (also at parallelism 1, ``per-record-p1``: the whole
+  job chained into one worker);
 - Bastion **batch**: ``Generator(batch_fn=identity)`` → ``key_by_batch(lambda c: c %
   100)`` → ``reduce(bn.aggregations.Count())``: a numpy call per batch for the source
   and the key, the count folded in C;
@@ -14,28 +15,54 @@ discarded. In three forms on each side (issue 41):
   ``groupBy(key).count()`` in update mode → ``noop`` sink, the key computed by
   ``value % 100``, by a ``pandas_udf`` or by a ``udf``.
 
+And a **tumbling-window sum** (issue 40): the sum per key over 1-s event-time windows
+— Bastion ``Tumbling(1.0)`` with ``Sum`` (event time ``i // WINDOW_RECORDS``), Spark
+``window("timestamp", "1 second")`` with a 0-s watermark in append mode (each
+rate-micro-batch is one second of event time).
+
 Both engines run on this machine with two cores (Bastion at ``--parallelism``, default
-2; Spark ``local[2]``). Bastion checkpoints with protocol ``coordinated`` every 1 s
-and its rate is `RunMetrics.tuples_per_s` over ``--records`` records. Spark
-checkpoints once per micro-batch (its offset and commit logs and the state store)
-with a 1-s processing-time trigger; each micro-batch holds ``rowsPerBatch`` records,
-raised until a micro-batch takes at least the trigger interval, so the engine never
-idles, and its rate is the records of the measured micro-batches over their
+2; Spark ``local[2]``, one SparkSession for the run). Bastion checkpoints with protocol
+``coordinated`` every 1 s and its rate is `RunMetrics.tuples_per_s` over ``--records``
+records. Spark checkpoints once per micro-batch (its offset and commit logs and the
+state store) with a 1-s processing-time trigger; each micro-batch holds ``rowsPerBatch``
+records, raised until a micro-batch takes at least the trigger interval, so the engine
+never idles, and its rate is the records of the measured micro-batches over their
 ``triggerExecution`` time (the first micro-batches, JVM warm-up, are left out).
+Guarantees: exactly-once state on both sides, at-least-once output (Bastion's
+``Discard`` sink does not commit; Spark replays an uncommitted micro-batch into its sink).
+
+**Latency** at half of each engine's own maximum rate, with Python key functions
+(Bastion per-record at p=2 and p=1; Spark Python UDF), from each record's *arrival* to
+its output at the sink. Records arrive on a schedule — record ``v`` at ``t0 + v /
+rate`` — on both sides: Bastion's ``Generator(rate=...)``, and for Spark a paced
+streaming source written here (`register_paced_source`: Spark's own ``rate`` source
+releases a whole second of rows at once). Spark runs micro-batches back to back (its
+lowest-latency trigger), and its sink is ``foreachBatch`` collecting the output to the
+driver; its maximum rate for this run is measured on the same query and source.
+
+**Recovery**: the keyed count at ``--recovery-rate`` records/s. Bastion's worker
+process hosting ``count[0]`` is killed (``bastion.faults.KillInstance``); the job
+master detects it and restarts from the last checkpoint. Spark's query runs in a
+process of its own, which is SIGKILLed (its Python driver and JVM, the whole process
+group) once its output is steady, and started again at once on the same checkpoint
+(`killed_and_restarted`). Both are measured from the kill to the output having caught
+up with the arrivals; Spark's restarted counts are checked to sum to the records read.
 
 Rates are the median over ``--repeats`` interleaved rounds. On a machine whose cores
 are shared with other work, wall-clock rates are noisy: so Bastion's CPU seconds per
 million records are printed beside them (`RunMetrics.cpu_s_per_million_records`).
-The last line gives the ratios the issue's targets are about: batch path against
-Spark's pandas-UDF (target ≥ 1.5×) and SQL (target ≥ 1.0×).
+The last line gives the ratios the issues' targets are about: batch path against
+Spark's pandas-UDF (target ≥ 1.5×) and SQL (target ≥ 1.0×), per-record against the
+Python UDF, and Spark's p50 latency over Bastion's (target ≥ 100×).
 
     .venv/bin/python benchmarks/peers.py [--records N] [--repeats K] [--parallelism P]
-        [--spark-batches B] [--no-spark] [--only per-record|batch]
+        [--spark-batches B] [--spark-warmup W] [--latency-s S] [--recovery-rate R]
+        [--no-spark] [--no-recovery] [--only per-record|batch] [--json PATH]
 
 ``--only per-record`` runs just that form and prints its rate and CPU, for an A/B
-against another checkout (run this file from that checkout).
+against another checkout (run this file from that checkout). ``--json PATH`` writes
+the figures for the results page (`benchmarks/experiments/peers.py`).
 """
-
 from __future__ import annotations
 
 import argparse
@@ -163,6 +190,9 @@ def register_paced_source(spark: Any) -> None:
         def __init__(self, options: Any) -> None:
             self.t0_file = options["t0_file"]
             self.rate = float(options["rate"])
+            # at most this many records a micro-batch (0: all that arrived): to measure
+            # the query's own maximum rate with this source, as `SparkPeer.rate` does
+            self.max_rows = int(options.get("max_rows", "0"))
             self.t0: float | None = None
 
         def initialOffset(self) -> dict:
@@ -174,7 +204,10 @@ def register_paced_source(spark: Any) -> None:
                     self.t0 = float(Path(self.t0_file).read_text())
                 except (OSError, ValueError):
                     return start
-            return {"offset": max(start["offset"], int((time.time() - self.t0) * self.rate))}
+            due = int((time.time() - self.t0) * self.rate)
+            if self.max_rows:
+                due = min(due, start["offset"] + self.max_rows)
+            return {"offset": max(start["offset"], due)}
 
         def partitions(self, start: dict, end: dict) -> list:
             a, b = start["offset"], end["offset"]
@@ -261,12 +294,14 @@ class SparkPeer:
         self.spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
         register_paced_source(self.spark)
         self.rows_per_batch = {"sql": 2_000_000, "pandas-udf": 1_000_000,
-                               "python-udf": 250_000, "window": 2_000_000}
+                               "python-udf": 250_000, "window": 2_000_000,
+                               "paced-python-udf": 500_000}
 
     def rate(self, form: str, batches: int, warmup: int = 2) -> float:
         """Records per second of ``batches`` micro-batches after ``warmup``, each of
         at least the trigger interval (``rowsPerBatch`` doubled until so). ``form`` is
-        a key form of the keyed count, or ``window`` (the tumbling-window sum)."""
+        a key form of the keyed count, ``window`` (the tumbling-window sum) or
+        ``paced-python-udf`` (the latency run's query)."""
         while True:
             rows = self.rows_per_batch[form]
             durations = self._run(form, rows, batches + warmup)[warmup:]
@@ -275,9 +310,20 @@ class SparkPeer:
             # a micro-batch shorter than the trigger: the engine idled; more per batch
             self.rows_per_batch[form] = rows * 2
 
-    def _query(self, form: str, rows: int) -> Any:
+    def _query(self, form: str, rows: int, workdir: Path) -> Any:
         from pyspark.sql import functions as F
 
+        if form == "paced-python-udf":
+            # the latency run's query (`paced_count`: the paced source, the count and
+            # newest value per key), records arriving far faster than it can take them,
+            # ``rows`` a micro-batch: its maximum rate as the latency run runs it
+            (workdir / "t0").write_text(repr(time.time()))
+            stream = (self.spark.readStream.format("bastion_paced").option("rate", 1e9)
+                      .option("t0_file", str(workdir / "t0")).option("max_rows", rows)
+                      .load())
+            counts = stream.groupBy(spark_key("python-udf").alias("key")).agg(
+                F.count("*").alias("n"), F.max("value").alias("last"))
+            return counts.writeStream.outputMode("update")
         stream = (self.spark.readStream.format("rate-micro-batch")
                   .option("rowsPerBatch", rows).option("numPartitions", 2)
                   .option("advanceMillisPerBatch", 1000).load())
@@ -293,7 +339,7 @@ class SparkPeer:
     def _run(self, form: str, rows: int, batches: int) -> list[float]:
         """The triggerExecution seconds of each micro-batch of one query."""
         with tempfile.TemporaryDirectory(prefix="peers-spark-") as checkpoints:
-            query = (self._query(form, rows).format("noop")
+            query = (self._query(form, rows, Path(checkpoints)).format("noop")
                      .option("checkpointLocation", checkpoints)
                      .trigger(processingTime=f"{CHECKPOINT_INTERVAL_S} seconds").start())
             try:
@@ -564,9 +610,17 @@ def main() -> None:
                 print(f"latency at half the maximum rate: bastion per-record p={p} "
                       f"{ours_rate:,.0f}/s p50 {m.latency_ms['p50']:.2f} ms "
                       f"p99 {m.latency_ms['p99']:.2f} ms", flush=True)
-            theirs_rate = median["spark python-udf"] / 2
+            # Spark's maximum for the latency run is measured on that run's query (its
+            # source and sink cost more than rate-micro-batch and noop): half of the
+            # rate-micro-batch figure would overload it
+            paced = [spark.rate("paced-python-udf", args.spark_batches, args.spark_warmup)
+                     for _ in range(args.repeats)]
+            print(f"spark paced python-udf: {statistics.median(paced):,.0f} records/s "
+                  f"(rounds: {', '.join(f'{r:,.0f}' for r in paced)})", flush=True)
+            theirs_rate = statistics.median(paced) / 2
             lat = spark.latency("python-udf", theirs_rate, args.latency_s)
-            figures["spark_latency"] = {"rate": theirs_rate, "p50_ms": lat["p50"],
+            figures["spark_latency"] = {"rate": theirs_rate, "max_rate": 2 * theirs_rate,
+                                        "p50_ms": lat["p50"],
                                         "p99_ms": lat["p99"], "max_ms": lat["max"],
                                         "batches": lat["batches"]}
             print(f"latency at half the maximum rate: "
