@@ -42,10 +42,21 @@ as measured and divided by it: the second is what the exchange itself costs.
     .venv/bin/python benchmarks/throughput.py [--records N] [--repeats K] [--cpu-repeats K]
         [--no-bytewax] [--cpu-only]
     .venv/bin/python benchmarks/throughput.py --cpu-threads [--records N]
+    .venv/bin/python benchmarks/throughput.py --peers [--records N] [--repeats K]
+        [--recovery-rate R] [--json PATH]
 
 ``--cpu-threads`` prints, instead, W1's CPU seconds per thread of its worker processes
 at parallelism 1 and 2 (Linux: read from /proc), to tell the data plane's cost from
 Ray's own threads'.
+
+``--peers`` runs, instead, the Bytewax rows of the results page (`peer_figures`): W0
+and W1 at parallelism 1 on both engines, without fault tolerance and (W1) with it —
+Bastion's coordinated 1-s checkpoints against Bytewax's 1-s epochs snapshotted into its
+SQLite recovery store, from a source that snapshots its position — and recovery:
+Bastion's worker process killed by `bastion.faults`, Bytewax's process SIGKILLed and
+started again at once on its recovery store (`peers.killed_and_restarted`), both at
+``--recovery-rate`` records/s, measured from the kill to the output having caught up
+with the arrivals. ``--json PATH`` writes the figures.
 """
 
 from __future__ import annotations
