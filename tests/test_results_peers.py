@@ -134,3 +134,22 @@ def test_every_row_states_both_guarantees(rows, figures):
 def test_the_section_names_its_experiments():
     assert peers.SECTION.key == "peers" and peers.SECTION.reference == "peer"
     assert [e.key for e in peers.SECTION.experiments] == ["spark", "bytewax"]
+
+
+def test_latency_counts_records_not_output_with_their_age_then():
+    import peers as peers_benchmark   # benchmarks/peers.py: the figures, no Spark run
+
+    # 100 records/s from t0 = 0; measured: records that arrived in [0.5 s, 1.5 s]
+    done = peers_benchmark.latency_percentiles_ms(
+        [(0, 99, 10.0), (100, 199, 11.0)], 0.0, 100.0, 0.5, 1.5, stopped_s=20.0)
+    assert done["unfinished"] == 0 and 9400 < done["p50"] < 9600
+    cut = peers_benchmark.latency_percentiles_ms(
+        [(0, 99, 10.0)], 0.0, 100.0, 0.5, 1.5, stopped_s=20.0)
+    assert cut["unfinished"] == 51 and cut["max"] == pytest.approx(19_000.0)  # record 100, at 1 s
+
+
+def test_a_spark_latency_that_is_a_lower_bound_says_so():
+    figures = spark_figures()
+    figures["spark_latency"]["unfinished_records"] = 1000
+    row = {r.anchor: r for r in peers.spark_rows(figures)}["peers-spark-latency-p50-p2"]
+    assert "lower bound" in row.reference_figure
