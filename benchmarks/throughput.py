@@ -621,7 +621,7 @@ def main() -> None:
                         help="only W1's CPU seconds per thread of its worker processes")
     parser.add_argument("--peers", action="store_true",
                         help="only the results page's Bytewax rows (`peer_figures`)")
-    parser.add_argument("--recovery-rate", type=float, default=100_000,
+    parser.add_argument("--recovery-rate", type=float, default=50_000,
                         help="records/s of the --peers recovery runs")
     parser.add_argument("--json", default=None,
                         help="with --peers: write the figures to this file")
