@@ -153,3 +153,11 @@ def test_a_spark_latency_that_is_a_lower_bound_says_so():
     figures["spark_latency"]["unfinished_records"] = 1000
     row = {r.anchor: r for r in peers.spark_rows(figures)}["peers-spark-latency-p50-p2"]
     assert "lower bound" in row.reference_figure
+
+
+def test_the_latency_plot_is_drawn(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    paths = peers.spark_plot(spark_figures(), tmp_path)
+    assert [p.name for p in paths] == ["peers-spark-latency.png"] and paths[0].stat().st_size

@@ -29,6 +29,7 @@ maximum rate.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from bastion.bench import results as page
@@ -223,6 +224,32 @@ def _recovery_row(anchor: str, ref: str, theirs: Any, ours: Any, *,
         ratio=ratio, judgement=judgement)
 
 
+def spark_plot(figures: Figures, out_dir: Path) -> list[Path]:
+    """End-to-end latency at half the maximum rate, p50 and p99, Spark against Bastion at
+    p=2 and p=1, on a log scale (they differ by orders of magnitude)."""
+    import matplotlib.pyplot as plt
+
+    series = [("Spark (Python UDF)", figures.get("spark_latency", {})),
+              ("Bastion p=2", figures.get("bastion_latency_p2", {})),
+              ("Bastion p=1", figures.get("bastion_latency_p1", {}))]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    width = 0.38
+    for offset, pct in ((-width / 2, "p50"), (width / 2, "p99")):
+        values = [_num(lat, f"{pct}_ms") for _, lat in series]
+        ax.bar([i + offset for i in range(len(series))],
+               [v if math.isfinite(v) and v > 0 else 0 for v in values], width, label=pct)
+    ax.set_xticks(range(len(series)), [name for name, _ in series])
+    ax.set_yscale("log")
+    ax.set_ylabel("arrival → sink (ms)")
+    ax.set_title("Keyed count at half each engine's maximum rate")
+    ax.legend()
+    fig.tight_layout()
+    path = out_dir / "peers-spark-latency.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]
+
+
 # -- Bytewax ----------------------------------------------------------------------------
 
 
@@ -291,7 +318,7 @@ SECTION = Section(
                         "--spark-warmup", "1", "--latency-s", "3"],
             # ~5 min on an idle 2-core machine: three rounds of seven rates, the
             # latency runs, two JVM starts for the recovery
-            rows=spark_rows, budget_s=300),
+            rows=spark_rows, budget_s=300, plot=spark_plot),
         Experiment(
             key="bytewax", title="Bytewax (one worker)",
             script="throughput.py",
