@@ -548,6 +548,10 @@ def bastion_recovery(rate: float, seconds: float, kill_at_s: float, parallelism:
             "sink_records": metrics.sink_records}
 
 
+def _secs(value: float | None) -> str:
+    return "never" if value is None else f"{value:.2f} s"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=20_000_000)
@@ -647,7 +651,7 @@ def main() -> None:
                 rate, t0_file, workdir, kill_after_s=3.0)
         figures["bastion_recovery"], figures["spark_recovery"] = ours, theirs
         print(f"recovery at {rate:,.0f} records/s: bastion caught up "
-              f"{ours['caught_up_s']} s after the kill (running again after "
+              f"{_secs(ours['caught_up_s'])} after the kill (running again after "
               f"{ours['running_again_s']:.2f} s); spark caught up {theirs['caught_up_s']:.1f} s "
               f"after the kill (first output {theirs['first_output_s']:.1f} s, state exact: "
               f"{theirs['state_exact']})", flush=True)
@@ -672,12 +676,13 @@ def main() -> None:
     line = [f"batch/per-record {median['bastion batch'] / median['bastion per-record']:.2f}x"]
     if spark is not None:
         b = median["bastion batch"]
+        ours_p50 = figures[f"bastion_latency_p{args.parallelism}"]["p50_ms"]
         line += [f"batch/spark-pandas-udf {b / median['spark pandas-udf']:.2f}x (target 1.5x)",
                  f"batch/spark-sql {b / median['spark sql']:.2f}x (target 1.0x)",
                  f"per-record/spark-python-udf "
                  f"{median['bastion per-record'] / median['spark python-udf']:.2f}x",
                  f"window-sum/spark {median['bastion window-sum'] / median['spark window']:.2f}x",
-                 f"latency p50 spark/bastion {figures['spark_latency']['p50_ms'] / figures[f'bastion_latency_p{args.parallelism}']['p50_ms']:.0f}x"]
+                 f"latency p50 spark/bastion {figures['spark_latency']['p50_ms'] / ours_p50:.0f}x"]
     if args.json:
         from bastion.bench import results
 

@@ -599,10 +599,14 @@ def peer_figures(n: int, k: int, recovery_rate: float) -> dict:
             recovery_rate, t0_file, workdir, kill_after_s=3.0)
     ours, theirs = figures["bastion_recovery"], figures["bytewax_recovery"]
     print(f"recovery at {recovery_rate:,.0f} records/s, from the kill: bastion running "
-          f"again {ours['running_again_s']:.2f} s, caught up {ours['caught_up_s']} s; "
+          f"again {ours['running_again_s']:.2f} s, caught up {_secs(ours['caught_up_s'])}; "
           f"bytewax first output {theirs['first_output_s']:.2f} s, caught up "
           f"{theirs['caught_up_s']:.2f} s, state exact: {theirs['state_exact']}", flush=True)
     return figures
+
+
+def _secs(value: float | None) -> str:
+    return "never" if value is None else f"{value:.2f} s"
 
 
 def main() -> None:
@@ -640,10 +644,11 @@ def main() -> None:
             from bastion.bench import results
 
             results.write_figures(args.json, figures)
-        print(f"vs Bytewax: W0 {figures['w0']['bastion'] / figures['w0']['bytewax']:.2f}x, "
-              f"W1 {figures['w1']['bastion'] / figures['w1']['bytewax']:.2f}x, W1 with "
-              f"recovery {figures['w1_recoverable']['bastion'] / figures['w1_recoverable']['bytewax']:.2f}x; "
-              f"caught up after a kill in {figures['bastion_recovery']['caught_up_s']} s "
+        ratio = {job: figures[job]["bastion"] / figures[job]["bytewax"]
+                 for job in ("w0", "w1", "w1_recoverable")}
+        print(f"vs Bytewax: W0 {ratio['w0']:.2f}x, W1 {ratio['w1']:.2f}x, W1 with "
+              f"recovery {ratio['w1_recoverable']:.2f}x; "
+              f"caught up after a kill in {_secs(figures['bastion_recovery']['caught_up_s'])} "
               f"against {figures['bytewax_recovery']['caught_up_s']:.2f} s")
         return
     if args.cpu_threads:
