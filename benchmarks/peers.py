@@ -38,7 +38,8 @@ rate`` — on both sides: Bastion's ``Generator(rate=...)``, and for Spark a pac
 streaming source written here (`register_paced_source`: Spark's own ``rate`` source
 releases a whole second of rows at once). Spark runs micro-batches back to back (its
 lowest-latency trigger), and its sink is ``foreachBatch`` collecting the output to the
-driver; its maximum rate for this run is measured on the same query and source.
+driver; its maximum rate for this run is measured on the same source and aggregation
+(into a ``noop`` sink, micro-batches of a fixed size).
 
 **Recovery**: the keyed count at ``--recovery-rate`` records/s. Bastion's worker
 process hosting ``count[0]`` is killed (``bastion.faults.KillInstance``); the job

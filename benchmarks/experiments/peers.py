@@ -168,8 +168,9 @@ def spark_rows(figures: Figures) -> list[Row]:
                 experiment=f"end-to-end latency {pct} at half the maximum rate "
                            "(keyed count, Python key)",
                 reference_setting=f"Python UDF key, {_num(spark, 'rate'):,.0f} records/s "
-                                  f"(half the {_num(spark, 'max_rate'):,.0f} this query "
-                                  "reaches on this source), paced source, micro-batches back to "
+                                  f"(half the {_num(spark, 'max_rate'):,.0f} it reaches "
+                                  "on this source and aggregation), paced source, "
+                                  "micro-batches back to "
                                   "back (its lowest-latency trigger), output collected by "
                                   f"foreachBatch; {SPARK_GUARANTEE}",
                 reference_figure=(f"{theirs:,.0f} ms" + (
