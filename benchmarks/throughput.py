@@ -42,10 +42,21 @@ as measured and divided by it: the second is what the exchange itself costs.
     .venv/bin/python benchmarks/throughput.py [--records N] [--repeats K] [--cpu-repeats K]
         [--no-bytewax] [--cpu-only]
     .venv/bin/python benchmarks/throughput.py --cpu-threads [--records N]
+    .venv/bin/python benchmarks/throughput.py --peers [--records N] [--repeats K]
+        [--recovery-rate R] [--json PATH]
 
 ``--cpu-threads`` prints, instead, W1's CPU seconds per thread of its worker processes
 at parallelism 1 and 2 (Linux: read from /proc), to tell the data plane's cost from
 Ray's own threads'.
+
+``--peers`` runs, instead, the Bytewax rows of the results page (`peer_figures`): W0
+and W1 at parallelism 1 on both engines, without fault tolerance and (W1) with it —
+Bastion's coordinated 1-s checkpoints against Bytewax's 1-s epochs snapshotted into its
+SQLite recovery store, from a source that snapshots its position — and recovery:
+Bastion's worker process killed by `bastion.faults`, Bytewax's process SIGKILLed and
+started again at once on its recovery store (`peers.killed_and_restarted`), both at
+``--recovery-rate`` records/s, measured from the kill to the output having caught up
+with the arrivals. ``--json PATH`` writes the figures.
 """
 
 from __future__ import annotations
@@ -63,6 +74,8 @@ import bastion as bn  # noqa: E402
 from bastion.launcher import ensure_ray  # noqa: E402
 
 KEYS = 100
+#: Bastion's checkpoint interval and Bytewax's epoch (snapshot) interval in the peer rows.
+CHECKPOINT_INTERVAL_S = 1.0
 # W1 start to finish is judged on a job of this many records: the shorter the job, the
 # more of its wall time is deploy and teardown
 START_TO_FINISH_RECORDS = 1_000_000
@@ -159,6 +172,116 @@ def bytewax_flows(n: int):
         return flow
 
     return flow_w0, flow_w1
+
+
+def bytewax_recoverable_w1(n: int | None, rate: float | None = None,
+                           t0_file: Path | None = None, out: Path | None = None):
+    """W1 as Bytewax runs it with recovery: a source that snapshots its position (a
+    ``FixedPartitionedSource``: after a restart it resumes from the last snapshot), the
+    running count per key, and a sink. ``n`` records as fast as possible, or (``rate``)
+    records arriving at ``t0 + v / rate`` from the time written in ``t0_file``, for ever,
+    each output batch appended to ``out`` as ``batch newest output_time sum`` (the
+    sum of the running counts, -1 until every key has shown up) for
+    `peers.killed_and_restarted`."""
+    from bytewax import operators as op
+    from bytewax.dataflow import Dataflow
+    from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+    from bytewax.outputs import DynamicSink, StatelessSinkPartition
+
+    class Partition(StatefulSourcePartition):
+        def __init__(self, resume: int | None) -> None:
+            self.next = resume or 0
+            self.t0 = float(t0_file.read_text()) if t0_file is not None else 0.0
+
+        def next_batch(self):
+            stop = min(self.next + 1024, n) if n is not None else min(
+                self.next + 1024, int((time.time() - self.t0) * rate))
+            if n is not None and self.next >= n:
+                raise StopIteration()
+            items = list(map(identity, range(self.next, stop)))
+            self.next = max(self.next, stop)
+            return items
+
+        def next_awake(self):
+            if rate is None or self.next < int((time.time() - self.t0) * rate):
+                return None
+            from datetime import datetime, timedelta, timezone
+            # nothing due: come back when the next record arrives
+            return datetime.now(timezone.utc) + timedelta(seconds=1 / rate)
+
+        def snapshot(self) -> int:
+            return self.next
+
+    class Source(FixedPartitionedSource):
+        def list_parts(self):
+            return ["only"]
+
+        def build_part(self, step_id, for_part, resume_state):
+            return Partition(resume_state)
+
+    class SinkPartition(StatelessSinkPartition):
+        def __init__(self) -> None:
+            self.batches, self.counts = 0, {}
+            self.lines = open(out, "a", buffering=1) if out is not None else None
+
+        def write_batch(self, items) -> None:
+            if self.lines is None or not items:
+                return
+            for key, (count, _value) in items:
+                self.counts[key] = count
+            newest = max(value for _key, (_count, value) in items)
+            total = sum(self.counts.values()) if len(self.counts) == KEYS else -1
+            self.lines.write(f"{self.batches} {newest} {time.time()!r} {total}\n")
+            self.batches += 1
+
+    class Sink(DynamicSink):
+        def build(self, step_id, worker_index, worker_count):
+            return SinkPartition()
+
+    def count(state, value):
+        state = (state or 0) + 1
+        return state, (state, value)
+
+    flow = Dataflow("w1-recoverable")
+    keyed = op.key_on("key", op.input("src", flow, Source()), lambda x: str(x % KEYS))
+    op.output("out", op.stateful_map("count", keyed, count), Sink())
+    return flow
+
+
+def bytewax_run_recoverable(flow, db_dir: Path) -> None:
+    """Run ``flow`` with Bytewax's recovery: a snapshot of every state each 1-s epoch
+    into the SQLite store in ``db_dir`` (the same interval as Bastion's checkpoints)."""
+    from datetime import timedelta
+
+    from bytewax.recovery import RecoveryConfig
+    from bytewax.testing import run_main
+
+    run_main(flow, epoch_interval=timedelta(seconds=CHECKPOINT_INTERVAL_S),
+             recovery_config=RecoveryConfig(str(db_dir)))
+
+
+def bytewax_recoverable_rate(n: int) -> float:
+    import tempfile
+
+    from bytewax.recovery import init_db_dir
+
+    with tempfile.TemporaryDirectory(prefix="bytewax-recovery-") as db_dir:
+        init_db_dir(Path(db_dir), 1)
+        flow = bytewax_recoverable_w1(n)
+        t0 = time.perf_counter()
+        bytewax_run_recoverable(flow, Path(db_dir))
+        return n / (time.perf_counter() - t0)
+
+
+def bytewax_recovery_child(rate: float, t0_file: str, db_dir: str, out: str) -> None:
+    """The job's process (``--bytewax-recovery-child``): paced W1 with recovery, until
+    it is killed. The first run fixes the arrival schedule (``t0_file``)."""
+    t0_path = Path(t0_file)
+    if not t0_path.exists():
+        t0_path.with_suffix(".tmp").write_text(repr(time.time()))
+        t0_path.with_suffix(".tmp").rename(t0_path)
+    bytewax_run_recoverable(bytewax_recoverable_w1(None, rate, t0_path, Path(out)),
+                            Path(db_dir))
 
 
 def bytewax_rate(make_flow, n: int) -> float:
@@ -426,6 +549,66 @@ def startup_figures(warm_repeats: int = 7) -> None:
               f"{median('teardown_s'):>9.3f}")
 
 
+def peer_figures(n: int, k: int, recovery_rate: float) -> dict:
+    """The results page's Bytewax rows (``--peers``): W0 and W1 at parallelism 1 on both
+    engines without fault tolerance (Bastion ``none``, Bytewax without a recovery
+    store); W1 with it (Bastion coordinated 1-s checkpoints, Bytewax 1-s epochs
+    snapshotted to its recovery store: exactly-once state, at-least-once output on
+    both sides); and recovery: Bastion's worker process killed by `bastion.faults`,
+    Bytewax's process SIGKILLed and started again on its recovery store, both at
+    ``recovery_rate`` records/s. Every rate is the median of ``k`` runs, the engines
+    alternating."""
+    import tempfile
+
+    from bytewax.recovery import init_db_dir
+
+    from peers import bastion_recovery, killed_and_restarted
+
+    flows = bytewax_flows(n)
+    coordinated = bn.protocols.Coordinated(interval_s=CHECKPOINT_INTERVAL_S)
+    jobs = {
+        "w0": (lambda: bastion_rate(w0(n)), lambda: bytewax_rate(flows[0], n)),
+        "w1": (lambda: bastion_rate(w1(n, 1)), lambda: bytewax_rate(flows[1], n)),
+        "w1_recoverable": (lambda: bastion_rate(w1(n, 1), protocol=coordinated),
+                           lambda: bytewax_recoverable_rate(n)),
+    }
+    figures: dict = {"records": n, "repeats": k, "keys": KEYS,
+                     "checkpoint_interval_s": CHECKPOINT_INTERVAL_S,
+                     "recovery_rate": recovery_rate}
+    for name, (ours, theirs) in jobs.items():
+        samples: dict[str, list[float]] = {"bastion": [], "bytewax": []}
+        for _ in range(k):
+            samples["bastion"].append(ours())
+            samples["bytewax"].append(theirs())
+        figures[name] = {engine: statistics.median(values)
+                         for engine, values in samples.items()}
+        figures[name]["samples"] = samples
+        print(f"{name:<16} bastion {figures[name]['bastion']:>12,.0f}/s  bytewax "
+              f"{figures[name]['bytewax']:>12,.0f}/s  "
+              f"{figures[name]['bastion'] / figures[name]['bytewax']:.2f}x", flush=True)
+    figures["bastion_recovery"] = bastion_recovery(recovery_rate, seconds=8.0,
+                                                   kill_at_s=3.0, parallelism=1)
+    with tempfile.TemporaryDirectory(prefix="bytewax-recovery-") as tmp:
+        workdir = Path(tmp)
+        db_dir, t0_file = workdir / "db", workdir / "t0"
+        db_dir.mkdir()
+        init_db_dir(db_dir, 1)
+        figures["bytewax_recovery"] = killed_and_restarted(
+            lambda out: [str(Path(__file__).resolve()), "--bytewax-recovery-child",
+                         repr(recovery_rate), str(t0_file), str(db_dir), out],
+            recovery_rate, t0_file, workdir, kill_after_s=3.0)
+    ours, theirs = figures["bastion_recovery"], figures["bytewax_recovery"]
+    print(f"recovery at {recovery_rate:,.0f} records/s, from the kill: bastion running "
+          f"again {ours['running_again_s']:.2f} s, caught up {_secs(ours['caught_up_s'])}; "
+          f"bytewax first output {theirs['first_output_s']:.2f} s, caught up "
+          f"{theirs['caught_up_s']:.2f} s, state exact: {theirs['state_exact']}", flush=True)
+    return figures
+
+
+def _secs(value: float | None) -> str:
+    return "never" if value is None else f"{value:.2f} s"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=2_000_000)
@@ -440,8 +623,34 @@ def main() -> None:
                         help="only the CPU seconds per million records (a few minutes)")
     parser.add_argument("--cpu-threads", action="store_true",
                         help="only W1's CPU seconds per thread of its worker processes")
+    parser.add_argument("--peers", action="store_true",
+                        help="only the results page's Bytewax rows (`peer_figures`)")
+    parser.add_argument("--recovery-rate", type=float, default=50_000,
+                        help="records/s of the --peers recovery runs")
+    parser.add_argument("--json", default=None,
+                        help="with --peers: write the figures to this file")
+    parser.add_argument("--bytewax-recovery-child", nargs=4,
+                        metavar=("RATE", "T0_FILE", "DB_DIR", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     n, k = args.records, args.repeats
+    if args.bytewax_recovery_child:
+        rate, t0_file, db_dir, out = args.bytewax_recovery_child
+        bytewax_recovery_child(float(rate), t0_file, db_dir, out)
+        return
+    if args.peers:
+        ensure_ray()
+        figures = peer_figures(n, k, args.recovery_rate)
+        if args.json:
+            from bastion.bench import results
+
+            results.write_figures(args.json, figures)
+        ratio = {job: figures[job]["bastion"] / figures[job]["bytewax"]
+                 for job in ("w0", "w1", "w1_recoverable")}
+        print(f"vs Bytewax: W0 {ratio['w0']:.2f}x, W1 {ratio['w1']:.2f}x, W1 with "
+              f"recovery {ratio['w1_recoverable']:.2f}x; "
+              f"caught up after a kill in {_secs(figures['bastion_recovery']['caught_up_s'])} "
+              f"against {figures['bytewax_recovery']['caught_up_s']:.2f} s")
+        return
     if args.cpu_threads:
         ensure_ray()
         thread_cpu_figures(n)
