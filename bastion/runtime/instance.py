@@ -933,7 +933,7 @@ class Task:
             await self._store_staged(staged, checkpoint_id)
             ref = await asyncio.to_thread(
                 self.checkpoints.put_chain, checkpoint_id, self.op_names[0], self.index,
-                state, link.parent, link.compacted and link.compacted.data)
+                state, link.parent, None if link.compacted is None else link.compacted.data)
             if self.state_chain is chain:  # not restored meanwhile
                 chain.stored(link, ref)
                 self._compact_if_due(chain)
