@@ -10,7 +10,7 @@ keeps its figures under ``docs/results/raw/``, draws its plots under
 
     .venv/bin/python benchmarks/reproduce.py             # every experiment (~30 min)
     .venv/bin/python benchmarks/reproduce.py --quick     # a smaller pass (~5 min)
-    .venv/bin/python benchmarks/reproduce.py --only checkmate,cec.extent
+    .venv/bin/python benchmarks/reproduce.py --only checkmate,cec.recovery
     .venv/bin/python benchmarks/reproduce.py --render-only   # the page from kept figures
 
 An experiment that fails or overruns three times its budget is shown as *not measured*
