@@ -47,7 +47,7 @@ inside the task that runs the instance (`bastion.runtime.faults`):
   phase (before its task sends a frame) or the ``"ack"`` phase (its acknowledgments
   of tuples arrive that much later; protocol ``acks`` only); ``active_s=(from, to)``
   lets it strike only between those seconds after the task started (a fault profile
-  that varies in time, as in the thesis's Table 4.2; a restarted task starts over);
+  that varies in time, as in the thesis's Figs 4.9–4.10, §4.2.1; a restarted task starts over);
 - ``DropFrames(op, probability)``: a *single-shot communication* fault — each data
   frame the instance's task sends is lost with that probability. Bastion's channels
   are otherwise reliable, and only a protocol that replays by acknowledgments can

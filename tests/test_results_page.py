@@ -107,3 +107,33 @@ def test_every_section_renders_from_its_kept_figures(tmp_path):
     assert text == reproduce.PAGE.read_text(), (
         "docs/results.md differs from what its figures render to: run "
         "`python benchmarks/reproduce.py --render-only` and commit the page")
+
+
+def links_to_missing_rows(documents: dict[str, str], page_text: str) -> list[str]:
+    """Each ``results.md#anchor`` link of the documents whose anchor the page lacks."""
+    import re
+
+    anchors = set(re.findall(r'<a id="([^"]+)"></a>', page_text))
+    return [f"{name}: results.md#{anchor}"
+            for name, text in sorted(documents.items())
+            for anchor in re.findall(r"results\.md#([A-Za-z0-9._-]+)", text)
+            if anchor not in anchors]
+
+
+def test_a_link_to_a_row_the_page_lacks_is_found():
+    page_text = '| <a id="dynamo-fig3.31-failed"></a>**Fig 3.31** |'
+    good = {"README.md": "see [the row](docs/results.md#dynamo-fig3.31-failed)"}
+    bad = {"README.md": "see [the row](docs/results.md#dynamo-fig3.31-lost)"}
+    assert links_to_missing_rows(good, page_text) == []
+    assert links_to_missing_rows(bad, page_text) == ["README.md: results.md#dynamo-fig3.31-lost"]
+
+
+def test_every_link_from_readme_and_docs_names_a_row_of_the_page():
+    """README and docs quote results only by linking to their rows (issue 40)."""
+    page_file = ROOT / "docs" / "results.md"
+    if not page_file.exists():
+        pytest.skip("docs/results.md is not generated yet (make results)")
+    documents = {"README.md": (ROOT / "README.md").read_text()}
+    documents.update({f"docs/{p.name}": p.read_text()
+                      for p in (ROOT / "docs").glob("*.md") if p.name != "results.md"})
+    assert links_to_missing_rows(documents, page_file.read_text()) == []
