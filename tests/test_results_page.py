@@ -137,3 +137,11 @@ def test_every_link_from_readme_and_docs_names_a_row_of_the_page():
     documents.update({f"docs/{p.name}": p.read_text()
                       for p in (ROOT / "docs").glob("*.md") if p.name != "results.md"})
     assert links_to_missing_rows(documents, page_file.read_text()) == []
+
+
+@pytest.mark.parametrize("ratio,shown", [
+    (None, "–"), (1.0, "1.00×"), (0.125, "0.12×"), (0.0065, "0.0065×"), (0.0, "0.00×"),
+    (154.2, "154×"), (42.0, "42.00×")])
+@pytest.mark.internal
+def test_a_small_ratio_keeps_its_digits(ratio, shown):
+    assert page._ratio(ratio) == shown

@@ -225,7 +225,12 @@ def _cell(text: str) -> str:
 
 
 def _ratio(ratio: float | None) -> str:
-    return "–" if ratio is None else f"{ratio:.2f}×"
+    if ratio is None:
+        return "–"
+    # two significant digits below 0.1: a 150x lower latency is 0.0065x, not 0.00x
+    if abs(ratio) >= 100:
+        return f"{ratio:.0f}×"
+    return f"{ratio:.2f}×" if abs(ratio) >= 0.1 or ratio == 0 else f"{ratio:.2g}×"
 
 
 def render_section(section: Section, results: Sequence[ExperimentResult],
