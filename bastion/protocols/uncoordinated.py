@@ -41,6 +41,7 @@ import asyncio
 import bisect
 import random
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,12 +180,16 @@ class IndependentCheckpoints(TaskProtocol):
         return None
 
 
-def _latest(graph: CheckpointGraph) -> dict[Any, int]:
-    """The most recent consistent line of ``graph``: one always exists when it need
-    contain no given checkpoint — the initial checkpoints are one."""
+def _latest(graph: CheckpointGraph, tasks: Iterable[int]) -> dict[int, int]:
+    """The most recent consistent line of ``graph`` over every one of ``tasks``: one
+    always exists when it need contain no given checkpoint — the initial checkpoints
+    are one. A task the graph does not know (no channels, and no checkpoint recorded
+    when the graph was drawn, or every one reclaimed) is at its initial checkpoint:
+    the callers await between drawing the graph and reading the line, and a fully
+    chained task's first checkpoint may arrive meanwhile."""
     line = graph.recovery_line()
     assert line is not None
-    return line
+    return {task: line.get(task, INITIAL) for task in tasks}
 
 
 @dataclass
@@ -254,7 +259,7 @@ class RecoveryLineCoordinator(Coordinator):
         while True:
             await asyncio.sleep(self.interval_s)
             graph = self._graph()
-            line = _latest(graph)
+            line = _latest(graph, self.history)
             replay_from = graph.replay_from(line)
             await self._commit_sinks(line)
             await self._reclaim(line, replay_from)
@@ -309,7 +314,7 @@ class RecoveryLineCoordinator(Coordinator):
         # is final, including those whose acknowledgment has not arrived yet.
         await self._commit_sinks(None)
         graph = self._graph()
-        line = _latest(graph)
+        line = _latest(graph, self.history)
         await self._reclaim(line, graph.replay_from(line))
         for report in task_reports:
             if report["task_id"] in self.sink_tasks:
@@ -323,12 +328,8 @@ class RecoveryLineCoordinator(Coordinator):
         # a damaged checkpoint is excluded and the line falls back behind it: the
         # reclaimed ones are gone from the store, so the line is drawn without them.
         graph = self._graph(restorable_only=True)
-        line = _latest(graph)
-        # A task without channels whose every checkpoint was reclaimed is not in the
-        # graph at all: like a task with channels in that state, it restarts from its
-        # initial checkpoint.
-        tasks = self._restore_tasks({t: line.get(t, INITIAL) for t in self.history},
-                                    graph.replay_from(line))
+        line = _latest(graph, self.history)
+        tasks = self._restore_tasks(line, graph.replay_from(line))
         summary = {t: info.checkpoint for t, info in tasks.items()}
         return {"tasks": tasks, "summary": summary}
 
