@@ -316,12 +316,20 @@ def test_a_big_snapshot_lets_other_threads_run_while_it_is_packed():
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
     time.sleep(0.01)
+    # Best of three calls: on a machine loaded past its cores the OS itself may keep
+    # the thread off a CPU through one call (seen once at a load average of 13).
+    # Without the offers no call lets it run more than twice: once before the call
+    # takes the GIL, once at its end.
+    during = []
     try:
-        before = wakeups
-        payload, marked = durable._pack_c(state)  # what `encode` calls (sealing it
-        during = wakeups - before                   # releases the GIL anyway: CRC32)
+        for _ in range(3):
+            before = wakeups
+            payload, marked = durable._pack_c(state)  # what `encode` calls (sealing
+            during.append(wakeups - before)           # it releases the GIL: CRC32)
+            if during[-1] >= 3:
+                break
     finally:
         stop.set()
         ticker.join()
     assert marked and len(msgpack.unpackb(payload, strict_map_key=False)) == 2_000_000
-    assert during >= 3, f"the other thread ran {during} times while 2 M keys were packed"
+    assert max(during) >= 3, f"the other thread ran {during} times while 2 M keys were packed"

@@ -544,21 +544,78 @@ class _Sealing:
     max_ts: float
     part_keys: list[str]
     segments: list[SegmentInfo]  # the sealed segments before this one
-    thread: threading.Thread | None = None
+    thread: _Upload | None = None
     error: BaseException | None = None
     info: SegmentInfo | None = None  # set once the segment and the index are stored
+
+
+class _Upload:
+    """One store call handed to a writer's upload thread: alive until it returned."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+    def is_alive(self) -> bool:
+        return not self.done.is_set()
+
+    def join(self) -> None:
+        self.done.wait()
+
+
+class _UploadThread:
+    """The one thread that runs a writer's uploads, in the order they were started.
+
+    A thread per upload cost the caller a thread's start — waiting until it runs,
+    behind the GIL on a busy worker — at every flush (ten a second under ``cec``). This
+    one waits for work instead, and ends after ``idle_s`` without any, so a writer
+    never closed (its task killed) leaves no thread behind for long."""
+
+    def __init__(self, name: str, idle_s: float = 2.0) -> None:
+        self._name = name
+        self._idle_s = idle_s
+        self._lock = threading.Lock()
+        self._jobs: list[tuple[Callable[..., None], tuple[Any, ...], _Upload]] = []
+        self._wake = threading.Condition(self._lock)
+        self._running = False
+
+    def start(self, fn: Callable[..., None], *args: Any) -> _Upload:
+        upload = _Upload()
+        with self._lock:
+            self._jobs.append((fn, args, upload))
+            if self._running:
+                self._wake.notify()
+            else:
+                self._running = True
+                threading.Thread(target=self._serve, name=self._name, daemon=True).start()
+        return upload
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self._wake.wait(self._idle_s)
+                    if not self._jobs:
+                        self._running = False   # under the lock: a new start sees it
+                        return
+                fn, args, upload = self._jobs.pop(0)
+            try:
+                fn(*args)   # each catches its own errors for the writer to raise
+            finally:
+                upload.done.set()
 
 
 @dataclass
 class _PartUpload:
     """The records appended since the last flush, on their way to the store as one
-    part, in a thread of their own (`LogWriter.flush_in_background`)."""
+    part, in the writer's upload thread (`LogWriter.flush_in_background`)."""
 
     key: str
     data: bytes  # a copy: the open segment's buffer goes on growing meanwhile
     end_len: int  # the length of the open segment's buffer the part covers
     last_seq: int
-    thread: threading.Thread | None = None
+    thread: _Upload | None = None
     error: BaseException | None = None
 
 
@@ -598,6 +655,7 @@ class LogWriter:
         self._packer = msgpack.Packer(use_bin_type=True)
         self._closed = False
         self._sealing: _Sealing | None = None
+        self._uploads = _UploadThread(f"bastion-log-upload {self._prefix}")
         self._part: _PartUpload | None = None  # `flush_in_background`'s, in flight
         self._blocking = blocking
         # Records are encoded in slices; a block can start only between slices, which
@@ -732,10 +790,7 @@ class LogWriter:
         if sealing is not None:
             if sealing.thread is None and sealing.info is None:
                 # failed before (and raised): stored again, in the background
-                sealing.thread = threading.Thread(target=self._seal_in_background,
-                                                  args=(sealing,),
-                                                  name=f"bastion-log-seal {sealing.key}")
-                sealing.thread.start()
+                sealing.thread = self._uploads.start(self._seal_in_background, sealing)
                 return True
             self._settle()  # landed: takes its result, raising a failure once
         if self._too_old() or len(self._buf) >= self._max_segment_bytes:
@@ -744,10 +799,8 @@ class LogWriter:
             part = _PartUpload(self._prefix + _seq_name("part", self._durable_seq + 1),
                                bytes(memoryview(self._buf)[self._durable_len:]),
                                len(self._buf), self._next_seq - 1)
-            part.thread = threading.Thread(target=self._upload_part, args=(part,),
-                                           name=f"bastion-log-part {part.key}")
             self._part = part
-            part.thread.start()
+            part.thread = self._uploads.start(self._upload_part, part)
         return True
 
     def wait_uploaded(self) -> None:
@@ -809,9 +862,7 @@ class LogWriter:
         self._seg_first_seq = self._next_seq
         self._sealing = job
         if background:
-            job.thread = threading.Thread(target=self._seal_in_background, args=(job,),
-                                          name=f"bastion-log-seal {job.key}")
-            job.thread.start()
+            job.thread = self._uploads.start(self._seal_in_background, job)
         else:
             self._settle()
 
