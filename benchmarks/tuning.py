@@ -180,9 +180,10 @@ def fmt(v: float | None, spec: str = ".2f") -> str:
 
 
 def latency_error_pct(predicted_ms: float, measured_ms: float | None) -> float | None:
-    """The L_avg prediction's error in %, as Chiron's Table II(c)/III(c) compute it:
+    """The L_avg prediction's error in %, as Chiron's Table II(c) computes it:
     ``|measured - predicted| / predicted`` (its 1625 ms measured against 1447 ms
-    predicted is its 12.30 %)."""
+    predicted is its 12.30 %; Table III divides four of its five by the measured
+    instead, which gives the smaller figure when the measured is the larger)."""
     if measured_ms is None or not predicted_ms:
         return None
     return abs(measured_ms - predicted_ms) / predicted_ms * 100.0
