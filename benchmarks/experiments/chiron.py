@@ -23,6 +23,14 @@ bound is 3 s where the paper's were 150-180 s. The rows compare what does not de
 the scale — R², TRT as a share of the bound, latency error in % — and say why the
 absolute CI and latency are not comparable.
 
+The TRT fits go, as Chiron's do, through eq 5's estimate per profiled CI (built from
+each CI's measured restart time, warm-up and utilisation), not through the measured
+TRTs: with one worker those hardly move between CIs and the estimates lie on a line,
+so Bastion's R² of the TRT fits is ~1 where the paper's 24-task Flink jobs gave
+0.82-0.996. The latency fit goes through measured latencies and is the one a noisy
+machine can spoil. The measured TRTs are judged against the predictions separately
+(the drills against the bound; the profiling kills against [A_min, A_max], Fig. 4).
+
 Every constant typed from the paper cites its table and the sentence of §V it comes
 from (`PAPER` is the text in ``/work/shared/papers``).
 """
@@ -264,8 +272,8 @@ def _drill_rows(figures: Figures) -> list[Row]:
     ref_15 = f"all 10 within {LAVG_WITHIN_PCT:g} % (worst {max(PAPER_ERRORS_PCT):.2f} %)"
     ref_setting = "5 runs at the chosen CI"
     specs = [("chiron-table2c-trt-bound", "measured TRT under the bound in every run", ref_bound),
-             ("chiron-table2c-trt-share", "worst measured TRT as a share of the bound",
-              ref_share),
+             ("chiron-table2c-trt-share", "worst measured TRT as a share of the bound "
+              "(lower: more headroom)", ref_share),
              ("chiron-table2c-latency-error", "L_avg prediction error", ref_error),
              ("chiron-table2c-latency-15", "every L_avg prediction within 15 %", ref_15)]
     drills = (entry or {}).get("drills") or []
@@ -403,7 +411,11 @@ def tuning_plot(figures: Figures, out_dir: Path) -> list[Path]:
         if figures.get("predicted_latency_ms") is not None:
             lat.plot([chosen], [figures["predicted_latency_ms"]], "D", color="tab:orange",
                      label="predicted at chosen CI")
-    lat.set_yscale("log")
+    lat.set_yscale("log")   # one disturbed run is 10-100x the rest
+    from matplotlib.ticker import FormatStrFormatter
+
+    for axis in (lat.yaxis.set_major_formatter, lat.yaxis.set_minor_formatter):
+        axis(FormatStrFormatter("%g"))
     lat.set_xlabel("checkpoint interval (s)")
     lat.set_ylabel("L_avg (ms)")
     lat.set_title("Fig 4(a)/(c) (Bastion): P(CI)")
