@@ -64,22 +64,26 @@ CLAIM_OPC_SLOWER = ("it also takes more time for the average relative latency of
 CLAIM_PRIORITY = ("recover the outputs of queries as early as possible ... the sum of the "
                   "priorities of the recovered queries is maximized")
 
-# -- noise bands (repeated runs on the shared 2-core machine, Nov 2026) --------------
+# -- noise bands (runs of 10,000-24,000 bids on the shared 2-core machine at load
+# 2-12, Nov 2026) --------------------------------------------------------------------
 
 # Available query-seconds: the best case restarts all 8 tasks on one node at once, which
-# on a 2-core machine takes seconds, while progressive's first restart is 2 tasks, so the
-# best case's first query came back *after* progressive's top query (6.5 s against 3.7 s
-# in a 16,000-bid run) and its area was 21.4 against 19.9 query-seconds: within a few
-# tens of percent. The best case counts as ahead of progressive within this band;
-# progressive must lead blocking by more than it (it did by 2.2x).
+# on a 2-core machine can take seconds, while progressive's first restart is 2 tasks; so
+# the best case's first query came back anywhere from 2.9 to 6.5 s after the detection,
+# once after progressive's top query (16,000 bids: 21.4 against 19.9 query-seconds),
+# otherwise well ahead (24,000 bids: 56.2 against 46.6). The best case counts as
+# ahead of progressive within this band; progressive must lead blocking by more than
+# it (it did by 1.75-2.2x where blocking came back within the window at all).
 AREA_NOISE = 0.15
 # When every query is available again: progressive's last query waits for the same last
-# node as blocking does, so the two are within a second of each other (10.6 against
-# 11.1 s). One Δ_T — the interval the availability is averaged over — is the tolerance.
+# node as blocking does, so the two can be within a second of each other (16,000 bids:
+# 10.6 against 11.1 s; 24,000: 9.5 against 13.1 s). One Δ_T — the interval the
+# availability is averaged over — is the tolerance.
 ORDER_TOLERANCE_S = 1.0
 # The relative latency at the recovery's start (the peak of the average, a 1-s mean of
-# 100-ms points): the best case and progressive differed by ~3% (96.6 against 99.5)
-# with the same backlog; OPC must lie above the best case by more than this.
+# 100-ms points): the best case's peak moved 50-97 between runs, OPC's 223-273, and OPC
+# over the best case came out 2.3-5.4x; OPC must lie above the best case beyond this
+# band. The magnitude is shown against the paper's 1.5x but not judged (see _start_row).
 PEAK_NOISE = 0.2
 
 STRATEGIES = {"best": "BestCase", "progressive": "PRG", "blocking": "OPC"}
@@ -325,8 +329,13 @@ SECTION = Section(
             key="fig5",
             title="Fig 5: relative latency and available queries after a correlated failure",
             script="recovery.py",
-            args=["--fig5", "--records", "22000"],
-            quick_args=["--fig5", "--records", "14000"],
+            args=["--fig5", "--records", "24000"],
+            # the runs cost ~15-25 s each besides their bids (a simulated cluster
+            # to start and stop, the drill's comparison), and at 14,000 bids
+            # blocking's queries were not back under 1.2 before the run ended: the
+            # quick pass keeps enough bids for every row to mean something
+            quick_args=["--fig5", "--records", "18000"],
+            # full: 152 s measured at load 12 (Nov 2026)
             rows=fig5_rows, plot=fig5_plot, budget_s=180),
     ],
 )
