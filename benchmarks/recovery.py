@@ -64,6 +64,7 @@ import argparse
 import sys
 import tempfile
 import time
+from typing import Any
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -272,12 +273,13 @@ def fig5(storage: str, records: int, repeats: int, json_path: str | None) -> Non
                   f"{time.time() - started:.0f} s", flush=True)
     # one window for every run: up to the end of the shortest run's series, so that
     # no run is credited with time it did not measure
-    window_s = min(r["series"][-1][0] for rs in runs.values() for r in rs if r["series"])
-    strategies = {}
+    window_s = min((r["series"][-1][0] for rs in runs.values() for r in rs if r["series"]),
+                   default=0.0)
+    strategies: dict[str, dict[str, Any]] = {}
     for label, rs in runs.items():
         for r in rs:
             r["available_query_s"] = round(available_query_s(r["series"], window_s), 3)
-        summary = {key: _median([r[key] for r in rs]) for key in
+        summary: dict[str, Any] = {key: _median([r[key] for r in rs]) for key in
                    ("available_query_s", "relative_latency_at_start", "all_available_s",
                     "recovery_start_s")}
         summary["available_again_s"] = {

@@ -227,7 +227,7 @@ def _order_rows(figures: Figures) -> list[Row]:
     what = "the highest-priority query available again, PRG against OPC"
     ref_figure = "PRG earlier than OPC"
     top = _get(figures, "priorities")
-    name = max(top, key=top.get) if isinstance(top, dict) and top else None
+    name = max(top, key=lambda n: top[n]) if isinstance(top, dict) and top else None
     again = (None if name is None else
              _summary(figures, "available_again_s", name,
                       strategies=("progressive", "blocking")))
@@ -278,7 +278,7 @@ def fig5_plot(figures: Figures, out_dir: Path) -> list[Path]:
     """Fig 5's two panels, one line per strategy (each strategy's first run)."""
     import matplotlib.pyplot as plt
 
-    shown = {s: _get(figures, "strategies", s, "runs", ) for s in STRATEGIES}
+    shown = {s: _get(figures, "strategies", s, "runs") for s in STRATEGIES}
     shown = {s: runs[0]["series"] for s, runs in shown.items()
              if isinstance(runs, list) and runs and runs[0].get("series")}
     if not shown:
