@@ -38,10 +38,24 @@ Every figure is measured in this run, on simulated three-node Ray clusters on
     (the sources' and the other tasks'), and the CPU seconds of the job's processes.
     ``--overhead`` runs this section alone; its ratio is then the last line.
 
+(F) **Su & Zhou's Fig 5 alone** (``--fig5``): section (1)'s all-hit scenario under
+    the best case, progressive and blocking recovery, ``--repeats`` runs each (the
+    three alternating), at ``--records`` bids. Per run, the curves Fig 5 plots,
+    measured from the failure's detection: the *average relative latency of the
+    recovered queries* (each query's relative latency averaged over `DELTA_T_S`, as
+    Su & Zhou's availability is, then averaged over the queries with output) and
+    the *number of available queries*; and from them the available query-seconds
+    over a window common to all runs, the relative latency when the recovery starts
+    (the average's peak: the backlog's first output), and when every query was
+    available again (its relative latency back under 1.2). ``--json PATH`` writes these figures (`bastion.bench.results`), with
+    each drill's exactly-once verdict; the results page's Su & Zhou section
+    (`benchmarks/experiments/suzhou.py`) reads them.
+
 Targets (issue 14) are printed next to the figures with "met"/"missed". Asserts
 nothing; the headline is the last line.
 
     .venv/bin/python benchmarks/recovery.py [--quick | --overhead]
+    .venv/bin/python benchmarks/recovery.py --fig5 [--records N] [--repeats R] [--json PATH]
 """
 
 from __future__ import annotations
@@ -50,13 +64,16 @@ import argparse
 import sys
 import tempfile
 import time
+from typing import Any
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bastion as bn  # noqa: E402
 from bastion.bench import correlated  # noqa: E402
-from bastion.runtime.metrics import relative_latency_max  # noqa: E402
+from bastion.bench.results import write_figures  # noqa: E402
+from bastion.report import available_over_time  # noqa: E402
+from bastion.runtime.metrics import AVAILABLE_RELATIVE_LATENCY, relative_latency_max  # noqa: E402
 
 TOP = max(correlated.PRIORITIES, key=correlated.PRIORITIES.get)
 DELTA_T_S = 1.0  # Su & Zhou's interval for the average relative latency
@@ -155,14 +172,160 @@ def normal_time_overhead(storage: str) -> float | None:
     return None if not always else mean["adaptive"]["bytes"] / always
 
 
+# -- (F) Su & Zhou's Fig 5 ------------------------------------------------------------
+
+#: Fig 5's three lines: the label the figures file uses, and the case that runs it.
+FIG5_CASES = {"best": correlated.Case("progressive", "at_once"),
+              "progressive": correlated.Case("progressive", "staggered"),
+              "blocking": correlated.Case("blocking", "staggered")}
+
+
+def fig5_series(report) -> list[tuple[float, float | None, int]]:
+    """Fig 5's two curves for one run, at each progress point from the failure's
+    detection on: (seconds since the detection, the average relative latency of the
+    queries with output, or None when none had any; the number of available
+    queries). A query's relative latency at a point is the mean over its points with
+    output in the `DELTA_T_S` up to it — Su & Zhou's "average RL_i" within Δ_T — so
+    one late 100-ms batch does not decide a point."""
+    queries = report.metrics.extra["queries"]
+    detected, _ = restarted_at(report)
+    available = dict(available_over_time(queries, detected))
+    outputs = {name: [(t, rel) for t, n, rel in q["timeline"] if n > 0 and rel is not None]
+               for name, q in queries.items()}
+    series = []
+    for t in sorted(available):
+        if t < detected:
+            continue
+        averaged = []
+        for points in outputs.values():
+            window = [rel for u, rel in points if t - DELTA_T_S < u <= t]
+            if window:
+                averaged.append(sum(window) / len(window))
+        series.append((round(t - detected, 3),
+                       None if not averaged else round(sum(averaged) / len(averaged), 4),
+                       available[t]))
+    return series
+
+
+def fig5_run(report) -> dict:
+    """One drill's Fig 5 figures (the window-dependent ones are added by `fig5`)."""
+    detected, restarted = restarted_at(report)
+    series = fig5_series(report)
+    # Fig 5(a)'s curves start where the recovery does, at their highest: the
+    # recovered partitions' first output is the backlog the failure left. Before it
+    # the queries' surviving partitions run at their usual latency (only the failed
+    # region restarts), so the first point after the restart would show ~1, not the
+    # recovery: the start is the peak of the average.
+    start = max(((t, rel) for t, rel, _ in series if rel is not None),
+                key=lambda p: p[1], default=(None, None))
+    queries = report.metrics.extra["queries"]
+    again = [q["available_again_s"] for q in queries.values()]
+    return {
+        "verdict": report.verdict, "exactly_once": report.exactly_once,
+        "lost": report.lost, "duplicated": report.duplicated,
+        "corrupted": report.corrupted,
+        "restart_s": round(restarted - detected, 3),
+        "recovery_start_s": start[0], "relative_latency_at_start": start[1],
+        # when the last query's relative latency was back under 1.2 (Su & Zhou's
+        # availability): the recovery back at "the stable level"; None: never
+        "all_available_s": None if None in again else max(again),
+        "queries": {name: {"priority": q["priority"],
+                           "available_again_s": q["available_again_s"]}
+                    for name, q in queries.items()},
+        "series": [list(p) for p in series]}
+
+
+def available_query_s(series: list, window_s: float) -> float:
+    """The area under the available-queries curve over [0, window_s] (seconds since
+    the detection): each point's count held until the next point."""
+    area = 0.0
+    for (t, _, n), (nxt, _, _) in zip(series, list(series[1:]) + [[window_s, None, 0]]):
+        if t >= window_s:
+            break
+        area += n * (min(nxt, window_s) - t)
+    return area
+
+
+def _median(values: list) -> float | None:
+    found = sorted(v for v in values if v is not None)
+    if len(found) < len(values) or not found:
+        return None  # a run that never got there: no median to speak of
+    mid = len(found) // 2
+    return found[mid] if len(found) % 2 else (found[mid - 1] + found[mid]) / 2
+
+
+def fig5(storage: str, records: int, repeats: int, json_path: str | None) -> None:
+    """Section (F): Fig 5's three lines, ``repeats`` runs each, alternating."""
+    print(f"(F) Su & Zhou Fig 5: all-hit scenario, {records:,} bids at {correlated.RATE:,.0f}"
+          f"/s, best case / progressive / blocking x {repeats}")
+    started = time.time()
+    reference = correlated.references("all_hit", records=records, storage_dir=storage)
+    print(f"  reference run: {time.time() - started:.0f} s", flush=True)
+    runs: dict[str, list[dict]] = {label: [] for label in FIG5_CASES}
+    for repeat in range(repeats):
+        for label, case in FIG5_CASES.items():
+            started = time.time()
+            report = correlated.run_case(case, storage_dir=storage, records=records,
+                                         reference=reference)
+            run = fig5_run(report)
+            runs[label].append(run)
+            print(f"  {label:12s} run {repeat + 1}: {verdict(report)}; "
+                  f"{time.time() - started:.0f} s", flush=True)
+    # one window for every run: up to the end of the shortest run's series, so that
+    # no run is credited with time it did not measure
+    window_s = min((r["series"][-1][0] for rs in runs.values() for r in rs if r["series"]),
+                   default=0.0)
+    strategies: dict[str, dict[str, Any]] = {}
+    for label, rs in runs.items():
+        for r in rs:
+            r["available_query_s"] = round(available_query_s(r["series"], window_s), 3)
+        summary: dict[str, Any] = {key: _median([r[key] for r in rs]) for key in
+                   ("available_query_s", "relative_latency_at_start", "all_available_s",
+                    "recovery_start_s")}
+        summary["available_again_s"] = {
+            name: _median([r["queries"][name]["available_again_s"] for r in rs])
+            for name in correlated.PRIORITIES}
+        summary["exactly_once"] = all(r["exactly_once"] for r in rs)
+        strategies[label] = {"summary": summary, "runs": rs}
+        rl = summary["relative_latency_at_start"]
+        print(f"  {label:12s} available query-seconds over {window_s:.1f} s: "
+              f"{summary['available_query_s'] or 0:.1f}; relative latency at the recovery's "
+              f"start {'-' if rl is None else f'{rl:.2f}'}; every query back under "
+              f"{AVAILABLE_RELATIVE_LATENCY:g} after {fmt(summary['all_available_s'])}; "
+              f"{TOP} available after {fmt(summary['available_again_s'][TOP])}", flush=True)
+    if json_path:
+        write_figures(json_path, {
+            "scenario": "all_hit", "records": records, "rate": correlated.RATE,
+            "repeats": repeats, "failure_at_s": correlated.FAILURE_AT_S,
+            "arrival_gap_s": correlated.ARRIVAL_GAP_S, "node_cpus": correlated.NODE_CPUS,
+            "delta_t_s": DELTA_T_S, "threshold": AVAILABLE_RELATIVE_LATENCY,
+            "priorities": correlated.PRIORITIES, "queries": len(correlated.PRIORITIES),
+            "window_s": window_s, "strategies": strategies})
+    p, b = (strategies[k]["summary"]["available_query_s"] for k in ("progressive", "blocking"))
+    print(f"available query-seconds progressive/blocking = "
+          f"{'n/a' if p is None or not b else f'{p / b:.2f}'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="section 1 only, without the best case")
     parser.add_argument("--overhead", action="store_true",
                         help="section 0 only: the normal-time overhead of upstream backups")
+    parser.add_argument("--fig5", action="store_true",
+                        help="Su & Zhou's Fig 5 only: best case, progressive and blocking")
+    parser.add_argument("--records", type=int, default=correlated.RECORDS,
+                        help="bids per run of --fig5 (at 1,000 per second)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per line of --fig5")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="with --fig5: write its figures to PATH")
     args = parser.parse_args()
     storage = tempfile.mkdtemp(prefix="bastion-bench-recovery-")
+    if args.fig5:
+        fig5(storage, args.records, args.repeats, args.json)
+        return
+    if args.json:
+        parser.error("--json writes the figures of --fig5 only")
 
     print("(0) failure-free: upstream backups adaptive (Su & Zhou) vs always on")
     overhead = normal_time_overhead(storage)
