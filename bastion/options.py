@@ -264,9 +264,9 @@ class State:
     times a full snapshot's. Under protocols
     ``coordinated``, ``uncoordinated`` and ``cic``. Off by default: it pays off for
     large states whose updates touch a small share of their keys
-    (`benchmarks/state.py`: 1.6 % of a full snapshot's bytes per checkpoint at 4 M
-    keys with 1 k hot); a small state gains nothing from it, and tracking the keys
-    each batch changes costs a keyed sum about a sixth more CPU per record."""
+    (`benchmarks/state.py` measures the bytes, durations and restores of both); a
+    small state gains nothing from it, and tracking the keys each batch changes
+    costs a keyed sum CPU on every record."""
 
     incremental: bool = False
     max_chain: int = JobConfig.max_chain

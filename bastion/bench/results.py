@@ -189,6 +189,21 @@ class Section:
     reference: str = "paper"
 
 
+def lookup(figures: Any, *path: Any) -> Any:
+    """``figures[path[0]][path[1]]...`` (an int step indexes a list), or None where any
+    step is missing: a benchmark cut short wrote only part of its figures, and its
+    rows then say "not measured" instead of failing the page."""
+    node: Any = figures
+    for step in path:
+        if isinstance(node, dict) and step in node:
+            node = node[step]
+        elif isinstance(node, list) and isinstance(step, int) and -len(node) <= step < len(node):
+            node = node[step]
+        else:
+            return None
+    return node
+
+
 def write_figures(path: str | Path, figures: Mapping[str, Any]) -> None:
     """What a benchmark calls at its end under ``--json PATH``."""
     payload = {"format": FIGURES_FORMAT, "figures": figures}

@@ -114,19 +114,6 @@ EC_LOAD_GROWTH_NOISE = 0.6
 EC_LOAD_NOISE = 0.50
 
 
-def _get(figures: Figures, *path: Any) -> Any:
-    """``figures[path[0]][path[1]]...``, or None where any step is missing."""
-    node: Any = figures
-    for step in path:
-        if isinstance(node, dict) and step in node:
-            node = node[step]
-        elif isinstance(node, list) and isinstance(step, int) and -len(node) <= step < len(node):
-            node = node[step]
-        else:
-            return None
-    return node
-
-
 def _missing(anchor: str, ref: str, experiment: str, reference_setting: str,
              reference_figure: str, what: str) -> Row:
     return Row(anchor=anchor, ref=ref, experiment=experiment,
@@ -146,13 +133,13 @@ PAPER_FIG5_SETTING = ("Borealis on 3 quad-core Xeons; aggregate over count windo
 
 def baseline_rows(figures: Figures) -> list[Row]:
     rows: list[Row] = []
-    records = _get(figures, "throughput", "records")
-    repeats = _get(figures, "throughput", "repeats")
+    records = page.lookup(figures, "throughput", "records")
+    repeats = page.lookup(figures, "throughput", "repeats")
     for workload, (speed, window, size) in WORKLOADS.items():
         ref_setting = PAPER_FIG5_SETTING.format(size=size)
         anchor = f"cec-fig5-{speed}-throughput"
         what = f"{speed} windows: G_open only, throughput against none"
-        run = _get(figures, "throughput", "workloads", workload)
+        run = page.lookup(figures, "throughput", "workloads", workload)
         ref_figure = f"≥ {FIG5_THROUGHPUT_FLOOR:.2f}× native (drop < 10%)"
         setting = (f"{window} over 2 ids, {records or 0:,} records unthrottled, p=1; "
                    f"G_open to the local log; best of {repeats} runs each, alternating")
@@ -214,7 +201,7 @@ def baseline_rows(figures: Figures) -> list[Row]:
 def baseline_plot(figures: Figures, out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
-    runs = _get(figures, "throughput", "workloads") or {}
+    runs = page.lookup(figures, "throughput", "workloads") or {}
     shown = [w for w in WORKLOADS if w in runs and GOPEN in runs[w]]
     if not shown:
         return []
@@ -244,7 +231,7 @@ def baseline_plot(figures: Figures, out_dir: Path) -> list[Path]:
 
 
 def _sweep(figures: Figures, group: str) -> list[dict] | None:
-    runs = _get(figures, "sweeps", "runs", group)
+    runs = page.lookup(figures, "sweeps", "runs", group)
     return runs if isinstance(runs, list) and len(runs) >= 2 else None
 
 
@@ -254,10 +241,10 @@ def _sweep_rows(figures: Figures, group: str) -> list[Row]:
     fig = "Fig 6" if group == "q" else "Fig 7"
     knob = "Q" if group == "q" else "U"
     runs = _sweep(figures, group)
-    keys = _get(figures, "sweeps", "u_keys" if group == "u" else "keys")
-    records = _get(figures, "sweeps", "records")
-    rate = _get(figures, "sweeps", "rate")
-    points = _get(figures, "sweeps", "crash_points")
+    keys = page.lookup(figures, "sweeps", "u_keys" if group == "u" else "keys")
+    records = page.lookup(figures, "sweeps", "records")
+    rate = page.lookup(figures, "sweeps", "rate")
+    points = page.lookup(figures, "sweeps", "crash_points")
     if group == "q":
         ref_setting = (f"Q = 1…8 × openwins (~{PAPER_OPENWINS:,}), 100,000 ids, count "
                        "windows of 10, CI 5 ms, CP 100 ms, a crash mid-run")
@@ -348,8 +335,8 @@ def _sweep_rows(figures: Figures, group: str) -> list[Row]:
 def _ec_load_rows(figures: Figures) -> list[Row]:
     """Fig. 7's EC-load at its smallest and largest extents, against Bastion's EC-load
     of extents of those sizes (keyed sum, a part per input: the harshest shape)."""
-    loads = _get(figures, "ec_load", "keyed_sum")
-    repeats = _get(figures, "ec_load", "repeats")
+    loads = page.lookup(figures, "ec_load", "keyed_sum")
+    repeats = page.lookup(figures, "ec_load", "repeats")
     rows = []
     for size, paper_s, found in zip(FIG7_EXTENT_TUPLES, FIG7_EC_LOAD_S,
                                     loads if isinstance(loads, list) else [None, None]):
@@ -375,11 +362,11 @@ def _ec_load_rows(figures: Figures) -> list[Row]:
 
 
 def _response_rows(figures: Figures) -> list[Row]:
-    configs = _get(figures, "response", "configs") or {}
-    keys = _get(figures, "response", "keys")
-    records = _get(figures, "response", "records")
-    rate = _get(figures, "response", "rate")
-    repeats = _get(figures, "response", "repeats")
+    configs = page.lookup(figures, "response", "configs") or {}
+    keys = page.lookup(figures, "response", "keys")
+    records = page.lookup(figures, "response", "records")
+    rate = page.lookup(figures, "response", "rate")
+    repeats = page.lookup(figures, "response", "repeats")
     ref_setting = ("count windows of 10 over 100,000 ids (~90,000 open), CI 10 ms, "
                    "Q = openwins; window open to close, per-second averages")
     setting = (f"Count(2) over {keys or 0:,} ids, {records or 0:,} records paced at "
@@ -486,7 +473,7 @@ def recovery_plot(figures: Figures, out_dir: Path) -> list[Path]:
         fig.savefig(path)
         plt.close(fig)
         paths.append(path)
-    configs = _get(figures, "response", "configs") or {}
+    configs = page.lookup(figures, "response", "configs") or {}
     cps = [cp for cp in (25, 50, 100) if f"cec CP={cp} ms" in configs]
     if cps and "none" in configs:
         fig, (left, right) = plt.subplots(1, 2, figsize=(6, 3.5), dpi=100)

@@ -119,17 +119,6 @@ TRT_SHARE_WITHIN = 0.25
 ERROR_WITHIN = 1.0
 
 
-def _get(figures: Figures, *path: Any) -> Any:
-    """``figures[path[0]][path[1]]...``, or None where any step is missing."""
-    node: Any = figures
-    for step in path:
-        if isinstance(node, dict) and step in node:
-            node = node[step]
-        else:
-            return None
-    return node
-
-
 def _chosen(figures: Figures) -> dict | None:
     """The validated entry of the chosen interval, or None."""
     for entry in figures.get("validation") or []:
@@ -178,7 +167,7 @@ def _fit_row(figures: Figures, anchor: str, experiment: str, names: list[str],
         return _missing(anchor, "Table II(a), III(a)", experiment, ref_setting, reference,
                         "the run wrote no fit for " + ", ".join(
                             n for n in names if n not in fits))
-    points = _get(figures, "setting", "points") or len(figures.get("profiling") or [])
+    points = page.lookup(figures, "setting", "points") or len(figures.get("profiling") or [])
     setting = (f"{_setting(figures)}; quadratic through {points} CIs"
                + ("" if names == ["latency"] else " (eq 5's estimates per CI, as Chiron's)"))
     parts, bad, r2s = [], [], []
@@ -236,7 +225,7 @@ def _interval_rows(figures: Figures) -> list[Row]:
                         why_not=why)),
                 _missing("chiron-table2b-latency", "Table II(b), III(b)", lavg_what,
                          ref_setting, ref_lavg, "no interval was chosen")]
-    lo, hi = _get(figures, "setting", "min_interval_s"), _get(figures, "setting",
+    lo, hi = page.lookup(figures, "setting", "min_interval_s"), page.lookup(figures, "setting",
                                                                "max_interval_s")
     where = "" if lo is None or hi is None else f", in the range {lo:g}-{hi:g} s"
     predicted = figures.get("predicted_latency_ms")

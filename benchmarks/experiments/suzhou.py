@@ -89,17 +89,6 @@ PEAK_NOISE = 0.2
 STRATEGIES = {"best": "BestCase", "progressive": "PRG", "blocking": "OPC"}
 
 
-def _get(figures: Figures, *path: Any) -> Any:
-    """``figures[path[0]][path[1]]...``, or None where any step is missing."""
-    node: Any = figures
-    for step in path:
-        if isinstance(node, dict) and step in node:
-            node = node[step]
-        else:
-            return None
-    return node
-
-
 _NEVER = float("inf")
 
 
@@ -110,14 +99,14 @@ def _summary(figures: Figures, key: str, *more: str,
     never got there within the run: infinitely late, which still orders."""
     found = {}
     for s in strategies:
-        node = _get(figures, "strategies", s, "summary", key, *more[:-1])
+        node = page.lookup(figures, "strategies", s, "summary", key, *more[:-1])
         last = more[-1] if more else None
         if last is not None:
             if not isinstance(node, dict) or last not in node:
                 return None
             value = node[last]
         else:
-            summary = _get(figures, "strategies", s, "summary")
+            summary = page.lookup(figures, "strategies", s, "summary")
             if not isinstance(summary, dict) or key not in summary:
                 return None
             value = summary[key]
@@ -130,11 +119,11 @@ def _secs(value: float) -> str:
 
 
 def _setting(figures: Figures) -> str:
-    records = _get(figures, "records") or 0
-    repeats = _get(figures, "repeats") or 0
+    records = page.lookup(figures, "records") or 0
+    repeats = page.lookup(figures, "repeats") or 0
     return (f"simulated 3-node Ray on 127.0.0.1 (2 cores), 2 of 3 nodes lost (8 of 12 "
             f"tasks), a 4-CPU node 1 s after, 2-CPU nodes every "
-            f"{_get(figures, 'arrival_gap_s') or '?'} s (best case: 8 CPUs at once); 3 "
+            f"{page.lookup(figures, 'arrival_gap_s') or '?'} s (best case: 8 CPUs at once); 3 "
             f"queries (priority 3/2/1), {records:,} bids at 1,000/s; median of {repeats} "
             f"run(s) each")
 
@@ -151,8 +140,8 @@ def _area_row(figures: Figures) -> Row:
     what = "available query-seconds over the recovery window"
     ref_figure = "BestCase ≥ PRG > OPC"
     area = _summary(figures, "available_query_s")
-    window_s = _get(figures, "window_s")
-    queries = _get(figures, "queries") or 3
+    window_s = page.lookup(figures, "window_s")
+    queries = page.lookup(figures, "queries") or 3
     if area is None or window_s is None or _NEVER in area.values():
         return _missing(anchor, what, ref_figure, "available query-seconds of every strategy")
     best, prg, opc = (float(area[s]) for s in STRATEGIES)
@@ -226,7 +215,7 @@ def _order_rows(figures: Figures) -> list[Row]:
     anchor = "suzhou-fig5-top-priority-first"
     what = "the highest-priority query available again, PRG against OPC"
     ref_figure = "PRG earlier than OPC"
-    top = _get(figures, "priorities")
+    top = page.lookup(figures, "priorities")
     name = max(top, key=lambda n: top[n]) if isinstance(top, dict) and top else None
     again = (None if name is None else
              _summary(figures, "available_again_s", name,
@@ -252,8 +241,8 @@ def _exact_row(figures: Figures) -> Row:
     what = "every recovery exactly once"
     ref_figure = "– (the paper states no output check)"
     runs = [(s, r) for s in STRATEGIES
-            for r in (_get(figures, "strategies", s, "runs") or [])]
-    if not runs or any(_get(figures, "strategies", s, "runs") is None for s in STRATEGIES):
+            for r in (page.lookup(figures, "strategies", s, "runs") or [])]
+    if not runs or any(page.lookup(figures, "strategies", s, "runs") is None for s in STRATEGIES):
         return _missing(anchor, what, ref_figure, "drill verdicts for every strategy")
     bad = [f"{STRATEGIES[s]}: {r.get('verdict', '?')} (lost {r.get('lost', '?')}, duplicated "
            f"{r.get('duplicated', '?')}, corrupted {r.get('corrupted', '?')})"
@@ -278,7 +267,7 @@ def fig5_plot(figures: Figures, out_dir: Path) -> list[Path]:
     """Fig 5's two panels, one line per strategy (each strategy's first run)."""
     import matplotlib.pyplot as plt
 
-    shown = {s: _get(figures, "strategies", s, "runs") for s in STRATEGIES}
+    shown = {s: page.lookup(figures, "strategies", s, "runs") for s in STRATEGIES}
     shown = {s: runs[0]["series"] for s, runs in shown.items()
              if isinstance(runs, list) and runs and runs[0].get("series")}
     if not shown:
@@ -297,7 +286,7 @@ def fig5_plot(figures: Figures, out_dir: Path) -> list[Path]:
     left.set_title("Fig 5(a): relative latency (Bastion)", fontsize=9)
     right.set_xlabel("seconds since the failure's detection", fontsize=8)
     right.set_ylabel("available queries", fontsize=8)
-    right.set_yticks(range(int(_get(figures, "queries") or 3) + 1))
+    right.set_yticks(range(int(page.lookup(figures, "queries") or 3) + 1))
     right.set_title("Fig 5(b): available queries (Bastion)", fontsize=9)
     for ax in (left, right):
         ax.legend(fontsize=7)
