@@ -85,13 +85,13 @@ def judge(reference: float, measured: float, *, higher_is_better: bool,
     ratio = measured / reference
     band = 1.0 + within
     if 1.0 / band <= ratio <= band:
-        return Judgement(Verdict.REPRODUCED, f"{ratio:.2f}× is within ±{within:.0%}")
+        return Judgement(Verdict.REPRODUCED, f"{_ratio(ratio)} is within ±{within:.0%}")
     ahead = ratio > 1.0 if higher_is_better else ratio < 1.0
     if reference < 0:  # both negative: a larger magnitude is the smaller number
         ahead = not ahead
     side = "higher" if ratio > 1.0 else "lower"
     return Judgement(Verdict.BETTER if ahead else Verdict.WORSE,
-                     f"{ratio:.2f}×: {side} than the reference beyond ±{within:.0%}, "
+                     f"{_ratio(ratio)}: {side} than the reference beyond ±{within:.0%}, "
                      f"and {'higher' if higher_is_better else 'lower'} is better")
 
 
