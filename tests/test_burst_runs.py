@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 
 import msgpack
 import pytest
@@ -321,6 +322,12 @@ def test_a_big_snapshot_lets_other_threads_run_while_it_is_packed():
     # Without the offers no call lets it run more than twice: once before the call
     # takes the GIL, once at its end.
     during = []
+    # A waiting thread asks for the GIL after the switch interval; at 0.2 ms (5 ms by
+    # default) the offers every 65,536 items hand it over at nearly each one, however
+    # many other threads of the session (Ray's, py4j's) wait too — in a full CI run
+    # the ticker got [2, 2, 2] at the default interval, which a lone run never saw.
+    interval_s = sys.getswitchinterval()
+    sys.setswitchinterval(0.0002)
     try:
         for _ in range(3):
             before = wakeups
@@ -329,7 +336,9 @@ def test_a_big_snapshot_lets_other_threads_run_while_it_is_packed():
             if during[-1] >= 3:
                 break
     finally:
+        sys.setswitchinterval(interval_s)
         stop.set()
         ticker.join()
     assert marked and len(msgpack.unpackb(payload, strict_map_key=False)) == 2_000_000
-    assert max(during) >= 3, f"the other thread ran {during} times while 2 M keys were packed"
+    assert max(during) >= 3, (f"the other thread ran {during} times while 2 M keys were "
+                              f"packed; threads: {[t.name for t in threading.enumerate()]}")

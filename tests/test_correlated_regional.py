@@ -215,12 +215,13 @@ def test_queries_not_hit_keep_running_while_the_failed_region_restarts(tmp_path)
     assert report["exactly_once"], report
     assert report["lost"] == report["duplicated"] == report["corrupted"] == 0
     received, committed = report["received"], report["committed"]
-    # The hit query's sink received again what it had received since the checkpoint
-    # (the measure sees a restart)...
-    assert received["per_bidder"] > committed["per_bidder"], report
+    # The hit query's sink rolls back (its region is in `restarted`, checked below).
+    # What its sink received is not compared with what it committed: the receipts a
+    # killed worker took since the last progress poll die with it, so a full CI run
+    # once counted 17,980 received against 18,000 committed.
     for name in ("alerts", "per_auction"):
-        # ...while the sinks of the queries not hit received each record once: they
-        # never rolled back
+        # The sinks of the queries not hit received each record once: they never
+        # rolled back
         assert received[name] == committed[name] > 0, (name, report)
         # and kept receiving while per_bidder waited for capacity
         assert report["received_while_down"][name] > 0, (name, report)

@@ -208,16 +208,17 @@ def test_a_damaged_delta_is_never_loaded_the_run_falls_back(protocol, damage, tm
 
 
 def test_long_chains_are_compacted_off_the_loop_and_a_kill_restores_exactly(tmp_path):
-    """With a chain allowed 30 deltas, a compaction is asked for at 15: another process
+    """With a chain allowed 60 deltas, a compaction is asked for at 30: another process
     merges the stored links into a base, which the task's next link carries. A kill
     later restores from chains that start on such bases, exactly once."""
     storage = f"local://{tmp_path}"
-    # 15 intervals (2.2 s) for the compaction's Ray task to start and land on a
-    # loaded 2-core machine before the chain forces a base
-    report = bn.drill(hot_and_cold(count=16000, rate=2500),
+    # 30 intervals (4.5 s) for the compaction's Ray task to start and land before the
+    # chain forces a base: a full CI run on 2 cores once took more than 15 (2.2 s),
+    # and its forced base left no compacted one to find. The kill comes after it.
+    report = bn.drill(hot_and_cold(count=30000, rate=2500),
                       protocol=with_interval("coordinated", interval_s=0.15),
-                      faults=[bn.faults.RandomKills(count=1, between=(5.0, 5.5))], seed=5,
-                      storage=storage, state=bn.State(incremental=True, max_chain=30))
+                      faults=[bn.faults.RandomKills(count=1, between=(8.0, 8.5))], seed=5,
+                      storage=storage, state=bn.State(incremental=True, max_chain=60))
     assert report.metrics.protocol.failures, "the kill must have forced a restart"
     assert report.exactly_once, report.verdict_reason
     store = open_store(storage)
