@@ -14,8 +14,11 @@ keeps its figures under ``docs/results/raw/``, draws its plots under
     .venv/bin/python benchmarks/reproduce.py --render-only   # the page from kept figures
 
 An experiment that fails or overruns three times its budget is shown as *not measured*
-with its error, and the script exits 1 once the page is written. The last line printed
-is the verdict count.
+with its error, and the script exits 1 once the page is written. Each run compares its
+verdicts with those of the figures it replaces and names every row whose verdict
+changed, on the page and in its output: the page's verdicts are meant not to move
+between runs, and this is how a run shows they did not. The last line printed is the
+verdict count.
 """
 
 from __future__ import annotations
@@ -100,11 +103,11 @@ def run_experiment(section: page.Section, exp: page.Experiment, *, quick: bool,
 
 
 def collect(section: page.Section, exp: page.Experiment, run: dict,
-            plot_dir: Path) -> page.ExperimentResult:
+            plot_dir: Path | None) -> page.ExperimentResult:
     """The page's rows and plots for one experiment, from its kept figures.
 
-    Plots are drawn into ``plot_dir`` (the tests draw into a temporary one) and linked
-    from the page as files of ``docs/results/``.
+    Plots are drawn into ``plot_dir`` (the tests draw into a temporary one; None draws
+    none) and linked from the page as files of ``docs/results/``.
     """
     entry = run.get("experiments", {}).get(f"{section.key}.{exp.key}", {})
     seconds, error = entry.get("seconds"), entry.get("error")
@@ -116,13 +119,57 @@ def collect(section: page.Section, exp: page.Experiment, run: dict,
     figures = page.read_figures(path)
     rows = exp.rows(figures)
     plots: list[Path] = []
-    if exp.plot is not None:
+    if exp.plot is not None and plot_dir is not None:
         import matplotlib
 
         matplotlib.use("Agg")
         plot_dir.mkdir(parents=True, exist_ok=True)
         plots = [ASSETS / Path(p).name for p in exp.plot(figures, plot_dir)]
     return page.ExperimentResult(exp, rows=rows, plots=plots, seconds=seconds)
+
+
+def verdicts(chosen: list[tuple[page.Section, page.Experiment]], run: dict) -> dict[str, str]:
+    """The verdict of each row of the ``chosen`` experiments, from their kept figures."""
+    return page.verdicts_of([collect(s, e, run, None) for s, e in chosen])
+
+
+def previous_runs(chosen: list[tuple[page.Section, page.Experiment]], run: dict) -> list[dict]:
+    """When and how (full or quick) the ``chosen`` experiments' kept figures were made:
+    each experiment's own entry, or the header of the whole run for entries older than
+    this field."""
+    entries = run.get("experiments", {})
+    made = []
+    for section, exp in chosen:
+        entry = entries.get(f"{section.key}.{exp.key}")
+        if entry is None:
+            continue
+        one = {"date": entry.get("date", run.get("date")),
+               "quick": entry.get("quick", run.get("quick"))}
+        if one not in made:
+            made.append(one)
+    return made
+
+
+def compare(before: dict[str, str], after: dict[str, str], previous: list[dict]) -> dict:
+    """What ``run.json`` keeps of a run's verdicts against the runs before: the rows
+    compared, the changes (`page.verdict_changes`) and which runs made the figures
+    replaced (`previous_runs`)."""
+    return {"rows": len(after), "changed": page.verdict_changes(before, after),
+            "previous": previous}
+
+
+def _comparison_line(compared: dict) -> str:
+    previous = compared["previous"]
+    if not previous:
+        return "No earlier run to compare the verdicts with."
+    runs = ", ".join(f"{'quick pass' if p.get('quick') else 'full run'} of {p.get('date')}"
+                     for p in previous)
+    against = f"Against the figures of the run before ({runs}): "
+    changed = compared["changed"]
+    if not changed:
+        return against + f"the {compared['rows']} verdicts of the experiments run again are unchanged."
+    return against + (f"{len(changed)} of the {compared['rows']} verdicts changed: "
+                      + "; ".join(changed) + ".")
 
 
 def render(sections: list[page.Section], run: dict,
@@ -153,6 +200,8 @@ def render(sections: list[page.Section], run: dict,
         f"Verdicts: {summary}.",
         "",
     ]
+    if "compared" in run:
+        header += [_comparison_line(run["compared"]), ""]
     body = [page.render_section(s, results, DOCS) for s, results in collected]
     return "\n".join(header + body).rstrip() + "\n", counts
 
@@ -180,24 +229,26 @@ def main() -> int:
         parser.error(f"--only: unknown {sorted(wanted - known)}; known: {sorted(known)}")
 
     run = json.loads(RUN_FILE.read_text()) if RUN_FILE.exists() else {}
+    chosen = [(s, e) for s in sections for e in s.experiments
+              if not wanted or s.key in wanted or f"{s.key}.{e.key}" in wanted]
     if not args.render_only:
+        # the verdicts of the figures this run replaces, to say which ones moved
+        before, previous = verdicts(chosen, run), previous_runs(chosen, run)
         log_dir = Path(args.logs or tempfile.mkdtemp(prefix="bastion-results-"))
         log_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         entries = run.setdefault("experiments", {})
-        for section in sections:
-            for exp in section.experiments:
-                key = f"{section.key}.{exp.key}"
-                if wanted and section.key not in wanted and key not in wanted:
-                    continue
-                seconds, error = run_experiment(section, exp, quick=args.quick,
-                                                log_dir=log_dir)
-                entries[key] = {"seconds": round(seconds, 1), "error": error}
-                print(f"[{key}] {'FAILED: ' + error if error else 'done'} in {seconds:.0f} s",
-                      flush=True)
+        for section, exp in chosen:
+            key = f"{section.key}.{exp.key}"
+            seconds, error = run_experiment(section, exp, quick=args.quick, log_dir=log_dir)
+            entries[key] = {"seconds": round(seconds, 1), "error": error, "quick": args.quick,
+                            "date": datetime.date.today().isoformat()}
+            print(f"[{key}] {'FAILED: ' + error if error else 'done'} in {seconds:.0f} s",
+                  flush=True)
         if not wanted:  # a partial run keeps the header of the last whole one
             run.update(quick=args.quick, seconds=round(time.monotonic() - started),
                        date=datetime.date.today().isoformat(), machine=machine())
+        run["compared"] = compare(before, verdicts(chosen, run), previous)
         RAW.mkdir(parents=True, exist_ok=True)
         RUN_FILE.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
 
@@ -205,6 +256,8 @@ def main() -> int:
     PAGE.write_text(text)
     failed = [k for k, e in run.get("experiments", {}).items() if e.get("error")]
     print(f"wrote {PAGE.relative_to(ROOT)}")
+    if "compared" in run:
+        print(_comparison_line(run["compared"]))
     print("verdicts: " + ", ".join(f"{n} {v.value}" for v, n in counts.items() if n))
     return 1 if failed else 0
 

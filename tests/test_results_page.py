@@ -145,3 +145,52 @@ def test_every_link_from_readme_and_docs_names_a_row_of_the_page():
 @pytest.mark.internal
 def test_a_small_ratio_keeps_its_digits(ratio, shown):
     assert page._ratio(ratio) == shown
+
+
+def test_verdict_changes_name_every_moved_or_missing_row():
+    before = {"a": "reproduced", "b": "worse", "c": "better"}
+    assert page.verdict_changes(before, dict(before)) == []
+    assert page.verdict_changes(before, {"a": "worse", "b": "worse", "c": "better"}) == [
+        "a: reproduced → worse"]
+    # an experiment that stopped early loses its rows: that is a change, not stability
+    assert page.verdict_changes(before, {"a": "reproduced", "d": "better"}) == [
+        "d: – → better", "b: worse → –", "c: better → –"]
+
+
+def test_a_second_run_whose_verdict_moved_is_named_on_the_page(tmp_path, monkeypatch):
+    """Two runs of one experiment: the second's figures (planted: G_open only at half
+    of none's throughput) flip a verdict, and the page's header names that row."""
+    import json
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+
+    kept = reproduce.RAW / "cec-baseline.json"
+    if not kept.exists():
+        pytest.skip("docs/results/raw is not generated yet (make results)")
+    monkeypatch.setattr(reproduce, "RAW", tmp_path)
+    shutil.copy(kept, tmp_path / "cec-baseline.json")
+    section = next(s for s in reproduce.load_sections(["cec"]))
+    chosen = [(section, e) for e in section.experiments if e.key == "baseline"]
+    first = {"experiments": {"cec.baseline": {"seconds": 20, "error": None,
+                                              "date": "2026-11-01", "quick": False}}}
+    before = reproduce.verdicts(chosen, first)
+    assert before["cec-fig5-fast-throughput"] == "reproduced"
+
+    same = reproduce.compare(before, reproduce.verdicts(chosen, first),
+                             reproduce.previous_runs(chosen, first))
+    assert same["changed"] == [] and same["rows"] == len(before)
+
+    figures = page.read_figures(tmp_path / "cec-baseline.json")
+    fast = figures["throughput"]["workloads"]["count-fast"]
+    fast["cec G_open only"]["records_per_s_best"] = fast["none"]["records_per_s_best"] / 2
+    page.write_figures(tmp_path / "cec-baseline.json", figures)
+    second = json.loads(json.dumps(first))
+    second["compared"] = reproduce.compare(before, reproduce.verdicts(chosen, second),
+                                           reproduce.previous_runs(chosen, first))
+    assert second["compared"]["changed"] == ["cec-fig5-fast-throughput: reproduced → worse"]
+    text, _ = reproduce.render([section], second, plot_dir=tmp_path / "plots")
+    assert ("Against the figures of the run before (full run of 2026-11-01): 1 of the "
+            f"{len(before)} verdicts changed: cec-fig5-fast-throughput: reproduced → worse."
+            ) in text

@@ -286,6 +286,23 @@ def verdict_counts(results: Sequence[ExperimentResult]) -> dict[Verdict, int]:
     return counts
 
 
+def verdicts_of(results: Sequence[ExperimentResult]) -> dict[str, str]:
+    """Each row's verdict by its anchor (an experiment that did not finish has none)."""
+    return {row.anchor: row.judgement.verdict.value for result in results
+            for row in result.rows}
+
+
+def verdict_changes(before: Mapping[str, str], after: Mapping[str, str]) -> list[str]:
+    """The rows whose verdict differs between two runs, as ``"anchor: before → after"``,
+    in the order of ``after`` and then of the rows only ``before`` had. A row one run
+    has and the other lacks is a change too ("–" for the missing side): an experiment
+    that stopped early must not pass for a stable one."""
+    changed = [f"{anchor}: {before.get(anchor, '–')} → {verdict}"
+               for anchor, verdict in after.items() if before.get(anchor) != verdict]
+    return changed + [f"{anchor}: {verdict} → –" for anchor, verdict in before.items()
+                      if anchor not in after]
+
+
 def check_anchors(sections: Sequence[tuple[Section, Sequence[ExperimentResult]]]) -> None:
     seen: set[str] = set()
     for _, results in sections:
