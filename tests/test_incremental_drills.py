@@ -207,18 +207,34 @@ def test_a_damaged_delta_is_never_loaded_the_run_falls_back(protocol, damage, tm
         assert any(damaged["key"] in e["reason"] for e in unusable), unusable
 
 
+def heavy_cold_then_hot(count=30000, rate=2500, cold_bytes=600):
+    """`hot_and_cold` keeping each key's last value, a cold key's a string of
+    ``cold_bytes``: the base weighs hundreds of times an interval's delta (7 hot
+    ints), so the chains grow by count to ``max_chain``. (With `hot_and_cold`'s ints,
+    a base of 600 keys is a few KB, and one interval's delta already weighs an eighth
+    of it: a base every other link, and a compaction, when one is due at all, is
+    outgrown before it lands.)"""
+    topo = bn.Topology("inc-compaction")
+    numbers = topo.source("numbers", bn.sources.Generator(
+        lambda i: (i, "c" * cold_bytes if i < COLD else i), count=count, rate=rate))
+    numbers.key_by(lambda r: r[0] if r[0] < COLD else r[0] % 7).reduce(
+        "last", lambda acc, r: r[1], initial=None, parallelism=2).sink(
+        "out", bn.sinks.Collect())
+    return topo
+
+
 def test_long_chains_are_compacted_off_the_loop_and_a_kill_restores_exactly(tmp_path):
-    """With a chain allowed 60 deltas, a compaction is asked for at 30: another process
+    """With a chain allowed 40 deltas, a compaction is asked for at 20: another process
     merges the stored links into a base, which the task's next link carries. A kill
     later restores from chains that start on such bases, exactly once."""
     storage = f"local://{tmp_path}"
-    # 30 intervals (4.5 s) for the compaction's Ray task to start and land before the
-    # chain forces a base: a full CI run on 2 cores once took more than 15 (2.2 s),
-    # and its forced base left no compacted one to find. The kill comes after it.
-    report = bn.drill(hot_and_cold(count=30000, rate=2500),
-                      protocol=with_interval("coordinated", interval_s=0.15),
-                      faults=[bn.faults.RandomKills(count=1, between=(8.0, 8.5))], seed=5,
-                      storage=storage, state=bn.State(incremental=True, max_chain=60))
+    # 20 intervals (5 s) for the compaction's Ray task to start and land before the
+    # chain forces a base. The kill comes after it (9 s); the next compaction is due
+    # 5 s after the first landed, near the run's end (12 s).
+    report = bn.drill(heavy_cold_then_hot(),
+                      protocol=with_interval("coordinated", interval_s=0.25),
+                      faults=[bn.faults.RandomKills(count=1, between=(9.0, 9.5))], seed=5,
+                      storage=storage, state=bn.State(incremental=True, max_chain=40))
     assert report.metrics.protocol.failures, "the kill must have forced a restart"
     assert report.exactly_once, report.verdict_reason
     store = open_store(storage)
