@@ -167,7 +167,8 @@ def _comparison_line(compared: dict) -> str:
     against = f"Against the figures of the run before ({runs}): "
     changed = compared["changed"]
     if not changed:
-        return against + f"the {compared['rows']} verdicts of the experiments run again are unchanged."
+        return against + (f"the {compared['rows']} verdicts of the experiments run again "
+                          "are unchanged.")
     return against + (f"{len(changed)} of the {compared['rows']} verdicts changed: "
                       + "; ".join(changed) + ".")
 
