@@ -51,10 +51,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -190,63 +191,82 @@ FREE_RUNS: dict[str, Any] = {}
 
 
 def failed_instances(args: argparse.Namespace, storage: str, title: str,
-                     faults: list[Any], ratios: list[float]) -> dict[str, Any]:
-    """Grep under ``acks`` with ``faults`` at each ratio of ``ratios``, and failure-free
-    without copies: the share of records that missed each deadline, by ratio."""
+                     faults_of: Callable[[int], list[Any]], ratios: list[float],
+                     repeats: int = 1) -> dict[str, Any]:
+    """Grep under ``acks`` with the faults ``faults_of(seed)`` at each ratio of
+    ``ratios``, and failure-free without copies: the share of records that missed each
+    deadline, by ratio. With ``repeats`` > 1 every ratio runs that many times (repeat
+    ``k``'s faults seeded with ``args.seed + k``) and a ratio's share is the mean over
+    its runs, each holding the same records."""
     print(title)
     protocol = bn.protocols.Acks(interval_s=0.2, timeout_s=args.ack_timeout_s)
     free = FREE_RUNS.get("grep")   # sections 2 and 3 share it
     if free is None:
         free = FREE_RUNS["grep"] = bn.run(grep(args.grep_rate, args.grep_seconds), protocol,
                                           storage=storage, redundancy=0.0).metrics
-    runs = {ratio: bn.run(grep(args.grep_rate, args.grep_seconds), protocol,
-                          storage=storage, redundancy=ratio, faults=faults).metrics
-            for ratio in ratios}
+    runs: dict[float, list[Any]] = {ratio: [] for ratio in ratios}
+    for repeat in range(repeats):
+        faults = faults_of(args.seed + repeat)
+        for ratio in ratios:
+            runs[ratio].append(bn.run(grep(args.grep_rate, args.grep_seconds), protocol,
+                                      storage=storage, redundancy=ratio,
+                                      faults=faults).metrics)
     # Two deadlines, each mean + 2 sigma: of the failure-free run without copies (what
-    # the job promises when nothing fails), and of the faulted run without copies
-    # (the thesis's "baseline trial", section 3.2.2.4)
+    # the job promises when nothing fails), and of the faulted runs without copies
+    # (the thesis's "baseline trial", section 3.2.2.4), one for the experiment as the
+    # thesis has one baseline trial: the mean of its repeats'.
     deadlines = {"failure-free": free.deadline_ms() or 0.0,
-                 "baseline trial": runs[0.0].deadline_ms() or 0.0}
+                 "baseline trial": statistics.fmean(m.deadline_ms() or 0.0
+                                                    for m in runs[0.0])}
     print("  deadlines: " + ", ".join(f"{name} {ms:.1f} ms" for name, ms in deadlines.items()))
-    print(f"  {'redundancy':>10} {'faults':>6} {'p50 ms':>8} {'p99 ms':>9} "
+    print(f"  {'repeat':>6} {'redundancy':>10} {'faults':>6} {'p50 ms':>8} {'p99 ms':>9} "
           f"{'missed (free)':>13} {'missed (baseline)':>17} {'restarted':>9} {'replayed':>8}")
-    rows = []
-    for ratio, m in [(None, free)] + list(runs.items()):
+    samples: dict[float, list[dict[str, Any]]] = {ratio: [] for ratio in ratios}
+    shown = [(0, None, free)] + [(k, ratio, runs[ratio][k]) for k in range(repeats)
+                                 for ratio in ratios]
+    for repeat, ratio, m in shown:
         failures = m.protocol.failures
         restarted = sorted({name for f in failures for name in f.restarted_tasks})
         replayed = m.extra.get("protocol_counters", {}).get("roots_replayed", 0)
         missed = {name: m.missed_deadlines(d) for name, d in deadlines.items()}
-        print(f"  {'-' if ratio is None else f'{ratio:.2f}':>10} "
+        print(f"  {repeat:>6} {'-' if ratio is None else f'{ratio:.2f}':>10} "
               f"{'no' if ratio is None else 'yes':>6} "
               f"{m.latency_ms['p50']:>8.1f} {m.latency_ms['p99']:>9.1f} "
               f"{missed['failure-free']:>13.2%} {missed['baseline trial']:>17.2%} "
               f"{','.join(restarted) or '-':>9} {replayed:>8,.0f}", flush=True)
         if ratio is not None:
-            rows.append({"ratio": ratio, "p50_ms": m.latency_ms["p50"],
-                         "p99_ms": m.latency_ms["p99"], "crashes": len(failures),
-                         "replayed": replayed, "missed_free": missed["failure-free"],
-                         "missed_baseline": missed["baseline trial"]})
+            samples[ratio].append({
+                "p50_ms": m.latency_ms["p50"], "p99_ms": m.latency_ms["p99"],
+                "crashes": len(failures), "replayed": replayed,
+                "missed_free": missed["failure-free"],
+                "missed_baseline": missed["baseline trial"]})
+    rows = [{"ratio": ratio, "repeats": len(of),
+             **{key: statistics.fmean(r[key] for r in of) for key in of[0]},
+             "missed_baseline_runs": [r["missed_baseline"] for r in of]}
+            for ratio, of in samples.items()]
+    by_ratio = {row["ratio"]: row for row in rows}
     cuts: dict[str, dict[str, float]] = {}
-    for name, deadline in deadlines.items():
-        base = runs[0.0].missed_deadlines(deadline)
-        cuts[name] = {}
-        for ratio in ratios[1:]:
-            copied = runs[ratio].missed_deadlines(deadline)
-            cuts[name][f"{ratio:g}"] = 1 - copied / base if base else float("nan")
-        print(f"  against r=0, {name} deadline: " + ", ".join(
-            f"r={r} {c:.0%} fewer missed" for r, c in cuts[name].items())
-            + f" (target at r=1 >= 90%: {'met' if cuts[name]['1'] >= 0.9 else 'missed'})")
-    return {"deadlines_ms": deadlines, "runs": rows, "cuts": cuts}
+    for name, key in (("failure-free", "missed_free"), ("baseline trial", "missed_baseline")):
+        base = by_ratio[0.0][key]
+        cuts[name] = {f"{ratio:g}": 1 - by_ratio[ratio][key] / base if base else float("nan")
+                      for ratio in ratios[1:]}
+        print(f"  against r=0, {name} deadline"
+              + (f" (mean of {repeats} runs)" if repeats > 1 else "") + ": "
+              + ", ".join(f"r={r} {c:.0%} fewer missed" for r, c in cuts[name].items())
+              + f" (target at r=1 >= 90%: {'met' if cuts[name]['1'] >= 0.9 else 'missed'})")
+    return {"deadlines_ms": deadlines, "repeats": repeats, "runs": rows, "cuts": cuts}
 
 
 def section_dynamo(args: argparse.Namespace, storage: str) -> dict[str, Any]:
-    crash = bn.faults.Crash("match", instances=(1,), mtbf_s=args.mtbf_s, mttr_s=args.mttr_s,
-                            max_crashes=args.crashes, seed=args.seed)
+    def crash(seed: int) -> list[Any]:
+        return [bn.faults.Crash("match", instances=(1,), mtbf_s=args.mtbf_s,
+                                mttr_s=args.mttr_s, max_crashes=args.crashes, seed=seed)]
+
     return failed_instances(
         args, storage,
         f"\n(2) Dynamo failed instances, recoverable (Fig 3.34): Grep p=3 under acks, "
         f"match[1] crashing {args.crashes} times (MTBF {args.mtbf_s:g} s, MTTR "
-        f"{args.mttr_s:g} s), latency from first arrival", [crash], args.ratios)
+        f"{args.mttr_s:g} s), latency from first arrival", crash, args.ratios)
 
 
 def section_persistent(args: argparse.Namespace, storage: str) -> dict[str, Any]:
@@ -257,16 +277,20 @@ def section_persistent(args: argparse.Namespace, storage: str) -> dict[str, Any]
     the input has ended (the run could not end while a root's every copy leads to it:
     under ``acks`` a replay keeps its lineage id, and so its instance)."""
     down_from = args.persist_from_s
-    outage = bn.faults.LinkOutage(
-        "match", instances=tuple(args.persist_instances), mtbf_s=down_from * 1.5,
-        mtbf_min_s=down_from, mtbf_max_s=2 * down_from, lose=True, seed=args.seed,
-        mttr=bn.faults.Constant(args.grep_seconds), mttr_s=args.grep_seconds)
+
+    def outage(seed: int) -> list[Any]:
+        return [bn.faults.LinkOutage(
+            "match", instances=tuple(args.persist_instances), mtbf_s=down_from * 1.5,
+            mtbf_min_s=down_from, mtbf_max_s=2 * down_from, lose=True, seed=seed,
+            mttr=bn.faults.Constant(args.grep_seconds), mttr_s=args.grep_seconds)]
+
     out = failed_instances(
         args, storage,
         f"\n(3) Dynamo failed instances, persistent (Fig 3.35): Grep p=3 under acks, "
         f"match{list(args.persist_instances)} losing what it emits and acknowledges from "
-        f"{down_from:g}-{2 * down_from:g} s to the end of the input", [outage],
-        args.persist_ratios)
+        f"{down_from:g}-{2 * down_from:g} s to the end of the input"
+        + (f", {args.persist_repeats} runs a ratio" if args.persist_repeats > 1 else ""),
+        outage, args.persist_ratios, repeats=args.persist_repeats)
     out["instances"] = list(args.persist_instances)
     return out
 
@@ -304,6 +328,9 @@ def main() -> None:
     parser.add_argument("--persist-from-s", type=float, default=1.0,
                         help="section 3: the failure comes between this and twice this "
                              "many seconds after the task started")
+    parser.add_argument("--persist-repeats", type=int, default=1,
+                        help="section 3: runs of each ratio, their shares averaged (repeat "
+                             "k's outage seeded with --seed + k)")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="also write the figures of sections 2 and 3 as JSON (the "
                              "results page)")

@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE))
 from bastion.bench import results as page  # noqa: E402
 
 #: The page's sections, in the order they appear.
-SECTIONS = ["checkmate", "dynamo", "suzhou", "chiron", "cec", "peers"]
+SECTIONS = ["checkmate", "dynamo", "suzhou", "chiron", "cec", "peers", "scaling"]
 DOCS = ROOT / "docs"
 PAGE = DOCS / "results.md"
 ASSETS = DOCS / "results"

@@ -24,7 +24,8 @@ each parallelism p (``--parallelism``, default 1 2 3 6):
 
     .venv/bin/python benchmarks/scaling.py [--seconds S] [--parallelism 1 2 3 6]
 
-Prints a table; asserts nothing. docs/scaling.md cites its output.
+Prints a table; asserts nothing. ``--json PATH`` writes the figures for the results
+page (`benchmarks/experiments/scaling.py`), whose rows docs/scaling.md cites.
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.5)
     parser.add_argument("--rate", type=float, default=30_000)
     parser.add_argument("--parallelism", type=int, nargs="+", default=[1, 2, 3, 6])
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also write the figures as JSON (the results page)")
     args = parser.parse_args()
 
     s3 = CountingS3()
@@ -171,6 +174,18 @@ def main() -> None:
     for p, restart, recovery in recoveries:
         print(f"{p:>3} {'-' if restart is None else f'{restart:.2f}':>10} "
               f"{'-' if recovery is None else f'{recovery:.2f}':>11}")
+    if args.json:
+        from bastion.bench import results as page
+
+        page.write_figures(args.json, {
+            "keys": args.keys, "seconds": args.seconds, "interval_s": args.interval,
+            "rate": args.rate, "nodes": nodes, "cores": os.cpu_count(),
+            "runs": [{"parallelism": p, "tuples_per_s": tps, "checkpoints": ckpts,
+                      "state_bytes": state, "checkpoint_s": dur, "requests_per_s": per_s,
+                      "requests_per_checkpoint": per_ckpt}
+                     for p, tps, ckpts, state, dur, per_s, per_ckpt in rows],
+            "recoveries": [{"parallelism": p, "restart_s": restart, "recovery_s": recovery}
+                           for p, restart, recovery in recoveries]})
     first, last = rows[0], rows[-1]
     print(f"\np={last[0]} vs p={first[0]}: throughput {last[1] / first[1]:.2f}x, "
           f"S3 requests per checkpoint {last[6] / first[6]:.2f}x")

@@ -283,8 +283,9 @@ def test_the_section_is_well_formed():
     for exp in section.experiments:
         assert (benchmarks / exp.script).exists()
         assert "--json" not in exp.args and "--json" not in exp.quick_args
-    # the whole section within its budget: 8 minutes full
-    assert sum(e.budget_s for e in section.experiments) <= 8 * 60
+    # the whole section within its budget: 10 minutes full (Fig 3.35's persistent
+    # failure runs 4 times a ratio, a third of it)
+    assert sum(e.budget_s for e in section.experiments) <= 10 * 60
 
 
 def test_every_row_has_a_unique_anchor_and_renders(tmp_path):

@@ -128,6 +128,13 @@ WITHIN_ACKS = 0.15
 WITHIN_FAILED = 0.25
 # a reduction near 100 %: 100 %, 100 %, 100 % and 78 % (a 2.5-s quick run) at r=1
 WITHIN_INSTANCE = 0.10
+# The persistent failure's reduction at 25 % moves far more: one 6-s run a ratio gave
+# 16 % and 24 % in two regenerations; averaged over 2-4 runs a ratio, 12 %, 13 %, 18 %,
+# 19 % and 22 % in five more (Nov 2026): 17 % +- 4 points, where the r=0 runs' missed
+# share moves by 3 % and the r=0.25 runs' by 7 % of itself. The row averages 4 runs a
+# ratio and states +-30 %, which still leaves its verdict on the edge of the thesis's
+# lowest figure (22.24 % / 1.3 = 17.1 %).
+WITHIN_PERSISTENT = {0.25: 0.30, 1.0: WITHIN_INSTANCE}
 # managed / static overheads over under a minute of a shared host: one round; issue 13
 # saw the per-round CPU ratio move by more than this over three rounds of 144 s
 WITHIN_OVERHEAD = 0.35
@@ -452,10 +459,12 @@ def failed_instance_rows(figures: Figures) -> list[Row]:
             continue
         kind = (f"match{per.get('instances', [1])} of 3 loses all it emits and "
                 "acknowledges from ~1 s to the end of the input (the thesis's model: a "
-                "link fault with a long MTTR)")
+                "link fault with a long MTTR)"
+                + (f"; shares averaged over {per['repeats']} runs a ratio"
+                   if per.get("repeats", 1) > 1 else ""))
         rows.append(Row(anchor, "Fig 3.35", what, ref_setting, ref_fig, setting(kind),
                         f"{_pct(cut)} ({fig})", None,
-                        _judge_range(lo, hi, cut, within=WITHIN_INSTANCE,
+                        _judge_range(lo, hi, cut, within=WITHIN_PERSISTENT[ratio],
                                      what=f"the reduction at {ratio:.0%}")))
     return rows
 
@@ -703,17 +712,19 @@ SECTION = page.Section(
                                 "persistent",
             script="local_recovery.py",
             args=["--sections", "2,3", "--grep-seconds", "6", "--crashes", "2",
-                  "--mtbf-s", "1.5", "--mttr-s", "1.5", "--ack-timeout-s", "2"],
+                  "--mtbf-s", "1.5", "--mttr-s", "1.5", "--ack-timeout-s", "2",
+                  "--persist-repeats", "4"],
             quick_args=["--sections", "2,3", "--grep-seconds", "2.5", "--crashes", "1",
                         "--mtbf-s", "1", "--mttr-s", "1", "--ack-timeout-s", "2",
                         "--persist-ratios", "0,0.25,1", "--persist-from-s", "0.5"],
-            rows=failed_instance_rows, plot=failed_instance_plot, budget_s=70),
+            rows=failed_instance_rows, plot=failed_instance_plot, budget_s=180),
         page.Experiment(
             key="managed", title="Figs 4.9-4.10: managed vs static redundancy",
             script="redundancy.py",
             args=["--sections", "3", "--seconds", "5", "--managed-scale", "27",
                   "--managed-rounds", "1"],
-            quick_args=["--sections", "3", "--seconds", "3", "--managed-scale", "60",
+            # the thesis's fault profile / 90: four 12-s runs (/60: 87 s in all)
+            quick_args=["--sections", "3", "--seconds", "3", "--managed-scale", "90",
                         "--managed-rounds", "1"],
             rows=managed_rows, plot=managed_plot, budget_s=180),
     ],

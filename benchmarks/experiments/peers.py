@@ -315,8 +315,10 @@ SECTION = Section(
             script="peers.py",
             args=["--records", "10000000", "--repeats", "3", "--spark-batches", "3",
                   "--latency-s", "8"],
+            # quick: no recovery runs (a JVM to start, 25 s for Spark to catch up:
+            # a third of the quick pass's 160 s here)
             quick_args=["--records", "2000000", "--repeats", "1", "--spark-batches", "1",
-                        "--spark-warmup", "1", "--latency-s", "3"],
+                        "--spark-warmup", "1", "--latency-s", "3", "--no-recovery"],
             # 318 s on this 2-core machine at load ~3: three rounds of eight rates,
             # the latency runs, two JVM starts for the recovery
             rows=spark_rows, budget_s=330, plot=spark_plot),
