@@ -9,7 +9,7 @@ keeps its figures under ``docs/results/raw/``, draws its plots under
 ``docs/results/``, and finally writes the page.
 
     .venv/bin/python benchmarks/reproduce.py             # every experiment (~30 min)
-    .venv/bin/python benchmarks/reproduce.py --quick     # a smaller pass (~5 min)
+    .venv/bin/python benchmarks/reproduce.py --quick     # each at its least size (~11 min)
     .venv/bin/python benchmarks/reproduce.py --only checkmate,cec.recovery
     .venv/bin/python benchmarks/reproduce.py --render-only   # the page from kept figures
 
@@ -195,8 +195,9 @@ def render(sections: list[page.Section], run: dict,
         "verdict computed from them: *reproduced* when the ratio lies within the noise "
         "band the row states, *better* or *worse* beyond it, *not comparable* with the "
         "reason, *not measured* when the experiment did not finish. Figures move "
-        "between runs on a shared machine; the bands are chosen so that the verdicts "
-        "do not.",
+        "between runs on a shared machine; each band states the noise measured for its "
+        "row, and the line below names every verdict that moved against the run before "
+        "(a figure within its own noise of a band's edge can).",
         "",
         f"Verdicts: {summary}.",
         "",
@@ -213,7 +214,8 @@ def machine() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the ~5-minute pass")
+    parser.add_argument("--quick", action="store_true",
+                        help="each experiment at its least meaningful size (~11 min)")
     parser.add_argument("--only", default="",
                         help="comma-separated sections or section.experiment keys")
     parser.add_argument("--render-only", action="store_true",
