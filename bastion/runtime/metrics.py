@@ -3,9 +3,12 @@ and what fault tolerance cost and bought (CheckMate §V).
 
 End-to-end latency of a record is the wall-clock time from its source emitting it
 (``born``) to a sink receiving it. Sinks sample it — at most `SAMPLES_PER_BATCH`
-records per batch, evenly spread — into a `LatencyHistogram`: log-spaced buckets 2%
-wide, so percentiles are within 2% and histograms of many instances merge by adding
-bucket counts. Sinks also count records per wall-clock second (a throughput timeline).
+records per batch, evenly spread, each counted for the records it stands for — into a
+`LatencyHistogram`: log-spaced buckets 2% wide, so percentiles are within 2% and
+histograms of many instances merge by adding bucket counts. The counts are records,
+not samples: the backlog an outage releases arrives in a few large batches, and had
+each batch weighed as much as a paced one's few records, the records it delayed would
+have vanished from the percentiles and the missed deadlines. Sinks also count records per wall-clock second (a throughput timeline).
 
 The protocol's metrics (`ProtocolMetrics`) follow CheckMate's definitions:
 
@@ -44,10 +47,11 @@ class LatencyHistogram:
         self.buckets: dict[int, int] = dict(buckets or {})
         self.count = sum(self.buckets.values())
 
-    def add(self, latency_s: float) -> None:
+    def add(self, latency_s: float, records: int = 1) -> None:
+        """Count ``records`` records of latency ``latency_s``."""
         b = int(math.log(max(latency_s, _MIN_LATENCY_S) / _MIN_LATENCY_S) / _LOG_RATIO)
-        self.buckets[b] = self.buckets.get(b, 0) + 1
-        self.count += 1
+        self.buckets[b] = self.buckets.get(b, 0) + records
+        self.count += records
 
     def add_many(self, latencies_s: Any) -> None:
         """Add a sequence of latencies at once (vectorised: protocol ``acks`` reports
@@ -63,10 +67,13 @@ class LatencyHistogram:
         self.count += len(latencies)
 
     def add_batch(self, born: Sequence[float], now_s: float) -> None:
+        """The records of a batch that arrived at ``now_s``: every ``step``-th record's
+        latency sampled, each sample counted for the ``step`` records from it on (the
+        last for what is left), so the counts add up to the batch's records."""
         n = len(born)
         step = max(1, n // SAMPLES_PER_BATCH)
         for i in range(0, n, step):
-            self.add(now_s - born[i])
+            self.add(now_s - born[i], min(step, n - i))
 
     def minus(self, earlier: dict[int, int]) -> "LatencyHistogram":
         """What was added since the bucket counts ``earlier`` were copied."""
@@ -89,7 +96,7 @@ class LatencyHistogram:
         return mean, math.sqrt(variance)
 
     def share_above(self, latency_s: float) -> float:
-        """The share of samples above ``latency_s`` (a bucket counts as above when its
+        """The share of records above ``latency_s`` (a bucket counts as above when its
         middle is): 0.0 when empty."""
         if not self.count:
             return 0.0
@@ -294,8 +301,8 @@ class RunMetrics:
         return None if stats is None else (stats[0] + 2 * stats[1]) * 1000.0
 
     def missed_deadlines(self, deadline_ms: float) -> float:
-        """The share of sampled tuples whose latency exceeded ``deadline_ms`` (take it
-        from a failure-free run's `deadline_ms`)."""
+        """The share of records whose latency exceeded ``deadline_ms`` (take it from a
+        failure-free run's `deadline_ms`), as the sinks sampled them."""
         return self.latency_histogram.share_above(deadline_ms / 1000.0)
 
     def violated_windows(self, bound_ms: float, percentile: float = 90.0
