@@ -8,7 +8,8 @@ records per batch, evenly spread, each counted for the records it stands for —
 histograms of many instances merge by adding bucket counts. The counts are records,
 not samples: the backlog an outage releases arrives in a few large batches, and had
 each batch weighed as much as a paced one's few records, the records it delayed would
-have vanished from the percentiles and the missed deadlines. Sinks also count records per wall-clock second (a throughput timeline).
+have vanished from the percentiles and the missed deadlines. Sinks also count records
+per wall-clock second (a throughput timeline).
 
 The protocol's metrics (`ProtocolMetrics`) follow CheckMate's definitions:
 
