@@ -41,7 +41,9 @@ holds the source, instance and positions of its records and the prefixes operato
 added since (map, reduce: ``(op,)``; union: ``(op, input_index)``; broadcast:
 ``(op, -1 - instance)``) — an int per record instead of a tuple per record per
 operator, on the wire too. The tuples are built (`ids_of`) only where an operator
-needs them: flat_map, join, sinks that keep what they receive.
+needs them: flat_map, join, sinks that keep what they receive. A count window's
+results keep theirs as a `NumberedIds`: their keys and a column of firing numbers
+(built on the wire, where a frame carries plain tuples).
 """
 
 from __future__ import annotations
@@ -49,14 +51,15 @@ from __future__ import annotations
 import hashlib
 from itertools import repeat
 from operator import itemgetter
-from typing import Any, Sequence, final
+from collections.abc import Sequence
+from typing import Any, final
 
 import msgpack
 
 RecordId = tuple
 
 
-@final  # no subclasses: `type(column) is IdRun` tells the two kinds of `IdColumn` apart
+@final  # no subclasses: `type(column) is IdRun` tells an unbuilt run from a sequence
 class IdRun:
     """The ids of records of one source instance, not built yet (see the module)."""
 
@@ -98,11 +101,47 @@ class IdRun:
                 list(positions) if isinstance(positions, range) else positions, self.path)
 
 
+@final
+class NumberedIds(Sequence):
+    """The ids ``(op, key, n)`` of results numbered per key (a count window's n-th
+    firing of each key), not built yet: a column of numbers beside the keys the
+    results carry anyway. A tuple is made only for an id that is read; a count window
+    over fast windows fires once per input, and a tuple per result was most of what
+    lineage cost it."""
+
+    __slots__ = ("op", "keys", "numbers")
+
+    def __init__(self, op: int, keys: Sequence[Any], numbers: Sequence[int]):
+        self.op = op
+        self.keys = keys
+        self.numbers = numbers
+
+    def __len__(self) -> int:
+        return len(self.numbers)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return NumberedIds(self.op, self.keys[index], self.numbers[index])
+        return (self.op, self.keys[index], self.numbers[index])
+
+    def __iter__(self) -> Any:
+        return zip(repeat(self.op, len(self.numbers)), self.keys, self.numbers)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # a column, compared by value
+
+    def build(self) -> list[RecordId]:
+        return list(self)
+
+
 IdColumn = IdRun | Sequence[RecordId]
 
 
 def ids_of(column: IdColumn) -> Sequence[RecordId]:
-    """The ids of a batch's ``ids`` column, built."""
+    """The ids of a batch's ``ids`` column, as a sequence of built ids (a
+    `NumberedIds` builds each as it is read)."""
     return column.build() if type(column) is IdRun else column
 
 
@@ -117,7 +156,9 @@ def take_ids(column: IdColumn, positions: list[int]) -> IdColumn:
 def to_wire(column: IdColumn | None) -> Any:
     if column is None:
         return None
-    return column.wire() if type(column) is IdRun else (0, column)
+    if type(column) is IdRun:
+        return column.wire()
+    return (0, column.build() if type(column) is NumberedIds else column)
 
 
 def from_wire(wire: Any) -> IdColumn | None:

@@ -62,21 +62,18 @@ Seven figures, each against its target:
     ids' cost to the operator beside it. Target: G_open only costs ≤ 10% against
     ``none``.
 
-    Measured (Nov 2026, 2 cores shared with other work, load 9-30; best of 5, 1 M
-    records): fast count windows (``Count(1)``) under G_open only use +13-23% of
-    ``none``'s worker CPU per record (``none`` 0.71-0.78 us/record; lineage ids
-    alone +2-8%), and cost 0-21% of its throughput, which at that load measures the
-    neighbours as much as CEC; sliding-fast +17% CPU, count-slow +2%. In process
-    (600,000 records) fast count windows — a result per input, two parts in all, so
-    not a G_open to speak of — pay +0.026-0.033 us/record for the lineage ids and
-    +0.072 for CEC: +0.046-0.054 the log (13-14 bytes a record, 8 of them its event
-    time; each byte is framed with a CRC, copied into the open segment, copied and
-    written as a part, checked again and written again as a segment) and
-    +0.018-0.026 the rest, most of it the results' log form: 13-14% of ``none``'s
-    CPU per record together, about what the job pays. Over 10% whatever CEC's own
-    bookkeeping does: the count window's lineage ids (a tuple per result, built even
-    where nothing reads them) and the log's passes over each byte are the levers
-    left.
+    Measured (29 Nov 2026, 2 cores, load 1-2; best of 5, 1 M records, three runs):
+    fast count windows (``Count(1)``) under G_open only use +10%, +13% and +17% of
+    ``none``'s worker CPU per record (``none`` 0.76-0.80 us/record) and cost 7-14% of
+    its throughput: about the target, on which side depends on the run. Their lineage
+    ids now cost nothing (a `NumberedIds` column, no tuple per result) and a result is
+    appended in place, not by a call: ``none`` went from 0.88 to 0.80 us/record, which
+    leaves CEC's own cost a larger share. In process (600,000 records) the operator
+    takes 0.43 us/record and CEC adds +0.06: +0.035 the log (13-14 bytes a record, 8
+    of them its event time, framed with a CRC, stored as a part and again in its
+    sealed segment, whose block CRCs are another pass) and +0.025 the results' log
+    form. What is left is per byte and per result, not per part: fewer bytes a result
+    (the event times) is the lever.
 (e) **Policy sweeps** (paper §IV-B, Figs 6 and 7): a keyed sum over ``--sweep-keys``
     keys (parts that never close), paced at ``--sweep-rate`` (runs of seconds: a burst
     refreshes only so many parts) under growing Q (extent target, 1-8 times the N open

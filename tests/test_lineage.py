@@ -135,3 +135,42 @@ def test_source_root_walks_every_single_parent_shape_to_its_source():
     for rid in (src, mapped, split, joined, broadcast_into_flat_map, deeper):
         assert source_root(rid, kinds) == src
     assert source_root((2, (0, 0, 7), 0), kinds) == (0, 0, 7)
+
+
+def test_a_count_windows_unbuilt_ids_read_as_the_tuples_they_stand_for():
+    from bastion.lineage import (NumberedIds, from_wire, ids_of, record_hashes, take_ids,
+                                 to_wire)
+    from bastion.runtime.records import Batch
+
+    keys = ["a", 7, ("t", 1), "a", 7]
+    numbers = [0, 0, 0, 1, 1]
+    ids = NumberedIds(3, keys, numbers)
+    built = [(3, k, n) for k, n in zip(keys, numbers)]
+    assert list(ids) == list(ids_of(ids)) == built and len(ids) == 5
+    assert ids[2] == (3, ("t", 1), 0) and ids[-1] == (3, 7, 1)
+    assert list(ids[1:4]) == built[1:4] and list(take_ids(ids, [4, 0])) == [built[4], built[0]]
+    assert ids == built and ids != built[:4] and ids != NumberedIds(3, keys, [0] * 5)
+    assert from_wire(to_wire(ids)) == built
+    assert record_hashes(ids) == record_hashes(built)
+    batch = Batch(keys, list(range(5)), [0.0] * 5, [0.0] * 5, ids)
+    assert list(batch.slice(1, 3).ids) == built[1:3]
+    parts = batch.split([0, 1, 0, 1, 0], 2)
+    assert [list(p.ids) for p in parts] == [[built[0], built[2], built[4]],
+                                            [built[1], built[3]]]
+
+
+def test_count_window_ids_survive_the_wire_to_another_parallelism():
+    topo = bn.Topology("lineage-count-wire")
+    src = topo.source("src", bn.sources.Collection(list(range(90))))
+    fired = src.key_by(lambda x: x % 3).window(bn.windows.Count(2)).aggregate(
+        "pairs", bn.aggregations.Sum())
+    fired.key_by(lambda r: r[3] % 2).map("again", lambda r: r, parallelism=2).sink(
+        "out", bn.sinks.Collect())
+    code = op_codes(topo)
+    result = bn.run(topo, lineage=True)
+    ids = result.output_ids["out"]
+    # per key k, the j-th firing sums the (2j)-th and (2j+1)-th inputs of k
+    want = {(code["again"], (code["pairs"], k, j)) for k in range(3) for j in range(15)}
+    assert len(ids) == 45 and set(ids) == want
+    for (key, _, _, total), (_, (_, k, j)) in zip(result.outputs["out"], ids):
+        assert key == k and total == (k + 6 * j) + (k + 6 * j + 3)

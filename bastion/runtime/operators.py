@@ -38,8 +38,8 @@ from bastion import _batches
 from bastion import aggregations as _aggregations
 from bastion import windows as window_specs
 from bastion.errors import UDFError
-from bastion.lineage import (IdRun, derived_ids, from_wire, ids_of, root_ids, to_wire,
-                             union_ids)
+from bastion.lineage import (IdRun, NumberedIds, derived_ids, from_wire, ids_of, root_ids,
+                             to_wire, union_ids)
 from bastion.runtime.metrics import LatencyHistogram
 from bastion.runtime.columns import (FOLD_COUNT, FOLD_MAX, FOLD_MEAN, FOLD_MIN, FOLD_SUM,
                                      field_column, float64_runs, fold_keyed, pack_ints,
@@ -966,7 +966,13 @@ class CountWindowOp(Operator):
         self.fired: dict = {}  # key -> windows fired (lineage ids number them); every key
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
-        out = _Emitter(self.ctx.lineage)
+        # the results' columns, appended to in place (no call per result); their ids
+        # are a column of firing numbers beside the keys (`NumberedIds`)
+        keys: list = []
+        values: list = []
+        stamps: list = []
+        borns: list = []
+        numbers: list[int] = []
         state, n, agg, fired, opened = self.state, self.n, self.agg, self.fired, self.opened
         if self.changed is not None:
             self.changed.update(_keys_of(batch))
@@ -994,8 +1000,15 @@ class CountWindowOp(Operator):
                 except Exception as exc:  # noqa: BLE001
                     self.ctx.dead_letter(value, exc, what="aggregation result")
                     continue
-                out.emit(key, (key, entry[1], ts, result), ts, born, (self.ctx.code, key, nth))
-        return out.batch()
+                keys.append(key)
+                values.append((key, entry[1], ts, result))
+                stamps.append(ts)
+                borns.append(born)
+                numbers.append(nth)
+        if not values:
+            return None
+        return Batch(keys, values, stamps, borns,
+                     NumberedIds(self.ctx.code, keys, numbers) if self.ctx.lineage else None)
 
     def snapshot(self) -> Any:
         return {"state": self.state, "fired": self.fired}
@@ -1053,7 +1066,9 @@ class CountWindowOp(Operator):
         firsts = lasts if self.n == 1 else pack_column(field_column(values, 1))
         packed = [pack_column(out.keys), pack_column(field_column(values, 3)),
                   None if firsts == lasts else firsts, lasts]
-        nths = None if code is None else pack_ints(field_column(out.ids, 2))
+        ids = out.ids
+        nths = None if ids is None else pack_ints(
+            ids.numbers if type(ids) is NumberedIds else field_column(ids, 2))
         born, born_runs = _float_runs(out.born)
         return [_COUNT_RESULTS, code, nths,
                 [None if column is None else column[0] for column in packed],
@@ -1077,7 +1092,7 @@ class CountWindowOp(Operator):
             firsts = (lasts if columns[2] is None
                       else list(unpack_column(columns[2], kinds[2])))
             born = _from_float_runs(born, unpack_ints(born_runs), len(keys))
-            ids = None if code is None else list(zip(repeat(code), keys, unpack_ints(nths)))
+            ids = None if code is None else NumberedIds(code, keys, list(unpack_ints(nths)))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"operator {name!r}: logged results have a damaged column: "
                              f"{exc}") from exc
