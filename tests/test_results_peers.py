@@ -148,6 +148,31 @@ def test_latency_counts_records_not_output_with_their_age_then():
     assert cut["unfinished"] == 51 and cut["max"] == pytest.approx(19_000.0)  # record 100, at 1 s
 
 
+def test_bastions_latency_leaves_out_the_same_warm_up_as_sparks():
+    import types
+
+    import peers as peers_benchmark
+    from bastion.runtime.metrics import LatencyHistogram
+
+    def second(latency_s: float, records: int) -> LatencyHistogram:
+        histogram = LatencyHistogram()
+        histogram.add(latency_s, records)
+        return histogram
+
+    # a start-up backlog of 0.5-s latencies in the first two seconds, then 2 ms
+    windows = {100: second(0.5, 5000), 101: second(0.5, 5000),
+               **{s: second(0.002, 1000) for s in range(102, 110)}}
+    run = types.SimpleNamespace(latency_windows=windows, duration_s=10.0)
+    steady = peers_benchmark.steady_latency_ms(run, 3.0, 5.0)
+    assert 1.8 < steady["p50"] < 2.2 and 1.8 < steady["p99"] < 2.2
+    # without the warm-up the backlog is the tail (and the median): it would be counted
+    whole = peers_benchmark.steady_latency_ms(run, 0.0, 10.0)
+    assert 450 < whole["p99"] < 550 and 450 < whole["p50"] < 550
+    with pytest.raises(RuntimeError, match="no output between 3 and 5 s"):
+        peers_benchmark.steady_latency_ms(types.SimpleNamespace(
+            latency_windows={100: second(0.5, 10)}, duration_s=1.0), 3.0, 2.0)
+
+
 def test_a_spark_latency_that_is_a_lower_bound_says_so():
     figures = spark_figures()
     figures["spark_latency"]["unfinished_records"] = 1000

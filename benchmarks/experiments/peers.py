@@ -179,6 +179,8 @@ def spark_rows(figures: Figures) -> list[Row]:
                 bastion_setting=f"p={p_ours}, {setting}, "
                                 f"{_num(ours_lat, 'rate'):,.0f} records/s (half its max), "
                                 "latency at the sink"
+                                + (f" after its first {ours_lat['warmup_s']:g} s (as "
+                                   "Spark's)" if "warmup_s" in ours_lat else "")
                                 + (f", median of {ours_lat['runs']} runs"
                                    if ours_lat.get("runs", 1) > 1 else "")
                                 + f"; {BASTION_GUARANTEE}",
