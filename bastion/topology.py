@@ -591,10 +591,10 @@ class WindowedStream(Generic[K, V_co]):
                   parallelism: int | None = None) -> Stream[tuple[K, float, float, R]]:
         """Emit ``(key, window_start, window_end, agg.result(acc))`` when a window fires
         (for ``Count`` windows: the first and last record's event time). ``agg`` is an
-        aggregation or its class (made with no arguments). In ``Tumbling`` windows the
-        built-ins (``Count``, ``Sum``, ``Min``, ``Max``, ``Mean``) fold a batch in C
-        while its values are plain numbers, with the results of their Python methods
-        (see `KeyedStream.reduce`)."""
+        aggregation or its class (made with no arguments). In ``Tumbling`` and
+        ``Sliding`` windows the built-ins (``Count``, ``Sum``, ``Min``, ``Max``,
+        ``Mean``) fold a batch in C while its values are plain numbers, with the
+        results of their Python methods (see `KeyedStream.reduce`)."""
         if isinstance(agg, type):
             agg = agg()
         if not isinstance(agg, _aggregations.Aggregation):

@@ -301,7 +301,7 @@ def test_builtin_reduces_in_a_job_give_the_python_running_results():
 # -- tumbling windows: the same windows as TimeWindowOp --------------------------------
 
 
-def window_operators(agg_factory, size):
+def window_operators(agg_factory, spec):
     """The folded window operator make_operator picks, and a plain TimeWindowOp of the
     same node (the Python path it must equal)."""
     from bastion.runtime.operators import (FoldedWindowOp, OperatorContext, TimeWindowOp,
@@ -309,7 +309,7 @@ def window_operators(agg_factory, size):
 
     topo = bn.Topology("windows")
     topo.source("src", bn.sources.Collection([])).key_by(lambda v: v).window(
-        bn.windows.Tumbling(size)).aggregate("op", agg_factory()).sink(
+        spec).aggregate("op", agg_factory()).sink(
         "out", bn.sinks.Discard())
     folded = make_operator(topo.nodes["op"], OperatorContext("op", 0, 1, False))
     assert type(folded) is FoldedWindowOp
@@ -327,13 +327,20 @@ window_steps = st.lists(st.one_of(
 
 @pytest.mark.internal
 @given(name=st.sampled_from(sorted(AGGREGATIONS)), with_fn=st.booleans(),
-       size=st.sampled_from([1.0, 2.5, 0.1, 7]), steps=window_steps)
-@settings(max_examples=300, deadline=None)
-def test_a_folded_tumbling_window_is_the_python_window_exactly(name, with_fn, size, steps):
-    """Batches of plain and odd values (a fn that raises on some, when ``with_fn``),
-    event times across window bounds or one stamp for a whole batch, watermarks in
-    between: the folded operator's snapshot, fired results, opened windows, changed
-    windows and dead letters equal TimeWindowOp's at every step."""
+       spec=st.sampled_from([bn.windows.Tumbling(1.0), bn.windows.Tumbling(2.5),
+                             bn.windows.Tumbling(0.1), bn.windows.Tumbling(7),
+                             bn.windows.Sliding(2.0, 1.0), bn.windows.Sliding(2.5, 0.5),
+                             bn.windows.Sliding(0.3, 0.1), bn.windows.Sliding(1.0, 0.7),
+                             bn.windows.Sliding(7, 7)]),
+       steps=window_steps)
+@settings(max_examples=400, deadline=None)
+def test_a_folded_time_window_is_the_python_window_exactly(name, with_fn, spec, steps):
+    """Tumbling and sliding windows (slides that are not binary fractions, one that
+    does not divide the size): batches of plain and odd values (a fn that raises on
+    some, when ``with_fn``), event times across window bounds or one stamp for a
+    whole batch, watermarks in between: the folded operator's snapshot, fired
+    results, opened windows, changed windows and dead letters equal TimeWindowOp's
+    at every step."""
     from bastion.runtime.records import Batch
 
     def make():
@@ -341,7 +348,7 @@ def test_a_folded_tumbling_window_is_the_python_window_exactly(name, with_fn, si
             return AGGREGATIONS[name](lambda v: v if v != "x" else {}["fn fails"])
         return AGGREGATIONS[name]()
 
-    folded, plain = window_operators(make, size)
+    folded, plain = window_operators(make, spec)
     for op in (folded, plain):
         op.opened, op.closed, op.changed = [], [], set()
     for step in steps:

@@ -828,16 +828,18 @@ _FAILED = object()  # a record whose aggregation fn raised (FoldedWindowOp.proce
 
 
 class FoldedWindowOp(TimeWindowOp):
-    """A Tumbling window's built-in aggregation (Count, Sum, Min, Max, Mean), folded
-    in C: the records of a batch that fall in one window go through `fold_keyed` at
-    once, into that window's ``{key: acc}`` (no result is made per record: a window
-    emits when it fires). A value that is not a plain number takes the aggregation's
-    Python ``add``, and the fold resumes after it, so windows hold, fire and
-    checkpoint exactly what `TimeWindowOp` gives — the state, snapshots, parts and
-    results are its own. Window numbers come from one numpy pass over the event
-    times, ``floor(ts / size)`` as `TimeWindows.assign` computes it (or one call when
-    the batch shares one stamp, as a source's batch does without a ``timestamp``);
-    `process_into` (a protocol's replay, parts given) stays `TimeWindowOp`'s."""
+    """A Tumbling or Sliding window's built-in aggregation (Count, Sum, Min, Max,
+    Mean), folded in C: the records of a batch that fall in the same windows go
+    through `fold_keyed` at once, into each of those windows' ``{key: acc}`` (no
+    result is made per record: a window emits when it fires). A value that is not a
+    plain number takes the aggregation's Python ``add``, and the fold resumes after
+    it, so windows hold, fire and checkpoint exactly what `TimeWindowOp` gives — the
+    state, snapshots, parts and results are its own. Window numbers come from numpy
+    passes over the event times with the float operations `TimeWindows.assign` does,
+    its check of a boundary window's bounds included (or one call when the batch
+    shares one stamp, as a source's batch does without a ``timestamp``); a batch with
+    a stamp in no window, or one that is not finite, takes the Python path, and so
+    does `process_into` (a protocol's replay, parts given)."""
 
     def __init__(self, node: OpNode, ctx: OperatorContext):
         super().__init__(node, ctx)
@@ -846,22 +848,39 @@ class FoldedWindowOp(TimeWindowOp):
         self.extract = None if fn is None or fn is _aggregations._identity else fn
         self.plain = type(self.agg)()
 
-    def _window_runs(self, ts: Sequence[float]) -> list[tuple[int, int, int]] | None:
-        """The batch's runs of records in one window, ``(window, start, stop)`` in
-        order; None when an event time is not finite (the Python path decides)."""
+    def _window_runs(self, ts: Sequence[float]) -> list[tuple[range, int, int]] | None:
+        """The batch's runs of records in the same windows, ``(windows, start, stop)``
+        in order; None when an event time is not finite or in no window (the Python
+        path decides)."""
         first, n = ts[0], len(ts)
         if ts[-1] == first and ts.count(first) == n:  # one stamp for all
-            return [(self.windows.assign(first)[0], 0, n)]
+            windows = self.windows.assign(first)
+            return [(windows, 0, n)] if windows else None
         import numpy
 
         column = _batches.to_column(ts, "numpy").astype(numpy.float64)
         if not numpy.isfinite(column).all():
             return None
-        # floor(ts / slide) in doubles, as math.floor(ts / self.slide) does
-        ks = numpy.floor(column / self.windows.slide).astype(numpy.int64)
-        starts = [0, *(numpy.flatnonzero(ks[1:] != ks[:-1]) + 1).tolist()]
-        windows = ks[starts].tolist()
-        return list(zip(windows, starts, [*starts[1:], n]))
+        slide, size = self.windows.slide, self.windows.size
+        # floor(ts / slide) in doubles, as math.floor(ts / slide) does
+        lasts = numpy.floor(column / slide).astype(numpy.int64)
+        if slide == size:
+            firsts = lasts
+        else:
+            firsts = numpy.floor((column - size) / slide).astype(numpy.int64) + 1
+            while True:   # TimeWindows.assign's check of the first window's bounds
+                starts = firsts * slide
+                wrong = (firsts <= lasts) & ~((starts <= column) & (column < starts + size))
+                if not wrong.any():
+                    break
+                firsts = firsts + wrong
+            if (firsts > lasts).any():
+                return None
+        cuts = numpy.flatnonzero((lasts[1:] != lasts[:-1]) | (firsts[1:] != firsts[:-1])) + 1
+        starts_at = [0, *cuts.tolist()]
+        return [(range(lo, hi + 1), start, stop) for lo, hi, start, stop in zip(
+            firsts[starts_at].tolist(), lasts[starts_at].tolist(), starts_at,
+            [*starts_at[1:], n])]
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         n = len(batch)
@@ -871,7 +890,7 @@ class FoldedWindowOp(TimeWindowOp):
         if runs is None:
             return super().process(batch, input_index)
         if self.changed is not None:  # a window's whole table is its delta's unit
-            self.changed.update(k for k, _, _ in runs)
+            self.changed.update(k for windows, _, _ in runs for k in windows)
         keys, values, born = _keys_of(batch), batch.values, batch.born
         errors: dict[int, BaseException] = {}
         if self.extract is not None:
@@ -890,37 +909,41 @@ class FoldedWindowOp(TimeWindowOp):
             values = extracted
         failures: list[tuple[int, BaseException]] = []
         open_, latest, kind = self.open, self.latest_born, self.kind
-        for k, start, stop in runs:
+        for windows, start, stop in runs:
             newest = max(born[start:stop])
-            accs = open_.get(k)
-            if accs is None:
-                accs = open_[k] = {}
-                latest[k] = newest
-                heapq.heappush(self.pending, k)
-                if self.opened is not None:
-                    self.opened.append(k)
-            elif newest > latest[k]:
-                latest[k] = newest
             whole = start == 0 and stop == n
             run_keys = keys if whole else keys[start:stop]
             run_values = values if whole else values[start:stop]
-            i = 0
-            while True:
-                i = fold_keyed(kind, accs, run_keys, run_values, i, None, None)
-                if i == len(run_values):
-                    break
-                value = run_values[i]
-                if value is _FAILED:
-                    failures.append((start + i, errors[start + i]))
-                else:
-                    key, agg = run_keys[i], self.plain
-                    try:
-                        accs[key] = agg.add(accs[key] if key in accs else agg.create(),
-                                            value)
-                    except Exception as exc:  # noqa: BLE001 - a dead letter
-                        failures.append((start + i, exc))
-                i += 1
-        for position, error in failures:  # in the order of the records
+            for k in windows:
+                accs = open_.get(k)
+                if accs is None:
+                    accs = open_[k] = {}
+                    latest[k] = newest
+                    heapq.heappush(self.pending, k)
+                    if self.opened is not None:
+                        self.opened.append(k)
+                elif newest > latest[k]:
+                    latest[k] = newest
+                i = 0
+                while True:
+                    i = fold_keyed(kind, accs, run_keys, run_values, i, None, None)
+                    if i == len(run_values):
+                        break
+                    value = run_values[i]
+                    if value is _FAILED:
+                        failures.append((start + i, errors[start + i]))
+                    else:
+                        key, agg = run_keys[i], self.plain
+                        try:
+                            accs[key] = agg.add(accs[key] if key in accs else agg.create(),
+                                                value)
+                        except Exception as exc:  # noqa: BLE001 - a dead letter
+                            failures.append((start + i, exc))
+                    i += 1
+        # in the order of the records (a record in several windows: once for each, as
+        # the Python path, which adds it window by window)
+        failures.sort(key=itemgetter(0))
+        for position, error in failures:
             self.ctx.dead_letter(batch.values[position], error)
         return None
 
@@ -1444,8 +1467,7 @@ def make_operator(node: OpNode, ctx: OperatorContext) -> Operator:
     if kind == "window":
         if isinstance(node.params["spec"], window_specs.Count):
             return CountWindowOp(node, ctx)
-        if (isinstance(node.params["spec"], window_specs.Tumbling)
-                and type(node.params["agg"]) in _FOLD_KINDS):
+        if type(node.params["agg"]) in _FOLD_KINDS:
             return FoldedWindowOp(node, ctx)
         return TimeWindowOp(node, ctx)
     if kind == "join":
