@@ -690,6 +690,7 @@ class TimeWindowOp(_WindowParts):
         for key, value, born, windows in zip(_keys_of(batch), batch.values, batch.born,
                                              parts):
             for k in windows:
+                # `_window`, inlined: this loop runs once per record and window
                 accs = open_.get(k)
                 if accs is None:
                     accs = open_[k] = {}
@@ -704,6 +705,20 @@ class TimeWindowOp(_WindowParts):
                 except Exception as exc:  # noqa: BLE001
                     ctx.dead_letter(value, exc)
         return None
+
+    def _window(self, k: int, born: float) -> dict:
+        """Window ``k``'s ``{key: acc}``, opened if it is not open, its newest input's
+        ``born`` moved up to ``born``."""
+        accs = self.open.get(k)
+        if accs is None:
+            accs = self.open[k] = {}
+            self.latest_born[k] = born
+            heapq.heappush(self.pending, k)
+            if self.opened is not None:
+                self.opened.append(k)
+        elif born > self.latest_born[k]:
+            self.latest_born[k] = born
+        return accs
 
     def on_watermark(self, watermark: float) -> Batch | None:
         out = _Emitter(self.ctx.lineage)
@@ -908,22 +923,14 @@ class FoldedWindowOp(TimeWindowOp):
                 extracted = full
             values = extracted
         failures: list[tuple[int, BaseException]] = []
-        open_, latest, kind = self.open, self.latest_born, self.kind
+        kind = self.kind
         for windows, start, stop in runs:
             newest = max(born[start:stop])
             whole = start == 0 and stop == n
             run_keys = keys if whole else keys[start:stop]
             run_values = values if whole else values[start:stop]
             for k in windows:
-                accs = open_.get(k)
-                if accs is None:
-                    accs = open_[k] = {}
-                    latest[k] = newest
-                    heapq.heappush(self.pending, k)
-                    if self.opened is not None:
-                        self.opened.append(k)
-                elif newest > latest[k]:
-                    latest[k] = newest
+                accs = self._window(k, newest)
                 i = 0
                 while True:
                     i = fold_keyed(kind, accs, run_keys, run_values, i, None, None)
