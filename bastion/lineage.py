@@ -49,9 +49,9 @@ results keep theirs as a `NumberedIds`: their keys and a column of firing number
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from itertools import repeat
 from operator import itemgetter
-from collections.abc import Sequence
 from typing import Any, final
 
 import msgpack
