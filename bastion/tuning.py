@@ -51,7 +51,8 @@ from bastion.scheduler.tuning import (CASES, DEFAULT_STOP_TERM_S, Capacity, Case
                                       capacity_of, checkpoint_duration_s, discard_outputs,
                                       expected_run_s, grid, ingest_rate, lengthened,
                                       optimise, own_outputs, profile_all, reprocessed_s,
-                                      failure_free_latency_ms, unthrottled)
+                                      SETTLE_S, failure_free_latency_ms, settle_s_before,
+                                      unthrottled)
 
 if TYPE_CHECKING:
     from bastion.launcher import RunResult
@@ -248,16 +249,17 @@ class RayProfiler:
     at random points, reproducibly from the seed.
 
     One kill: at a random point of ``kill_between_s`` — by default the middle fifth of
-    the run, moved to after ``first_kill_after_s`` (the longest interval profiled: a
-    kill before the first checkpoint restarts the job from the beginning, where a paced
-    source starts its schedule over and nothing has to be caught up) as far as 80% of
-    the run allows.
+    the run, moved to after the run settled and one whole ``first_kill_after_s`` (the
+    longest interval profiled) passed, as far as 80% of the run allows: a kill before
+    the first checkpoint restarts the job from the beginning, where a paced source
+    starts its schedule over and nothing has to be caught up, and L_avg is read over
+    whole intervals before the first kill (`failure_free_latency_ms`).
 
     Several kills: each recovery must complete before the next kill, so consecutive
     kills are at least `kill_gap_s` apart (a recovery's allowance: it grows with the
     interval, whose backlog is read again, and with the utilisation the capacity run
     implies); the kills fall at random in ``kill_between_s`` (default: from after the
-    first checkpoint of the longest interval until one gap before the end), each
+    settled run's first whole longest interval until one gap before the end), each
     ``kill_gap_s`` after the one before plus a random share of the window's slack.
     A bounded topology whose input is too short for that is read for longer (its
     generators' ``count`` raised: the same records, and more of them, at the same
@@ -295,7 +297,7 @@ class RayProfiler:
                              "seconds each profiling run lasts")
         self._window_given = self.kill_between_s is not None
         if self.kill_between_s is None:
-            first = min(max(0.4 * length, 1.1 * self.first_kill_after_s + 0.25), 0.8 * length)
+            first = min(max(0.4 * length, self._first_kill_s()), 0.8 * length)
             self.kill_between_s = (first, min(max(0.6 * length, first + 0.2 * length),
                                               0.8 * length))
         lo, hi = self.kill_between_s
@@ -315,6 +317,13 @@ class RayProfiler:
         u = 0.5 if self._utilisation is None else self._utilisation
         return RECOVERY_ALLOWANCE_S + (interval_s + OUTAGE_ALLOWANCE_S) * max(1.0, u / (1 - u))
 
+    def _first_kill_s(self) -> float:
+        """The earliest first kill the default windows allow: the run settled and one
+        whole `first_kill_after_s` (the longest interval) passed, so that L_avg is read
+        over a whole interval of it at least (`failure_free_latency_ms`), and the kill
+        comes after its first checkpoint."""
+        return SETTLE_S + self.first_kill_after_s + 0.25
+
     def kill_layout(self, interval_s: float) -> tuple[tuple[float, float], float]:
         """Where the kills of a run at ``interval_s`` may fall, and how long the run
         must read (seconds): ``failures_per_run`` kills `kill_gap_s` apart and one gap
@@ -333,7 +342,7 @@ class RayProfiler:
                     f"completes before the next kill), so the window must span at least "
                     f"{(k - 1) * gap:.1f} s; widen it, or lower failures_per_run")
             return (lo, hi), max(length, hi + gap)
-        lo = 1.1 * self.first_kill_after_s + 0.25
+        lo = self._first_kill_s()
         # at least half a gap of slack: the kills' phases against the checkpoints vary
         needed = lo + (k - 1) * gap + gap / 2 + gap
         if self.duration_s is not None and self.duration_s < needed:
@@ -472,14 +481,14 @@ def measure_run(result: "RunResult", kills: Sequence[Any], interval_s: float,
     (`failure_free_latency_ms`); T, R and the observed TRT of the kill."""
     outcome = kill_outcome(result, kills)
     if settle_s is None:
-        settle_s = min(1.0, 0.3 * outcome.at_s)
+        settle_s = settle_s_before(outcome.at_s)
     timeline = result.details["timeline"]
     rate = ingest_rate(timeline, settle_s, outcome.at_s)
     if rate is None:
         raise ProfilingError(f"job {result.job_id}: too little ran before the kill at "
                            f"{outcome.at_s:.2f} s to measure the ingest rate; kill later")
     latency = failure_free_latency_ms(timeline, result.metrics, result.details["started_s"],
-                                      outcome, settle_s)
+                                      outcome, settle_s, interval_s)
     return Measurement(interval_s=interval_s, ingest_avg_per_s=rate, latency_avg_ms=latency,
                        detection_s=outcome.detection_s, restart_s=outcome.restart_s,
                        measured_trt_s=outcome.trt_s, kill_at_s=outcome.at_s,
@@ -503,7 +512,7 @@ def measure_kills(result: "RunResult", kills: Sequence[Any], interval_s: float,
                                 result.job_id)
     first = outcomes[0]
     if settle_s is None:
-        settle_s = min(1.0, 0.3 * first.at_s)
+        settle_s = settle_s_before(first.at_s)
     first_rate = ingest_rate(timeline, settle_s, first.at_s)
     if first_rate is None:
         raise ProfilingError(f"job {result.job_id}: too little ran before the first kill "
@@ -511,7 +520,7 @@ def measure_kills(result: "RunResult", kills: Sequence[Any], interval_s: float,
     # L_avg is the interval's, not the kill's: every kill of the run gets the run's
     # failure-free latency, before its first kill (`failure_free_latency_ms`)
     latency = failure_free_latency_ms(timeline, result.metrics, result.details["started_s"],
-                                      first, settle_s)
+                                      first, settle_s, interval_s)
     measured = []
     for i, o in enumerate(outcomes):
         before = outcomes[i - 1] if i else None

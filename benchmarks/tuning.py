@@ -12,8 +12,9 @@
    interval (`kill_times`: stratified, seeded), with the same run options as the
    profiling runs, in rounds over the intervals, and measures the actual total
    recovery time (kill -> sources caught up; `bastion.runtime.recovery_times`)
-   and the average latency in failure-free operation (before the kill, as the
-   profiling runs measure it: `bastion.scheduler.tuning.failure_free_latency_ms`). The
+   and the average latency in failure-free operation (over the whole checkpoint
+   intervals before the kill, as the profiling runs measure it:
+   `bastion.scheduler.tuning.failure_free_latency_ms`). The
    drills are plain `bn.run` jobs with a kill, not `bn.drill`: a drill's lineage ids
    cost every record time, and the latency being validated is that of the job as
    it runs.
@@ -165,7 +166,10 @@ def kill_times(interval_s: float, drills: int, window_s: tuple[float, float],
     which is the average case the model predicts."""
     rng = random.Random(seed)
     lo, hi = window_s
-    cycles = [k for k in range(1, int(hi / interval_s) + 1) if (k + 1) * interval_s > lo]
+    # each kill after the settled start and one whole interval: its L_avg is read over
+    # whole intervals (`failure_free_latency_ms`)
+    cycles = [k for k in range(1, int(hi / interval_s) + 1) if (k + 1) * interval_s > lo
+              and k * interval_s + offset_s >= tm.SETTLE_S + interval_s]
     within = [rng.random() for _ in range(drills)]
     for k in range(drills // 2):
         within[drills - 1 - k] = 1 - within[k]
@@ -294,9 +298,11 @@ def main() -> None:
     points = args.points or (4 if args.quick else 6)
     drills = args.drills or (2 if args.quick else 4)
     repeats = args.repeats or (1 if args.quick else 3)
-    # after the first checkpoint of the longest interval: a kill before it restarts
-    # the job from the beginning, where the paced source starts its schedule over
-    kill_between = (args.max + 0.5, args.max + 3.5)
+    # after the settled start and one whole longest interval: L_avg is read over whole
+    # intervals before the kill (`failure_free_latency_ms`), and a kill before the
+    # first checkpoint restarts the job from the beginning, where the paced source
+    # starts its schedule over
+    kill_between = (tm.SETTLE_S + args.max + 0.25, tm.SETTLE_S + args.max + 3.25)
     started = time.time()
 
     with tempfile.TemporaryDirectory(prefix="bastion-tuning-") as tmp:
@@ -382,7 +388,8 @@ def main() -> None:
                              faults=[kill], **options)
                 outcome = kill_outcome(run, kill.schedule(plan))
                 latency = tm.failure_free_latency_ms(run.details["timeline"], run.metrics,
-                                                     run.details["started_s"], outcome)
+                                                     run.details["started_s"], outcome,
+                                                     interval_s=interval)
                 seen[interval].append((outcome, latency))
                 drill_log.setdefault(interval, []).append(
                     {"kill_at_s": outcome.at_s, "reprocess_s": outcome.reprocess_s,

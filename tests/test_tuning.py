@@ -836,6 +836,30 @@ def test_the_model_judges_each_fit_and_the_result_says_how():
     assert varying.at_utilisation(0.8).trt_quality["max"].r_squared == pytest.approx(1.0)
 
 
+def test_failure_free_latency_is_read_over_whole_intervals_wherever_the_kill_fell():
+    # 0.1-s points at 1 ms, and a checkpoint every 3 s whose pause leaves one point at
+    # 20 ms behind it: over whole intervals L_avg holds one pause per 3 s
+    timeline = [{"t_s": round(0.1 * i, 1), "sink_records": 100,
+                 "latency_mean_ms": 20.0 if i % 30 == 1 else 1.0} for i in range(1, 120)]
+    metrics = types.SimpleNamespace(latency_windows={}, duration_s=12.0,
+                                    latency_histogram=None)
+    one_per_interval = (29 * 1.0 + 20.0) / 30
+    for at_s in (4.05, 4.55, 5.25, 5.95, 7.35, 9.95):
+        kill = tm.KillOutcome(at_s=at_s, detection_s=0.05, restart_s=0.2, trt_s=0.5)
+        assert tm.failure_free_latency_ms(timeline, metrics, 0.0, kill, 1.0,
+                                          3.0) == pytest.approx(one_per_interval), at_s
+    # from the settled start instead, the pause's share moved with the kill's phase
+    shares = {round(tm.failure_free_latency_ms(
+        timeline, metrics, 0.0, tm.KillOutcome(at_s=at_s, detection_s=0.05, restart_s=0.2,
+                                               trt_s=0.5), 1.0), 3)
+        for at_s in (3.05, 4.05, 5.95)}
+    assert len(shares) == 3
+    # less than a whole interval before the kill: the window from the settled start
+    early = tm.KillOutcome(at_s=3.5, detection_s=0.05, restart_s=0.2, trt_s=0.5)
+    assert tm.failure_free_latency_ms(timeline, metrics, 0.0, early, 1.0, 3.0) == \
+        pytest.approx(tm.timeline_latency_ms(timeline, 1.0, 3.5))
+
+
 def test_failure_free_latency_is_read_before_the_first_kill_not_in_a_recoverys_tail():
     # 0.1-s points: 2 ms while the job runs failure-free, then a kill at 3 s whose
     # restore and catch-up leave 80-ms latencies for seconds after the sources caught up

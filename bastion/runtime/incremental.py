@@ -238,19 +238,8 @@ class StateChain:
             elif base:
                 operators.append(["tables", op.tables()])
             else:
-                keys = changes[i]
-                changed_removed = []
-                for table in op.tables():
-                    changed = {}
-                    removed = []
-                    for key in keys:
-                        value = table.get(key, _ABSENT)
-                        if value is _ABSENT:
-                            removed.append(key)
-                        else:
-                            changed[key] = value
-                    changed_removed.append([changed, removed])
-                operators.append(["delta", changed_removed])
+                operators.append(["delta", [_delta(table, changes[i])
+                                            for table in op.tables()]])
         parent = self.parent
         if base or parent is None:
             chain, compacted, base_bytes, delta_bytes = (), None, 0, 0
@@ -277,7 +266,13 @@ class StateChain:
             del self._unstored[seq]
 
 
-_ABSENT = object()
+def _delta(table: dict, keys: set) -> list:
+    """``[changed, removed]`` of ``table`` over ``keys``: the keys present with their
+    values now, and the keys absent. In C loops (set operations, ``map``), not a Python
+    pass per key: a delta of a growing state holds every key added since its parent —
+    millions, at a checkpoint the data path waits for."""
+    present = table.keys() & keys
+    return [dict(zip(present, map(table.__getitem__, present))), list(keys - present)]
 
 
 def apply_links(links: Sequence[dict], keyed: Sequence[bool]) -> list[Any]:

@@ -191,6 +191,9 @@ _MAX_TERMS = 1_000_000
 FLAT_SHARE = 0.05
 MIN_R_SQUARED = 0.8
 _ROUNDING = 1 + 1e-9   # 1.05 - 1.0 is 0.05000000000000004: on the boundary is within
+# A run's start-up settles this long before its failure-free figures (I_avg, L_avg)
+# are read; the first kill of a profiling run falls after it and one whole interval.
+SETTLE_S = 1.0
 
 
 class ProfilingError(BastionError):
@@ -1049,21 +1052,42 @@ def timeline_latency_ms(timeline: Sequence[Mapping[str, Any]], start_s: float,
     return sum(mean * n for mean, n in points) / weight
 
 
+def settle_s_before(kill_at_s: float) -> float:
+    """How long a run is left to settle before its failure-free figures are read: 1 s
+    (`SETTLE_S`), or 30% of the time to its first kill if that is shorter."""
+    return min(SETTLE_S, 0.3 * kill_at_s)
+
+
 def failure_free_latency_ms(timeline: Sequence[Mapping[str, Any]], metrics: Any,
                             started_s: float, first: KillOutcome,
-                            settle_s: float | None = None) -> float:
+                            settle_s: float | None = None,
+                            interval_s: float | None = None) -> float:
     """L_avg of a run in failure-free operation: the mean latency of what the sinks
-    received from ``settle_s`` after the start (default: 1 s, or 30% of the time to
-    the first kill if that is shorter) until its first kill, from the progress
-    timeline — the paper's "average latency in failure-free operation", measured
-    where no failure has happened yet. Not after a recovery: a job that restores a
-    large state and catches up carries the recovery's tail for seconds after its
-    sources caught up (a 1-M-entry table read 3-253 ms there at CI 0.5 s, beside
-    3 ms before its kill), and which of it a window catches depends on where the
-    kills fell. Without points before the kill, `steady_latency_ms`."""
+    received before its first kill, from the progress timeline — the paper's "average
+    latency in failure-free operation", measured where no failure has happened yet.
+
+    Read over whole checkpoint intervals: the most ``interval_s`` that fit between
+    ``settle_s`` after the start (`settle_s_before` by default) and the kill, ending
+    at the kill. Each checkpoint holds up the records behind it, and its backlog weighs
+    in L_avg as many records as it holds; a window of whole intervals holds one such
+    pause per interval wherever the kill fell, where a window of, say, 2.55 s at a
+    3-s interval held one pause or none by the kill's phase (drills then read 1.1-1.7
+    ms against 1.0 predicted). Less than one interval before the kill (or no
+    ``interval_s``): the whole window from ``settle_s``.
+
+    Not after a recovery: a job that restores a large state and catches up carries
+    the recovery's tail for seconds after its sources caught up (a 1-M-entry table
+    read 3-253 ms there at CI 0.5 s, beside 3 ms before its kill), and which of it a
+    window catches depends on where the kills fell. Without points before the kill,
+    `steady_latency_ms`."""
     if settle_s is None:
-        settle_s = min(1.0, 0.3 * first.at_s)
-    seen = timeline_latency_ms(timeline, settle_s, first.at_s)
+        settle_s = settle_s_before(first.at_s)
+    start_s = settle_s
+    if interval_s:
+        whole = math.floor((first.at_s - settle_s) / interval_s + 1e-9)
+        if whole >= 1:
+            start_s = first.at_s - whole * interval_s
+    seen = timeline_latency_ms(timeline, start_s, first.at_s)
     return seen if seen is not None else steady_latency_ms(metrics, started_s, first)
 
 
