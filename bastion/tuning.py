@@ -51,7 +51,8 @@ from bastion.scheduler.tuning import (CASES, DEFAULT_STOP_TERM_S, Capacity, Case
                                       capacity_of, checkpoint_duration_s, discard_outputs,
                                       expected_run_s, grid, ingest_rate, lengthened,
                                       optimise, own_outputs, profile_all, reprocessed_s,
-                                      SETTLE_S, failure_free_latency_ms, settle_s_before,
+                                      LATENCY_INTERVALS, SETTLE_S, failure_free_latency_ms,
+                                      settle_s_before,
                                       unthrottled)
 
 if TYPE_CHECKING:
@@ -249,7 +250,7 @@ class RayProfiler:
     at random points, reproducibly from the seed.
 
     One kill: at a random point of ``kill_between_s`` — by default the middle fifth of
-    the run, moved to after the run settled and one whole ``first_kill_after_s`` (the
+    the run, moved to after the run settled and two whole ``first_kill_after_s`` (the
     longest interval profiled) passed, as far as 80% of the run allows: a kill before
     the first checkpoint restarts the job from the beginning, where a paced source
     starts its schedule over and nothing has to be caught up, and L_avg is read over
@@ -259,7 +260,7 @@ class RayProfiler:
     kills are at least `kill_gap_s` apart (a recovery's allowance: it grows with the
     interval, whose backlog is read again, and with the utilisation the capacity run
     implies); the kills fall at random in ``kill_between_s`` (default: from after the
-    settled run's first whole longest interval until one gap before the end), each
+    settled run's first two whole longest intervals until one gap before the end), each
     ``kill_gap_s`` after the one before plus a random share of the window's slack.
     A bounded topology whose input is too short for that is read for longer (its
     generators' ``count`` raised: the same records, and more of them, at the same
@@ -318,11 +319,11 @@ class RayProfiler:
         return RECOVERY_ALLOWANCE_S + (interval_s + OUTAGE_ALLOWANCE_S) * max(1.0, u / (1 - u))
 
     def _first_kill_s(self) -> float:
-        """The earliest first kill the default windows allow: the run settled and one
-        whole `first_kill_after_s` (the longest interval) passed, so that L_avg is read
-        over a whole interval of it at least (`failure_free_latency_ms`), and the kill
-        comes after its first checkpoint."""
-        return SETTLE_S + self.first_kill_after_s + 0.25
+        """The earliest first kill the default windows allow: the run settled and
+        `LATENCY_INTERVALS` of `first_kill_after_s` (the longest interval) passed, so
+        that L_avg is read over that many whole intervals at least
+        (`failure_free_latency_ms`), and the kill comes after the first checkpoints."""
+        return SETTLE_S + LATENCY_INTERVALS * self.first_kill_after_s + 0.25
 
     def kill_layout(self, interval_s: float) -> tuple[tuple[float, float], float]:
         """Where the kills of a run at ``interval_s`` may fall, and how long the run

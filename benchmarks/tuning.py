@@ -166,10 +166,10 @@ def kill_times(interval_s: float, drills: int, window_s: tuple[float, float],
     which is the average case the model predicts."""
     rng = random.Random(seed)
     lo, hi = window_s
-    # each kill after the settled start and one whole interval: its L_avg is read over
+    # each kill after the settled start and two whole intervals: its L_avg is read over
     # whole intervals (`failure_free_latency_ms`)
     cycles = [k for k in range(1, int(hi / interval_s) + 1) if (k + 1) * interval_s > lo
-              and k * interval_s + offset_s >= tm.SETTLE_S + interval_s]
+              and k * interval_s + offset_s >= tm.SETTLE_S + tm.LATENCY_INTERVALS * interval_s]
     within = [rng.random() for _ in range(drills)]
     for k in range(drills // 2):
         within[drills - 1 - k] = 1 - within[k]
@@ -298,11 +298,12 @@ def main() -> None:
     points = args.points or (4 if args.quick else 6)
     drills = args.drills or (2 if args.quick else 4)
     repeats = args.repeats or (1 if args.quick else 3)
-    # after the settled start and one whole longest interval: L_avg is read over whole
+    # after the settled start and two whole longest intervals: L_avg is read over whole
     # intervals before the kill (`failure_free_latency_ms`), and a kill before the
     # first checkpoint restarts the job from the beginning, where the paced source
     # starts its schedule over
-    kill_between = (tm.SETTLE_S + args.max + 0.25, tm.SETTLE_S + args.max + 3.25)
+    lead_s = tm.SETTLE_S + tm.LATENCY_INTERVALS * args.max
+    kill_between = (lead_s + 0.25, lead_s + 3.25)
     started = time.time()
 
     with tempfile.TemporaryDirectory(prefix="bastion-tuning-") as tmp:

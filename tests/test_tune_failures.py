@@ -122,13 +122,13 @@ def test_kills_of_a_run_are_a_recovery_apart_and_a_short_input_is_read_for_longe
     # one kill: the old layout, untouched
     one = RayProfiler(paced(count=4000, rate=400.0), first_kill_after_s=1.0)
     assert one.kill_between_s == pytest.approx((4.0, 6.0))
-    # the first kill comes after the settled start and one whole longest interval:
+    # the first kill comes after the settled start and two whole longest intervals:
     # L_avg is read over whole intervals before it
-    late = RayProfiler(paced(count=2000, rate=400.0), first_kill_after_s=3.0)
-    assert late.kill_between_s[0] >= front.SETTLE_S + 3.0
+    late = RayProfiler(paced(count=4000, rate=400.0), first_kill_after_s=3.0)
+    assert late.kill_between_s[0] >= front.SETTLE_S + 2 * 3.0
     (lo, _), _ = RayProfiler(paced(count=800, rate=400.0), first_kill_after_s=3.0,
                              failures_per_run=2).kill_layout(3.0)
-    assert lo >= front.SETTLE_S + 3.0
+    assert lo >= front.SETTLE_S + 2 * 3.0
 
 
 def test_a_run_length_or_window_given_too_short_is_refused_naming_what_to_change():

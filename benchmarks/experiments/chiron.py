@@ -440,13 +440,13 @@ a neighbour's burst of load shows in a drill's latency.
     experiments=[Experiment(
         key="tuning", title="Tables II/III and Fig. 4: tuning and its validation",
         script="tuning.py",
-        # 5 CIs × 1 run × 3 kills, 3 drills at each of 3 CIs: ~3.5 min at load 5-10
+        # 5 CIs × 1 run × 3 kills, 3 drills at each of 3 CIs, the first kill of each
+        # after 1 s + 2 × 3 s (L_avg over whole intervals): 267 s (load 0.5, Dec 2026)
         args=["--points", "5", "--repeats", "1", "--drills", "3", "--validate", "3",
-              "--min", "0.5", "--max", "3", "--bound", "3", "--seconds", "12"],
-        # 4 CIs (a quadratic through 3 has R² 1) × 2 kills, 2 drills at the chosen CI:
-        # 104 s with 8-s runs and 3 drills (load 1.5, Nov 2026)
+              "--min", "0.5", "--max", "3", "--bound", "3", "--seconds", "15"],
+        # 4 CIs (a quadratic through 3 has R² 1) × 2 kills, 2 drills at the chosen CI
         quick_args=["--quick", "--points", "4", "--repeats", "1", "--drills", "2",
                     "--validate", "1", "--failures-per-run", "2", "--min", "0.5",
-                    "--max", "3", "--bound", "3", "--seconds", "10"],
-        rows=tuning_rows, plot=tuning_plot, budget_s=240)],
+                    "--max", "3", "--bound", "3", "--seconds", "13"],
+        rows=tuning_rows, plot=tuning_plot, budget_s=300)],
 )
