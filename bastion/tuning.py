@@ -155,8 +155,8 @@ def tune(topology: "Topology", *, trt_bound_s: float, min_interval_s: float = 0.
     ``"avg"`` or ``"min"``. ``parallel``: profiling runs side by side, as many as the
     cluster's CPUs hold (1: one after the other). ``duration_s``: seconds per run for
     an unbounded topology. ``kill_between_s``: when the injected kill may fall
-    (default: the middle fifth of a run, moved after the first checkpoint of the
-    longest interval as far as 80% of the run allows; with several kills, the window
+    (default: the middle fifth of a run, moved after 1 s and two whole longest
+    intervals as far as 80% of the run allows; with several kills, the window
     they are spread over). ``max_rate_run_s``: the unthrottled run's
     length. ``progress`` gets ``{"done", "total", "what"}`` after every run. Other
     keyword arguments go to every `bastion.run` (``storage``, ``heartbeat_timeout_s``,
