@@ -167,9 +167,12 @@ def kill_times(interval_s: float, drills: int, window_s: tuple[float, float],
     rng = random.Random(seed)
     lo, hi = window_s
     # each kill after the settled start and two whole intervals: its L_avg is read over
-    # whole intervals (`failure_free_latency_ms`)
-    cycles = [k for k in range(1, int(hi / interval_s) + 1) if (k + 1) * interval_s > lo
-              and k * interval_s + offset_s >= tm.SETTLE_S + tm.LATENCY_INTERVALS * interval_s]
+    # whole intervals (`failure_free_latency_ms`); the first such interval if none of
+    # them overlaps the window (an interval longer than the window's span)
+    first = max(1, math.ceil((tm.SETTLE_S + tm.LATENCY_INTERVALS * interval_s - offset_s)
+                             / interval_s - 1e-9))
+    cycles = [k for k in range(first, int(hi / interval_s) + 1)
+              if (k + 1) * interval_s > lo] or [first]
     within = [rng.random() for _ in range(drills)]
     for k in range(drills // 2):
         within[drills - 1 - k] = 1 - within[k]

@@ -276,3 +276,19 @@ def test_section_is_registered():
     # the quick pass profiles 4 CIs at least: a quadratic goes through 3 exactly
     points = exp.quick_args[exp.quick_args.index("--points") + 1]
     assert int(points) >= 4
+
+
+def test_every_drill_kill_leaves_two_whole_intervals_of_failure_free_latency():
+    import tuning  # benchmarks/tuning.py
+
+    from bastion.scheduler.tuning import LATENCY_INTERVALS, SETTLE_S
+
+    for interval_s, window_s in ((0.5, (7.25, 10.25)), (1.94, (7.25, 10.25)),
+                                 (3.0, (7.25, 10.25)), (8.0, (17.25, 20.25))):
+        for seed in range(5):
+            times = tuning.kill_times(interval_s, 4, window_s, 0.11, seed)
+            assert len(times) == 4
+            assert min(times) >= SETTLE_S + LATENCY_INTERVALS * interval_s, (interval_s, times)
+            # one kill in each quarter of an interval (stratified phases)
+            phases = sorted(int((t - 0.11) / interval_s % 1 * 4) for t in times)
+            assert phases == [0, 1, 2, 3], (interval_s, times)
