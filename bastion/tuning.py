@@ -52,8 +52,7 @@ from bastion.scheduler.tuning import (CASES, DEFAULT_STOP_TERM_S, Capacity, Case
                                       expected_run_s, grid, ingest_rate, lengthened,
                                       optimise, own_outputs, profile_all, reprocessed_s,
                                       LATENCY_INTERVALS, SETTLE_S, failure_free_latency_ms,
-                                      settle_s_before,
-                                      unthrottled)
+                                      settle_s_before, unthrottled)
 
 if TYPE_CHECKING:
     from bastion.launcher import RunResult
