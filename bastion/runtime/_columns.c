@@ -7,38 +7,12 @@
  * partition lookup (a user key's __hash__ / __eq__). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "_compact_long.h"
 #include <stdint.h>
 #include <string.h>
 #include <limits.h>
 
 #define MAX_DESTINATIONS 256
-
-/* The value of an exact int (the caller checked PyLong_CheckExact) that CPython keeps
- * in at most two digits (one from 3.12 on): read in place, without the call to
- * PyLong_AsLongLongAndOverflow that costs more than the rest of a column loop. 0 when
- * the int is larger: the caller then makes that call. Every int of a column that fits
- * in two digits fits in 64 bits. */
-static inline int
-compact_long(PyObject *o, long long *v)
-{
-#if PY_VERSION_HEX >= 0x030C0000
-    if (_PyLong_IsCompact((PyLongObject *)o)) {
-        *v = (long long)_PyLong_CompactValue((PyLongObject *)o);
-        return 1;
-    }
-    return 0;
-#else
-    const digit *d = ((PyLongObject *)o)->ob_digit;
-    switch (Py_SIZE(o)) {
-    case 0: *v = 0; return 1;
-    case 1: *v = (long long)d[0]; return 1;
-    case -1: *v = -(long long)d[0]; return 1;
-    case 2: *v = (long long)d[0] | ((long long)d[1] << PyLong_SHIFT); return 1;
-    case -2: *v = -((long long)d[0] | ((long long)d[1] << PyLong_SHIFT)); return 1;
-    default: return 0;
-    }
-#endif
-}
 
 /* partitions(memo, keys[, table]) -> bytes: memo[key] (an int 0..255) for every key.
  * A key missing from memo raises KeyError (the caller hashes it and tries again).

@@ -19,6 +19,7 @@
  * building a value, and refuses (None) any run that is not items back to back. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "_compact_long.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -50,31 +51,6 @@ offer_gil(Out *o)
         Py_BEGIN_ALLOW_THREADS
         Py_END_ALLOW_THREADS
     }
-}
-
-/* The value of an exact int that CPython keeps in at most two digits (one from 3.12
- * on), read in place: PyLong_AsLongLongAndOverflow costs more than packing it (the
- * same shortcut as `_columns.c`). 0 when the int is larger: the caller then calls it. */
-static inline int
-compact_long(PyObject *o, long long *v)
-{
-#if PY_VERSION_HEX >= 0x030C0000
-    if (_PyLong_IsCompact((PyLongObject *)o)) {
-        *v = (long long)_PyLong_CompactValue((PyLongObject *)o);
-        return 1;
-    }
-    return 0;
-#else
-    const digit *d = ((PyLongObject *)o)->ob_digit;
-    switch (Py_SIZE(o)) {
-    case 0: *v = 0; return 1;
-    case 1: *v = (long long)d[0]; return 1;
-    case -1: *v = -(long long)d[0]; return 1;
-    case 2: *v = (long long)d[0] | ((long long)d[1] << PyLong_SHIFT); return 1;
-    case -2: *v = -((long long)d[0] | ((long long)d[1] << PyLong_SHIFT)); return 1;
-    default: return 0;
-    }
-#endif
 }
 
 static int
