@@ -143,7 +143,8 @@ def _setting(figures: Figures) -> str:
 def _drills_setting(figures: Figures) -> str:
     s = figures.get("setting") or {}
     return (f"{s.get('drills', '?')} drills at the chosen CI, one kill each at a random "
-            f"phase, bound {s.get('bound_s', 0):g} s")
+            f"phase, L_avg over the whole intervals before it (two at least), bound "
+            f"{s.get('bound_s', 0):g} s")
 
 
 def _missing(anchor: str, ref: str, experiment: str, reference_setting: str,
@@ -433,9 +434,11 @@ and picks the interval with the least latency whose worst-case TRT meets a bound
 validates the choice on two Flink jobs with five runs each (Tables II and III).
 `bn.tune` does the same on one paced Bastion job scaled from minutes to seconds (a Bastion
 task restarts in tenths of a second, a Flink job in tens), and validation drills kill the
-job at random phases of the chosen interval. The rows compare what the scale does not
-set — R², TRT as a share of the bound, latency error in % — on a shared 2-core VM, where
-a neighbour's burst of load shows in a drill's latency.
+job at random phases of the chosen interval. L_avg, in profiling runs and drills alike,
+is read over the whole checkpoint intervals before a run's first kill (two at least),
+so that every reading holds one checkpoint's pause per interval. The rows compare what
+the scale does not set — R², TRT as a share of the bound, latency error in % — on a
+shared 2-core VM, where a neighbour's burst of load shows in a drill's latency.
 """,
     experiments=[Experiment(
         key="tuning", title="Tables II/III and Fig. 4: tuning and its validation",
