@@ -55,7 +55,7 @@ bench: $(VENV)/.bench-installed bytecode
 	$(PY) benchmarks/tuning.py
 
 # docs/results.md and docs/results/: every paper's headline experiment beside the
-# paper's figure, and the peer engines (~30 min on 2 cores; RESULTS_ARGS=--quick: ~5).
+# paper's figure, and the peer engines (~30 min on 2 cores; RESULTS_ARGS=--quick: ~12).
 results: $(VENV)/.bench-installed bytecode
 	$(PY) benchmarks/reproduce.py $(RESULTS_ARGS)
 

@@ -9,7 +9,7 @@ keeps its figures under ``docs/results/raw/``, draws its plots under
 ``docs/results/``, and finally writes the page.
 
     .venv/bin/python benchmarks/reproduce.py             # every experiment (~30 min)
-    .venv/bin/python benchmarks/reproduce.py --quick     # each at its least size (~11 min)
+    .venv/bin/python benchmarks/reproduce.py --quick     # each at its least size (~12 min)
     .venv/bin/python benchmarks/reproduce.py --only checkmate,cec.recovery
     .venv/bin/python benchmarks/reproduce.py --render-only   # the page from kept figures
 
@@ -215,7 +215,7 @@ def machine() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="each experiment at its least meaningful size (~11 min)")
+                        help="each experiment at its least meaningful size (~12 min)")
     parser.add_argument("--only", default="",
                         help="comma-separated sections or section.experiment keys")
     parser.add_argument("--render-only", action="store_true",
