@@ -222,7 +222,8 @@ def test_a_compacted_base_stands_for_the_links_it_merged():
 
 
 def test_a_chain_with_a_link_missing_is_refused_not_loaded():
-    actions = [("put", k, k) for k in range(200)] + [("checkpoint", True)]
+    # a base heavy enough that three small deltas stay under the chain's weight limit
+    actions = [("put", k, k) for k in range(1000)] + [("checkpoint", True)]
     for n in range(3):
         actions += [("put", n, 100 + n), ("remove", 10 + n), ("checkpoint", True)]
     blobs, taken = play(actions, max_chain=5)

@@ -28,12 +28,16 @@ When a base: the trigger
     save nothing), when it has no *confirmed* parent (no link of its own stored yet,
     and not restored from a checkpoint), when the parent's chain already holds
     ``max_chain`` deltas, when the deltas of the parent's chain together weigh more
-    than an eighth of its base, or when the delta would hold more than an eighth of an
-    operator's keys (of its first table: a fold's keys, a window operator's
-    windows). So a restore reads at most ``1 + max_chain`` blobs and about a quarter
-    more than a base's bytes; decoding and applying a delta costs about three
-    times a base's decode per byte, so a restore stays within about 1.5 times a
-    full snapshot's (`benchmarks/state.py` (c) measures it) — while a job
+    than a twelfth of its base, or when the delta would hold more than an eighth of
+    an operator's keys (of its first table: a fold's keys, a window operator's
+    windows: such a delta costs the writer about what a base does). So a restore
+    reads at most ``1 + max_chain`` blobs and about a twelfth more than a base's
+    bytes; applying a delta whose keys are spread over a large table costs about
+    five times a base's decode per byte (each key a random access into the table:
+    577 ns against 106 ns a key decoded, at 4 M keys), so a restore stays within
+    about 1.5 times a full snapshot's (`benchmarks/state.py` (c) measures it: 1.40x
+    and 1.48x for keys updated uniformly at 4 M and 1 M keys, where an eighth let
+    them reach 1.69x and 1.77x) — while a job
     whose updates touch few keys writes a base once every ``max_chain + 1``
     checkpoints: with the default 64, a base's bytes spread over 65 checkpoints are
     1.5 % of a full snapshot per checkpoint, plus the deltas.
@@ -60,7 +64,7 @@ Compaction, off the task loop
     A delta's encode is synchronous (the state must not change under it) and costs
     what changed. A base written by the task would cost a full snapshot's encode on
     its loop, so it is rarely written there: once the parent's chain holds half of
-    ``max_chain`` deltas, or its deltas weigh a sixteenth of its base (half of what
+    ``max_chain`` deltas, or its deltas weigh a 24th of its base (half of what
     forces a base), the task has the chain *compacted* in another process
     (`bastion.runtime.compaction`): the chain's blobs are read from the store,
     CRC-checked, applied in order by `apply_links` (the restore's own merge) and
@@ -86,11 +90,14 @@ __all__ = ["StateChain", "Link", "Compacted", "apply_links", "BASE", "DELTA"]
 BASE = "base"
 DELTA = "delta"
 _FORMAT = 1
-# A new base once the deltas weigh more than an eighth of the base, or the next delta
-# would hold more than an eighth of the keys: a restore decodes the deltas and applies
-# them key by key, which costs about three times a base's decode per byte, so it
-# stays within about 1.5x a full snapshot's restore (`benchmarks/state.py` (c))
-_RESTORE_BYTES_OVER_BASE = 8
+# A new base once the deltas weigh more than a twelfth of the base: a restore decodes
+# the deltas and applies them key by key, which costs about five times a base's decode
+# per byte when the keys are spread over a large table, so it stays within about 1.5x
+# a full snapshot's restore (`benchmarks/state.py` (c))
+_RESTORE_BYTES_OVER_BASE = 12
+# ... or once the next delta would hold more than an eighth of the keys: it would
+# cost the task about what a base does
+_DELTA_KEYS_OVER_ENTRIES = 8
 # A compaction starts at half of either trigger, so that it lands before the chain
 # forces the task to write a base on its own loop.
 _COMPACT_AT = 2
@@ -229,7 +236,7 @@ class StateChain:
                 # a delta of much of the state costs what a base does, and makes a
                 # restore read both
                 entries = len(self.ops[i].tables()[0])
-                base = len(keys) * _RESTORE_BYTES_OVER_BASE > entries
+                base = len(keys) * _DELTA_KEYS_OVER_ENTRIES > entries
             changes.append(keys)
         operators: list[Any] = []
         for i, (op, keyed, other) in enumerate(zip(self.ops, self.keyed, others)):
