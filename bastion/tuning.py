@@ -51,7 +51,7 @@ from bastion.scheduler.tuning import (CASES, DEFAULT_STOP_TERM_S, Capacity, Case
                                       capacity_of, checkpoint_duration_s, discard_outputs,
                                       expected_run_s, grid, ingest_rate, lengthened,
                                       optimise, own_outputs, profile_all, reprocessed_s,
-                                      LATENCY_INTERVALS, SETTLE_S, failure_free_latency_ms,
+                                      failure_free_latency_ms, failure_free_lead_s,
                                       settle_s_before, unthrottled)
 
 if TYPE_CHECKING:
@@ -322,7 +322,7 @@ class RayProfiler:
         `LATENCY_INTERVALS` of `first_kill_after_s` (the longest interval) passed, so
         that L_avg is read over that many whole intervals at least
         (`failure_free_latency_ms`), and the kill comes after the first checkpoints."""
-        return SETTLE_S + LATENCY_INTERVALS * self.first_kill_after_s + 0.25
+        return failure_free_lead_s(self.first_kill_after_s) + 0.25
 
     def kill_layout(self, interval_s: float) -> tuple[tuple[float, float], float]:
         """Where the kills of a run at ``interval_s`` may fall, and how long the run

@@ -169,8 +169,8 @@ def kill_times(interval_s: float, drills: int, window_s: tuple[float, float],
     # each kill after the settled start and two whole intervals: its L_avg is read over
     # whole intervals (`failure_free_latency_ms`); the first such interval if none of
     # them overlaps the window (an interval longer than the window's span)
-    first = max(1, math.ceil((tm.SETTLE_S + tm.LATENCY_INTERVALS * interval_s - offset_s)
-                             / interval_s - 1e-9))
+    first = max(1, math.ceil((tm.failure_free_lead_s(interval_s) - offset_s) / interval_s
+                             - 1e-9))
     cycles = [k for k in range(first, int(hi / interval_s) + 1)
               if (k + 1) * interval_s > lo] or [first]
     within = [rng.random() for _ in range(drills)]
@@ -305,7 +305,7 @@ def main() -> None:
     # intervals before the kill (`failure_free_latency_ms`), and a kill before the
     # first checkpoint restarts the job from the beginning, where the paced source
     # starts its schedule over
-    lead_s = tm.SETTLE_S + tm.LATENCY_INTERVALS * args.max
+    lead_s = tm.failure_free_lead_s(args.max)
     kill_between = (lead_s + 0.25, lead_s + 3.25)
     started = time.time()
 

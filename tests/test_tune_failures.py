@@ -125,10 +125,10 @@ def test_kills_of_a_run_are_a_recovery_apart_and_a_short_input_is_read_for_longe
     # the first kill comes after the settled start and two whole longest intervals:
     # L_avg is read over whole intervals before it
     late = RayProfiler(paced(count=4000, rate=400.0), first_kill_after_s=3.0)
-    assert late.kill_between_s[0] >= front.SETTLE_S + 2 * 3.0
+    assert late.kill_between_s[0] >= tm.SETTLE_S + 2 * 3.0
     (lo, _), _ = RayProfiler(paced(count=800, rate=400.0), first_kill_after_s=3.0,
                              failures_per_run=2).kill_layout(3.0)
-    assert lo >= front.SETTLE_S + 2 * 3.0
+    assert lo >= tm.SETTLE_S + 2 * 3.0
 
 
 def test_a_run_length_or_window_given_too_short_is_refused_naming_what_to_change():

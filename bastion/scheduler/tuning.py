@@ -1056,6 +1056,13 @@ def timeline_latency_ms(timeline: Sequence[Mapping[str, Any]], start_s: float,
     return sum(mean * n for mean, n in points) / weight
 
 
+def failure_free_lead_s(interval_s: float) -> float:
+    """How long a run at ``interval_s`` must have run before its first kill for L_avg to
+    be read over `LATENCY_INTERVALS` whole intervals after it settled
+    (`failure_free_latency_ms`)."""
+    return SETTLE_S + LATENCY_INTERVALS * interval_s
+
+
 def settle_s_before(kill_at_s: float) -> float:
     """How long a run is left to settle before its failure-free figures are read: 1 s
     (`SETTLE_S`), or 30% of the time to its first kill if that is shorter."""
