@@ -512,6 +512,7 @@ def run(topology: Topology, protocol: "str | Protocol" = "none", *,
         export_metrics=export_metrics,
         incremental_state=state is not None and state.incremental,
         max_chain=State().max_chain if state is None else state.max_chain,
+        fork_min_keys=State().fork_min_keys if state is None else state.fork_min_keys,
     )
     additions = fault_injection.node_additions(config.faults)
     if additions and cluster is None:
@@ -628,13 +629,16 @@ def process_cpu_s(tasks: list[dict[str, Any]]) -> tuple[float, int]:
     """CPU seconds the tasks' processes spent running them, and how many processes.
     A process's CPU clock is shared by the tasks it hosts, so each process counts once:
     from its first task's start to its last task's end (``started_cpu_s`` and
-    ``finished_cpu_s`` of task reports, read from that process's clock)."""
+    ``finished_cpu_s`` of task reports, read from that process's clock) — plus what
+    the children that encoded the tasks' large snapshots spent (``forked_cpu_s``)."""
     spans: dict[str, tuple[float, float]] = {}
     for t in tasks:
         started, finished = spans.get(t["process"], (math.inf, -math.inf))
         spans[t["process"]] = (min(started, t["started_cpu_s"]),
                                max(finished, t["finished_cpu_s"]))
-    return sum(finished - started for started, finished in spans.values()), len(spans)
+    forked_s = sum(t.get("forked_cpu_s", 0.0) for t in tasks)
+    return (sum(finished - started for started, finished in spans.values()) + forked_s,
+            len(spans))
 
 
 def _latency_summaries(tasks: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -827,6 +831,8 @@ def _result(config: JobConfig, plan: PhysicalPlan, report: dict[str, Any],
             # frames upstream tasks held for pending tasks (and spilled to the store)
             "frames_held": sum(t["frames_held"] for t in tasks),
             "frames_spilled": sum(t["frames_spilled"] for t in tasks),
+            # snapshots (full, or incremental bases) encoded in forked children
+            "forked_encodes": sum(t["forked_encodes"] for t in tasks),
             "faults_injected": _summed(tasks, "faults_injected"),
             "protocol_counters": _summed(tasks, "protocol_counters"),
             "protocol_latency_ms": _latency_summaries(tasks),

@@ -266,15 +266,25 @@ class State:
     large states whose updates touch a small share of their keys
     (`benchmarks/state.py` measures the bytes, durations and restores of both); a
     small state gains nothing from it, and tracking the keys each batch changes
-    costs a keyed sum CPU on every record."""
+    costs a keyed sum CPU on every record.
+
+    ``fork_min_keys``: a task whose keyed tables hold at least this many keys (a
+    fold's keys, a window operator's windows) encodes a full snapshot or a base in a
+    forked child process, from a copy-on-write image of its memory, while it goes on
+    processing (`bastion.runtime.forked_encode`): encoding costs about 50 ns a key,
+    which would hold the task 0.9 s at 16 M keys. The child's CPU time counts in the
+    job's. None: always on the task's loop (so also where ``fork`` is not available)."""
 
     incremental: bool = False
     max_chain: int = JobConfig.max_chain
+    fork_min_keys: int | None = JobConfig.fork_min_keys
 
     def __post_init__(self) -> None:
         if not isinstance(self.incremental, bool):
             raise ValueError(f"incremental must be True or False, got {self.incremental!r}")
         _count(self.max_chain, "max_chain")
+        if self.fork_min_keys is not None:
+            _count(self.fork_min_keys, "fork_min_keys")
 
 
 __all__ = ["AutoInterval", "DataPlane", "EventLimits", "Limits", "Recovery", "Redundancy",

@@ -16,7 +16,8 @@ keyed reduce holding many keys.
 (b) **A real run** (``--run``): the keyed sum as a job under ``coordinated`` (a
     checkpoint every ``--interval-s``, 1 s) on local storage — and with ``--s3`` on
     moto's S3 server on loopback as well (started by this script) —, full and
-    incremental, each reading ``--run-records`` records unpaced — the first
+    incremental, each with large snapshots encoded in a forked child (the default,
+    `State.fork_min_keys`) and on the task's loop, each reading ``--run-records`` records unpaced — the first
     ``--run-keys`` (4 M) make the cold keys, the rest go to ``--hot`` hot keys — with
     a heartbeat timeout of ``--heartbeat-timeout-s`` (5 s: a full snapshot of 16 M
     keys holds the GIL about a second, and at the default 1 s its worker is taken
@@ -175,10 +176,15 @@ def run_figures(args: argparse.Namespace, storage: str, label: str) -> None:
 
     keys, hot, records = args.run_keys, args.hot, args.run_records
     rates: dict[str, float] = {}
+    coordinated = bn.protocols.Coordinated(interval_s=args.interval_s)
+    # "on the loop": every snapshot encoded by the task itself, not in a forked child
+    # (`State.fork_min_keys`), for the same run's contrast
     configs = (("no checkpoints", "none", None),
-               ("full", bn.protocols.Coordinated(interval_s=args.interval_s), bn.State()),
-               ("incremental", bn.protocols.Coordinated(interval_s=args.interval_s),
-                bn.State(incremental=True)))
+               ("full", coordinated, bn.State()),
+               ("full, on the loop", coordinated, bn.State(fork_min_keys=None)),
+               ("incremental", coordinated, bn.State(incremental=True)),
+               ("incr., on the loop", coordinated,
+                bn.State(incremental=True, fork_min_keys=None)))
     # alternating, best of --run-repeats: the machine's speed moves from run to run
     for name, protocol, state in [c for _ in range(args.run_repeats) for c in configs]:
         topo = bn.Topology("state-bench")
@@ -197,11 +203,12 @@ def run_figures(args: argparse.Namespace, storage: str, label: str) -> None:
         durations = [e["duration_s"] for e in events if e.get("duration_s") is not None]
         figures = ""
         if sizes:
-            figures = (f", {len(sizes)} checkpoints after the first: "
+            figures = (f", {result.metrics.extra['forked_encodes']} encoded in a child"
+                       f", {len(sizes)} checkpoints after the first: "
                        f"{statistics.mean(sizes) / 1e6:.3f} MB each on average, duration "
                        f"mean {statistics.mean(durations):.3f} s, largest "
                        f"{max(durations):.3f} s")
-        print(f"(b) {label} {name:>14}: {rate:,.0f} records/s{figures}", flush=True)
+        print(f"(b) {label} {name:>18}: {rate:,.0f} records/s{figures}", flush=True)
     print(f"(b) {label}, best of {args.run_repeats}: " + ", ".join(
         f"{name} {rate:,.0f} records/s ({rate / rates['no checkpoints']:.2f}x)"
         for name, rate in rates.items()), flush=True)

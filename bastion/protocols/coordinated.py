@@ -102,6 +102,9 @@ class AlignedBarriers(TaskProtocol):
         # order, until the checkpoint is taken.
         self.stashed: dict[int, collections.deque] = collections.defaultdict(
             collections.deque)
+        # checkpoint id -> its snapshot being stored, acknowledged once it is, in
+        # checkpoint order
+        self.storing: dict[int, asyncio.Future] = {}
 
     async def restore(self, recovery_line: Any) -> None:
         if not isinstance(recovery_line, RegionLine):
@@ -169,8 +172,44 @@ class AlignedBarriers(TaskProtocol):
         # the barrier went out as one frame on each output: what follows is after C
         sent = {c: self.task.outputs.next_seq(c) for c in self.task.outputs.ids()}
         self.sent_at[checkpoint_id] = sent
+        # The task goes on with its input while its snapshot is encoded (a large one
+        # in a forked child) and stored, as a Flink task's asynchronous part does;
+        # the checkpoint is acknowledged once it is stored. A failed store fails the
+        # task at its next frame.
+        previous = self.storing[max(self.storing)] if self.storing else None
+        self.storing[checkpoint_id] = asyncio.ensure_future(
+            self._acknowledge_stored(checkpoint_id, upload, sent, previous))
+
+    async def _acknowledge_stored(self, checkpoint_id: int, upload: Any,
+                                  sent: dict[int, int], previous: Any) -> None:
         ref = await upload                                 # state + staged outputs stored
+        if previous is not None:  # acknowledged in order: a later one never overtakes
+            await asyncio.wait([previous])
+            if previous.cancelled() or previous.exception() is not None:
+                return  # that failure fails the task; this one is not acknowledged
         self.task.state.acknowledge(checkpoint_id, ref, {"sent": sent})
+
+    async def _settle_stored(self, wait: bool) -> None:
+        """Forget the snapshots stored and acknowledged (all of them, waiting, if
+        ``wait``); a store's error is raised here, in the task."""
+        for checkpoint_id, storing in list(self.storing.items()):
+            if wait:
+                await asyncio.wait([storing])
+            if storing.done():
+                del self.storing[checkpoint_id]
+                storing.result()
+
+    async def between_frames(self) -> None:
+        if self.storing:
+            await self._settle_stored(wait=False)
+
+    async def on_finished(self) -> None:
+        await self._settle_stored(wait=True)
+
+    def on_stop(self) -> None:
+        for storing in self.storing.values():
+            storing.cancel()  # nothing acknowledged after the task stopped
+        self.storing.clear()
 
 
 async def _forward(task: TaskContext, checkpoint_id: int) -> None:

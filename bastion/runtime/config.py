@@ -105,6 +105,10 @@ class JobConfig:
     # deltas on one base. False: every checkpoint writes each task's whole state.
     incremental_state: bool = False
     max_chain: int = 64
+    # A snapshot (full, or an incremental base) of a task whose keyed tables hold at
+    # least this many keys is encoded in a forked child, off the task's loop
+    # (`bastion.runtime.forked_encode`); None: always on the loop.
+    fork_min_keys: int | None = 500_000
 
     @property
     def frame_bytes_limit(self) -> int:
@@ -120,6 +124,10 @@ class JobConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.fork_min_keys is not None and (not isinstance(self.fork_min_keys, int)
+                                               or self.fork_min_keys < 1):
+            raise ValueError(f"fork_min_keys must be an int >= 1 or None, got "
+                             f"{self.fork_min_keys!r}")
         if self.buffer_timeout_s < 0:
             raise ValueError(f"buffer_timeout_s must be >= 0, got {self.buffer_timeout_s}")
         if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:

@@ -39,7 +39,7 @@ from bastion._batches import BatchKey, ColumnLengthError
 from bastion.errors import PeerLostError, UDFError, UnserialisableError, UnstorableValueError
 from bastion.lineage import broadcast_ids, op_codes, record_hashes
 from bastion.protocols import get_protocol
-from bastion.runtime import compaction, priority, savepoint
+from bastion.runtime import compaction, forked_encode, priority, savepoint
 from bastion.runtime.channel import (HeldOutputChannel, InputGate, LocalOutputChannel,
                                      OutputChannel, RemoteOutputChannel,
                                      ReplayableOutputChannel, ReroutableOutputChannel,
@@ -48,7 +48,7 @@ from bastion.runtime.columns import partitions
 from bastion.runtime.config import JobConfig
 from bastion.runtime.durable import DurableCodec
 from bastion.runtime.faults import TaskFaults
-from bastion.runtime.incremental import Compacted, StateChain, apply_links
+from bastion.runtime.incremental import BASE, Compacted, StateChain, apply_links
 from bastion.runtime.key_groups import instance_of_hash
 from bastion.runtime.merge import DeterministicMerge
 from bastion.runtime.metrics import LatencyHistogram, OperatorCounts
@@ -394,6 +394,9 @@ class Task:
         # started and finished: the launcher takes, per process, the span from its
         # first task's start to its last task's end, so a process counts once.
         self.started_cpu_s: float | None = None
+        # snapshots encoded in forked children, and the children's CPU seconds
+        self.forked_encodes = 0
+        self.forked_cpu_s = 0.0
         self.finished_cpu_s: float | None = None
         self.gil_released_s = time.monotonic()
         self.restored_progress = (0, 0)  # records read and written before a restore
@@ -909,12 +912,14 @@ class Task:
         incremental state, a `ChainRef`: this checkpoint's link and the ones before)."""
         if self.config.incremental_state:
             return self._checkpoint_link(checkpoint_id)
-        state = self.snapshot()
+        forked = self._encode_in_child(self.snapshot)
+        state = self.snapshot() if forked is None else None
         staged = self._take_staged()
 
         async def store() -> BlobRef:
             await self._store_staged(staged, checkpoint_id)
-            return await self.store_state(checkpoint_id, state)
+            blob = state if forked is None else await self._forked_blob(forked)
+            return await self.store_state(checkpoint_id, blob)
 
         return self._tracked_upload(store)
 
@@ -926,20 +931,45 @@ class Task:
         chain = self.state_chain
         link = chain.link([None if keyed else op.snapshot()
                            for op, keyed in zip(self.ops, chain.keyed)])
-        state = self._encode_snapshot([], link)
+        # a delta costs what changed; a base, the whole state: in a child if large
+        forked = (self._encode_in_child(partial(self._encode_snapshot, [], link))
+                  if link.kind == BASE else None)
+        state = self._encode_snapshot([], link) if forked is None else None
         staged = self._take_staged()
 
         async def store() -> BlobRef:
             await self._store_staged(staged, checkpoint_id)
+            blob = state if forked is None else await self._forked_blob(forked)
             ref = await asyncio.to_thread(
                 self.checkpoints.put_chain, checkpoint_id, self.op_names[0], self.index,
-                state, link.parent, None if link.compacted is None else link.compacted.data)
+                blob, link.parent, None if link.compacted is None else link.compacted.data)
             if self.state_chain is chain:  # not restored meanwhile
                 chain.stored(link, ref)
                 self._compact_if_due(chain)
             return ref
 
         return self._tracked_upload(store)
+
+    def _encode_in_child(self, encode: Callable[[], bytes]
+                         ) -> forked_encode.ForkedEncode | None:
+        """A snapshot of ``State.fork_min_keys`` keys or more, encoded by ``encode``
+        in a forked child off the loop (`bastion.runtime.forked_encode`); None: the
+        caller encodes it now (a smaller state, or no ``fork`` here)."""
+        limit = self.config.fork_min_keys
+        if limit is None:
+            return None
+        keys = sum(len(table) for op in self.ops if (tables := op.tables()) is not None
+                   for table in tables)
+        if keys < limit:
+            return None
+        return forked_encode.start(encode, f"task {self.name}")
+
+    async def _forked_blob(self, forked: forked_encode.ForkedEncode) -> bytearray:
+        try:
+            return await forked.result()
+        finally:
+            self.forked_encodes += 1
+            self.forked_cpu_s += forked.cpu_s
 
     def _compact_if_due(self, chain: StateChain) -> None:
         """Have the chain merged into a new base in another process when it is
@@ -1122,6 +1152,8 @@ class Task:
             "process": _process_id(),
             "started_cpu_s": self.started_cpu_s,
             "finished_cpu_s": self.finished_cpu_s,
+            "forked_encodes": self.forked_encodes,
+            "forked_cpu_s": self.forked_cpu_s,
             "frames_sent": sum(c.frames_sent for c in self.channels),
             "bytes_sent": sum(c.bytes_sent for c in self.channels),
             "records_sent": sum(c.records_sent for c in self.channels),
