@@ -272,8 +272,11 @@ class State:
     fold's keys, a window operator's windows) encodes a full snapshot or a base in a
     forked child process, from a copy-on-write image of its memory, while it goes on
     processing (`bastion.runtime.forked_encode`): encoding costs about 50 ns a key,
-    which would hold the task 0.9 s at 16 M keys. The child's CPU time counts in the
-    job's. None: always on the task's loop (so also where ``fork`` is not available)."""
+    which holds the task 0.9 s at 16 M keys. The child's CPU time counts in the
+    job's. None (the default): always on the task's loop, as where ``fork`` is not
+    available. Off by default because it pays only where a core is idle and the
+    child keeps up with the interval: on 2 busy cores a child that encodes 16 M keys
+    every second competes with the job (`benchmarks/state.py` (b) runs both)."""
 
     incremental: bool = False
     max_chain: int = JobConfig.max_chain

@@ -90,7 +90,8 @@ def test_an_encode_dropped_unread_leaves_no_child_behind():
 
 
 def test_fork_min_keys_is_checked_where_made():
-    assert bn.State().fork_min_keys == 500_000
+    assert bn.State().fork_min_keys is None  # on the loop unless asked
+    assert bn.State(fork_min_keys=500_000).fork_min_keys == 500_000
     assert bn.State(fork_min_keys=None).fork_min_keys is None
     with pytest.raises(ValueError, match="fork_min_keys"):
         bn.State(fork_min_keys=0)

@@ -102,8 +102,8 @@ class AlignedBarriers(TaskProtocol):
         # order, until the checkpoint is taken.
         self.stashed: dict[int, collections.deque] = collections.defaultdict(
             collections.deque)
-        # checkpoint id -> its snapshot being stored, acknowledged once it is, in
-        # checkpoint order
+        # checkpoint id -> its snapshot being stored, acknowledged once it is (one at
+        # a time: `_checkpoint` waits for the previous one)
         self.storing: dict[int, asyncio.Future] = {}
 
     async def restore(self, recovery_line: Any) -> None:
@@ -163,6 +163,10 @@ class AlignedBarriers(TaskProtocol):
                 await task.inputs.process(channel_id, stash.popleft())
 
     async def _checkpoint(self, checkpoint_id: int) -> None:
+        # One snapshot being stored at a time: a task whose snapshots take longer
+        # than the interval waits here for the previous one rather than piling up
+        # encodes and uploads that all then miss the checkpoint timeout.
+        await self._settle_stored(wait=True)
         upload = self.task.state.checkpoint(checkpoint_id)      # snapshot, synchronously
         try:
             await _forward(self.task, checkpoint_id)
@@ -176,17 +180,12 @@ class AlignedBarriers(TaskProtocol):
         # in a forked child) and stored, as a Flink task's asynchronous part does;
         # the checkpoint is acknowledged once it is stored. A failed store fails the
         # task at its next frame.
-        previous = self.storing[max(self.storing)] if self.storing else None
         self.storing[checkpoint_id] = asyncio.ensure_future(
-            self._acknowledge_stored(checkpoint_id, upload, sent, previous))
+            self._acknowledge_stored(checkpoint_id, upload, sent))
 
     async def _acknowledge_stored(self, checkpoint_id: int, upload: Any,
-                                  sent: dict[int, int], previous: Any) -> None:
+                                  sent: dict[int, int]) -> None:
         ref = await upload                                 # state + staged outputs stored
-        if previous is not None:  # acknowledged in order: a later one never overtakes
-            await asyncio.wait([previous])
-            if previous.cancelled() or previous.exception() is not None:
-                return  # that failure fails the task; this one is not acknowledged
         self.task.state.acknowledge(checkpoint_id, ref, {"sent": sent})
 
     async def _settle_stored(self, wait: bool) -> None:

@@ -107,8 +107,8 @@ class JobConfig:
     max_chain: int = 64
     # A snapshot (full, or an incremental base) of a task whose keyed tables hold at
     # least this many keys is encoded in a forked child, off the task's loop
-    # (`bastion.runtime.forked_encode`); None: always on the loop.
-    fork_min_keys: int | None = 500_000
+    # (`bastion.runtime.forked_encode`); None (the default): always on the loop.
+    fork_min_keys: int | None = None
 
     @property
     def frame_bytes_limit(self) -> int:

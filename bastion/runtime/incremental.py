@@ -62,8 +62,10 @@ Why a manifest never misses a link
 
 Compaction, off the task loop
     A delta's encode is synchronous (the state must not change under it) and costs
-    what changed. A base written by the task would cost a full snapshot's encode on
-    its loop, so it is rarely written there: once the parent's chain holds half of
+    what changed. A base written by the task costs a full snapshot's encode — in a
+    forked child for a large state (`bastion.runtime.forked_encode`), which still
+    costs the fork and the pages the task writes meanwhile, on its loop otherwise —
+    so it is rarely written there: once the parent's chain holds half of
     ``max_chain`` deltas, or its deltas weigh a 24th of its base (half of what
     forces a base), the task has the chain *compacted* in another process
     (`bastion.runtime.compaction`): the chain's blobs are read from the store,
