@@ -39,7 +39,7 @@ from bastion._batches import BatchKey, ColumnLengthError
 from bastion.errors import PeerLostError, UDFError, UnserialisableError, UnstorableValueError
 from bastion.lineage import broadcast_ids, op_codes, record_hashes
 from bastion.protocols import get_protocol
-from bastion.runtime import compaction, forked_encode, priority, savepoint
+from bastion.runtime import allocator, compaction, forked_encode, priority, savepoint
 from bastion.runtime.channel import (HeldOutputChannel, InputGate, LocalOutputChannel,
                                      OutputChannel, RemoteOutputChannel,
                                      ReplayableOutputChannel, ReroutableOutputChannel,
@@ -866,7 +866,7 @@ class Task:
             self.open_inputs = set(self.merge.active)
         self.restored_progress = self._records_read_and_written()
 
-    async def store_state(self, checkpoint_id: int, state: bytes) -> BlobRef:
+    async def store_state(self, checkpoint_id: int, state: bytes | bytearray) -> BlobRef:
         return await asyncio.to_thread(self.checkpoints.put_state, checkpoint_id,
                                        self.op_names[0], self.index, state)
 
@@ -913,7 +913,7 @@ class Task:
         if self.config.incremental_state:
             return self._checkpoint_link(checkpoint_id)
         forked = self._encode_in_child(self.snapshot)
-        state = self.snapshot() if forked is None else None
+        state = self.snapshot() if forked is None else b""
         staged = self._take_staged()
 
         async def store() -> BlobRef:
@@ -934,7 +934,7 @@ class Task:
         # a delta costs what changed; a base, the whole state: in a child if large
         forked = (self._encode_in_child(partial(self._encode_snapshot, [], link))
                   if link.kind == BASE else None)
-        state = self._encode_snapshot([], link) if forked is None else None
+        state = self._encode_snapshot([], link) if forked is None else b""
         staged = self._take_staged()
 
         async def store() -> BlobRef:
@@ -1210,6 +1210,7 @@ class Worker:
 
     def __init__(self) -> None:
         gc.set_threshold(_GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+        allocator.keep_freed_memory()
         self.worker_index: int | None = None
         self.config: JobConfig | None = None
         self.store: ObjectStore | None = None
@@ -1271,6 +1272,8 @@ class Worker:
         # not when the next job binds it.
         self.frames.bind(None)
         self.links.bind(None)
+        # an idle worker does not hold its last job's peak (`keep_freed_memory`)
+        allocator.release_freed_memory()
 
     @ray.method(concurrency_group="liveness")
     def ping(self) -> int | None:
