@@ -76,17 +76,19 @@ def test_a_child_that_fails_delivers_no_blob(how, message):
 
 @pytest.mark.internal
 def test_an_encode_dropped_unread_leaves_no_child_behind():
-    forked = forked_encode.start(lambda: b"x" * (1 << 20), "task t[0]")  # > a pipe's buffer
-    pid = forked.pid
+    forked = forked_encode.start(lambda: b"x" * (1 << 20), "task t[0]")
+    pid, fd = forked.pid, forked.fd
     del forked  # its checkpoint abandoned before the upload began
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)  # still there (or a zombie not reaped yet)
         except ProcessLookupError:
+            with pytest.raises(OSError):
+                os.fstat(fd)  # its file closed
             return
         time.sleep(0.05)
-    pytest.fail(f"the child {pid} was neither ended nor reaped")
+    pytest.fail(f"the child {pid} was not reaped")
 
 
 def test_fork_min_keys_is_checked_where_made():

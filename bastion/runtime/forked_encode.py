@@ -8,19 +8,22 @@ moves no record. Storing the blob already happens in the background.
 
 ``fork()`` gives a child process the parent's memory as it is at that instant, shared
 copy-on-write. The child encodes that frozen state — exactly what the task would have
-encoded on its loop at the same moment — and writes the blob to a pipe, while the
-parent goes on processing; Redis writes its snapshots (BGSAVE) the same way. What the
+encoded on its loop at the same moment — and writes the blob to an anonymous
+in-memory file (``memfd_create``), while the parent goes on processing; Redis writes its snapshots (BGSAVE) the same way. What the
 parent pays is the fork itself (copying its page tables: about 12 ms for a worker of
 600 MB here) and a copy of each page it writes while the child runs. The child only
 reads: the encoder reads objects without writing them, and the child's collector is
 off, since a collection would write to every object's header and so copy every page.
 
 The child is confined: it runs the encode and nothing else, writes its answer to the
-pipe (a status, a length, the bytes) and leaves with ``os._exit`` — no exit handlers,
+file (a status, a length, the bytes) and leaves with ``os._exit`` — no exit handlers,
 no buffers flushed, nothing of the parent's threads or sockets used. It dies with the
-parent (``PR_SET_PDEATHSIG``), so a killed worker leaves no encoder behind. The
-parent reads the pipe in a worker thread, reaps the child and charges its CPU time to
-the task (the job's CPU figures count it). A child that fails — killed, or an
+parent (``PR_SET_PDEATHSIG``), so a killed worker leaves no encoder behind. A worker
+thread of the parent waits for the child to exit, then reads the file in one call and
+charges the child's CPU time to the task (the job's CPU figures count it). Not a
+pipe: a pipe holds 64 KiB, and a reader thread takes the GIL back after every read —
+which a busy event loop hands over only every 5 ms (the switch interval), so 90 MB
+took 10 s to cross one. A child that fails — killed, or an
 encoder's error — fails that checkpoint, as a failed upload does: nothing half-written
 is ever stored or acknowledged. A value no codec stores is reported as the same
 `UnstorableValueError`, naming the operator, that the loop's own encode raises.
@@ -48,12 +51,12 @@ from bastion.errors import UnstorableValueError
 
 __all__ = ["ForkedEncode", "ForkedEncodeError", "start"]
 
-# The child's answer: a status byte and the payload's length, then the payload.
+# The child's answer, at the start of its file: a status byte and the payload's
+# length, then the payload.
 _HEADER = struct.Struct("<BQ")
 _OK, _UNSTORABLE, _FAILED = 0, 1, 2
-# An encoder's error message is cut to this (the blob itself is bounded by the memory
-# the child could fill, and read into a buffer of its declared size only once the
-# child declared it).
+# An encoder's error message is cut to this (a blob is read into a buffer of its
+# declared size only once the file holds exactly that much).
 _MESSAGE_BYTES = 4096
 _PR_SET_PDEATHSIG = 1
 
@@ -70,16 +73,15 @@ class ForkedEncode:
     """One child encoding one snapshot: `result` waits for its blob."""
 
     pid: int
-    read_fd: int
+    fd: int  # the in-memory file the child writes its answer to
     what: str  # for errors: whose snapshot, e.g. "task sum[0]"
     cpu_s: float = 0.0  # the child's CPU seconds, once reaped
     # An encode dropped unread (its checkpoint abandoned before its upload began)
-    # must not leave its child blocked on a full pipe, holding its image of the
-    # parent's memory: closing the pipe ends it (a broken pipe), and it is reaped.
+    # must not leave a zombie and a file behind: it is reaped and the file closed.
     _abandoned: weakref.finalize = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._abandoned = weakref.finalize(self, _abandon, self.pid, self.read_fd)
+        self._abandoned = weakref.finalize(self, _abandon, self.pid, self.fd)
 
     async def result(self) -> bytearray:
         """The blob, read off the loop. `ForkedEncodeError` if the child failed;
@@ -87,25 +89,24 @@ class ForkedEncode:
         return await asyncio.to_thread(self.collect)
 
     def collect(self) -> bytearray:
-        """`result`, blocking: read the child's answer, reap it, check both."""
+        """`result`, blocking: wait for the child to exit, read its answer, check
+        both."""
         self._abandoned.detach()
-        status, payload, short = _OK, bytearray(), False
         try:
-            with open(self.read_fd, "rb", buffering=0, closefd=True) as pipe:
-                header = _read_into(pipe, bytearray(_HEADER.size))
-                if header is None:
-                    short = True
-                else:
-                    status, length = _HEADER.unpack(header)
-                    if status != _OK and length > _MESSAGE_BYTES:
-                        short = True  # not an answer the child writes
-                    else:
-                        read = _read_into(pipe, bytearray(length))
-                        short = read is None
-                        payload = read if read is not None else payload
-        finally:
             _, wait_status, usage = os.wait4(self.pid, 0)
             self.cpu_s = usage.ru_utime + usage.ru_stime
+            size = os.fstat(self.fd).st_size
+            header = os.pread(self.fd, _HEADER.size, 0)
+            status, length = _HEADER.unpack(header) if len(header) == _HEADER.size else (
+                _OK, -1)
+            # the whole answer, as declared, or the child did not finish writing it
+            short = length < 0 or size != _HEADER.size + length or (
+                status != _OK and length > _MESSAGE_BYTES)
+            payload = bytearray(0 if short else length)
+            if not short:
+                _read_into(self.fd, payload, _HEADER.size)
+        finally:
+            os.close(self.fd)
         if short or wait_status != 0:
             raise ForkedEncodeError(
                 f"the process encoding {self.what}'s snapshot (pid {self.pid}) "
@@ -121,24 +122,21 @@ class ForkedEncode:
 def start(encode: Callable[[], bytes], what: str) -> ForkedEncode | None:
     """Fork a child that runs ``encode`` on the memory as it is now and sends its
     result back; None where ``fork`` is not available (the caller encodes itself)."""
-    if _libc is None or not hasattr(os, "fork"):
+    if _libc is None or not hasattr(os, "fork") or not hasattr(os, "memfd_create"):
         return None
     parent = os.getpid()
-    read_fd, write_fd = os.pipe()
+    fd = os.memfd_create("bastion-snapshot", os.MFD_CLOEXEC)
     try:
         pid = os.fork()
     except OSError:  # no memory or processes left for a child: encode on the loop
-        os.close(read_fd)
-        os.close(write_fd)
+        os.close(fd)
         return None
     if pid == 0:  # the child: never returns
-        os.close(read_fd)
-        _child(encode, write_fd, parent)
-    os.close(write_fd)
-    return ForkedEncode(pid, read_fd, what)
+        _child(encode, fd, parent)
+    return ForkedEncode(pid, fd, what)
 
 
-def _child(encode: Callable[[], bytes], write_fd: int, parent: int) -> None:
+def _child(encode: Callable[[], bytes], fd: int, parent: int) -> None:
     code = 1
     try:
         gc.disable()  # a collection would write to every object: every page copied
@@ -156,15 +154,15 @@ def _child(encode: Callable[[], bytes], write_fd: int, parent: int) -> None:
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
             status = _FAILED
             payload = f"{type(exc).__name__}: {exc}".encode(errors="replace")[:_MESSAGE_BYTES]
-        _write_all(write_fd, _HEADER.pack(status, len(payload)))
-        _write_all(write_fd, payload)
+        _write_all(fd, _HEADER.pack(status, len(payload)))
+        _write_all(fd, payload)
         code = 0
     finally:
         os._exit(code)
 
 
-def _abandon(pid: int, read_fd: int) -> None:
-    os.close(read_fd)
+def _abandon(pid: int, fd: int) -> None:
+    os.close(fd)
     threading.Thread(target=os.waitpid, args=(pid, 0), daemon=True,
                      name=f"bastion-reap {pid}").start()
 
@@ -175,15 +173,14 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _read_into(pipe, buffer: bytearray) -> bytearray | None:
-    """Fill ``buffer`` from ``pipe``; None if the pipe ended first."""
+def _read_into(fd: int, buffer: bytearray, offset: int) -> None:
+    """Fill ``buffer`` from ``fd`` at ``offset``: one call (a read stops at 2 GiB)."""
     view, filled = memoryview(buffer), 0
     while filled < len(buffer):
-        got = pipe.readinto(view[filled:])
+        got = os.preadv(fd, [view[filled:]], offset + filled)
         if not got:
-            return None
+            raise ForkedEncodeError("the snapshot's file ended early")
         filled += got
-    return buffer
 
 
 def _describe_exit(wait_status: int) -> str:
