@@ -274,9 +274,11 @@ class State:
     processing (`bastion.runtime.forked_encode`): encoding costs about 50 ns a key,
     which holds the task 0.9 s at 16 M keys. The child's CPU time counts in the
     job's. None (the default): always on the task's loop, as where ``fork`` is not
-    available. Off by default because it pays only where a core is idle and the
-    child keeps up with the interval: on 2 busy cores a child that encodes 16 M keys
-    every second competes with the job (`benchmarks/state.py` (b) runs both)."""
+    available. A trade, so off by default: at 16 M keys and a 1-s interval on 2 cores
+    a job with forked full snapshots kept 0.89x of its checkpoint-free rate, against
+    0.77x on the loop, but a checkpoint completed every 2.1 s instead of every 1.8
+    s — the child shares the cores, and a task takes one snapshot at a time
+    (`benchmarks/state.py` (b) runs both)."""
 
     incremental: bool = False
     max_chain: int = JobConfig.max_chain
