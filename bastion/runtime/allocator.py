@@ -19,7 +19,12 @@ what is freed there: what one checkpoint freed is what the next one writes into.
 price is that a worker's resident memory stays at its job's peak while it serves the
 job (its heap is trimmed only past 2 GiB free); when the job gives the worker back
 to the pool (`bastion.scheduler.pool`), `release_freed_memory` hands what is free
-back to the system, so an idle worker does not hold its last job's peak. Where the C
+back to the system once more than `KEEP_IDLE_BYTES` lie free, so an idle worker does
+not hold a large job's peak. Below that it keeps them: the next job's first log
+segments, buffers and frames are written into them. Trimming a worker's 30-odd MB
+after every job cost the next job ~4,000 page faults (~50 ms) before its first
+checkpoint — measured on pooled workers running a CEC job of a million records
+twice: 5,400 faults the second time with the trim, 1,500 without. Where the C
 library is not glibc (no ``mallopt``), nothing changes.
 """
 
@@ -28,12 +33,23 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
-__all__ = ["keep_freed_memory", "release_freed_memory"]
+__all__ = ["keep_freed_memory", "release_freed_memory", "free_heap_bytes",
+           "KEEP_IDLE_BYTES"]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 # mallopt takes an int: the largest free top of the heap kept, 2 GiB - 1
 _TRIM_THRESHOLD_BYTES = 2**31 - 1
+#: The free heap an idle worker keeps for its next job: a few jobs' buffers, small
+#: beside a worker's ~84 MiB, where a large state's peak is gigabytes.
+KEEP_IDLE_BYTES = 128 * 2**20
+
+
+class _MallInfo2(ctypes.Structure):
+    # glibc's ``struct mallinfo2`` (2.33 and later): every field a size_t
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+        "uordblks", "fordblks", "keepcost")]
 
 
 def _glibc(function: str):
@@ -55,10 +71,26 @@ def keep_freed_memory() -> bool:
         mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))
 
 
-def release_freed_memory() -> None:
+def free_heap_bytes() -> int | None:
+    """The bytes free in this process's malloc heaps (``mallinfo2().fordblks``);
+    None where glibc has no ``mallinfo2``."""
+    mallinfo2 = _glibc("mallinfo2")
+    if mallinfo2 is None:
+        return None
+    mallinfo2.restype = _MallInfo2
+    return int(mallinfo2().fordblks)
+
+
+def release_freed_memory(keep_bytes: int = KEEP_IDLE_BYTES) -> bool:
     """Hand the memory free in this process's heap back to the system
-    (``malloc_trim``); nothing where there is no glibc."""
+    (``malloc_trim``) when more than ``keep_bytes`` are free (always where that
+    cannot be told); whether it did. Nothing where there is no glibc."""
     malloc_trim = _glibc("malloc_trim")
-    if malloc_trim is not None:
-        malloc_trim.argtypes = (ctypes.c_size_t,)
-        malloc_trim(0)
+    if malloc_trim is None:
+        return False
+    free_bytes = free_heap_bytes()
+    if free_bytes is not None and free_bytes <= keep_bytes:
+        return False
+    malloc_trim.argtypes = (ctypes.c_size_t,)
+    malloc_trim(0)
+    return True

@@ -1272,7 +1272,7 @@ class Worker:
         # not when the next job binds it.
         self.frames.bind(None)
         self.links.bind(None)
-        # an idle worker does not hold its last job's peak (`keep_freed_memory`)
+        # an idle worker does not hold a large job's peak (`keep_freed_memory`)
         allocator.release_freed_memory()
 
     @ray.method(concurrency_group="liveness")
