@@ -95,12 +95,16 @@ class Recovery:
     capacity model); ``failover``: which tasks a failure restarts — ``"local"``, only
     those the protocol's recovery needs, or ``"global"``, every task;
     ``heartbeat_timeout_s``: how long a worker may stay silent before it counts as
-    dead, in seconds; ``max_restarts``: how many times the job is restored before
+    dead, in seconds; ``stall_warning_s``: how long a task may stay on one frame (a
+    user function that does not return) before a ``task_stalled`` event and a
+    warning name it, in seconds (`bastion.scheduler.stall`; None: not watched) — the
+    job is not stopped; ``max_restarts``: how many times the job is restored before
     it fails."""
 
     policy: str | RecoveryPolicy | None = None
     failover: str = "local"
     heartbeat_timeout_s: float = 1.0
+    stall_warning_s: float | None = JobConfig.stall_warning_s
     max_restarts: int = 10
 
     def __post_init__(self) -> None:
@@ -110,6 +114,8 @@ class Recovery:
                                  f"RecoveryPolicy, got {self.policy!r}")
         check_failover(self.failover)
         positive_seconds(self.heartbeat_timeout_s, "heartbeat_timeout_s")
+        if self.stall_warning_s is not None:
+            positive_seconds(self.stall_warning_s, "stall_warning_s")
         _count(self.max_restarts, "max_restarts", minimum=0)
 
     def recovery_policy(self) -> RecoveryPolicy | None:

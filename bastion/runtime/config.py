@@ -61,6 +61,8 @@ class JobConfig:
     checkpoint_interval_s: float | None = None
     retained_checkpoints: int = 2   # complete checkpoints kept; older ones are deleted
     heartbeat_timeout_s: float = 1.0
+    # a task on one frame this long is reported stalled (None: never asked)
+    stall_warning_s: float | None = 60.0
     max_restarts: int = 10
     faults: tuple = field(default_factory=tuple)
     progress_interval_s: float = 0.1
@@ -135,6 +137,9 @@ class JobConfig:
                              f"{self.checkpoint_interval_s}")
         if self.heartbeat_timeout_s <= 0:
             raise ValueError(f"heartbeat_timeout_s must be > 0, got {self.heartbeat_timeout_s}")
+        if self.stall_warning_s is not None and not self.stall_warning_s > 0:
+            raise ValueError(f"stall_warning_s must be > 0 or None, got "
+                             f"{self.stall_warning_s!r}")
         if not self.dedup_window_s > 0:
             raise ValueError(f"dedup_window_s must be > 0 seconds, got {self.dedup_window_s!r}")
         if self.duration_s is not None and self.duration_s <= 0:

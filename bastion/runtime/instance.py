@@ -509,11 +509,14 @@ class Task:
                 continue
             # a count of records: the protocol's room is a count or math.inf
             max_records = int(min(batch_records, room))
+            # a source's "frame" is the batch it reads, its function's calls included
+            self.frame_began_s = time.time()
             if reads_store:                                                 # receive
                 batch = await asyncio.to_thread(source.poll, max_records, time.time())
             else:
                 batch = source.poll(max_records, time.time())
             if batch is None:
+                self.frame_began_s = None
                 break
             if len(batch):
                 counts.records_out += len(batch)
@@ -521,6 +524,7 @@ class Task:
                 if self.faults is not None:
                     await self._stall(0, counts.records_out)
                 await self._process(batch, 1, 0, keyed=False)      # process + emit
+            self.frame_began_s = None
             if source.watermark > self.watermark:
                 await self._advance_watermark(source.watermark, 1)
             await self._flush_aged()
@@ -1280,6 +1284,17 @@ class Worker:
         """Heartbeat. It runs on its own thread, so a user function that keeps the
         tasks' event loop busy does not make a live process look dead."""
         return self.worker_index
+
+    @ray.method(concurrency_group="liveness")
+    def frame_ages(self) -> dict[int, float | None]:
+        """Per task, how long it has been on the frame (a source: the batch) it is
+        processing, in seconds; None between frames. On the heartbeat's thread: a
+        user function that holds the task loop is what it is asked for
+        (`bastion.scheduler.stall`)."""
+        now_s = time.time()
+        # list(): the loop's thread may add tasks meanwhile
+        return {task.task_id: None if (began_s := task.frame_began_s) is None
+                else now_s - began_s for task in list(self.tasks.values())}
 
     @ray.method(concurrency_group="liveness")
     def node_id(self) -> str:

@@ -473,7 +473,13 @@ class JobMaster:
             self.started_s = time.time()
             self.record_event("started")
             self._injector = asyncio.ensure_future(self._inject_faults())
-        running_s = await self.deployment.start()
+        # the sources' first batches run before the workers answer: a function that
+        # stalls there is named meanwhile
+        stalls = asyncio.ensure_future(self.poller.watch_stalls_forever())
+        try:
+            running_s = await self.deployment.start()
+        finally:
+            stalls.cancel()
         # The tasks run already: a new standby (a process start, when the pool has
         # none idle) is borrowed and bound meanwhile, not waited for. After a
         # restart, only once the sources have caught up (`FailureHandler.after_poll`):
@@ -499,7 +505,8 @@ class JobMaster:
         (`FailureHandler.watch`). Meanwhile the timeline gets a point every
         ``progress_interval_s``, and an unbounded input stops after ``duration_s``."""
         self.stage.phase = "watch"
-        background = [asyncio.ensure_future(self.poller.poll_forever())]
+        background = [asyncio.ensure_future(self.poller.poll_forever()),
+                      asyncio.ensure_future(self.poller.watch_stalls_forever())]
         if self.config.duration_s is not None:
             background.append(asyncio.ensure_future(self._stop_after(self.config.duration_s)))
         background.append(asyncio.ensure_future(self.stop_watch.watch(
@@ -520,6 +527,7 @@ class JobMaster:
             # failure the usual timeout: a hung worker must not hold up the recovery.
             await self.poller.poll_once(FINAL_PROGRESS_TIMEOUT_S if finished
                                         else PROGRESS_TIMEOUT_S)
+            await self.poller.close_stalls()
 
     async def _inject_faults(self) -> None:
         assert self.started_s is not None  # injected from the start of the run on

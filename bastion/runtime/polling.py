@@ -29,6 +29,7 @@ return, through the deployment's calls to the workers.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any, Awaitable, Callable
 
@@ -43,6 +44,9 @@ from bastion.scheduler.detector import within
 from bastion.scheduler.recovery import QueryNeeds
 from bastion.scheduler.resiliency import ResiliencyManager
 from bastion.scheduler.retune import Retuner
+from bastion.scheduler.stall import StallWatch
+
+_log = logging.getLogger(__name__)
 
 PROGRESS_TIMEOUT_S = 1.0  # a worker busier than this is left out of one timeline point
 FINAL_PROGRESS_TIMEOUT_S = 30.0  # ...but not out of an attempt's last one
@@ -108,6 +112,16 @@ class ProgressPoller:
                 Retuner(config.retune, config.checkpoint_interval_s),
                 config.progress_interval_s, set_interval, record_event)
 
+        # A task held on one frame is named (`bastion.scheduler.stall`), asked on the
+        # workers' heartbeat thread — which answers while a user function holds the
+        # task loop — every quarter of the warning time, at most once a second.
+        self.stall_watch = (None if config.stall_warning_s is None
+                            else StallWatch(config.stall_warning_s))
+        self._stall_period_s = (None if config.stall_warning_s is None
+                                else min(1.0, config.stall_warning_s / 4))
+        self._task_names = {t.task_id: (f"{plan.chains[t.chain_id].name}[{t.index}]",
+                                        plan.chains[t.chain_id].ops) for t in plan.tasks}
+
     def on_event(self, kind: str) -> None:
         """An event of the job: the re-tune counts failure-free seconds by them."""
         if self.retune_loop is not None:
@@ -118,6 +132,48 @@ class ProgressPoller:
         while True:
             await asyncio.sleep(self.config.progress_interval_s)
             await self.poll_once()
+
+    async def watch_stalls_forever(self) -> None:
+        """Ask for stalls every period, until cancelled (nothing when not watched).
+        Apart from the progress polls: those run on the workers' task loops, which a
+        stalled function holds, and the job master starts them only once the tasks'
+        start call returned — which a function stalled in the first batches delays."""
+        if self._stall_period_s is None:
+            return
+        while True:
+            await asyncio.sleep(self._stall_period_s)
+            await self._watch_stalls(PROGRESS_TIMEOUT_S)
+
+    async def close_stalls(self) -> None:
+        """At an attempt's end: ask once more if a stall is still open, so that one
+        that ended with the attempt's last records gets its ``task_resumed``."""
+        if self.stall_watch is not None and self.stall_watch.stalled:
+            await self._watch_stalls(PROGRESS_TIMEOUT_S)
+
+    async def _watch_stalls(self, timeout_s: float) -> None:
+        """Ask every worker how long its tasks have been on their frames; an event
+        (and a warning) for each task newly held past the warning time, and one when
+        it moves on."""
+        assert self.stall_watch is not None
+        replies = await asyncio.gather(*[within(w.frame_ages.remote(), timeout_s)
+                                         for w in self.deployment.workers],
+                                       return_exceptions=True)
+        ages_s: dict[int, float | None] = {}
+        for reply in replies:
+            if not isinstance(reply, BaseException):
+                ages_s.update(reply)
+        began, ended = self.stall_watch.observe(ages_s)
+        for stall in began:
+            name, ops = self._task_names[stall.task_id]
+            self.record_event("task_stalled", task=name, operators=ops,
+                              held_s=round(stall.held_s, 1))
+            _log.warning("task %s has been on one frame for %.0f s: a function of "
+                         "operator %s has not returned (a call without a timeout, a lock "
+                         "never released, an endless loop?); the job waits for it",
+                         name, stall.held_s, " or ".join(repr(op) for op in ops))
+        for stall in ended:
+            name, _ = self._task_names[stall.task_id]
+            self.record_event("task_resumed", task=name, held_s=round(stall.held_s, 1))
 
     async def poll_once(self, timeout_s: float = PROGRESS_TIMEOUT_S) -> None:
         """Add one point to the timeline — records per second since the last point and
