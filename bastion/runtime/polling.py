@@ -164,7 +164,7 @@ class ProgressPoller:
                 ages_s.update(reply)
         began, ended = self.stall_watch.observe(ages_s)
         for stall in began:
-            name, ops = self._task_names[stall.task_id]
+            name, ops = self._task_names.get(stall.task_id, (f"task {stall.task_id}", []))
             self.record_event("task_stalled", task=name, operators=ops,
                               held_s=round(stall.held_s, 1))
             _log.warning("task %s has been on one frame for %.0f s: a function of "
@@ -172,7 +172,7 @@ class ProgressPoller:
                          "never released, an endless loop?); the job waits for it",
                          name, stall.held_s, " or ".join(repr(op) for op in ops))
         for stall in ended:
-            name, _ = self._task_names[stall.task_id]
+            name, _ = self._task_names.get(stall.task_id, (f"task {stall.task_id}", []))
             self.record_event("task_resumed", task=name, held_s=round(stall.held_s, 1))
 
     async def poll_once(self, timeout_s: float = PROGRESS_TIMEOUT_S) -> None:

@@ -13,8 +13,8 @@ naming the task and its operators, and a warning on the driver's log. When it mo
 on, a ``task_resumed`` event says how long it was held. The
 detector only reports: a restart would call the same function on the same record,
 and a slow call that does return is not a fault. A user who wants a hung job ended
-reads the event (``bn.run_in_background`` hands out the events as they come), or
-bounds the call inside the function.
+watches for the warning (it comes as the stall passes the threshold), or bounds the
+call inside the function.
 
 The clock is the worker's own (one process's ``time.time()``): a task's age on a frame
 never mixes two machines' clocks.
@@ -68,8 +68,3 @@ class StallWatch:
                 self._stalled[task_id] = age_s
                 began.append(Stall(task_id, age_s))
         return began, ended
-
-    def forget(self, task_ids: set[int]) -> None:
-        """Tasks restarted (their worker lost): a stall of theirs ended with them."""
-        for task_id in task_ids:
-            self._stalled.pop(task_id, None)
