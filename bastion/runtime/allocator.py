@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 
 __all__ = ["keep_freed_memory", "release_freed_memory", "free_heap_bytes",
            "KEEP_IDLE_BYTES"]
@@ -52,11 +53,18 @@ class _MallInfo2(ctypes.Structure):
         "uordblks", "fordblks", "keepcost")]
 
 
-def _glibc(function: str):
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    # loaded once: find_library runs ``ldconfig -p`` in a subprocess (~1.7 ms a call,
+    # twice per worker given back to the pool before this was cached)
     try:
-        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), function)
-    except (OSError, AttributeError):
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
         return None
+
+
+def _glibc(function: str):
+    return getattr(_libc(), function, None)
 
 
 def keep_freed_memory() -> bool:

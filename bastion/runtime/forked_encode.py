@@ -9,9 +9,10 @@ moves no record. Storing the blob already happens in the background.
 ``fork()`` gives a child process the parent's memory as it is at that instant, shared
 copy-on-write. The child encodes that frozen state — exactly what the task would have
 encoded on its loop at the same moment — and writes the blob to an anonymous
-in-memory file (``memfd_create``), while the parent goes on processing; Redis writes its snapshots (BGSAVE) the same way. What the
-parent pays is the fork itself (copying its page tables: about 12 ms for a worker of
-600 MB here) and a copy of each page it writes while the child runs. The child only
+in-memory file (``memfd_create``), while the parent goes on processing; Redis writes
+its snapshots (BGSAVE) the same way. What the parent pays is the fork itself (copying
+its page tables: about 12 ms for a worker of 600 MB here) and a copy of each page it
+writes while the child runs. The child only
 reads: the encoder reads objects without writing them, and the child's collector is
 off, since a collection would write to every object's header and so copy every page.
 
@@ -77,7 +78,8 @@ class ForkedEncode:
     what: str  # for errors: whose snapshot, e.g. "task sum[0]"
     cpu_s: float = 0.0  # the child's CPU seconds, once reaped
     # An encode dropped unread (its checkpoint abandoned before its upload began)
-    # must not leave a zombie and a file behind: it is reaped and the file closed.
+    # must not go on using a core and its image of the parent's memory, nor leave a
+    # zombie and a file behind: it is killed, reaped, and the file closed.
     _abandoned: weakref.finalize = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -163,6 +165,8 @@ def _child(encode: Callable[[], bytes], fd: int, parent: int) -> None:
 
 def _abandon(pid: int, fd: int) -> None:
     os.close(fd)
+    # not reaped yet, so the pid is still this child's
+    os.kill(pid, signal.SIGKILL)
     threading.Thread(target=os.waitpid, args=(pid, 0), daemon=True,
                      name=f"bastion-reap {pid}").start()
 
