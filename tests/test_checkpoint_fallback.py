@@ -147,25 +147,27 @@ def test_a_blob_that_does_not_read_back_is_named_by_its_key_across_processes(dam
 
 class _Master:
     """The little of a job master a recovery-line coordinator reads: two tasks, one
-    channel from task 0 to task 1 (a sink), a real checkpoint store."""
+    channel from task 0 to task 1 (a sink), a real checkpoint store — or one task
+    alone (``chained``: a whole job chained into one task has no channel)."""
 
     checkpoint_interval_s = 0.2
     job_id = "line"
 
-    def __init__(self, checkpoints: CheckpointStore):
+    def __init__(self, checkpoints: CheckpointStore, chained: bool = False):
         self.store = checkpoints
+        self.chained = chained
 
     def checkpoint_store(self):
         return self.store
 
     def channels(self):
-        return {0: (0, 1)}
+        return {} if self.chained else {0: (0, 1)}
 
     def sink_tasks(self):
         return set()
 
     def task_ids(self):
-        return [0, 1]
+        return [0] if self.chained else [0, 1]
 
     def record_event(self, kind, **fields):
         pass
@@ -207,5 +209,34 @@ def test_a_fallback_behind_reclaimed_checkpoints_restores_none_of_them(tmp_path)
         # received frames task 0 will send again, with it
         assert restore["summary"] == {0: None, 1: None}
         assert not restore["tasks"][0].replay
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.internal
+def test_a_task_alone_whose_every_checkpoint_is_gone_starts_over(tmp_path):
+    """CI once failed the fallback drill with "a line names one checkpoint per
+    process; missing [], unknown [0]": a job chained into one task has no channel, so
+    once its older checkpoints were reclaimed and its newest excluded as damaged, the
+    checkpoint graph knew no such task while the line named it."""
+    async def scenario():
+        checkpoints = CheckpointStore(open_store(f"local://{tmp_path}"), "line")
+        coordinator = RecoveryLineCoordinator(_Master(checkpoints, chained=True))
+        coordinator.start(0)
+        numbers = [checkpoint_number(0, 0, local, 0) for local in (1, 2)]
+        for number in numbers:
+            ref = checkpoints.put_state(number, "op", 0, b"state")
+            meta = {"sent": {}, "received": {}, "channels": {}, "duration_s": 0.0,
+                    "forced": False}
+            coordinator.on_acknowledge(0, 0, number, ref, meta)
+        graph = coordinator._graph()
+        line = graph.recovery_line()
+        assert line == {0: numbers[1]}
+        await coordinator._reclaim(line, graph.replay_from(line))
+        assert coordinator.reclaimed == {numbers[0]}
+        await coordinator.stop()
+        coordinator.exclude(numbers[1])
+        restore = await coordinator.recovery_line()
+        assert restore["summary"] == {0: None}
 
     asyncio.run(scenario())

@@ -114,9 +114,14 @@ class CheckpointGraph:
     """The checkpoint graph of one execution, and the questions recovery asks of it."""
 
     def __init__(self, records: Iterable[CheckpointRecord],
-                 channels: Mapping[ChannelId, tuple[Process, Process]]):
+                 channels: Mapping[ChannelId, tuple[Process, Process]],
+                 processes: Iterable[Process] = ()):
+        """``processes`` names processes the records and channels may not: a process
+        with no channel whose every checkpoint is gone (reclaimed, or excluded as
+        damaged) is still one, at its initial checkpoint, in every line."""
         self._channels = {cid: Channel(*ends) for cid, ends in channels.items()}
-        by_process: dict[Process, dict[int, CheckpointRecord]] = {}
+        by_process: dict[Process, dict[int, CheckpointRecord]] = {
+            p: {} for p in processes}
         for channel in self._channels.values():
             by_process.setdefault(channel.src, {})
             by_process.setdefault(channel.dst, {})
@@ -346,9 +351,9 @@ def region_recovery_line(records: Iterable[CheckpointRecord],
                              {c: n for c, n in r.sent.items() if c in inner},
                              {c: n for c, n in r.received.items() if c in inner})
             for r in records if r.process in region]
-    line = CheckpointGraph(kept, inner).recovery_line()
+    line = CheckpointGraph(kept, inner, processes=region).recovery_line()
     assert line is not None   # nothing pinned: the all-initial line is always reachable
-    return {p: line.get(p, INITIAL) for p in region}
+    return line
 
 
 def find_recovery_line(records: Iterable[CheckpointRecord],

@@ -41,7 +41,6 @@ import asyncio
 import bisect
 import random
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +50,7 @@ from bastion.protocols.knobs import AutoInterval
 from bastion.protocols import knobs
 from bastion.protocols.base import (Coordinator, MasterContext, Protocol, ProtocolStats,
                                     RegionLine, TaskContext, TaskProtocol, cancel)
-from bastion.protocols.recovery_line import (INITIAL, NOTHING, CheckpointGraph,
+from bastion.protocols.recovery_line import (NOTHING, CheckpointGraph,
                                              CheckpointRecord, invalid_checkpoints,
                                              region_recovery_line)
 
@@ -180,16 +179,12 @@ class IndependentCheckpoints(TaskProtocol):
         return None
 
 
-def _latest(graph: CheckpointGraph, tasks: Iterable[int]) -> dict[int, int]:
-    """The most recent consistent line of ``graph`` over every one of ``tasks``: one
-    always exists when it need contain no given checkpoint — the initial checkpoints
-    are one. A task the graph does not know (no channels, and no checkpoint recorded
-    when the graph was drawn, or every one reclaimed) is at its initial checkpoint:
-    the callers await between drawing the graph and reading the line, and a fully
-    chained task's first checkpoint may arrive meanwhile."""
+def _latest(graph: CheckpointGraph) -> dict[int, int]:
+    """The most recent consistent line of ``graph``: one always exists when it need
+    contain no given checkpoint — the initial checkpoints are one."""
     line = graph.recovery_line()
     assert line is not None
-    return {task: line.get(task, INITIAL) for task in tasks}
+    return line
 
 
 @dataclass
@@ -253,13 +248,13 @@ class RecoveryLineCoordinator(Coordinator):
     def _graph(self, restorable_only: bool = False) -> CheckpointGraph:
         records = [cp.record for cps in self.history.values() for cp in cps
                    if not (restorable_only and cp.record.number in self.reclaimed)]
-        return CheckpointGraph(records, self.channels)
+        return CheckpointGraph(records, self.channels, processes=self.history)
 
     async def _commit_loop(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
             graph = self._graph()
-            line = _latest(graph, self.history)
+            line = _latest(graph)
             replay_from = graph.replay_from(line)
             await self._commit_sinks(line)
             await self._reclaim(line, replay_from)
@@ -314,7 +309,7 @@ class RecoveryLineCoordinator(Coordinator):
         # is final, including those whose acknowledgment has not arrived yet.
         await self._commit_sinks(None)
         graph = self._graph()
-        line = _latest(graph, self.history)
+        line = _latest(graph)
         await self._reclaim(line, graph.replay_from(line))
         for report in task_reports:
             if report["task_id"] in self.sink_tasks:
@@ -328,7 +323,7 @@ class RecoveryLineCoordinator(Coordinator):
         # a damaged checkpoint is excluded and the line falls back behind it: the
         # reclaimed ones are gone from the store, so the line is drawn without them.
         graph = self._graph(restorable_only=True)
-        line = _latest(graph, self.history)
+        line = _latest(graph)
         tasks = self._restore_tasks(line, graph.replay_from(line))
         summary = {t: info.checkpoint for t, info in tasks.items()}
         return {"tasks": tasks, "summary": summary}
