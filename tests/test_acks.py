@@ -160,9 +160,10 @@ def test_slow_acknowledgments_are_replayed_around_not_lost(tmp_path):
 
 
 def test_max_pending_bounds_what_a_source_has_in_flight(tmp_path):
-    # A root waits for up to 100 others ahead of it: on a loaded machine that took over
-    # the default 5-s timeout once, and the replay duplicated, as at-least-once may. The
-    # test is about the bound, so no root may time out here.
+    # The test is about the bound, so no root may time out here: a replay duplicates,
+    # as at-least-once may. (CI's one failure here was the test before's slow
+    # acknowledgments, sent on this job's link after their job ended: see
+    # test_frame_security's test of a message of the job before.)
     result = bn.run(pipeline(count=3000),
                     protocol=bn.protocols.Acks(max_pending=100, interval_s=0.05,
                                                timeout_s=120.0),

@@ -288,6 +288,25 @@ async def test_a_server_rebound_to_another_job_closes_the_links_of_the_job_befor
     await shutdown(server)
 
 
+@pytest.mark.internal
+async def test_a_message_of_the_job_before_is_not_sent_on_the_next_jobs_link():
+    """A slow acknowledgment's timer of a job that ended fired while its process served
+    the next job, and its message went out on the new job's link: the server closed
+    the link as a protocol violation, losing the new job's acknowledgments in flight,
+    whose roots were then replayed (CI: duplicates in a failure-free acks run). The
+    link now refuses a message of another job than its own."""
+    receiver = Receiver()
+    server, address = await serving(receiver)
+    link = PeerLink(address, key=KEY)
+    await link.connect()
+    stale = link.send(("job-before", 0), 1, 2, 0, b"late ack", resend=False)
+    assert stale.cancelled()
+    await asyncio.wait_for(link.send(EPOCH, 1, 2, 0, b"ours"), 10)
+    assert [f[4] for f in receiver.frames] == [b"ours"]
+    assert server.rejected_links == 0 and link.heals == 0
+    await shutdown(server, link)
+
+
 # -- bounded input -----------------------------------------------------------------------------
 
 

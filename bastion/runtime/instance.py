@@ -1577,6 +1577,10 @@ class Worker:
         assert epoch is not None  # made by deploy, join and attach, once the epoch is set
 
         def route(task_id: int, entries: list) -> None:
+            if self.epoch != epoch:
+                # called late (a slow acknowledgment's timer) by a task of an attempt
+                # or job this worker has left: its roots are replayed or gone
+                return
             local = tasks.get(task_id)
             if local is not None:
                 local.protocol.on_acks(entries)

@@ -587,9 +587,10 @@ class PeerLink:
         """Send a message; its future completes with its acknowledgment. ``resend``:
         send it again if the connection breaks before it is acknowledged (False for
         messages a duplicate would harm, which the caller makes up for otherwise: its
-        future is then cancelled, its fate unknown). ``tear``: an injected fault — write
-        part of the message, then abort the connection, as a network that cuts it
-        mid-frame (the link heals and resends it)."""
+        future is then cancelled, its fate unknown). A message of a job other than the
+        one whose key the link proved is not sent: its future is cancelled. ``tear``:
+        an injected fault — write part of the message, then abort the connection, as a
+        network that cuts it mid-frame (the link heals and resends it)."""
         if len(payload) > self.limits.max_payload_bytes:
             raise FrameTooLargeError(
                 f"a frame of {len(payload)} bytes for task {task_id} exceeds the "
@@ -599,6 +600,13 @@ class PeerLink:
         ack = asyncio.get_running_loop().create_future()
         if self.broken is not None:
             _fail(ack, self.broken)
+            return ack
+        if self.key is not None and epoch[0] != self.key.job_id:
+            # Code of a job this process served before, still scheduled (a timer):
+            # the server would close the link as a protocol violation, and with it
+            # lose what the link's own job has in flight that is never resent
+            # (acknowledgment messages). Not sent: its job is over.
+            ack.cancel()
             return ack
         message_id = self._next_id
         self._next_id += 1
