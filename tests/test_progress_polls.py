@@ -33,6 +33,27 @@ def test_counters_become_increments_and_restart_with_each_attempt_and_incarnatio
     assert tally.totals == {"source_records": 170, "sink_records": 127}
 
 
+def test_what_sinks_received_by_a_commit_point_counts_though_their_worker_dies():
+    """CI once printed a drill whose sinks "received 3163 records but committed 3194":
+    the worker holding a sink was killed after a commit and before the next poll, and
+    its receipts since the last poll died with it. A commit point now tells them."""
+    tally = ProgressTally({1: ["q"]}, ["q"], set())
+    assert tally.add([reply(0, {1: (0, 0, 50)})]).sink_records == 50
+    tally.at_least(1, (0, 0), 80)        # a commit point: 80 received by now
+    tally.at_least(1, (0, 0), 70)        # an older one, arriving late, adds nothing
+    # the worker died: it answers no more polls, and the 30 count all the same
+    died = tally.add([TimeoutError()])
+    assert died.sink_records == 30 and died.by_query["q"][0] == 30
+    assert tally.add([TimeoutError()]).sink_records == 0    # ... once
+    # a reply sent before the commit point, read after it, takes nothing back
+    assert tally.add([reply(0, {1: (0, 0, 75)})]).sink_records == 0
+    assert tally.add([reply(0, {1: (0, 0, 95)})]).sink_records == 15
+    # a rebuilt task's commit point counts from zero, before its first poll
+    tally.at_least(1, (0, 1), 12)
+    assert tally.add([reply(0, {1: (1, 0, 20)})]).sink_records == 20
+    assert tally.totals["sink_records"] == 50 + 30 + 15 + 20
+
+
 def quiescence(sent: dict[int, int], processed: dict[int, int], idle: bool = True,
                head: bool = True) -> dict:
     return {"attempt": 0, "quiescence": {

@@ -1110,6 +1110,13 @@ class Task:
                 sum(self.counts[j].records_in for j, op in enumerate(self.ops)
                     if isinstance(op, SinkOp)))
 
+    def sink_records_received(self) -> int | None:
+        """Records this task's sinks received in this attempt (as `progress` counts
+        them); None for a task without sinks."""
+        if not self.sinks:
+            return None
+        return self._records_read_and_written()[1] - self.restored_progress[1]
+
     def progress(self) -> dict[str, Any]:
         """Counters of this attempt (not those restored with the state): the job
         master adds their increments to the timeline."""

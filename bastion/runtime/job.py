@@ -190,13 +190,19 @@ class MasterLink:
     job_id: str
 
     def acknowledge(self, attempt: int, task_id: int, checkpoint_id: int, ref: Any,
-                    meta: Any = None, incarnation: int = 0) -> None:
+                    meta: Any = None, incarnation: int = 0,
+                    sink_records: int | None = None) -> None:
+        """``sink_records``: what the task's sinks had received when it took the
+        checkpoint (`JobMaster.note_sink_records`)."""
         self.host.acknowledge.remote(self.job_id, attempt, task_id, checkpoint_id, ref, meta,
-                                     incarnation)
+                                     incarnation, sink_records)
 
-    async def commit(self, attempt: int, commit: int) -> bool:
-        """Have the job master commit ``commit`` now; False if ``attempt`` is over."""
-        return await self.host.commit_now.remote(self.job_id, attempt, commit)
+    async def commit(self, attempt: int, commit: int, task_id: int, incarnation: int,
+                     sink_records: int | None) -> bool:
+        """Have the job master commit ``commit`` of ``task_id`` now, its sinks having
+        received ``sink_records``; False if ``attempt`` is over."""
+        return await self.host.commit_now.remote(self.job_id, attempt, commit, task_id,
+                                                 incarnation, sink_records)
 
 
 # Ray's stubs list no concurrency_groups among @ray.remote's options
@@ -236,16 +242,20 @@ class JobHost:
         master = self.masters.get(job_id)
         return None if master is None else master.progress()
 
-    async def commit_now(self, job_id: str, attempt: int, commit: int) -> bool:
+    async def commit_now(self, job_id: str, attempt: int, commit: int, task_id: int,
+                         incarnation: int, sink_records: int | None) -> bool:
         """A task asks that its staged commit point be committed now (protocol acks)."""
         master = self.masters.get(job_id)
-        return master is not None and await master.commit_now(attempt, commit)
+        return master is not None and await master.commit_now(
+            attempt, commit, task_id, incarnation, sink_records)
 
     def acknowledge(self, job_id: str, attempt: int, task_id: int, checkpoint_id: int,
-                    ref: Any, meta: Any = None, incarnation: int = 0) -> None:
+                    ref: Any, meta: Any = None, incarnation: int = 0,
+                    sink_records: int | None = None) -> None:
         master = self.masters.get(job_id)
         if master is not None:  # an acknowledgment that arrives after its job ended
-            master.acknowledge(attempt, task_id, checkpoint_id, ref, meta, incarnation)
+            master.acknowledge(attempt, task_id, checkpoint_id, ref, meta, incarnation,
+                               sink_records)
 
 
 class JobMaster:
@@ -374,14 +384,28 @@ class JobMaster:
     def checkpoint_completed(self, checkpoint_id: int) -> None:
         self.failures.checkpoint_completed(checkpoint_id)
 
-    async def commit_now(self, attempt: int, commit: int) -> bool:
+    async def commit_now(self, attempt: int, commit: int, task_id: int, incarnation: int,
+                         sink_records: int | None) -> bool:
         """Commit ``commit`` for a task of ``attempt`` (`TaskContext.commit_sink_outputs`);
         False when that attempt is no longer the one running, or the job has ended."""
         if attempt != self.stage.attempt or self.job_error is not None \
                 or self.stage.phase == "done":
             return False
+        self.note_sink_records(attempt, task_id, incarnation, sink_records)
         await self.commit_outputs(commit)
         return True
+
+    def note_sink_records(self, attempt: int, task_id: int, incarnation: int,
+                          sink_records: int | None) -> None:
+        """What a sink task had received when it staged outputs for a commit. A sink's
+        counters reach the timeline at each progress poll, and a worker killed
+        between two polls takes with it what its sinks received since the last one —
+        outputs it may have committed meanwhile: the timeline would show the sinks
+        receiving fewer records than they committed. Every commit point carries the
+        count, so nothing committed is missing from "received"."""
+        if (sink_records is not None and attempt == self.stage.attempt
+                and incarnation == self.deployment.incarnations[task_id]):
+            self.poller.tally.at_least(task_id, (attempt, incarnation), sink_records)
 
     def _end_job(self, error: JobFailedError) -> None:
         """End the job with ``error``, whatever phase it is in."""
@@ -391,9 +415,11 @@ class JobMaster:
             self._job_error_set.set_result(None)
 
     def acknowledge(self, attempt: int, task_id: int, checkpoint_id: int, ref: Any,
-                    meta: Any = None, incarnation: int = 0) -> None:
+                    meta: Any = None, incarnation: int = 0,
+                    sink_records: int | None = None) -> None:
         if incarnation != self.deployment.incarnations[task_id]:
             return  # from a task a regional restart has rebuilt since: it takes it again
+        self.note_sink_records(attempt, task_id, incarnation, sink_records)
         self.coordinator.on_acknowledge(attempt, task_id, checkpoint_id, ref, meta)
 
     # -- the control loop -----------------------------------------------------------------

@@ -8,7 +8,10 @@ worker that does not answer in time is simply counted at the next poll. So
 belonged to, and turns each round of replies into *increments*: a `Poll` — records
 read and written since the last poll, the latency of what sinks received meanwhile
 (as a histogram: the difference of two cumulative ones), per query, and the sources'
-backlog. A killed worker's history is never lost: only what it gained counts.
+backlog. A killed worker's history is never lost: only what it gained counts — and
+what its sinks received up to their last commit point counts even when the worker
+dies before the next poll (`ProgressTally.at_least`), so "received" never falls
+below what they committed.
 
 Three control loops read the polls, each an object with its own state, so the job
 master's poll is a sequence of named steps:
@@ -87,7 +90,21 @@ class ProgressTally:
         self._counts: dict[int, tuple[Any, int, int]] = {}
         self._latency_seen: dict[int, tuple[Any, dict]] = {}
         self._late_seen: dict[int, tuple[Any, dict]] = {}
+        self._noted_sink_records: dict[int, int] = {}   # task -> gained since the last poll
         self.totals = {"source_records": 0, "sink_records": 0}
+
+    def at_least(self, task_id: int, stamp: Any, sink_records: int) -> None:
+        """Task ``task_id`` of ``stamp`` (attempt, incarnation) has received at least
+        ``sink_records`` at its sinks, told outside a poll (with a commit point): the
+        gain counts at the next poll, even if the task dies before it answers one."""
+        attempt, src, snk = self._counts.get(task_id, (stamp, 0, 0))
+        if attempt != stamp:
+            src, snk = 0, 0
+        if sink_records > snk:
+            self._noted_sink_records[task_id] = (
+                self._noted_sink_records.get(task_id, 0) + sink_records - snk)
+            snk = sink_records
+        self._counts[task_id] = (stamp, src, snk)
 
     def add(self, replies: list) -> Poll:
         """The increments of one round of replies (an exception: a worker that did not
@@ -95,6 +112,11 @@ class ProgressTally:
         poll = Poll(asked=len(replies))
         records_by_query = dict.fromkeys(self.queries, 0)
         latency_by_query = {name: LatencyHistogram() for name in self.queries}
+        noted, self._noted_sink_records = self._noted_sink_records, {}
+        for task_id, gained in noted.items():
+            poll.sink_records += gained
+            for name in self.sink_queries.get(task_id, ()):
+                records_by_query[name] += gained
         for reply in replies:
             if isinstance(reply, BaseException):
                 continue
@@ -105,11 +127,13 @@ class ProgressTally:
                 attempt, src, snk = self._counts.get(task_id, (stamp, 0, 0))
                 if attempt != stamp:
                     src, snk = 0, 0
+                # a commit point may have told more than this reply, sent before it
+                gained = max(0, p["sink_records"] - snk)
                 poll.source_records += p["source_records"] - src
-                poll.sink_records += p["sink_records"] - snk
+                poll.sink_records += gained
                 for name in queries:
-                    records_by_query[name] += p["sink_records"] - snk
-                self._counts[task_id] = (stamp, p["source_records"], p["sink_records"])
+                    records_by_query[name] += gained
+                self._counts[task_id] = (stamp, p["source_records"], snk + gained)
                 new = self._increment(self._latency_seen, task_id, stamp, p["latency"])
                 poll.latency.merge(new)
                 for name in queries:

@@ -164,7 +164,7 @@ class _State(TaskState):
         task.protocol_message_bytes += len(pickle.dumps((checkpoint_id, ref, meta),
                                                         protocol=5))
         task.master.acknowledge(task.attempt, task.task_id, checkpoint_id, ref, meta,
-                                task.incarnation)
+                                task.incarnation, task.sink_records_received())
 
     def object_store(self) -> ObjectStore:
         return self._task.store
@@ -252,7 +252,8 @@ class _Sinks(TaskSinks):
         task = self._task
         if not await task.stage_sink_outputs(commit):
             return True
-        return bool(await task.master.commit(task.attempt, commit))
+        return bool(await task.master.commit(task.attempt, commit, task.task_id,
+                                             task.incarnation, task.sink_records_received()))
 
     async def reapply_commits(self) -> None:
         await self._task.reapply_commits()
