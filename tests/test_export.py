@@ -6,6 +6,8 @@ endpoint is tests/test_local_cluster.py's (the test session's Ray has no known p
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import ray
 
@@ -27,16 +29,43 @@ class Probe:
 
     def __init__(self, plan) -> None:
         from bastion.runtime.export import MetricsExporter
+        from bastion.runtime.progress import ProgressTally
 
         self.exporter = MetricsExporter(plan, "probe-job", 4)
+        self.tally = ProgressTally({}, [], set())
+        self.now_s = 0.0
+        # what the exporter added to its record counters, beside Ray's own series
+        self.counted: Counter = Counter()
+        for name in ("source_records", "sink_records"):
+            series = getattr(self.exporter, name)
+            series.inc = self._counting(name, series.inc)
 
-    def feed(self, replies: list, events: list) -> dict:
-        self.exporter.observe_poll(replies, 1.0)
-        self.exporter.observe_poll(replies, 1.1)
+    def _counting(self, name, inc):
+        def counted(value, tags):
+            self.counted[name] += value
+            inc(value, tags)
+        return counted
+
+    def feed(self, replies: list, events: list = (), sinks_told: tuple = ()) -> dict:
+        """Two polls of ``replies``, through the job master's tally; ``sinks_told``:
+        (task, attempt, incarnation, records) a commit point told before them."""
+        for task_id, attempt, incarnation, records in sinks_told:
+            self.tally.at_least(task_id, (attempt, incarnation), records)
+        for _ in range(2):
+            self.now_s += 0.1
+            self.exporter.observe_poll(self.tally.add(replies), replies, self.now_s)
         for event in events:
             self.exporter.observe_event(event)
         return {"broken": self.exporter.broken, "detected": self.exporter._detected_s,
-                "seen": sorted(self.exporter._seen)}
+                "counted": dict(self.counted)}
+
+    def feed_malformed(self, replies: list, events: list) -> dict:
+        from bastion.runtime.progress import Poll
+
+        self.exporter.observe_poll(Poll(), replies, 1.0)
+        for event in events:
+            self.exporter.observe_event(event)
+        return {"broken": self.exporter.broken, "detected": self.exporter._detected_s}
 
 
 @pytest.fixture
@@ -44,9 +73,10 @@ def plan():
     return build_plan(keyed())
 
 
-def reply(plan, attempt: int = 0) -> dict:
-    tasks = {t.task_id: {"source_records": 100, "sink_records": 50, "source_lag": 0,
-                         "latency": {300: 4, 310: 2}} for t in plan.tasks}
+def reply(plan, attempt: int = 0, sink_records: int = 50, incarnation: int = 0) -> dict:
+    tasks = {t.task_id: {"source_records": 100, "sink_records": sink_records,
+                         "source_lag": 0, "latency": {300: 4, 310: 2}, "late_copies": {},
+                         "busy_s": 0.0, "incarnation": incarnation} for t in plan.tasks}
     return {"attempt": attempt, "tasks": tasks,
             "quiescence": {t.task_id: {"sent": {}, "processed": {}} for t in plan.tasks}}
 
@@ -62,14 +92,32 @@ def test_a_poll_and_events_are_recorded_and_a_restart_closes_the_failure(ray_ses
         {"kind": "restarted", "t": 6.4, "attempt": 1},
         {"kind": "recovery", "t": 9.0, "recovery_s": 1.5}]))
     assert not outcome["broken"]
-    assert outcome["seen"] == sorted(t.task_id for t in plan.tasks)
+    # two source and two sink instances; the second poll of the same counters adds
+    # nothing
+    assert outcome["counted"] == {"source_records": 200, "sink_records": 100}
     assert outcome["detected"] is None  # the restart ended the failure it timed
+
+
+@pytest.mark.internal
+def test_records_count_from_zero_per_incarnation_and_by_commit_points(ray_session, plan):
+    """The exporter takes the job master's increments: a task rebuilt alone counts
+    from zero again (its incarnation), and what a killed sink's commit point told
+    counts though its worker never answers again."""
+    probe = Probe.remote(plan)
+    ray.get(probe.feed.remote([reply(plan)]))
+    rebuilt = ray.get(probe.feed.remote([reply(plan, sink_records=20, incarnation=1)]))
+    # each of the 4 tasks counts from zero: 2 x 100 read, 2 x 20 received
+    assert rebuilt["counted"] == {"source_records": 400, "sink_records": 140}
+    sinks = [t.task_id for t in plan.tasks if t.inputs]
+    told = ray.get(probe.feed.remote([RuntimeError("killed")],
+                                     sinks_told=[(sinks[0], 0, 1, 35)]))
+    assert told["counted"]["sink_records"] == 140 + 15
 
 
 @pytest.mark.internal
 def test_a_malformed_reply_stops_the_exporter_and_not_the_caller(ray_session, plan):
     probe = Probe.remote(plan)
-    outcome = ray.get(probe.feed.remote([{"attempt": 0, "tasks": {0: {}}}], [
+    outcome = ray.get(probe.feed_malformed.remote([{"attempt": 0, "tasks": {0: {}}}], [
         {"kind": "failure_detected", "t": 1.0, "reason": "x"}]))
     assert outcome["broken"]
     assert outcome["detected"] is None  # quiet after the error: nothing more recorded

@@ -9,10 +9,11 @@ metrics agent serves whatever the processes on that node record through
 scrapes it. So Bastion records its figures there and runs no server of its own.
 
 Only the job master records. It already learns everything once per progress poll
-(`ProgressPoller.poll_once`, every ``progress_interval_s``: the workers' per-task counters)
-and once per event (`JobMaster.record_event`): the data path pays nothing — no call
-per record or per frame, no extra message — and the cost of exporting is a few dozen
-metric updates per poll, in a process that sits mostly idle.
+(`ProgressPoller.poll_once`, every ``progress_interval_s``: what each task gained
+since the poll before, `ProgressTally`) and once per event (`JobMaster.record_event`):
+the data path pays nothing — no call per record or per frame, no extra message — and
+the cost of exporting is a few dozen metric updates per poll, in a process that sits
+mostly idle.
 
 The series (Ray prefixes each name with ``ray_`` when it serves them; tags ``job``,
 and ``operator`` / ``instance`` where one operator instance is meant):
@@ -64,6 +65,7 @@ import logging
 from typing import Any, Callable
 
 from bastion.runtime.metrics import LatencyHistogram
+from bastion.runtime.progress import Poll
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +120,6 @@ class MetricsExporter:
             self._task_channels[t.task_id] = len(t.inputs)
             for c in t.inputs:
                 self._channel_dst[c.channel_id] = t.task_id
-        self._seen: dict[int, tuple[int, int, int, dict]] = {}  # task -> attempt, counts
         self._detected_s: float | None = None  # when the failure being recovered was seen
         self._last_poll_s: float | None = None
 
@@ -170,42 +171,39 @@ class MetricsExporter:
     # -- what the job master calls ------------------------------------------------------
 
     @_never_fails_the_job
-    def observe_poll(self, replies: list, now_s: float) -> None:
-        """One progress poll: the workers' replies (`Worker.progress`, exceptions for
-        those that did not answer). Counters restart with each attempt: as in the
-        job master's timeline, only increments count."""
+    def observe_poll(self, poll: Poll, replies: list, now_s: float) -> None:
+        """One progress poll: its increments per task (`ProgressTally`, which counts
+        each attempt and incarnation of a task from zero, and a killed sink's
+        receipts up to its last commit point) and the workers' replies
+        (`Worker.progress`, exceptions for those that did not answer) for what is a
+        level, not a count: the attempt, the sources' lag and the input queues."""
         interval_s = None if self._last_poll_s is None else now_s - self._last_poll_s
         self._last_poll_s = now_s
         per_sink: dict[str, int] = {}
+        for task_id, gain in poll.by_task.items():
+            tags = self._task_tags.get(task_id)
+            if tags is None:
+                continue
+            source, sink, _ = tags
+            if source is not None and gain.source_records > 0:
+                self.source_records.inc(gain.source_records, source)
+            if sink is not None:
+                if gain.sink_records > 0:
+                    self.sink_records.inc(gain.sink_records, sink)
+                name = sink["operator"]
+                per_sink[name] = per_sink.get(name, 0) + gain.sink_records
+                self._observe_latency(gain.latency, {"job": self.job_id, "operator": name})
         sent: dict[int, int] = {}
         processed: dict[int, int] = {}
         reporting: set[int] = set()  # unfinished tasks that said what they processed
         for reply in replies:
             if isinstance(reply, BaseException):
                 continue
-            attempt = reply["attempt"]
-            self.attempt.set(attempt, self._job_tags)
+            self.attempt.set(reply["attempt"], self._job_tags)
             for task_id, p in reply["tasks"].items():
                 tags = self._task_tags.get(task_id)
-                if tags is None:
-                    continue
-                source, sink, first = tags
-                was, src, snk, buckets = self._seen.get(task_id, (attempt, 0, 0, {}))
-                if was != attempt:
-                    src, snk, buckets = 0, 0, {}
-                if source is not None:
-                    if p["source_records"] > src:
-                        self.source_records.inc(p["source_records"] - src, source)
-                    self.source_lag.set(p["source_lag"], source)
-                if sink is not None:
-                    if p["sink_records"] > snk:
-                        self.sink_records.inc(p["sink_records"] - snk, sink)
-                    name = sink["operator"]
-                    per_sink[name] = per_sink.get(name, 0) + max(0, p["sink_records"] - snk)
-                    grown = LatencyHistogram(p["latency"]).minus(buckets)
-                    self._observe_latency(grown, {"job": self.job_id, "operator": name})
-                self._seen[task_id] = (attempt, p["source_records"], p["sink_records"],
-                                       p["latency"])
+                if tags is not None and tags[0] is not None:
+                    self.source_lag.set(p["source_lag"], tags[0])
             for task_id, q in reply.get("quiescence", {}).items():
                 reporting.add(task_id)
                 sent.update(q["sent"])

@@ -193,7 +193,7 @@ class ProgressPoller:
         await self.follow_ups(poll, replies, asked_s, elapsed_s)
         # phase 2: the control loops
         if self.exporter is not None:
-            self.exporter.observe_poll(replies, time.time())
+            self.exporter.observe_poll(poll, replies, time.time())
         if self.loop_termination is not None:
             heads = self.loop_termination.heads_to_finish(replies)
             if heads:

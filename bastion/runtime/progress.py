@@ -57,6 +57,16 @@ def caught_up(source_lag_records: int, read_records: int, elapsed_s: float,
 
 
 @dataclass
+class TaskGain:
+    """What one task gained since the last poll (a task that did not answer: what a
+    commit point told of its sinks, if anything)."""
+
+    source_records: int = 0
+    sink_records: int = 0
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+
+
+@dataclass
 class Poll:
     """One round of replies, as increments since the round before."""
 
@@ -67,6 +77,8 @@ class Poll:
     late: LatencyHistogram = field(default_factory=LatencyHistogram)  # late copies dropped
     # per query: records its sinks received, and their latency
     by_query: dict[str, tuple[int, LatencyHistogram]] = field(default_factory=dict)
+    # per task, what it gained (the metrics exporter's series are per instance)
+    by_task: dict[int, TaskGain] = field(default_factory=dict)
     # how long each task with copies in its input has been on its current frame
     busy_s: list[float] = field(default_factory=list)
     answering: int = 0               # workers that answered
@@ -114,6 +126,7 @@ class ProgressTally:
         latency_by_query = {name: LatencyHistogram() for name in self.queries}
         noted, self._noted_sink_records = self._noted_sink_records, {}
         for task_id, gained in noted.items():
+            poll.by_task[task_id] = TaskGain(sink_records=gained)
             poll.sink_records += gained
             for name in self.sink_queries.get(task_id, ()):
                 records_by_query[name] += gained
@@ -135,6 +148,10 @@ class ProgressTally:
                     records_by_query[name] += gained
                 self._counts[task_id] = (stamp, p["source_records"], snk + gained)
                 new = self._increment(self._latency_seen, task_id, stamp, p["latency"])
+                task_gain = poll.by_task.setdefault(task_id, TaskGain())
+                task_gain.source_records += p["source_records"] - src
+                task_gain.sink_records += gained
+                task_gain.latency.merge(new)
                 poll.latency.merge(new)
                 for name in queries:
                     latency_by_query[name].merge(new)
