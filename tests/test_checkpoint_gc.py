@@ -61,6 +61,9 @@ def test_the_line_names_every_task_even_one_whose_first_checkpoint_came_after_th
     from bastion.protocols.recovery_line import CheckpointGraph, CheckpointRecord
     from bastion.protocols.uncoordinated import _latest
 
-    graph = CheckpointGraph([CheckpointRecord(1, 3)], channels={})
-    assert graph.recovery_line() == {1: 3}   # task 0 is not in the graph at all
-    assert _latest(graph, [0, 1]) == {0: 0, 1: 3}
+    alone = CheckpointGraph([CheckpointRecord(1, 3)], channels={})
+    assert alone.recovery_line() == {1: 3}   # task 0 is not in that graph at all
+    # the coordinator names every task of the job as a process of its graph
+    graph = CheckpointGraph([CheckpointRecord(1, 3)], channels={}, processes=[0, 1])
+    assert _latest(graph) == {0: 0, 1: 3}
+    assert graph.replay_from(_latest(graph)) == {}
