@@ -495,8 +495,10 @@ class MasterContext(abc.ABC):
     def record_event(self, kind: str, **fields: Any) -> None: ...
 
     @abc.abstractmethod
-    async def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
-        """Ask every source task of ``attempt`` to start checkpoint ``checkpoint_id``."""
+    async def trigger_sources(self, attempt: int, checkpoint_id: int) -> set[int]:
+        """Ask every source task of ``attempt`` to start checkpoint ``checkpoint_id``;
+        the sources that had finished and will not take it (a worker that does not
+        answer within a second is not waited for)."""
 
     @abc.abstractmethod
     async def commit_outputs(self, commit: int) -> None:

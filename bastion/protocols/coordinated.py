@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -72,6 +73,12 @@ from bastion.storage import BlobRef, StorageError
 
 if TYPE_CHECKING:
     from bastion.protocols.knobs import AutoInterval
+
+_log = logging.getLogger(__name__)
+
+# How long checkpoints may stay stopped by a finished source before the driver is
+# warned (`CheckpointCoordinator._note_paused`).
+PAUSE_WARNING_S = 30.0
 
 
 @control_record
@@ -315,9 +322,17 @@ class CheckpointCoordinator(Coordinator):
         # set by `set_interval`: the trigger loop's wait is measured again against the
         # new interval at once, not after the old one ran out
         self.interval_changed = asyncio.Event()
+        # sources of this attempt that answered a trigger as finished; since when a
+        # finished source keeps checkpoints from starting, and whether the driver
+        # was warned (`_note_paused`)
+        self.finished_sources: set[int] = set()
+        self.paused_since_s: float | None = None
+        self.paused_warned = False
 
     def start(self, attempt: int) -> None:
         self.attempt = attempt
+        self.finished_sources = set()
+        self.paused_since_s, self.paused_warned = None, False
         self.newest = None  # a new attempt numbers its frames from 0 again
         self.timed_out = []  # their outputs are produced again, under new ids
         self.loop = asyncio.ensure_future(self._trigger_loop())
@@ -370,14 +385,70 @@ class CheckpointCoordinator(Coordinator):
                                              reason=f"timed out after {self.timeout_s:g} s")
             if self.in_progress:
                 continue  # one checkpoint at a time
-            waiting = self.master.unfinished_tasks()
-            if not waiting or not self.master.all_sources_running():
-                continue  # a finished source can no longer inject barriers
+            waiting = self.master.unfinished_tasks() - self.finished_sources
+            if not waiting:
+                continue
+            if self.finished_sources or not self.master.all_sources_running():
+                # a finished source can no longer inject barriers
+                self._note_paused(waiting)
+                continue
             checkpoint_id = self.next_id
             self.next_id += 1
             self.in_progress[checkpoint_id] = {"started_s": now, "waiting": set(waiting),
                                                "refs": {}, "sent": {}}
-            await self.master.trigger_sources(self.attempt, checkpoint_id)
+            attempt = self.attempt
+            declined = await self.master.trigger_sources(attempt, checkpoint_id)
+            if declined and attempt == self.attempt:
+                self._give_up_declined(checkpoint_id, declined)
+
+    def _give_up_declined(self, checkpoint_id: int, declined: set[int]) -> None:
+        """Sources that had finished will never take ``checkpoint_id``: give it up now
+        rather than at its timeout. The tasks that took it staged their outputs under
+        its id, committed with the next checkpoint to complete, as a timed-out one's
+        (or at the job's end)."""
+        self.finished_sources |= declined
+        if self.in_progress.pop(checkpoint_id, None) is None:
+            return
+        self.aborted += 1
+        self.timed_out.append(checkpoint_id)
+        self.master.record_event(
+            "checkpoint_aborted", checkpoint_id=checkpoint_id,
+            reason=f"source {' and '.join(self._names(declined))} had finished")
+
+    def _note_paused(self, unfinished: set[int]) -> None:
+        """A source finished before the others, and checkpoints stop while the job
+        runs on: a finished source can no longer inject barriers, and a checkpoint
+        after a task finished is not supported (Flink's FLIP-147 is). Until the job
+        ends no sink output is committed, and a failure restores the last checkpoint
+        — the user should know, not find out. An event at once; a warning on the
+        driver's log once the pause lasted `PAUSE_WARNING_S` (and ten intervals):
+        sources of a bounded job end a little apart, which is no news."""
+        now_s = time.monotonic()
+        if self.paused_since_s is None:
+            self.paused_since_s = now_s
+            self.master.record_event("checkpoints_paused",
+                                     sources=self._finished_sources(unfinished),
+                                     last_checkpoint=max(self.committed, default=None))
+        if self.paused_warned or now_s - self.paused_since_s < max(PAUSE_WARNING_S,
+                                                                   10 * self.interval_s):
+            return
+        self.paused_warned = True
+        last = max(self.committed, default=None)
+        _log.warning(
+            "checkpoints have stopped for %.0f s while the job runs on: source %s "
+            "finished, and a finished source can no longer start a checkpoint. Until "
+            "the job ends no sink output is committed, and a failure restores %s. Keep "
+            "every source running until the job ends (a bounded side input as state "
+            "loaded by the operator that uses it), or run it as a job of its own",
+            now_s - self.paused_since_s, " and ".join(self._finished_sources(unfinished)),
+            "nothing: the job starts over" if last is None else f"checkpoint {last}")
+
+    def _finished_sources(self, unfinished: set[int]) -> list[str]:
+        return self._names(self.master.source_tasks() - unfinished)
+
+    def _names(self, source_tasks: set[int]) -> list[str]:
+        instances = self.master.instances()
+        return sorted(f"{instances[t][0][0]}[{instances[t][0][1]}]" for t in source_tasks)
 
     def on_acknowledge(self, attempt: int, task_id: int, checkpoint_id: int,
                        ref: BlobRef, meta: Any) -> None:

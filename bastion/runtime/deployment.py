@@ -209,17 +209,18 @@ class Deployment:
 
     # -- calls to every worker of the running attempt ------------------------------------
 
-    def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
-        """The running sources of ``attempt`` take checkpoint ``checkpoint_id``."""
+    def trigger_sources(self, attempt: int, checkpoint_id: int) -> list[Any]:
+        """The running sources of ``attempt`` take checkpoint ``checkpoint_id``; per
+        worker, the reply: those of its sources that had finished."""
         by_worker: dict[int, list[int]] = {}
         for task_id in self.source_tasks - self.pending:
             worker = self.assignment[task_id]
             if worker is None:
                 continue  # lost, not placed yet (a regional restart): triggered when it joins
             by_worker.setdefault(worker, []).append(task_id)
-        for w, task_ids in by_worker.items():
-            self.workers[w].trigger_checkpoint.remote(self.epoch(attempt), task_ids,
-                                                     checkpoint_id)
+        return [self.workers[w].trigger_checkpoint.remote(self.epoch(attempt), task_ids,
+                                                          checkpoint_id)
+                for w, task_ids in by_worker.items()]
 
     def trim_upstream_backups(self, below: dict[int, int]) -> None:
         """Every worker's upstream backups forget the frames below ``below``; a

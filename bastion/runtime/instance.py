@@ -1616,9 +1616,13 @@ class Worker:
     # must not act on the tasks it runs now.
 
     def trigger_checkpoint(self, epoch: tuple[str, int], task_ids: list[int],
-                           checkpoint_id: int) -> None:
+                           checkpoint_id: int) -> list[int]:
+        """The sources ``task_ids`` take checkpoint ``checkpoint_id``; those of them
+        that had finished, which never will (a worker reports its tasks finished
+        only once all of them are)."""
         if epoch != self.epoch:
-            return
+            return []
+        finished = []
         for task_id in task_ids:
             task = self.tasks.get(task_id)
             # A source is triggered once per checkpoint, in id order. A source joining
@@ -1629,10 +1633,12 @@ class Worker:
             # would wait for their second barrier forever, and one without would
             # store its staged outputs again under the same id, replacing the ones
             # it stored at the first.
-            if task is not None and not task.finished \
-                    and checkpoint_id > task.triggered_up_to:
+            if task is not None and task.finished:
+                finished.append(task_id)
+            elif task is not None and checkpoint_id > task.triggered_up_to:
                 task.triggered_up_to = checkpoint_id
                 task.triggers.append(checkpoint_id)
+        return finished
 
     async def trim_upstream_backups(self, epoch: tuple[str, int], below: dict[int, int]
                                     ) -> None:

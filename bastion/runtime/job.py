@@ -92,9 +92,14 @@ from bastion.runtime.polling import (FINAL_PROGRESS_TIMEOUT_S, PROGRESS_TIMEOUT_
 from bastion.runtime.recovery_times import failures_in, recovery_times
 from bastion.runtime.savepoint import StopWatch
 from bastion.scheduler import injector
-from bastion.scheduler.detector import Failure
+from bastion.scheduler.detector import Failure, within
 from bastion.scheduler.recovery import QueryNeeds, queries_needs
 from bastion.storage import CheckpointStore, open_store
+
+# How long a checkpoint's trigger waits for the workers to say which of their sources
+# had finished (`JobMaster.trigger_sources`): a worker whose loop a user function
+# holds answers late, and is the stall watch's and the detector's.
+TRIGGER_REPLY_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -169,8 +174,8 @@ class _CoordinatorContext(MasterContext):
     def record_event(self, kind: str, **fields: Any) -> None:
         self._master.record_event(kind, **fields)
 
-    async def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
-        await self._master.trigger_sources(attempt, checkpoint_id)
+    async def trigger_sources(self, attempt: int, checkpoint_id: int) -> set[int]:
+        return await self._master.trigger_sources(attempt, checkpoint_id)
 
     async def commit_outputs(self, commit: int) -> None:
         await self._master.commit_outputs(commit)
@@ -328,8 +333,14 @@ class JobMaster:
             self.exporter.observe_event(event)
         self.poller.on_event(kind)
 
-    async def trigger_sources(self, attempt: int, checkpoint_id: int) -> None:
-        self.deployment.trigger_sources(attempt, checkpoint_id)
+    async def trigger_sources(self, attempt: int, checkpoint_id: int) -> set[int]:
+        replies = await asyncio.gather(
+            *[within(reply, TRIGGER_REPLY_TIMEOUT_S)
+              for reply in self.deployment.trigger_sources(attempt, checkpoint_id)],
+            return_exceptions=True)
+        # a worker that died or did not answer is the failure detector's
+        return {task_id for reply in replies if not isinstance(reply, BaseException)
+                for task_id in reply}
 
     async def commit_outputs(self, commit: int) -> None:
         """Make the sink outputs staged for ``commit`` visible (the second phase).
