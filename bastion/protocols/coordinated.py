@@ -307,12 +307,13 @@ class CheckpointCoordinator(Coordinator):
         self.committed: set[int] = set()   # checkpoints whose outputs were committed
         self.unusable: set[int] = set()    # complete, but a recovery could not read them
         self.aborted = 0
-        # Checkpoints of this attempt given up by their timeout, whose outputs are
-        # not committed yet. A task that took one staged its sink outputs under its id
-        # and will never stage them again: they are committed with the next
-        # checkpoint that completes, which every task takes after it (as Flink's
-        # two-phase-commit sinks commit every pending transaction up to the completed
-        # checkpoint). A restart of the whole job replays them: forgotten then.
+        # Checkpoints of this attempt given up (their timeout, or a source that had
+        # finished: `_give_up_declined`), whose outputs are not committed yet. A task
+        # that took one staged its sink outputs under its id and will never stage
+        # them again: they are committed with the next checkpoint that completes,
+        # which every task takes after it (as Flink's two-phase-commit sinks commit
+        # every pending transaction up to the completed checkpoint), or at the job's
+        # end. A restart of the whole job replays them: forgotten then.
         self.timed_out: list[int] = []
         self.completing = asyncio.Lock()  # FIFO: checkpoints complete in id order
         self.completions: set[asyncio.Future] = set()  # fully acknowledged, completing
