@@ -329,6 +329,7 @@ class CheckpointCoordinator(Coordinator):
         self.finished_sources: set[int] = set()
         self.paused_since_s: float | None = None
         self.paused_warned = False
+        self.triggers: set[asyncio.Future] = set()   # waiting for the workers' replies
 
     def start(self, attempt: int) -> None:
         self.attempt = attempt
@@ -341,6 +342,8 @@ class CheckpointCoordinator(Coordinator):
     async def stop(self) -> None:
         self.attempt = -1  # acknowledgments still on their way no longer count
         await cancel(self.loop)
+        for triggered in list(self.triggers):
+            await cancel(triggered)
         # Each is an event as a timed-out one is: the count the summary prints and the
         # exported counter (`bastion.runtime.export`) are both made from what aborted.
         for checkpoint_id in sorted(self.in_progress):
@@ -397,10 +400,16 @@ class CheckpointCoordinator(Coordinator):
             self.next_id += 1
             self.in_progress[checkpoint_id] = {"started_s": now, "waiting": set(waiting),
                                                "refs": {}, "sent": {}}
-            attempt = self.attempt
-            declined = await self.master.trigger_sources(attempt, checkpoint_id)
-            if declined and attempt == self.attempt:
-                self._give_up_declined(checkpoint_id, declined)
+            # Not awaited here: a worker answers once its loop is free, and a user
+            # function that holds it must not slow the triggers down.
+            triggered = asyncio.ensure_future(self._trigger(self.attempt, checkpoint_id))
+            self.triggers.add(triggered)
+            triggered.add_done_callback(self.triggers.discard)
+
+    async def _trigger(self, attempt: int, checkpoint_id: int) -> None:
+        declined = await self.master.trigger_sources(attempt, checkpoint_id)
+        if declined and attempt == self.attempt:
+            self._give_up_declined(checkpoint_id, declined)
 
     def _give_up_declined(self, checkpoint_id: int, declined: set[int]) -> None:
         """Sources that had finished will never take ``checkpoint_id``: give it up now
