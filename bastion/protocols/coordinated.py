@@ -329,7 +329,7 @@ class CheckpointCoordinator(Coordinator):
         self.finished_sources: set[int] = set()
         self.paused_since_s: float | None = None
         self.paused_warned = False
-        self.triggers: set[asyncio.Future] = set()   # waiting for the workers' replies
+        self.triggers: set[asyncio.Task] = set()   # waiting for the workers' replies
 
     def start(self, attempt: int) -> None:
         self.attempt = attempt
