@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 
 # Bastion and its runtime dependencies: all the demo needs.
 $(VENV)/.installed: pyproject.toml setup.py bastion/runtime/_columns.c bastion/storage/_logframe.c \
-		bastion/runtime/_durable.c bastion/runtime/_compact_long.h
+		bastion/runtime/_durable.c bastion/runtime/_compact_long.h bastion/runtime/_int_column.h
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e .

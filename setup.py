@@ -8,11 +8,12 @@ logged record, same results)."""
 
 from setuptools import Extension, setup
 
-# the header both runtime kernels include (rebuilt when it changes, shipped with them)
+# the headers the runtime kernels include (rebuilt when they change, shipped with them)
 _COMPACT_LONG = ["bastion/runtime/_compact_long.h"]
+_INT_COLUMN = ["bastion/runtime/_int_column.h"]
 
 setup(ext_modules=[Extension("bastion.runtime._columns", ["bastion/runtime/_columns.c"],
-                             depends=_COMPACT_LONG, optional=True),
+                             depends=_COMPACT_LONG + _INT_COLUMN, optional=True),
                    Extension("bastion.storage._logframe", ["bastion/storage/_logframe.c"],
                              optional=True),
                    Extension("bastion.runtime._durable", ["bastion/runtime/_durable.c"],

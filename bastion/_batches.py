@@ -7,10 +7,13 @@ what such a function costs. A *batch function* is called once per batch instead,
 the batch's values as one column — a ``numpy`` array (``format="numpy"``) or a
 ``pyarrow`` array (``format="arrow"``, with pyarrow installed) — and returns one
 column of results, a value per input value in the same order, which becomes records
-again: a numpy or arrow result is turned into Python values (``tolist()``,
-``to_pylist()``), anything else is taken as a sequence. The numbers of a numpy column
-come back as exact Python ints and floats, which the data plane packs as machine
-words (`bastion.runtime.columns`).
+again: a numpy column of ints is kept as its words (an `IntColumn`,
+`bastion.runtime.columns`), which everything downstream reads as exact Python ints
+while the data plane's kernels route, pack and fold it without an object per value;
+any other numpy or arrow result is turned into Python values (``tolist()``,
+``to_pylist()``), and anything else is taken as a sequence. A numpy column of ints
+given back to the next batch function is that same column, not a copy made of
+Python ints.
 
 Everything after a batch function sees records, as before: lineage ids, dead
 letters, deterministic mode, the protocols and drills work on them unchanged. So a
@@ -30,6 +33,8 @@ from __future__ import annotations
 
 import importlib
 from typing import Any, Callable, Literal, Sequence
+
+from bastion.runtime.columns import IntColumn, int_column
 
 #: How a batch function sees a column: a numpy array or a pyarrow array.
 BatchFormat = Literal["numpy", "arrow"]
@@ -55,6 +60,11 @@ def check_format(format: str) -> str:
 
 def to_column(values: Any, format: str) -> Any:
     """``values`` (a sequence or a numpy array) as a column of ``format``."""
+    if type(values) is IntColumn:  # its words: a writable int64 copy, no ints made
+        import numpy
+
+        words = numpy.frombuffer(values, dtype=numpy.int64).copy()
+        return words if format == "numpy" else _pyarrow().array(words)
     if format == "numpy":
         import numpy
 
@@ -87,9 +97,18 @@ def _pyarrow() -> Any:
     return importlib.import_module("pyarrow")
 
 
-def from_column(column: Any, size: int, what: str) -> list:
+def from_column(column: Any, size: int, what: str) -> Sequence[Any]:
     """The Python values of ``column`` (a batch function's result), checked to be
-    ``size`` of them; `ColumnLengthError` naming ``what`` made it otherwise."""
+    ``size`` of them — an `IntColumn` for a numpy column of ints, else a list;
+    `ColumnLengthError` naming ``what`` made it otherwise."""
+    if type(column).__module__ == "numpy" and getattr(column, "ndim", None) == 1:
+        words = int_column(column)  # None: not ints that fit in 64 bits
+        if words is not None:
+            if len(words) != size:
+                raise ColumnLengthError(
+                    f"{what} returned {len(words)} values for a batch of {size} values: "
+                    "a batch function must return one value per input value")
+            return words
     tolist = getattr(column, "tolist", None)  # numpy
     if tolist is None:
         tolist = getattr(column, "to_pylist", None)  # pyarrow
@@ -106,7 +125,8 @@ def from_column(column: Any, size: int, what: str) -> list:
 
 
 def apply(fn: Callable[[Any], Any], values: Sequence[Any], format: str, what: str,
-          dead_letter: Callable[[Any, BaseException], None]) -> tuple[list[int] | None, list]:
+          dead_letter: Callable[[Any, BaseException], None]
+          ) -> tuple[list[int] | None, Sequence[Any]]:
     """``fn`` over ``values`` as one column: the positions that succeeded (None: all)
     and their results. When ``fn`` raises, each value is tried alone (a column of
     one) and those it raises on go to ``dead_letter``; `ColumnLengthError` passes
@@ -114,7 +134,8 @@ def apply(fn: Callable[[Any], Any], values: Sequence[Any], format: str, what: st
     try:
         column = fn(to_column(values, format))
     except Exception:  # noqa: BLE001 - find the values it fails on, one by one
-        positions, results = [], []
+        positions: list[int] = []
+        results: list[Any] = []
         for i, value in enumerate(values):
             try:
                 one = fn(to_column([value], format))
@@ -137,7 +158,7 @@ class BatchKey:
         self.format = format
 
     def keys(self, values: Sequence[Any], dead_letter: Callable[[Any, BaseException], None]
-             ) -> tuple[list[int] | None, list]:
+             ) -> tuple[list[int] | None, Sequence[Any]]:
         """The keys of ``values`` (`apply`)."""
         return apply(self.fn, values, self.format, "the key_by_batch function", dead_letter)
 

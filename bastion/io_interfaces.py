@@ -26,7 +26,7 @@ ours, and nothing that does I/O. ``bastion.sinks.SinkWriter`` and
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 
 class SourceReader:
@@ -37,7 +37,7 @@ class SourceReader:
     #: that a slow store never holds up the loop running the worker's other tasks.
     reads_store: bool = False
 
-    def read(self, max_records: int, now_s: float) -> list[Any] | None:
+    def read(self, max_records: int, now_s: float) -> Sequence[Any] | None:
         raise NotImplementedError
 
     def arrivals(self, n: int, now_s: float) -> list[float] | None:
@@ -46,7 +46,7 @@ class SourceReader:
         times whenever a record is read again. None (the default): at ``now_s``."""
         return None
 
-    def read_backlog(self, max_records: int) -> list[Any] | None:
+    def read_backlog(self, max_records: int) -> Sequence[Any] | None:
         """The next records at once, whatever the pacing (a replay skipping what it
         already reflects); None once the share is read."""
         return self.read(max_records, math.inf)

@@ -133,11 +133,11 @@ class _GeneratorReader(SourceReader):
             due = min(due, self.share)
         return max(0, due - self.offset)
 
-    def read_backlog(self, max_records: int) -> list[Any] | None:
+    def read_backlog(self, max_records: int) -> Sequence[Any] | None:
         # Unpaced, and the schedule not started: pacing starts after the skipped records.
         return self._read(max_records, None)
 
-    def read(self, max_records: int, now_s: float) -> list[Any] | None:
+    def read(self, max_records: int, now_s: float) -> Sequence[Any] | None:
         return self._read(max_records, now_s)
 
     def arrivals(self, n: int, now_s: float) -> list[float] | None:
@@ -152,7 +152,7 @@ class _GeneratorReader(SourceReader):
             due = [min(t, now_s) for t in due]
         return due
 
-    def _read(self, max_records: int, now_s: float | None) -> list[Any] | None:
+    def _read(self, max_records: int, now_s: float | None) -> Sequence[Any] | None:
         if self.share is not None and self.offset >= self.share:
             return None
         n = max_records
@@ -167,6 +167,7 @@ class _GeneratorReader(SourceReader):
                 return []
         p, fn = self.parallelism, self.fn
         first = self.index + self.offset * p
+        out: Sequence[Any]
         if self.batch_fn is not None:
             out = self._batch(first, n)
         else:
@@ -175,7 +176,7 @@ class _GeneratorReader(SourceReader):
         self.offset += n
         return out
 
-    def _batch(self, first: int, n: int) -> list[Any]:
+    def _batch(self, first: int, n: int) -> Sequence[Any]:
         """``batch_fn`` of the column of record numbers first, first + p, ... (n)."""
         import numpy
 

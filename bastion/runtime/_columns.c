@@ -9,6 +9,8 @@
 #include <Python.h>
 #include "_compact_long.h"
 #include <stdint.h>
+#include "_int_column.h"
+#include <stdint.h>
 #include <string.h>
 #include <limits.h>
 
@@ -21,6 +23,74 @@
  * indexing a byte costs a fraction of a dict lookup (hash, probe, compare). A key's
  * code never changes while the number of destinations stays, so the table is never
  * invalidated, even when the caller clears memo. */
+/* The code of `key` (held by the caller) from memo, stored in table[cached] when
+ * cached is a slot of it; -1 on an error (KeyError when memo has no such key). */
+static int
+memo_code(PyObject *memo, PyObject *key, PyObject *table, long long cached)
+{
+    PyObject *part = PyDict_GetItemWithError(memo, key); /* borrowed */
+    if (part == NULL) {
+        if (!PyErr_Occurred()) {
+            PyObject *wrapped = PyTuple_Pack(1, key);
+            if (wrapped != NULL) {
+                PyErr_SetObject(PyExc_KeyError, wrapped);
+                Py_DECREF(wrapped);
+            }
+        }
+        return -1;
+    }
+    long long small;
+    long p = PyLong_CheckExact(part) && compact_long(part, &small)
+             ? (long)small : PyLong_AsLong(part);
+    if (p < 0 || p >= MAX_DESTINATIONS) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "partition %ld is outside 0..255", p);
+        return -1;
+    }
+    /* 255 is the table's "unknown": that destination's keys take the dict. The
+     * bounds are checked again: ``cached`` may hold a key outside the table, and
+     * the lookup may have run a colliding key's __eq__. */
+    if (cached >= 0 && p != 0xFF && table != NULL && cached < PyByteArray_GET_SIZE(table))
+        PyByteArray_AS_STRING(table)[cached] = (char)p;
+    return (int)p;
+}
+
+/* partitions of an IntColumn of keys: the table by the word itself, the memo with
+ * the key made an int only for a word outside it */
+static PyObject *
+int_partitions(PyObject *memo, PyObject *keys, PyObject *table)
+{
+    Py_ssize_t n = Py_SIZE(keys);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
+    if (out == NULL)
+        return NULL;
+    unsigned char *codes = (unsigned char *)PyBytes_AS_STRING(out);
+    const int64_t *words = IntColumn_ITEMS(keys);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t v = words[i];
+        if (table != NULL && v >= 0 && v < PyByteArray_GET_SIZE(table)) {
+            unsigned char code = (unsigned char)PyByteArray_AS_STRING(table)[v];
+            if (code != 0xFF) {
+                codes[i] = code;
+                continue;
+            }
+        }
+        PyObject *key = PyLong_FromLongLong(v);
+        if (key == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        int code = memo_code(memo, key, table, v >= 0 ? v : -1);
+        Py_DECREF(key);
+        if (code < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        codes[i] = (unsigned char)code;
+    }
+    return out;
+}
+
 static PyObject *
 partitions(PyObject *module, PyObject *args)
 {
@@ -28,6 +98,8 @@ partitions(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!O|O!:partitions", &PyDict_Type, &memo, &keys,
                           &PyByteArray_Type, &table))
         return NULL;
+    if (IntColumn_Check(keys))
+        return int_partitions(memo, keys, table);
     PyObject *seq = PySequence_Fast(keys, "keys must be a list or a tuple");
     if (seq == NULL)
         return NULL;
@@ -56,33 +128,11 @@ partitions(PyObject *module, PyObject *args)
             }
         }
         Py_INCREF(key);
-        PyObject *part = PyDict_GetItemWithError(memo, key); /* borrowed */
-        if (part == NULL) {
-            if (!PyErr_Occurred()) {
-                PyObject *wrapped = PyTuple_Pack(1, key);
-                if (wrapped != NULL) {
-                    PyErr_SetObject(PyExc_KeyError, wrapped);
-                    Py_DECREF(wrapped);
-                }
-            }
-            Py_DECREF(key);
-            goto fail;
-        }
+        int code = memo_code(memo, key, table, cached);
         Py_DECREF(key);
-        long long small;
-        long p = PyLong_CheckExact(part) && compact_long(part, &small)
-                 ? (long)small : PyLong_AsLong(part);
-        if (p < 0 || p >= MAX_DESTINATIONS) {
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_ValueError, "partition %ld is outside 0..255", p);
+        if (code < 0)
             goto fail;
-        }
-        codes[i] = (unsigned char)p;
-        /* 255 is the table's "unknown": that destination's keys take the dict. The
-         * bounds are checked again: ``cached`` may hold a key outside the table, and
-         * the lookup may have run a colliding key's __eq__. */
-        if (cached >= 0 && p != 0xFF && cached < PyByteArray_GET_SIZE(table))
-            PyByteArray_AS_STRING(table)[cached] = (char)p;
+        codes[i] = (unsigned char)code;
     }
     Py_DECREF(seq);
     return out;
@@ -134,6 +184,35 @@ count_codes(const unsigned char *code, Py_ssize_t size, Py_ssize_t n, Py_ssize_t
     return 0;
 }
 
+/* cut_column of an IntColumn: n IntColumns (every item is an exact number). */
+static PyObject *
+cut_int_column(const unsigned char *code, Py_ssize_t n, const Py_ssize_t *counts,
+               PyObject *column, Py_ssize_t size)
+{
+    int64_t *dest[MAX_DESTINATIONS];
+    if (Py_SIZE(column) != size) {
+        PyErr_Format(PyExc_ValueError, "%zd codes for a column of %zd", size,
+                     Py_SIZE(column));
+        return NULL;
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t p = 0; p < n; p++) {
+        PyObject *piece = int_column_new(counts[p]);
+        if (piece == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, p, piece);
+        dest[p] = IntColumn_ITEMS(piece);
+    }
+    const int64_t *words = IntColumn_ITEMS(column);
+    for (Py_ssize_t i = 0; i < size; i++)
+        *dest[code[i]]++ = words[i];
+    return out;
+}
+
 /* The list of n lists of `column` cut by code (`counts` from count_codes); when
  * `exact` is not NULL, *exact is cleared if an item is not an exact number. */
 static PyObject *
@@ -142,6 +221,8 @@ cut_column(const unsigned char *code, Py_ssize_t n, const Py_ssize_t *counts,
 {
     PyObject *dest[MAX_DESTINATIONS];
     Py_ssize_t filled[MAX_DESTINATIONS] = {0};
+    if (IntColumn_Check(column))
+        return cut_int_column(code, n, counts, column, size);
     PyObject *seq = PySequence_Fast(column, "column must be a list or a tuple");
     if (seq == NULL)
         return NULL;
@@ -261,6 +342,47 @@ get_word(const unsigned char *from, int width)
     return word;
 }
 
+/* pack_ints of an IntColumn: its words, narrowed. */
+static int
+narrowest_width(long long low, long long high)
+{
+    if (low >= INT8_MIN && high <= INT8_MAX)
+        return 1;
+    if (low >= INT16_MIN && high <= INT16_MAX)
+        return 2;
+    if (low >= INT32_MIN && high <= INT32_MAX)
+        return 4;
+    return 8;
+}
+
+static PyObject *
+pack_int_column(PyObject *column)
+{
+    Py_ssize_t size = Py_SIZE(column);
+    const int64_t *words = IntColumn_ITEMS(column);
+    int64_t low = 0, high = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        if (words[i] < low)
+            low = words[i];
+        if (words[i] > high)
+            high = words[i];
+    }
+    int width = narrowest_width(low, high);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 1 + size * width);
+    if (out == NULL)
+        return NULL;
+    unsigned char *buf = (unsigned char *)PyBytes_AS_STRING(out);
+    buf[0] = (unsigned char)width;
+    buf++;
+    switch (width) {
+    case 1: for (Py_ssize_t i = 0; i < size; i++) buf[i] = (unsigned char)words[i]; break;
+    case 2: for (Py_ssize_t i = 0; i < size; i++) put_word(buf + 2 * i, (uint64_t)words[i], 2); break;
+    case 4: for (Py_ssize_t i = 0; i < size; i++) put_word(buf + 4 * i, (uint64_t)words[i], 4); break;
+    default: for (Py_ssize_t i = 0; i < size; i++) put_word(buf + 8 * i, (uint64_t)words[i], 8);
+    }
+    return out;
+}
+
 /* pack_ints(column) -> bytes | None: when every item is exactly an int (not a bool,
  * not a subclass) that fits in 64 bits, one byte giving the item width w (1, 2, 4 or 8:
  * the narrowest that holds every item) and then the items as little-endian signed
@@ -268,6 +390,8 @@ get_word(const unsigned char *from, int width)
 static PyObject *
 pack_ints(PyObject *module, PyObject *column)
 {
+    if (IntColumn_Check(column))
+        return pack_int_column(column);
     PyObject *seq = PySequence_Fast(column, "column must be a list or a tuple");
     if (seq == NULL)
         return NULL;
@@ -292,13 +416,7 @@ pack_ints(PyObject *module, PyObject *column)
         if (v > high)
             high = v;
     }
-    int width = 8;
-    if (low >= INT8_MIN && high <= INT8_MAX)
-        width = 1;
-    else if (low >= INT16_MIN && high <= INT16_MAX)
-        width = 2;
-    else if (low >= INT32_MIN && high <= INT32_MAX)
-        width = 4;
+    int width = narrowest_width(low, high);
     PyObject *out = PyBytes_FromStringAndSize(NULL, 1 + size * width);
     if (out == NULL) {
         Py_DECREF(seq);
@@ -323,6 +441,8 @@ pack_ints(PyObject *module, PyObject *column)
 static PyObject *
 pack_float64(PyObject *module, PyObject *column)
 {
+    if (IntColumn_Check(column))
+        Py_RETURN_NONE;
     PyObject *seq = PySequence_Fast(column, "column must be a list or a tuple");
     if (seq == NULL)
         return NULL;
@@ -448,6 +568,8 @@ done:
 static PyObject *
 exact_numbers(PyObject *module, PyObject *column)
 {
+    if (IntColumn_Check(column))
+        Py_RETURN_TRUE;
     PyObject *seq = PySequence_Fast(column, "column must be a list or a tuple");
     if (seq == NULL)
         return NULL;
@@ -966,6 +1088,251 @@ fail:
     return NULL;
 }
 
+/* unpack_int_column(data) -> IntColumn: what pack_ints packed, as words. */
+static PyObject *
+unpack_int_column(PyObject *module, PyObject *args)
+{
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*:unpack_int_column", &data))
+        return NULL;
+    PyObject *out = NULL;
+    const unsigned char *buf = (const unsigned char *)data.buf;
+    int width = data.len ? buf[0] : 0;
+    if (!(width == 1 || width == 2 || width == 4 || width == 8)
+            || (data.len - 1) % width) {
+        PyErr_Format(PyExc_ValueError, "%zd bytes are not a packed int column", data.len);
+        goto done;
+    }
+    Py_ssize_t size = (data.len - 1) / width;
+    out = int_column_new(size);
+    if (out == NULL)
+        goto done;
+    int64_t *to = IntColumn_ITEMS(out);
+    buf++;
+    if (width == 1) {
+        for (Py_ssize_t i = 0; i < size; i++)
+            to[i] = (int8_t)buf[i];
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < size; i++) {
+        uint64_t u = get_word(buf + i * width, width);
+        if (width < 8 && (u >> (8 * width - 1)) & 1)  /* sign-extend */
+            u |= ~(uint64_t)0 << (8 * width);
+        memcpy(&to[i], &u, 8);
+    }
+done:
+    PyBuffer_Release(&data);
+    return out;
+}
+
+/* -- keyed folds over IntColumns ------------------------------------------------------
+ *
+ * fold_int_column(kind, state, keys, values, opened) -> IntColumn | None: fold_keyed
+ * of Count, Sum, Min or Max over an IntColumn of keys (and, but for Count, an
+ * IntColumn of values) in machine words, all or nothing: the results column, every
+ * accumulator stored in `state` and every new key appended to `opened` (a list or
+ * None) as fold_keyed would; or None, with `state` untouched, when an accumulator in
+ * `state` is not an int of 64 bits (None too for Min and Max) or an accumulator would
+ * leave 64 bits. The caller then folds the batch through fold_keyed, whose results are
+ * the same: the ints here are the Python ints there, without the objects. */
+
+typedef struct {
+    int64_t key;
+    int64_t acc;
+    unsigned char used, has_acc, is_new;
+} WordSlot;
+
+typedef struct {
+    WordSlot *slots;
+    Py_ssize_t mask;
+    Py_ssize_t *order;
+    Py_ssize_t used;
+} WordTable;
+
+static int
+word_table_init(WordTable *t, Py_ssize_t capacity)
+{
+    t->slots = PyMem_Calloc(capacity, sizeof(WordSlot));
+    t->order = PyMem_Malloc(sizeof(Py_ssize_t) * (capacity / 2 + 1));
+    t->mask = capacity - 1;
+    t->used = 0;
+    if (t->slots == NULL || t->order == NULL) {
+        PyMem_Free(t->slots);
+        PyMem_Free(t->order);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void
+word_table_free(WordTable *t)
+{
+    PyMem_Free(t->slots);
+    PyMem_Free(t->order);
+}
+
+static inline size_t
+word_hash(int64_t key)
+{
+    uint64_t h = (uint64_t)key * 0x9E3779B97F4A7C15ULL;
+    return (size_t)(h ^ (h >> 29));
+}
+
+static inline Py_ssize_t
+word_probe(const WordTable *t, int64_t key)
+{
+    Py_ssize_t i = (Py_ssize_t)(word_hash(key) & (size_t)t->mask);
+    while (t->slots[i].used && t->slots[i].key != key)
+        i = (i + 1) & t->mask;
+    return i;
+}
+
+static int
+word_table_grow(WordTable *t)
+{
+    WordTable bigger;
+    if (word_table_init(&bigger, 2 * (t->mask + 1)) < 0)
+        return -1;
+    for (Py_ssize_t o = 0; o < t->used; o++) {
+        WordSlot *old = &t->slots[t->order[o]];
+        Py_ssize_t i = word_probe(&bigger, old->key);
+        bigger.slots[i] = *old;
+        bigger.order[bigger.used++] = i;
+    }
+    word_table_free(t);
+    *t = bigger;
+    return 0;
+}
+
+/* The slot of `key`, its accumulator read from `state` when it first comes up: NULL
+ * with no error when that accumulator is not a word this fold takes, NULL with an
+ * error on a real one. */
+static WordSlot *
+word_slot(WordTable *t, int64_t key, PyObject *state, int kind)
+{
+    Py_ssize_t i = word_probe(t, key);
+    if (t->slots[i].used)
+        return &t->slots[i];
+    if (2 * (t->used + 1) > t->mask + 1) {
+        if (word_table_grow(t) < 0)
+            return NULL;
+        i = word_probe(t, key);
+    }
+    PyObject *key_object = PyLong_FromLongLong(key);
+    if (key_object == NULL)
+        return NULL;
+    PyObject *acc = PyDict_GetItemWithError(state, key_object);  /* borrowed */
+    Py_DECREF(key_object);
+    if (acc == NULL && PyErr_Occurred())
+        return NULL;
+    WordSlot slot = {key, 0, 1, 0, acc == NULL};
+    if (acc != NULL && !(acc == Py_None && (kind == FOLD_MIN || kind == FOLD_MAX))) {
+        long long v;
+        int overflow = 0;
+        if (!PyLong_CheckExact(acc))
+            return NULL;
+        if (!compact_long(acc, &v))
+            v = PyLong_AsLongLongAndOverflow(acc, &overflow);
+        if (overflow)
+            return NULL;
+        slot.acc = v;
+        slot.has_acc = 1;
+    }
+    t->slots[i] = slot;
+    t->order[t->used++] = i;
+    return &t->slots[i];
+}
+
+static PyObject *
+fold_int_column(PyObject *module, PyObject *args)
+{
+    int kind;
+    PyObject *state, *keys, *values, *opened;
+    if (!PyArg_ParseTuple(args, "iO!OOO:fold_int_column", &kind, &PyDict_Type, &state,
+                          &keys, &values, &opened))
+        return NULL;
+    if (opened != Py_None && !PyList_Check(opened)) {
+        PyErr_SetString(PyExc_TypeError, "opened must be a list or None");
+        return NULL;
+    }
+    if (kind < FOLD_COUNT || kind > FOLD_MAX || !IntColumn_Check(keys)
+            || (kind != FOLD_COUNT && !IntColumn_Check(values)))
+        Py_RETURN_NONE;
+    Py_ssize_t n = Py_SIZE(keys);
+    if (PyObject_Length(values) != n) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "%zd keys for %zd values", n,
+                         PyObject_Length(values));
+        return NULL;
+    }
+    PyObject *results = int_column_new(n);
+    if (results == NULL)
+        return NULL;
+    WordTable table;
+    if (word_table_init(&table, 64) < 0) {
+        Py_DECREF(results);
+        return NULL;
+    }
+    const int64_t *key_words = IntColumn_ITEMS(keys);
+    const int64_t *value_words = kind == FOLD_COUNT ? NULL : IntColumn_ITEMS(values);
+    int64_t *out = IntColumn_ITEMS(results);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        WordSlot *slot = word_slot(&table, key_words[i], state, kind);
+        if (slot == NULL)
+            goto give_up;
+        int64_t acc = slot->acc;
+        switch (kind) {
+        case FOLD_COUNT:
+            if (slot->has_acc && __builtin_add_overflow(acc, 1, &acc))
+                goto give_up;
+            if (!slot->has_acc)
+                acc = 1;
+            break;
+        case FOLD_SUM:
+            if (!slot->has_acc)
+                acc = value_words[i];
+            else if (__builtin_add_overflow(acc, value_words[i], &acc))
+                goto give_up;
+            break;
+        case FOLD_MIN:
+            if (!slot->has_acc || value_words[i] < acc)
+                acc = value_words[i];
+            break;
+        default:  /* FOLD_MAX */
+            if (!slot->has_acc || value_words[i] > acc)
+                acc = value_words[i];
+        }
+        slot->acc = acc;
+        slot->has_acc = 1;
+        out[i] = acc;
+    }
+    /* every record folded: store the accumulators, in the order the keys came up */
+    for (Py_ssize_t o = 0; o < table.used; o++) {
+        WordSlot *slot = &table.slots[table.order[o]];
+        PyObject *key = PyLong_FromLongLong(slot->key);
+        PyObject *acc = key == NULL ? NULL : PyLong_FromLongLong(slot->acc);
+        int status = acc == NULL ? -1 : PyDict_SetItem(state, key, acc);
+        if (status == 0 && slot->is_new && opened != Py_None)
+            status = PyList_Append(opened, key);
+        Py_XDECREF(key);
+        Py_XDECREF(acc);
+        if (status < 0) {
+            word_table_free(&table);
+            Py_DECREF(results);
+            return NULL;
+        }
+    }
+    word_table_free(&table);
+    return results;
+give_up:
+    word_table_free(&table);
+    Py_DECREF(results);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"partitions", partitions, METH_VARARGS, "memo[key] for every key, as bytes"},
     {"split_column", split_column, METH_VARARGS, "a column cut by destination code"},
@@ -978,6 +1345,12 @@ static PyMethodDef methods[] = {
     {"unpack_float64", unpack_float64, METH_VARARGS, "float64s back to a tuple of floats"},
     {"field_column", field_column, METH_VARARGS, "item `index` of every row, as a list"},
     {"float64_runs", float64_runs, METH_O, "exact floats run-length encoded, or None"},
+    {"unpack_int_column", unpack_int_column, METH_VARARGS, "packed ints as an IntColumn"},
+    {"int_column", int_column_from, METH_O,
+     "an IntColumn of a column of ints (64-bit), or None"},
+    {"pair_column", pair_column_from, METH_VARARGS, "the pairs of two IntColumns"},
+    {"fold_int_column", fold_int_column, METH_VARARGS,
+     "Count, Sum, Min or Max folded per key over IntColumns, or None"},
     {"fold_keyed", fold_keyed, METH_VARARGS,
      "a built-in aggregation folded per key over columns of plain numbers"},
     {NULL, NULL, 0, NULL},
@@ -995,5 +1368,15 @@ PyInit__columns(void)
         if (byte_ints[b] == NULL && (byte_ints[b] = PyLong_FromLong((signed char)b)) == NULL)
             return NULL;
     }
-    return PyModule_Create(&module);
+    if (PyType_Ready(&IntColumnType) < 0 || PyType_Ready(&PairColumnType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "IntColumn", (PyObject *)&IntColumnType) < 0
+            || PyModule_AddObjectRef(m, "PairColumn", (PyObject *)&PairColumnType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

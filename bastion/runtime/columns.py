@@ -35,6 +35,19 @@ the operator folds in Python before calling it again after that record, so the t
 paths interleave record by record and the results are those of the Python aggregation
 exactly: the same values, of the same types.
 
+**Columns of words.** A numpy batch function's column of ints (`bastion._batches`)
+becomes an `IntColumn`: an immutable sequence of those ints held as int64 words,
+which Python code sees as a tuple of ints (made one at a time, when read) and these
+kernels read as words: routed by a byte table, cut, packed and folded without an
+object per item. A packed int column decodes to one too (`unpack_int_column`). A
+built-in Count, Sum, Min or Max over IntColumns folds in words (`fold_int_column`)
+and emits a `PairColumn`, the running ``(key, result)`` pairs of two IntColumns, made
+into tuples only where something reads them; on the wire it travels as its two packed
+columns. So a job of batch functions and built-in aggregations moves numbers from
+its sources to its sinks with no Python object per record, and every per-record
+function in between still sees plain ints and tuples. Without the C extension there
+are no such columns: the same jobs run on lists and tuples.
+
 Packed columns keep the frame's meaning exactly: a column is packed only when every
 item is exactly an ``int`` that fits in 64 bits (not a ``bool``, not a subclass) or
 exactly a ``float``; it decodes to a tuple of the same values, as a msgpack array
@@ -233,13 +246,36 @@ def _from_little_endian(typecode: str, data: bytes) -> array:
     return _little_endian(values)
 
 
+def py_int_column(column: object) -> None:
+    """Without the C extension no column is held as words: None, as the kernel
+    answers for a column it does not take."""
+    return None
+
+
+def py_fold_int_column(kind: int, state: dict, keys: Sequence, values: Sequence,
+                       opened: list | None) -> None:
+    """Without IntColumns there is nothing to fold in words: None (fold_keyed folds)."""
+    return None
+
+
+class _NoColumn:
+    """Stands for IntColumn and PairColumn where the extension was not built: no
+    object is ever of this type."""
+
+
 try:
-    from bastion.runtime._columns import (exact_numbers, field_column, float64_runs,
-                                          fold_keyed, pack_float64, pack_ints, partitions,
-                                          split_column, split_columns, unpack_float64,
+    from bastion.runtime._columns import (IntColumn, PairColumn, exact_numbers,
+                                          field_column, float64_runs, fold_int_column,
+                                          fold_keyed, int_column, pack_float64, pack_ints,
+                                          pair_column, partitions, split_column,
+                                          split_columns, unpack_float64, unpack_int_column,
                                           unpack_ints)
     NATIVE = True
 except ImportError:  # built without a C compiler: the same, slower
+    IntColumn = PairColumn = _NoColumn  # type: ignore[misc,assignment]
+    int_column, fold_int_column = py_int_column, py_fold_int_column  # type: ignore[assignment]
+    unpack_int_column = py_unpack_ints  # type: ignore[assignment]
+    pair_column = None  # type: ignore[assignment]  # never called: no IntColumns
     partitions, split_column = py_partitions, py_split_column
     split_columns = py_split_columns
     pack_ints, pack_float64 = py_pack_ints, py_pack_float64

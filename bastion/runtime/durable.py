@@ -57,6 +57,7 @@ import msgpack
 
 from bastion.codecs import Codec
 from bastion.errors import UnserialisableError
+from bastion.runtime.columns import IntColumn, PairColumn
 from bastion.storage.errors import CorruptBlobError
 
 # Extension codes 112..127 belong to Bastion (user codecs get 0..111).
@@ -171,6 +172,8 @@ class DurableCodec:
         if kind is int:  # msgpack asks only for ints beyond 64 bits
             return msgpack.ExtType(_BIGINT, value.to_bytes(
                 (value.bit_length() + 8) // 8, "big", signed=True))
+        if kind is IntColumn or kind is PairColumn:  # a batch's column of words: its
+            return value.tolist()  # items, restored as the list of ints or pairs they are
         raise unserialisable(value)
 
     def encode(self, value: Any) -> bytes:

@@ -42,8 +42,8 @@ from bastion.lineage import (IdRun, NumberedIds, derived_ids, from_wire, ids_of,
                              to_wire, union_ids)
 from bastion.runtime.metrics import LatencyHistogram
 from bastion.runtime.columns import (FOLD_COUNT, FOLD_MAX, FOLD_MEAN, FOLD_MIN, FOLD_SUM,
-                                     field_column, float64_runs, fold_keyed, pack_ints,
-                                     unpack_ints)
+                                     IntColumn, field_column, float64_runs, fold_int_column,
+                                     fold_keyed, pack_ints, pair_column, unpack_ints)
 from bastion.runtime.records import Batch, pack_column, unpack_column
 from bastion.runtime.windows import TimeWindows
 from bastion.topology import OpNode
@@ -510,6 +510,9 @@ _FOLD_KINDS: dict[type, int] = {
 }
 
 
+_WORD_FOLDS = (FOLD_COUNT, FOLD_SUM, FOLD_MIN, FOLD_MAX)
+
+
 class AggregateFoldOp(KeyedFoldOp):
     """reduce with an aggregation object: ``acc = agg.add(acc, value)`` per key from
     ``agg.create()``, emitting ``(key, agg.result(acc))`` after every input.
@@ -535,12 +538,22 @@ class AggregateFoldOp(KeyedFoldOp):
         fn = getattr(agg, "fn", None)
         self.extract = None if self.kind is None or fn is _aggregations._identity else fn
         self.plain = agg if self.kind is None else type(agg)()
+        # Count, Sum, Min and Max of ints fold in words (`columns.fold_int_column`)
+        self.words = self.extract is None and self.kind in _WORD_FOLDS
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
         keys = _keys_of(batch)
         if self.changed is not None:
             self.changed.update(keys)  # a failing record's key: unchanged
         values = batch.values
+        if self.words and type(keys) is IntColumn:
+            # keys (and values) held as words: folded without an object per record,
+            # unless an accumulator is not a 64-bit int (then as below, same results)
+            results = fold_int_column(self.kind, self.state, keys, values, self.opened)
+            if results is not None:
+                ids = batch.ids
+                return Batch(keys, pair_column(keys, results), batch.ts, batch.born,
+                             None if ids is None else derived_ids(self.ctx.code, ids))
         # (position in the batch, value, error) of every record that failed, dead-
         # lettered at the end in the order of the records, as the Python path would
         failures: list[tuple[int, Any, BaseException]] = []
@@ -1424,7 +1437,10 @@ class SinkOp(Operator):
         if not batch.values:
             return None
         now_s = time.time()
-        self.writer.write(batch.values)
+        values = batch.values
+        if self.writer.keeps_values and type(values) is not list and type(values) is not tuple:
+            values = list(values)  # a sink writer is handed a list (a column of words)
+        self.writer.write(values)
         if self.writer.keeps_values:
             self.staged_records += len(batch.values)
             self.max_staged_records = max(self.max_staged_records, self.staged_records)

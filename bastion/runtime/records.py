@@ -35,8 +35,9 @@ import msgpack
 
 from bastion.codecs import Codec
 from bastion.lineage import IdColumn, IdRun, from_wire, take_ids, to_wire
-from bastion.runtime.columns import (exact_numbers, pack_float64, pack_ints, split_column,
-                                     split_columns, unpack_float64, unpack_ints)
+from bastion.runtime.columns import (IntColumn, PairColumn, exact_numbers, pack_float64,
+                                     pack_ints, pair_column, split_column, split_columns,
+                                     unpack_float64, unpack_int_column)
 from bastion.runtime.durable import unserialisable
 
 DATA = 0
@@ -169,13 +170,19 @@ def _expand(column: Any, n: int) -> Sequence:
     return [column] * n if isinstance(column, float) else column
 
 
-# How a field of a batch travels (`FrameCodec`): as itself, or packed.
-AS_IS, INTS, FLOAT64 = 0, 1, 2
+# How a field of a batch travels (`FrameCodec`): as itself, packed, or a PairColumn as
+# its two packed columns.
+AS_IS, INTS, FLOAT64, PAIRS = 0, 1, 2, 3
 
 
 def pack_column(column: Any) -> tuple[Any, int]:
     """``column`` packed as ints or float64s when every item is exactly that type (and
     an int fits in 64 bits), with its kind; else itself."""
+    kind = type(column)
+    if kind is IntColumn:
+        return pack_ints(column), INTS
+    if kind is PairColumn:
+        return (pack_ints(column.firsts), pack_ints(column.seconds)), PAIRS
     if type(column) is list or type(column) is tuple:
         kind = type(column[0]) if column else None
         if kind is int:
@@ -191,9 +198,13 @@ def pack_column(column: Any) -> tuple[Any, int]:
 
 def unpack_column(field: Any, kind: int) -> Any:
     if kind == INTS:
-        return unpack_ints(field)
+        return unpack_int_column(field)
     if kind == FLOAT64:
         return unpack_float64(field)
+    if kind == PAIRS:
+        if type(field) is not tuple or len(field) != 2:
+            raise ValueError("a packed pair column is two packed int columns")
+        return pair_column(unpack_int_column(field[0]), unpack_int_column(field[1]))
     return field
 
 
@@ -278,7 +289,8 @@ def passes_unencoded(elements: list) -> bool:
         kind = type(e)
         if kind is Batch:
             if e.ids is not None or not e.exact and not (
-                    (e.keys is None or exact_numbers(e.keys)) and exact_numbers(e.values)
+                    (e.keys is None or exact_numbers(e.keys))
+                    and (type(e.values) is PairColumn or exact_numbers(e.values))
                     and exact_numbers(e.ts) and (e.born is e.ts or exact_numbers(e.born))):
                 return False
         elif kind is not Watermark and kind is not EndOfStream:
@@ -297,7 +309,7 @@ class FrameCodec:
     def _default(self, value: Any) -> Any:
         codec = self._by_type.get(type(value))
         if codec is None:
-            if isinstance(value, (set, frozenset)):
+            if isinstance(value, (set, frozenset, IntColumn, PairColumn)):
                 return list(value)
             raise unserialisable(value)
         return msgpack.ExtType(codec.code, codec.encode(value))
