@@ -10,7 +10,8 @@ on each side (issue 41):
   job chained into one worker);
 - Bastion **batch**: ``Generator(batch_fn=identity)`` → ``key_by_batch(lambda c: c %
   100)`` → ``reduce(bn.aggregations.Count())``: a numpy call per batch for the source
-  and the key, the count folded in C;
+  and the key, the columns kept as int64 words (`IntColumn`) through the exchange, the
+  count folded in words and its running ``(key, count)`` pairs emitted as words;
 - Spark **SQL**, **pandas-UDF** and **Python-UDF**: ``rate-micro-batch`` source →
   ``groupBy(key).count()`` in update mode → ``noop`` sink, the key computed by
   ``value % 100``, by a ``pandas_udf`` or by a ``udf``.

@@ -1368,7 +1368,8 @@ PyInit__columns(void)
         if (byte_ints[b] == NULL && (byte_ints[b] = PyLong_FromLong((signed char)b)) == NULL)
             return NULL;
     }
-    if (PyType_Ready(&IntColumnType) < 0 || PyType_Ready(&PairColumnType) < 0)
+    if (PyType_Ready(&IntColumnType) < 0 || PyType_Ready(&IntColumnIterType) < 0
+            || PyType_Ready(&PairColumnType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -197,6 +197,56 @@ int_column_reduce(PyObject *self, PyObject *unused)
     return Py_BuildValue("(N(N))", make, items);
 }
 
+/* Iteration: the words as ints, one at a time (what a per-record function sees). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *column;  /* NULL once exhausted */
+    Py_ssize_t next;
+} IntColumnIter;
+
+static PyTypeObject IntColumnIterType;
+
+static PyObject *
+int_column_iter(PyObject *self)
+{
+    IntColumnIter *it = PyObject_New(IntColumnIter, &IntColumnIterType);
+    if (it == NULL)
+        return NULL;
+    Py_INCREF(self);
+    it->column = self;
+    it->next = 0;
+    return (PyObject *)it;
+}
+
+static PyObject *
+int_column_iter_next(PyObject *self)
+{
+    IntColumnIter *it = (IntColumnIter *)self;
+    if (it->column == NULL)
+        return NULL;
+    if (it->next < Py_SIZE(it->column))
+        return PyLong_FromLongLong(IntColumn_ITEMS(it->column)[it->next++]);
+    Py_CLEAR(it->column);
+    return NULL;
+}
+
+static void
+int_column_iter_dealloc(PyObject *self)
+{
+    Py_XDECREF(((IntColumnIter *)self)->column);
+    PyObject_Free(self);
+}
+
+static PyTypeObject IntColumnIterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "bastion.runtime._columns.IntColumnIterator",
+    .tp_basicsize = sizeof(IntColumnIter),
+    .tp_dealloc = int_column_iter_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = int_column_iter_next,
+};
+
 static PySequenceMethods int_column_as_sequence = {
     .sq_length = int_column_length,
     .sq_item = int_column_item,
@@ -230,6 +280,7 @@ static PyTypeObject IntColumnType = {
     .tp_as_buffer = &int_column_as_buffer,
     .tp_hash = PyObject_HashNotImplemented,
     .tp_richcompare = int_column_richcompare,
+    .tp_iter = int_column_iter,
     .tp_methods = int_column_methods,
 };
 

@@ -115,15 +115,16 @@ def spark_rows(figures: Figures) -> list[Row]:
     p = int(_num(figures, "parallelism")) if math.isfinite(_num(figures, "parallelism")) else 2
     ckpt = "1-s trigger, a checkpoint each micro-batch"
     rows = []
+    batch_path = "key_by_batch (numpy), int64 columns end to end, Count folded in words"
     for anchor, spark_key, spark_what, bastion_key, bastion_what, target, source in [
         ("peers-spark-python-udf", "spark_python_udf", "key as a plain Python UDF",
          "bastion_per_record", "key and fold as Python lambdas (a call per record)",
          PYTHON_THROUGHPUT_TARGET, "issue 40: ahead on Python functions"),
         ("peers-spark-pandas-udf", "spark_pandas_udf", "key as a pandas UDF",
-         "bastion_batch", "key_by_batch (numpy), Count folded in C",
+         "bastion_batch", batch_path,
          BATCH_VS_PANDAS_TARGET, "issue 41: batch path vs pandas UDF"),
         ("peers-spark-sql", "spark_sql", "key as a SQL expression",
-         "bastion_batch", "key_by_batch (numpy), Count folded in C",
+         "bastion_batch", batch_path,
          BATCH_VS_SQL_TARGET, "issue 41: batch path vs SQL"),
     ]:
         theirs, ours = _num(median, spark_key), _num(median, bastion_key)
