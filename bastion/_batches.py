@@ -34,8 +34,6 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Literal, Sequence
 
-from bastion.runtime.columns import IntColumn, int_column
-
 #: How a batch function sees a column: a numpy array or a pyarrow array.
 BatchFormat = Literal["numpy", "arrow"]
 FORMATS: tuple[str, ...] = ("numpy", "arrow")
@@ -60,6 +58,9 @@ def check_format(format: str) -> str:
 
 def to_column(values: Any, format: str) -> Any:
     """``values`` (a sequence or a numpy array) as a column of ``format``."""
+    # imported here, as below: building a topology loads no runtime module
+    from bastion.runtime.columns import IntColumn
+
     if type(values) is IntColumn:  # its words: a writable int64 copy, no ints made
         import numpy
 
@@ -102,6 +103,8 @@ def from_column(column: Any, size: int, what: str) -> Sequence[Any]:
     ``size`` of them — an `IntColumn` for a numpy column of ints, else a list;
     `ColumnLengthError` naming ``what`` made it otherwise."""
     if type(column).__module__ == "numpy" and getattr(column, "ndim", None) == 1:
+        from bastion.runtime.columns import int_column
+
         words = int_column(column)  # None: not ints that fit in 64 bits
         if words is not None:
             if len(words) != size:

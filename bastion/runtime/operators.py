@@ -318,7 +318,7 @@ class MapBatchesOp(_UdfOp):
         super().__init__(node, ctx)
         self.format = node.params["batch_format"]
 
-    def _apply(self, batch: Batch) -> tuple[list[int] | None, list]:
+    def _apply(self, batch: Batch) -> tuple[list[int] | None, Sequence]:
         """`_batches.apply` of ``fn`` to ``batch``'s values; a column of the wrong
         length fails the job with a `UDFError` naming this operator."""
         try:

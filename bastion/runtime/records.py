@@ -178,10 +178,9 @@ AS_IS, INTS, FLOAT64, PAIRS = 0, 1, 2, 3
 def pack_column(column: Any) -> tuple[Any, int]:
     """``column`` packed as ints or float64s when every item is exactly that type (and
     an int fits in 64 bits), with its kind; else itself."""
-    kind = type(column)
-    if kind is IntColumn:
+    if type(column) is IntColumn:
         return pack_ints(column), INTS
-    if kind is PairColumn:
+    if type(column) is PairColumn:
         return (pack_ints(column.firsts), pack_ints(column.seconds)), PAIRS
     if type(column) is list or type(column) is tuple:
         kind = type(column[0]) if column else None
