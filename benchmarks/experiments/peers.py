@@ -178,7 +178,10 @@ def spark_rows(figures: Figures) -> list[Row]:
                     f" (a lower bound: {unfinished:,.0f} records not output when the run "
                     "stopped)" if unfinished > 0 else "") if math.isfinite(theirs) else "–"),
                 bastion_setting=f"p={p_ours}, {setting}, "
-                                f"{_num(ours_lat, 'rate'):,.0f} records/s (half its max), "
+                                f"{_num(ours_lat, 'rate'):,.0f} records/s (half "
+                                + (f"the {_num(ours_lat, 'max_rate'):,.0f} it reaches on this "
+                                   "paced source" if "max_rate" in ours_lat else "its max")
+                                + "), "
                                 "latency at the sink"
                                 + (f" after its first {ours_lat['warmup_s']:g} s (as "
                                    "Spark's)" if "warmup_s" in ours_lat else "")
