@@ -480,57 +480,6 @@ eight_byte_items(Py_buffer *data)
     return 1;
 }
 
-/* The ints -128..127 by their byte, made once (`PyInit__columns`): a column packed one
- * byte an item (small keys, counts) decodes by reference to them, instead of a call
- * per item. Ints are immutable; CPython itself shares those of -5..256. */
-static PyObject *byte_ints[256];
-
-/* unpack_ints(data) -> tuple of ints: what pack_ints packed */
-static PyObject *
-unpack_ints(PyObject *module, PyObject *args)
-{
-    Py_buffer data;
-    if (!PyArg_ParseTuple(args, "y*:unpack_ints", &data))
-        return NULL;
-    PyObject *out = NULL;
-    const unsigned char *buf = (const unsigned char *)data.buf;
-    int width = data.len ? buf[0] : 0;
-    if (!(width == 1 || width == 2 || width == 4 || width == 8)
-            || (data.len - 1) % width) {
-        PyErr_Format(PyExc_ValueError, "%zd bytes are not a packed int column", data.len);
-        goto done;
-    }
-    Py_ssize_t size = (data.len - 1) / width;
-    out = PyTuple_New(size);
-    if (out == NULL)
-        goto done;
-    buf++;
-    if (width == 1) {
-        for (Py_ssize_t i = 0; i < size; i++) {
-            PyObject *item = byte_ints[buf[i]];
-            Py_INCREF(item);
-            PyTuple_SET_ITEM(out, i, item);
-        }
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < size; i++) {
-        uint64_t u = get_word(buf + i * width, width);
-        long long v;
-        if (width < 8 && (u >> (8 * width - 1)) & 1)  /* sign-extend */
-            u |= ~(uint64_t)0 << (8 * width);
-        memcpy(&v, &u, 8);
-        PyObject *item = PyLong_FromLongLong(v);
-        if (item == NULL) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        PyTuple_SET_ITEM(out, i, item);
-    }
-done:
-    PyBuffer_Release(&data);
-    return out;
-}
-
 /* unpack_float64(data) -> tuple of floats */
 static PyObject *
 unpack_float64(PyObject *module, PyObject *args)
@@ -878,20 +827,28 @@ typedef struct {
     Py_ssize_t used;
 } KeyTable;
 
+/* A table's zeroed slots (`capacity` of `slot_size` bytes) and its order array (it
+ * is kept at most half full); -1 and MemoryError when either cannot be had. */
 static int
-table_init(KeyTable *t, Py_ssize_t capacity)
+table_alloc(void **slots, Py_ssize_t **order, Py_ssize_t capacity, size_t slot_size)
 {
-    t->slots = PyMem_Calloc(capacity, sizeof(Slot));
-    t->order = PyMem_Malloc(sizeof(Py_ssize_t) * (capacity / 2 + 1));
-    t->mask = capacity - 1;
-    t->used = 0;
-    if (t->slots == NULL || t->order == NULL) {
-        PyMem_Free(t->slots);
-        PyMem_Free(t->order);
+    *slots = PyMem_Calloc(capacity, slot_size);
+    *order = PyMem_Malloc(sizeof(Py_ssize_t) * (capacity / 2 + 1));
+    if (*slots == NULL || *order == NULL) {
+        PyMem_Free(*slots);
+        PyMem_Free(*order);
         PyErr_NoMemory();
         return -1;
     }
     return 0;
+}
+
+static int
+table_init(KeyTable *t, Py_ssize_t capacity)
+{
+    t->mask = capacity - 1;
+    t->used = 0;
+    return table_alloc((void **)&t->slots, &t->order, capacity, sizeof(Slot));
 }
 
 /* Double the capacity: rehash the used slots (their references move). */
@@ -1088,31 +1045,28 @@ fail:
     return NULL;
 }
 
-/* unpack_int_column(data) -> IntColumn: what pack_ints packed, as words. */
+/* The IntColumn of what pack_ints packed; NULL and ValueError when `data` is not a
+ * packed int column. */
 static PyObject *
-unpack_int_column(PyObject *module, PyObject *args)
+column_of_packed(const Py_buffer *data)
 {
-    Py_buffer data;
-    if (!PyArg_ParseTuple(args, "y*:unpack_int_column", &data))
-        return NULL;
-    PyObject *out = NULL;
-    const unsigned char *buf = (const unsigned char *)data.buf;
-    int width = data.len ? buf[0] : 0;
+    const unsigned char *buf = (const unsigned char *)data->buf;
+    int width = data->len ? buf[0] : 0;
     if (!(width == 1 || width == 2 || width == 4 || width == 8)
-            || (data.len - 1) % width) {
-        PyErr_Format(PyExc_ValueError, "%zd bytes are not a packed int column", data.len);
-        goto done;
+            || (data->len - 1) % width) {
+        PyErr_Format(PyExc_ValueError, "%zd bytes are not a packed int column", data->len);
+        return NULL;
     }
-    Py_ssize_t size = (data.len - 1) / width;
-    out = int_column_new(size);
+    Py_ssize_t size = (data->len - 1) / width;
+    PyObject *out = int_column_new(size);
     if (out == NULL)
-        goto done;
+        return NULL;
     int64_t *to = IntColumn_ITEMS(out);
     buf++;
     if (width == 1) {
         for (Py_ssize_t i = 0; i < size; i++)
             to[i] = (int8_t)buf[i];
-        goto done;
+        return out;
     }
     for (Py_ssize_t i = 0; i < size; i++) {
         uint64_t u = get_word(buf + i * width, width);
@@ -1120,8 +1074,34 @@ unpack_int_column(PyObject *module, PyObject *args)
             u |= ~(uint64_t)0 << (8 * width);
         memcpy(&to[i], &u, 8);
     }
-done:
+    return out;
+}
+
+/* unpack_int_column(data) -> IntColumn: what pack_ints packed, as words. */
+static PyObject *
+unpack_int_column(PyObject *module, PyObject *args)
+{
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*:unpack_int_column", &data))
+        return NULL;
+    PyObject *out = column_of_packed(&data);
     PyBuffer_Release(&data);
+    return out;
+}
+
+/* unpack_ints(data) -> tuple of ints: what pack_ints packed */
+static PyObject *
+unpack_ints(PyObject *module, PyObject *args)
+{
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*:unpack_ints", &data))
+        return NULL;
+    PyObject *column = column_of_packed(&data);
+    PyBuffer_Release(&data);
+    if (column == NULL)
+        return NULL;
+    PyObject *out = PySequence_Tuple(column);
+    Py_DECREF(column);
     return out;
 }
 
@@ -1152,17 +1132,9 @@ typedef struct {
 static int
 word_table_init(WordTable *t, Py_ssize_t capacity)
 {
-    t->slots = PyMem_Calloc(capacity, sizeof(WordSlot));
-    t->order = PyMem_Malloc(sizeof(Py_ssize_t) * (capacity / 2 + 1));
     t->mask = capacity - 1;
     t->used = 0;
-    if (t->slots == NULL || t->order == NULL) {
-        PyMem_Free(t->slots);
-        PyMem_Free(t->order);
-        PyErr_NoMemory();
-        return -1;
-    }
-    return 0;
+    return table_alloc((void **)&t->slots, &t->order, capacity, sizeof(WordSlot));
 }
 
 static void
@@ -1364,10 +1336,6 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__columns(void)
 {
-    for (int b = 0; b < 256; b++) {
-        if (byte_ints[b] == NULL && (byte_ints[b] = PyLong_FromLong((signed char)b)) == NULL)
-            return NULL;
-    }
     if (PyType_Ready(&IntColumnType) < 0 || PyType_Ready(&IntColumnIterType) < 0
             || PyType_Ready(&PairColumnType) < 0)
         return NULL;

@@ -105,6 +105,26 @@ int_column_tolist(PyObject *self, PyObject *unused)
     return out;
 }
 
+/* `mine` (a new list of a column's items, consumed) == or != the items of `other`
+ * (a list, a tuple or a column): as two lists of those items compare. */
+static PyObject *
+compare_items(PyObject *mine, PyObject *other, int op)
+{
+    if (mine == NULL)
+        return NULL;
+    PyObject *theirs = PySequence_List(other);
+    if (theirs == NULL) {
+        Py_DECREF(mine);
+        return NULL;
+    }
+    int equal = PyObject_RichCompareBool(mine, theirs, Py_EQ);
+    Py_DECREF(mine);
+    Py_DECREF(theirs);
+    if (equal < 0)
+        return NULL;
+    return PyBool_FromLong((op == Py_EQ) == (equal != 0));
+}
+
 /* Equal to another IntColumn of the same words, or to a list or tuple of equal items
  * (as a tuple compares with a tuple); any other order than == and != is not defined. */
 static PyObject *
@@ -112,30 +132,15 @@ int_column_richcompare(PyObject *self, PyObject *other, int op)
 {
     if (op != Py_EQ && op != Py_NE)
         Py_RETURN_NOTIMPLEMENTED;
-    int equal;
     if (IntColumn_Check(other)) {
-        equal = Py_SIZE(self) == Py_SIZE(other)
-                && memcmp(IntColumn_ITEMS(self), IntColumn_ITEMS(other),
-                          (size_t)Py_SIZE(self) * sizeof(int64_t)) == 0;
-    } else if (PyList_Check(other) || PyTuple_Check(other)) {
-        PyObject *mine = int_column_tolist(self, NULL);
-        if (mine == NULL)
-            return NULL;
-        PyObject *theirs = PySequence_List(other);
-        if (theirs == NULL) {
-            Py_DECREF(mine);
-            return NULL;
-        }
-        equal = PyObject_RichCompareBool(mine, theirs, Py_EQ);
-        Py_DECREF(mine);
-        Py_DECREF(theirs);
-        if (equal < 0)
-            return NULL;
-    } else
-        Py_RETURN_NOTIMPLEMENTED;
-    if ((op == Py_EQ) == (equal != 0))
-        Py_RETURN_TRUE;
-    Py_RETURN_FALSE;
+        int equal = Py_SIZE(self) == Py_SIZE(other)
+                    && memcmp(IntColumn_ITEMS(self), IntColumn_ITEMS(other),
+                              (size_t)Py_SIZE(self) * sizeof(int64_t)) == 0;
+        return PyBool_FromLong((op == Py_EQ) == equal);
+    }
+    if (PyList_Check(other) || PyTuple_Check(other))
+        return compare_items(int_column_tolist(self, NULL), other, op);
+    Py_RETURN_NOTIMPLEMENTED;
 }
 
 static PyObject *
@@ -526,23 +531,7 @@ pair_column_richcompare(PyObject *self, PyObject *other, int op)
         Py_RETURN_NOTIMPLEMENTED;
     if (!PairColumn_Check(other) && !PyList_Check(other) && !PyTuple_Check(other))
         Py_RETURN_NOTIMPLEMENTED;
-    PyObject *mine = pair_column_tolist(self, NULL);
-    if (mine == NULL)
-        return NULL;
-    PyObject *theirs = PairColumn_Check(other) ? pair_column_tolist(other, NULL)
-                                               : PySequence_List(other);
-    if (theirs == NULL) {
-        Py_DECREF(mine);
-        return NULL;
-    }
-    int equal = PyObject_RichCompareBool(mine, theirs, Py_EQ);
-    Py_DECREF(mine);
-    Py_DECREF(theirs);
-    if (equal < 0)
-        return NULL;
-    if ((op == Py_EQ) == (equal != 0))
-        Py_RETURN_TRUE;
-    Py_RETURN_FALSE;
+    return compare_items(pair_column_tolist(self, NULL), other, op);
 }
 
 static PyObject *
