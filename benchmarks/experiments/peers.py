@@ -182,7 +182,10 @@ def spark_rows(figures: Figures) -> list[Row]:
                                 + (f"the {_num(ours_lat, 'max_rate'):,.0f} it reaches on this "
                                    "paced source" if "max_rate" in ours_lat else "its max")
                                 + "), "
-                                "latency at the sink"
+                                + (f"frames out of their buffer within "
+                                   f"{ours_lat['buffer_timeout_ms']:g} ms (its lowest-latency "
+                                   "setting), " if "buffer_timeout_ms" in ours_lat else "")
+                                + "latency at the sink"
                                 + (f" after its first {ours_lat['warmup_s']:g} s (as "
                                    "Spark's)" if "warmup_s" in ours_lat else "")
                                 + (f", median of {ours_lat['runs']} runs"
