@@ -687,7 +687,8 @@ def main() -> None:
                     "p50_ms": statistics.median(p50s), "p99_ms": statistics.median(p99s),
                     "p50_ms_runs": p50s, "p99_ms_runs": p99s}
                 print(f"latency at half the maximum rate: bastion per-record p={p} "
-                      f"{ours_rate:,.0f}/s (paced maximum {paced_max:,.0f}/s) p50 {statistics.median(p50s):.2f} ms "
+                      f"{ours_rate:,.0f}/s (paced maximum {paced_max:,.0f}/s) "
+                      f"p50 {statistics.median(p50s):.2f} ms "
                       f"p99 {statistics.median(p99s):.2f} ms (median of "
                       f"{', '.join(f'{v:.2f}' for v in p99s)})", flush=True)
             # Spark's maximum for the latency run is measured on that run's query (its
