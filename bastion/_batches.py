@@ -11,8 +11,8 @@ again: a numpy column of ints is kept as its words (an `IntColumn`,
 `bastion.runtime.columns`), which everything downstream reads as exact Python ints
 while the data plane's kernels route, pack and fold it without an object per value;
 any other numpy or arrow result is turned into Python values (``tolist()``,
-``to_pylist()``), and anything else is taken as a sequence. A numpy column of ints
-given back to the next batch function is that same column, not a copy made of
+``to_pylist()``), and anything else is taken as a sequence. The next batch function
+is handed a writable copy of such a column's words, never an array rebuilt from
 Python ints.
 
 Everything after a batch function sees records, as before: lineage ids, dead
