@@ -513,7 +513,7 @@ def run(topology: Topology, protocol: "str | Protocol" = "none", *,
         export_metrics=export_metrics,
         incremental_state=state is not None and state.incremental,
         max_chain=State().max_chain if state is None else state.max_chain,
-        fork_min_keys=State().fork_min_keys if state is None else state.fork_min_keys,
+        fork_min_keys=(state or State()).fork_at_keys,
     )
     additions = fault_injection.node_additions(config.faults)
     if additions and cluster is None:

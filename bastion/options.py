@@ -47,7 +47,7 @@ The objects are frozen: `dataclasses.replace` makes a changed copy, checked agai
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from bastion.protocols.knobs import AutoInterval, positive_seconds
 from bastion.protocols.knobs import count as _count
@@ -255,6 +255,11 @@ class Storage:
         return storage if isinstance(storage, Storage) else cls(storage)
 
 
+#: ``State(fork_min_keys="auto")``: incremental bases of this many keys or more are
+#: encoded in a forked child
+INCREMENTAL_FORK_MIN_KEYS = 1_000_000
+
+
 @dataclass(frozen=True)
 class State:
     """How a checkpoint writes the tasks' keyed state (`bastion.runtime.incremental`).
@@ -279,23 +284,42 @@ class State:
     forked child process, from a copy-on-write image of its memory, while it goes on
     processing (`bastion.runtime.forked_encode`): encoding costs about 50 ns a key,
     which holds the task 0.9 s at 16 M keys. The child's CPU time counts in the
-    job's. None (the default): always on the task's loop, as where ``fork`` is not
-    available. A trade, so off by default: at 16 M keys and a 1-s interval on 2 cores
-    a job with forked full snapshots kept 0.89x of its checkpoint-free rate, against
-    0.77x on the loop, but a checkpoint completed every 2.1 s instead of every 1.8
-    s — the child shares the cores, and a task takes one snapshot at a time
-    (`benchmarks/state.py` (b) runs both)."""
+    job's. None: always on the task's loop, as where ``fork`` is not available.
+    ``"auto"`` (the default): incremental bases of `INCREMENTAL_FORK_MIN_KEYS` (1 M)
+    keys or more are forked, full snapshots stay on the loop. Forking is a trade: the
+    task goes on, but the child shares the cores and a task takes one snapshot at a
+    time, so a forked snapshot completes later. Incremental state writes a base rarely
+    once its state stops growing, so the later completion costs it little, while each
+    base on the loop — one every other checkpoint while 16 M keys arrive — holds the
+    task: at 16 M keys and a 1-s interval on 2 cores incremental state kept 0.93x of
+    the checkpoint-free rate forked against 0.86x on the loop (best of three runs
+    each). A full snapshot is taken at every checkpoint, and there the trade went
+    either way between runs (16 M keys: 0.90x forked against 0.79x on the loop,
+    completing every 2.1 s instead of 1.8 s; 4 M keys: 0.77x against 0.90x), so it
+    stays on the loop
+    unless asked (`benchmarks/state.py` (b) runs each)."""
 
     incremental: bool = False
     max_chain: int = JobConfig.max_chain
-    fork_min_keys: int | None = JobConfig.fork_min_keys
+    fork_min_keys: int | None | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.incremental, bool):
             raise ValueError(f"incremental must be True or False, got {self.incremental!r}")
         _count(self.max_chain, "max_chain")
-        if self.fork_min_keys is not None:
-            _count(self.fork_min_keys, "fork_min_keys")
+        keys = self.fork_min_keys
+        if keys is not None and not (keys == "auto" or (
+                isinstance(keys, int) and not isinstance(keys, bool) and keys >= 1)):
+            raise ValueError(f"fork_min_keys must be an int >= 1, None or 'auto', "
+                             f"got {keys!r}")
+
+    @property
+    def fork_at_keys(self) -> int | None:
+        """``fork_min_keys`` resolved: the least keys a task's tables hold for its
+        snapshot to be encoded in a forked child, None for never."""
+        if self.fork_min_keys == "auto":
+            return INCREMENTAL_FORK_MIN_KEYS if self.incremental else None
+        return self.fork_min_keys
 
 
 __all__ = ["AutoInterval", "DataPlane", "EventLimits", "Limits", "Recovery", "Redundancy",

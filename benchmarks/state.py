@@ -16,13 +16,15 @@ keyed reduce holding many keys.
 (b) **A real run** (``--run``): the keyed sum as a job under ``coordinated`` (a
     checkpoint every ``--interval-s``, 1 s) on local storage — and with ``--s3`` on
     moto's S3 server on loopback as well (started by this script) —, full and
-    incremental, each with snapshots encoded on the task's loop (the default) and, for
-    500 k keys or more, in a forked child (`State.fork_min_keys`), each reading ``--run-records`` records unpaced — the first
-    ``--run-keys`` (4 M) make the cold keys, the rest go to ``--hot`` hot keys — with
-    a heartbeat timeout of ``--heartbeat-timeout-s`` (5 s: a full snapshot of 16 M
-    keys holds the GIL about a second, and at the default 1 s its worker is taken
-    for dead): the checkpoints' mean bytes after the first, their mean and largest duration, and the
-    records per second of each run; then each configuration's best rate of
+    incremental, each with snapshots encoded on the task's loop and in a forked child
+    from `INCREMENTAL_FORK_MIN_KEYS` (1 M) keys (`State.fork_min_keys`: the default
+    forks incremental bases only; ``--run-configs`` picks some), each reading
+    ``--run-records`` records unpaced — the first ``--run-keys`` (4 M) make the cold
+    keys, the rest go to ``--hot`` hot keys — with a heartbeat timeout of
+    ``--heartbeat-timeout-s`` (5 s: a full snapshot of 16 M keys holds the GIL about a
+    second, and at the default 1 s its worker is taken for dead): the checkpoints'
+    mean bytes after the first, their mean and largest duration, and the records per
+    second of each run; then each configuration's best and median rate of
     ``--run-repeats`` (2, the configurations alternating) against the same job
     without checkpoints.
 
@@ -45,12 +47,14 @@ import sys
 import tempfile
 import time
 
-from bastion.options import State
+from bastion.options import INCREMENTAL_FORK_MIN_KEYS, State
 from bastion.runtime.durable import DurableCodec
 from bastion.runtime.incremental import StateChain, apply_links
 from bastion.storage.checkpoints import ChainRef
 
 KEY_COUNTS = (10_000, 1_000_000, 4_000_000, 16_000_000)
+#: (b)'s configurations
+RUN_CONFIGS = ("no checkpoints", "full", "full forked", "incr. loop", "incr. forked")
 
 
 class _Fold:
@@ -175,16 +179,16 @@ def run_figures(args: argparse.Namespace, storage: str, label: str) -> None:
     import bastion as bn
 
     keys, hot, records = args.run_keys, args.hot, args.run_records
-    rates: dict[str, float] = {}
+    rates: dict[str, list[float]] = {}
     coordinated = bn.protocols.Coordinated(interval_s=args.interval_s)
-    # "forked": snapshots of 500 k keys or more encoded in a forked child
-    # (`State.fork_min_keys`; off by default), for the same run's contrast
-    configs = (("no checkpoints", "none", None),
-               ("full", coordinated, bn.State()),
-               ("full, forked", coordinated, bn.State(fork_min_keys=500_000)),
-               ("incremental", coordinated, bn.State(incremental=True)),
-               ("incr., forked", coordinated,
-                bn.State(incremental=True, fork_min_keys=500_000)))
+    forked = INCREMENTAL_FORK_MIN_KEYS
+    configs = [(name, protocol, state) for name, protocol, state in (
+        ("no checkpoints", "none", None),
+        ("full", coordinated, bn.State(fork_min_keys=None)),
+        ("full forked", coordinated, bn.State(fork_min_keys=forked)),
+        ("incr. loop", coordinated, bn.State(incremental=True, fork_min_keys=None)),
+        ("incr. forked", coordinated, bn.State(incremental=True, fork_min_keys=forked)))
+        if name in args.run_configs or name == "no checkpoints"]
     # alternating, best of --run-repeats: the machine's speed moves from run to run
     for name, protocol, state in [c for _ in range(args.run_repeats) for c in configs]:
         topo = bn.Topology("state-bench")
@@ -197,7 +201,7 @@ def run_figures(args: argparse.Namespace, storage: str, label: str) -> None:
         result = bn.run(topo, protocol, storage=storage, state=state,
                         recovery=bn.Recovery(heartbeat_timeout_s=args.heartbeat_timeout_s))
         rate = result.metrics.source_records / result.metrics.duration_s
-        rates[name] = max(rate, rates.get(name, 0.0))
+        rates.setdefault(name, []).append(rate)
         events = [e for e in result.details["events"] if e["kind"] == "checkpoint_completed"]
         sizes = [e["state_bytes"] for e in events][1:]
         durations = [e["duration_s"] for e in events if e.get("duration_s") is not None]
@@ -209,9 +213,13 @@ def run_figures(args: argparse.Namespace, storage: str, label: str) -> None:
                        f"mean {statistics.mean(durations):.3f} s, largest "
                        f"{max(durations):.3f} s")
         print(f"(b) {label} {name:>18}: {rate:,.0f} records/s{figures}", flush=True)
+    # beside the best of each, the median of each repeat's own ratio (the runs next
+    # to each other)
+    baseline = rates["no checkpoints"]
     print(f"(b) {label}, best of {args.run_repeats}: " + ", ".join(
-        f"{name} {rate:,.0f} records/s ({rate / rates['no checkpoints']:.2f}x)"
-        for name, rate in rates.items()), flush=True)
+        f"{name} {max(r):,.0f} records/s ({max(r) / max(baseline):.2f}x, paired median "
+        f"{statistics.median(a / b for a, b in zip(r, baseline)):.2f}x)"
+        for name, r in rates.items()), flush=True)
 
 
 @contextlib.contextmanager
@@ -239,11 +247,18 @@ def main() -> None:
     parser.add_argument("--interval-s", type=float, default=1.0)
     parser.add_argument("--heartbeat-timeout-s", type=float, default=5.0)
     parser.add_argument("--run-repeats", type=int, default=2)
+    parser.add_argument("--run-configs", default=",".join(RUN_CONFIGS),
+                        help="(b)'s configurations, comma-separated, of: "
+                             + ", ".join(RUN_CONFIGS) + " (no checkpoints always runs)")
     args = parser.parse_args()
     if args.s3:
         # moto takes any credentials; set before Ray starts, so its workers have them
         os.environ.setdefault("BASTION_S3_ACCESS_KEY", "bench")
         os.environ.setdefault("BASTION_S3_SECRET_KEY", "bench-secret")
+    args.run_configs = args.run_configs.split(",")
+    unknown = set(args.run_configs) - set(RUN_CONFIGS)
+    if unknown:
+        parser.error(f"--run-configs: unknown {', '.join(sorted(unknown))}")
     if args.run_records is None:
         args.run_records = args.run_keys + 45_000_000
     figures = codec_figures(args)

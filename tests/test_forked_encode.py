@@ -92,11 +92,15 @@ def test_an_encode_dropped_unread_leaves_no_child_behind():
 
 
 def test_fork_min_keys_is_checked_where_made():
-    assert bn.State().fork_min_keys is None  # on the loop unless asked
-    assert bn.State(fork_min_keys=500_000).fork_min_keys == 500_000
-    assert bn.State(fork_min_keys=None).fork_min_keys is None
-    with pytest.raises(ValueError, match="fork_min_keys"):
-        bn.State(fork_min_keys=0)
+    # by default only incremental bases of a million keys or more are forked
+    assert bn.State().fork_at_keys is None
+    assert bn.State(incremental=True).fork_at_keys == 1_000_000
+    assert bn.State(incremental=True, fork_min_keys=None).fork_at_keys is None
+    assert bn.State(fork_min_keys=500_000).fork_at_keys == 500_000
+    assert bn.State(fork_min_keys=None).fork_at_keys is None
+    for wrong in (0, -1, True, 2.5, "always", "1000"):
+        with pytest.raises(ValueError, match="fork_min_keys must be an int >= 1, None or"):
+            bn.State(fork_min_keys=wrong)
 
 
 def hot_and_cold(count=4000, rate=2000, fold=lambda acc, i: acc + i, cold=COLD):
