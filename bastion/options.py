@@ -291,12 +291,13 @@ class State:
     time, so a forked snapshot completes later. Incremental state writes a base rarely
     once its state stops growing, so the later completion costs it little, while each
     base on the loop — one every other checkpoint while 16 M keys arrive — holds the
-    task: at 16 M keys and a 1-s interval on 2 cores incremental state kept 0.93x of
-    the checkpoint-free rate forked against 0.86x on the loop (best of three runs
-    each). A full snapshot is taken at every checkpoint, and there the trade went
-    either way between runs (16 M keys: 0.90x forked against 0.79x on the loop,
-    completing every 2.1 s instead of 1.8 s; 4 M keys: 0.77x against 0.90x), so it
-    stays on the loop
+    task's loop, and every task of its worker, for up to a second — a stall every
+    record behind it waits out. At 16 M keys and a 1-s interval on 2 cores
+    incremental state kept a median 0.91x of the checkpoint-free rate forked against
+    0.85x on the loop (six pairs of runs; single pairs moved by ±0.15). A full
+    snapshot is taken at every checkpoint, and there the trade went either way
+    between runs (16 M keys: 0.90x forked against 0.79x on the loop, completing every
+    2.1 s instead of 1.8 s; 4 M keys: 0.77x against 0.90x), so it stays on the loop
     unless asked (`benchmarks/state.py` (b) runs each)."""
 
     incremental: bool = False
