@@ -32,7 +32,11 @@ def baseline_figures(gopen_ratio: float = 0.93, gopen_cpu: float = 0.85) -> dict
         "count-fast": {"none": _config(1.0e6, 1.0, 0.75),
                        "cec G_open only": _config(gopen_ratio * 1.0e6, 0.83, gopen_cpu)},
         "count-slow": {"none": _config(2.0e6, 1.0, 0.41),
-                       "cec G_open only": _config(gopen_ratio * 2.0e6, 1.02, 0.43)}}}}
+                       "cec G_open only": _config(gopen_ratio * 2.0e6, 1.02, 0.43)},
+        "sliding-fast": {"none": _config(3.3e5, 1.0, 3.06),
+                         "cec G_open only": _config(gopen_ratio * 3.3e5, 0.9, 3.5)},
+        "sliding-slow": {"none": _config(9.8e5, 1.0, 0.98),
+                         "cec G_open only": _config(gopen_ratio * 9.8e5, 0.95, 0.99)}}}}
 
 
 def _run(label: str, value: float, keys: int, checks: int, extent_records: float,
@@ -84,6 +88,8 @@ def test_baseline_good_run():
     assert v == {"cec-fig5-fast-throughput": Verdict.REPRODUCED,
                  "cec-fig5-fast-cpu": Verdict.BETTER,   # 1.13x against the paper's 1.33x
                  "cec-fig5-slow-throughput": Verdict.REPRODUCED,
+                 "cec-fig5-sliding-fast-throughput": Verdict.REPRODUCED,
+                 "cec-fig5-sliding-slow-throughput": Verdict.REPRODUCED,
                  "cec-fig5-gopen-net": Verdict.NOT_COMPARABLE}
 
 
@@ -92,6 +98,8 @@ def test_baseline_broken_run_says_worse():
     assert v["cec-fig5-fast-throughput"] is Verdict.WORSE
     assert v["cec-fig5-slow-throughput"] is Verdict.WORSE
     assert v["cec-fig5-fast-cpu"] is Verdict.WORSE   # 2x none against the paper's 1.33x
+    assert v["cec-fig5-sliding-fast-throughput"] is Verdict.WORSE
+    assert v["cec-fig5-sliding-slow-throughput"] is Verdict.WORSE
 
 
 def test_baseline_missing_run_is_not_measured():
@@ -101,6 +109,10 @@ def test_baseline_missing_run_is_not_measured():
     assert v["cec-fig5-fast-throughput"] is Verdict.NOT_MEASURED
     assert v["cec-fig5-fast-cpu"] is Verdict.NOT_MEASURED
     assert v["cec-fig5-slow-throughput"] is Verdict.REPRODUCED
+    del figures["throughput"]["workloads"]["sliding-fast"]
+    v = _verdicts(cec.baseline_rows(figures))
+    assert v["cec-fig5-sliding-fast-throughput"] is Verdict.NOT_MEASURED
+    assert v["cec-fig5-sliding-slow-throughput"] is Verdict.REPRODUCED
     assert all(r is Verdict.NOT_MEASURED for a, r in _verdicts(cec.baseline_rows({})).items()
                if a != "cec-fig5-gopen-net")
 

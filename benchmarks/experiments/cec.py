@@ -132,6 +132,12 @@ def _missing(anchor: str, ref: str, experiment: str, reference_setting: str,
 GOPEN = "cec G_open only"
 WORKLOADS = {"count-fast": ("fast", "Count(1)", "size 1"),
              "count-slow": ("slow", "Count(1000)", "size 1000")}
+#: Sliding windows, which the paper does not measure (CEC over them is issue 37's), as
+#: its fast and slow count windows: a part per window instance, two and four windows
+#: over each record
+SLIDING_WORKLOADS = {"sliding-fast": ("fast", "Sliding(2, 1)", "2 records per id, slide 1"),
+                     "sliding-slow": ("slow", "Sliding(1000, 250)",
+                                      "1,000 records per id, slide 250")}
 PAPER_FIG5_SETTING = ("Borealis on 3 quad-core Xeons; aggregate over count windows of "
                       "{size}, 2 item ids, G_open persisted to PVFS (Gopen/Disk)")
 
@@ -191,6 +197,8 @@ def baseline_rows(figures: Figures) -> list[Row]:
             ratio=cpu / FIG5_FAST_CPU_RATIO,
             judgement=page.judge(FIG5_FAST_CPU_RATIO, cpu, higher_is_better=False,
                                  within=CPU_NOISE)))
+    for workload, (speed, window, size) in SLIDING_WORKLOADS.items():
+        rows.append(_sliding_row(figures, workload, speed, window, size, records, repeats))
     rows.append(Row(
         anchor="cec-fig5-gopen-net", ref="Fig 5", experiment="Gopen/Net and the Real bar",
         reference_setting=PAPER_FIG5_SETTING.format(size="size 1 and 1000").replace(
@@ -203,11 +211,49 @@ def baseline_rows(figures: Figures) -> list[Row]:
     return rows
 
 
+def _sliding_row(figures: Figures, workload: str, speed: str, window: str, size: str,
+                 records: Any, repeats: Any) -> Row:
+    """Fig 5's throughput floor held against sliding windows: the paper's claim, "drops
+    by less than 10% versus native across all workloads", asked of a window kind it
+    did not run."""
+    anchor = f"cec-fig5-sliding-{speed}-throughput"
+    what = f"{speed} sliding windows: G_open only, throughput against none"
+    ref_setting = ("Borealis on 3 quad-core Xeons; count windows only (sliding windows "
+                   "not measured): the floor its workloads all keep")
+    ref_figure = f"≥ {FIG5_THROUGHPUT_FLOOR:.2f}× native (drop < 10%)"
+    setting = (f"{window} ({size}) over 2 ids, {records or 0:,} records unthrottled, p=1; "
+               f"a part per window instance, G_open to the local log; best of {repeats} "
+               "runs each, alternating")
+    run = page.lookup(figures, "throughput", "workloads", workload)
+    if run is None or GOPEN not in run or "none" not in run:
+        return _missing(anchor, "Fig 5", what, ref_setting, ref_figure,
+                        f"{workload} throughput")
+    best = float(run[GOPEN]["records_per_s_best"]) / float(run["none"]["records_per_s_best"])
+    paired = float(run[GOPEN]["paired_ratio_to_none"])
+    cpu = float(run[GOPEN]["cpu_us_per_record"]) / float(run["none"]["cpu_us_per_record"])
+    floor = FIG5_THROUGHPUT_FLOOR / (1 + THROUGHPUT_NOISE)
+    return Row(
+        anchor=anchor, ref="Fig 5", experiment=what,
+        reference_setting=ref_setting, reference_figure=ref_figure,
+        bastion_setting=setting,
+        bastion_figure=(f"{best:.2f}× none ({run[GOPEN]['records_per_s_best']:,.0f} "
+                        f"against {run['none']['records_per_s_best']:,.0f} records/s; "
+                        f"median of the pairs {paired:.2f}×; CPU per record {cpu:.2f}× "
+                        "none's)"),
+        ratio=best / FIG5_THROUGHPUT_FLOOR,
+        judgement=page.judge_claim(
+            best >= floor,
+            f"G_open only keeps ≥ {FIG5_THROUGHPUT_FLOOR:.2f}× of none's throughput "
+            f"(less the ±{THROUGHPUT_NOISE:.0%} noise: ≥ {floor:.2f}×)",
+            why_not=f"{best:.2f}×"))
+
+
 def baseline_plot(figures: Figures, out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     runs = page.lookup(figures, "throughput", "workloads") or {}
-    shown = [w for w in WORKLOADS if w in runs and GOPEN in runs[w]]
+    kinds = {**WORKLOADS, **SLIDING_WORKLOADS}
+    shown = [w for w in kinds if w in runs and GOPEN in runs[w]]
     if not shown:
         return []
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
@@ -221,7 +267,7 @@ def baseline_plot(figures: Figures, out_dir: Path) -> list[Path]:
     ax.axhline(FIG5_THROUGHPUT_FLOOR, color="k", ls="--", lw=1,
                label="paper: throughput ≥ 0.90× native")
     ax.plot([0.2], [FIG5_FAST_CPU_RATIO], "r*", ms=10, label="paper: CPU 1.33× (fast)")
-    ax.set_xticks(list(xs), [f"{WORKLOADS[w][0]} windows ({WORKLOADS[w][1]})" for w in shown])
+    ax.set_xticks(list(xs), [f"{kinds[w][0]}\n{kinds[w][1]}" for w in shown], fontsize=8)
     ax.set_ylabel("× none")
     ax.set_title("CEC Fig 5: baseline impact of G_open", fontsize=10)
     ax.legend(fontsize=7, loc="lower right")
@@ -507,7 +553,8 @@ def recovery_plot(figures: Figures, out_dir: Path) -> list[Path]:
 
 # -- the section ----------------------------------------------------------------------
 
-_BASELINE_COMMON = ["--sections", "d", "--runtime-workloads", "count-fast,count-slow",
+_BASELINE_COMMON = ["--sections", "d", "--runtime-workloads",
+                    ",".join([*WORKLOADS, *SLIDING_WORKLOADS]),
                     "--runtime-configs", f"none,{GOPEN}", "--operator-records", "0"]
 _RECOVERY_COMMON = ["--sections", "efg", "--sweep-groups", "q,u", "--sweep-keys", "2000",
                     "--sweep-u-keys", "10000", "--sweep-rate", "60000", "--crash-points", "9",
@@ -529,7 +576,7 @@ SECTION = Section(
         "multiples of them), and the EC-load of Fig 7's extent sizes is timed as is."),
     experiments=[
         Experiment(
-            key="baseline", title="Fig 5: baseline impact of G_open (fast and slow windows)",
+            key="baseline", title="Fig 5: baseline impact of G_open (fast and slow windows, count and sliding)",
             script="cec.py",
             # a million records: a slow-window run at 300,000 lasted 0.15 s, and its
             # ratio to none came out anywhere from 0.53x to 1.35x (the script's
@@ -537,7 +584,7 @@ SECTION = Section(
             args=[*_BASELINE_COMMON, "--runtime-records", "1000000", "--runtime-repeats", "5"],
             quick_args=[*_BASELINE_COMMON, "--runtime-records", "300000",
                         "--runtime-repeats", "2"],
-            rows=baseline_rows, plot=baseline_plot, budget_s=90),
+            rows=baseline_rows, plot=baseline_plot, budget_s=200),
         Experiment(
             key="recovery",
             title="Figs 6–9: G_checks, extent, EC-load and replay against Q and U; "
