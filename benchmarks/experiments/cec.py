@@ -557,7 +557,8 @@ SECTION = Section(
         "multiples of them), and the EC-load of Fig 7's extent sizes is timed as is."),
     experiments=[
         Experiment(
-            key="baseline", title="Fig 5: baseline impact of G_open (fast and slow windows, count and sliding)",
+            key="baseline",
+            title="Fig 5: baseline impact of G_open (fast and slow windows, count and sliding)",
             script="cec.py",
             # a million records: a slow-window run at 300,000 lasted 0.15 s, and its
             # ratio to none came out anywhere from 0.53x to 1.35x (the script's
