@@ -289,10 +289,10 @@ class State:
     keys or more are forked, full snapshots stay on the loop. Forking is a trade: the
     task goes on, but the child shares the cores and a task takes one snapshot at a
     time, so a forked snapshot completes later. Incremental state writes a base rarely
-    once its state stops growing, so the later completion costs it little, while each
-    base on the loop — one every other checkpoint while 16 M keys arrive — holds the
-    task's loop, and every task of its worker, for up to a second — a stall every
-    record behind it waits out. At 16 M keys and a 1-s interval on 2 cores
+    once its state stops growing, so the later completion costs it little. A base on
+    the loop, one every other checkpoint while 16 M keys arrive, holds the task's loop
+    and every task of its worker for up to a second, and every record behind it waits
+    that out. At 16 M keys and a 1-s interval on 2 cores
     incremental state kept a median 0.91x of the checkpoint-free rate forked against
     0.85x on the loop (six pairs of runs; single pairs moved by ±0.15). A full
     snapshot is taken at every checkpoint, and there the trade went either way
