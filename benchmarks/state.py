@@ -23,8 +23,8 @@ keyed reduce holding many keys.
     keys, the rest go to ``--hot`` hot keys — with a heartbeat timeout of
     ``--heartbeat-timeout-s`` (5 s: a full snapshot of 16 M keys holds the GIL about a
     second, and at the default 1 s its worker is taken for dead): the checkpoints'
-    mean bytes after the first, their mean and largest duration, and the records per
-    second of each run; then each configuration's best and median rate of
+    mean bytes after the first, their mean, median and largest duration, and the
+    records per second of each run; then each configuration's best and median rate of
     ``--run-repeats`` (2, the configurations alternating) against the same job
     without checkpoints.
 
@@ -210,7 +210,8 @@ def run_figures(args: argparse.Namespace, storage: str, label: str) -> None:
             figures = (f", {result.metrics.extra['forked_encodes']} encoded in a child"
                        f", {len(sizes)} checkpoints after the first: "
                        f"{statistics.mean(sizes) / 1e6:.3f} MB each on average, duration "
-                       f"mean {statistics.mean(durations):.3f} s, largest "
+                       f"mean {statistics.mean(durations):.3f} s, median "
+                       f"{statistics.median(durations):.3f} s, largest "
                        f"{max(durations):.3f} s")
         print(f"(b) {label} {name:>18}: {rate:,.0f} records/s{figures}", flush=True)
     # beside the best of each, the median of each repeat's own ratio (the runs next
