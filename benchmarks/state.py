@@ -24,9 +24,10 @@ keyed reduce holding many keys.
     ``--heartbeat-timeout-s`` (5 s: a full snapshot of 16 M keys holds the GIL about a
     second, and at the default 1 s its worker is taken for dead): the checkpoints'
     mean bytes after the first, their mean, median and largest duration, and the
-    records per second of each run; then each configuration's best and median rate of
+    records per second of each run; then each configuration's best rate of
     ``--run-repeats`` (2, the configurations alternating) against the same job
-    without checkpoints.
+    without checkpoints, and the median of its repeats' ratios to that job's run
+    beside them.
 
 (d) **Change tracking**, in process: CPU per record of a keyed sum over ``--hot`` keys
     with and without the set of changed keys incremental state keeps.
