@@ -142,13 +142,22 @@ def test_every_aborted_checkpoint_is_an_event_the_exporter_counts(ray_session, t
     topo.source("src", bn.sources.Generator(lambda i: i, count=4000, rate=2000)).key_by(
         lambda x: x % 7).reduce("count", lambda acc, _: acc + 1, initial=0,
                                 parallelism=2).sink("out", bn.sinks.Collect())
-    # the kill waits for a checkpoint in flight: timed alone, a kill at 1.0 s found
-    # none in flight once in a full CI run (checkpoints of this state take a few ms)
-    report = bn.drill(topo, protocol=bn.protocols.Coordinated(interval_s=0.02),
-                      storage=f"local://{tmp_path}",
-                      faults=[bn.faults.KillInstance("count", 0, at=1.0,
-                                                     during_checkpoint=True)])
-    assert report.exactly_once, report.verdict_reason
-    aborted = [e for e in report.events if e["kind"] == "checkpoint_aborted"]
-    assert report.metrics.protocol.checkpoints_aborted == len(aborted) >= 1
-    assert all(e["reason"] for e in aborted)
+    # The kill waits for a checkpoint in flight: timed alone, a kill at 1.0 s found
+    # none in flight once in a full CI run (checkpoints of this state take a few ms).
+    # Even so the checkpoint may complete: `ray.kill` takes effect a few ms later, by
+    # when the victim may have acknowledged it, and a failure found before the next
+    # trigger aborts nothing (one full CI run in several). The counts must agree in
+    # every drill; a few drills make sure one of them aborted something to count.
+    aborted: list = []
+    for attempt in range(3):
+        report = bn.drill(topo, protocol=bn.protocols.Coordinated(interval_s=0.02),
+                          storage=f"local://{tmp_path / str(attempt)}",
+                          faults=[bn.faults.KillInstance("count", 0, at=1.0,
+                                                         during_checkpoint=True)])
+        assert report.exactly_once, report.verdict_reason
+        aborted = [e for e in report.events if e["kind"] == "checkpoint_aborted"]
+        assert report.metrics.protocol.checkpoints_aborted == len(aborted)
+        assert all(e["reason"] for e in aborted)
+        if aborted:
+            break
+    assert aborted, "no drill aborted a checkpoint: the counts were never tested"
