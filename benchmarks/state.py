@@ -19,7 +19,9 @@ keyed reduce holding many keys.
     incremental, each with snapshots encoded on the task's loop and in a forked child
     from `INCREMENTAL_FORK_MIN_KEYS` (1 M) keys (`State.fork_min_keys`: the default
     forks incremental bases only; ``--run-configs`` picks some), each reading
-    ``--run-records`` records unpaced — the first ``--run-keys`` (4 M) make the cold
+    ``--run-records`` records, unpaced unless ``--run-rate`` paces the source (a
+    saturated job's barriers wait behind its queued frames; a paced one's do not) —
+    the first ``--run-keys`` (4 M) make the cold
     keys, the rest go to ``--hot`` hot keys — with a heartbeat timeout of
     ``--heartbeat-timeout-s`` (5 s: a full snapshot of 16 M keys holds the GIL about a
     second, and at the default 1 s its worker is taken for dead): the checkpoints'
@@ -193,7 +195,8 @@ def run_figures(args: argparse.Namespace, storage: str, label: str) -> None:
     # alternating, best of --run-repeats: the machine's speed moves from run to run
     for name, protocol, state in [c for _ in range(args.run_repeats) for c in configs]:
         topo = bn.Topology("state-bench")
-        numbers = topo.source("numbers", bn.sources.Generator(lambda i: i, count=records))
+        numbers = topo.source("numbers", bn.sources.Generator(lambda i: i, count=records,
+                                                              rate=args.run_rate))
         numbers.key_by(lambda i: i if i < keys else i % hot).reduce(
             "sum", lambda acc, i: acc + 1, initial=0, parallelism=1).filter(
             "none", lambda kv: False).sink("out", bn.sinks.Discard())
@@ -247,6 +250,9 @@ def main() -> None:
                         help="records a run reads (default: --run-keys cold ones, then "
                              "45 M on the hot keys: about a dozen checkpoints)")
     parser.add_argument("--interval-s", type=float, default=1.0)
+    parser.add_argument("--run-rate", type=float, default=None,
+                        help="(b)'s source rate in records/s (default: unpaced): a "
+                             "checkpoint's duration without the backlog of a saturated job")
     parser.add_argument("--heartbeat-timeout-s", type=float, default=5.0)
     parser.add_argument("--run-repeats", type=int, default=2)
     parser.add_argument("--run-configs", default=",".join(RUN_CONFIGS),
