@@ -20,8 +20,8 @@ keyed reduce holding many keys.
     from `INCREMENTAL_FORK_MIN_KEYS` (1 M) keys (`State.fork_min_keys`: the default
     forks incremental bases only; ``--run-configs`` picks some), each reading
     ``--run-records`` records, unpaced unless ``--run-rate`` paces the source (a
-    saturated job's barriers wait behind its queued frames; a paced one's do not) —
-    the first ``--run-keys`` (4 M) make the cold
+    checkpoint's duration then carries no backlog of a saturated job) — the first
+    ``--run-keys`` (4 M) make the cold
     keys, the rest go to ``--hot`` hot keys — with a heartbeat timeout of
     ``--heartbeat-timeout-s`` (5 s: a full snapshot of 16 M keys holds the GIL about a
     second, and at the default 1 s its worker is taken for dead): the checkpoints'
@@ -258,8 +258,7 @@ def main() -> None:
                              "45 M on the hot keys: about a dozen checkpoints)")
     parser.add_argument("--interval-s", type=float, default=1.0)
     parser.add_argument("--run-rate", type=float, default=None,
-                        help="(b)'s source rate in records/s (default: unpaced): a "
-                             "checkpoint's duration without the backlog of a saturated job")
+                        help="(b)'s source rate in records/s (default: unpaced)")
     parser.add_argument("--heartbeat-timeout-s", type=float, default=5.0)
     parser.add_argument("--run-repeats", type=int, default=2)
     parser.add_argument("--run-configs", default=",".join(RUN_CONFIGS),
