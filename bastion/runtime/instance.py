@@ -79,10 +79,11 @@ _IDLE_SOURCE_SLEEP_S = 0.001
 # A busy task loop holds the GIL, and the worker's heartbeat thread needs it to answer.
 # An earlier data plane (one Ray call per frame) left that thread waiting up to 2 s
 # under CPython's forced switching alone, long enough for the job master to declare a
-# live worker dead, so task loops release the GIL on a timer. Today forced switching
-# alone answers pings within 35 ms during a busy W1 at p=2 (a ping every 20 ms), and
-# within 18-30 ms with a release every 50 ms (`benchmarks/throughput.py` prints it):
-# the timer stays as a bound. Each release is a syscall that lets other processes onto
+# live worker dead, so task loops release the GIL on a timer. At CPython's 5-ms switch
+# interval forced switching alone answered pings within 35 ms during a busy W1 at p=2
+# (a ping every 20 ms), and within 18-30 ms with a release every 50 ms
+# (`benchmarks/throughput.py` prints it); workers now switch every
+# `_SWITCH_INTERVAL_S`, and the timer stays as a bound. Each release is a syscall that lets other processes onto
 # the core: every 5 ms it cost W1 at p=2 2-3% of its CPU seconds.
 _GIL_RELEASE_INTERVAL_S = 0.05
 # CPython collects its youngest generation every 700 new container objects (tuples,
