@@ -54,7 +54,7 @@ import time
 
 from bastion.options import INCREMENTAL_FORK_MIN_KEYS, State
 from bastion.runtime.durable import DurableCodec
-from bastion.runtime.incremental import StateChain, apply_links
+from bastion.runtime.incremental import ChangedKeys, StateChain, apply_links
 from bastion.storage.checkpoints import ChainRef
 
 KEY_COUNTS = (10_000, 1_000_000, 4_000_000, 16_000_000)
@@ -148,7 +148,8 @@ def codec_figures(args: argparse.Namespace) -> dict:
 def tracking_figure(args: argparse.Namespace) -> float:
     """(d): what tracking changed keys costs a keyed fold per record, in process —
     a real `KeyedFoldOp` (a reduce summing ints over ``--hot`` keys) fed 1,000-record
-    batches, with ``changed`` a set (incremental) and None (full snapshots)."""
+    batches, with ``changed`` the runtime's `ChangedKeys` (incremental) and None (full
+    snapshots)."""
     import bastion as bn
     from bastion.runtime.operators import OperatorContext, make_operator
     from bastion.runtime.records import Batch
@@ -165,12 +166,12 @@ def tracking_figure(args: argparse.Namespace) -> float:
     for _ in range(args.repeats * 2):
         for tracked in (False, True):
             op = make_operator(topo.nodes["sum"], OperatorContext("sum", 0, 1, False))
-            op.changed = set() if tracked else None
+            op.changed = ChangedKeys(op) if tracked else None
             started = time.process_time()
             for batch in batches:
                 op.process(batch, 0)
                 if tracked:
-                    op.changed = set()  # as a checkpoint takes it
+                    op.changed = ChangedKeys(op)  # as a checkpoint takes it
             took = (time.process_time() - started) / (len(batches) * 1000)
             best[tracked] = min(best.get(tracked, took), took)
     cost = best[True] / best[False] - 1

@@ -164,6 +164,39 @@ def test_deltas_hold_only_what_changed_and_a_base_comes_back():
     assert max(sizes[1], sizes[2]) * 50 < sizes[0]
 
 
+def test_changed_keys_stop_at_an_eighth_of_the_keys_and_the_next_link_is_a_base():
+    """A state growing faster than an eighth of its keys per checkpoint writes a base
+    at each one; its change set stops growing (and is emptied) once that is certain,
+    and the base it forces still restores the live state."""
+    whole, keyed = ops = ops_pair()
+    chain = StateChain(ops, max_chain=8)
+    for k in range(800):
+        keyed.put(k, k)
+    blobs: dict[str, bytes] = {}
+
+    def checkpoint(name):
+        link = chain.link([whole.snapshot(), None])
+        blobs[name] = CODEC.encode({"link": link.value})
+        ref = ChainRef("op/0", name, len(blobs[name]), 0, link.parent)
+        chain.stored(link, ref)
+        return link, ref
+
+    assert checkpoint("base")[0].kind == "base"
+    keyed.changed.update(range(100))  # 100 * 8 = 800: not more than an eighth
+    assert not keyed.changed.full and len(keyed.changed) == 100
+    assert checkpoint("delta")[0].kind == "delta"
+    keyed.changed.update(range(100))
+    keyed.changed.update([800])  # a key more: 101 of 800
+    assert keyed.changed.full and len(keyed.changed) == 0
+    for k in range(800, 1200):  # taken no more
+        keyed.put(k, -k)
+    assert len(keyed.changed) == 0
+    link, ref = checkpoint("grown")
+    assert link.kind == "base"
+    (_, (got_a, got_b)) = restore(blobs, ref)
+    assert got_a == keyed.a and got_b == keyed.b
+
+
 def test_a_link_whose_upload_failed_is_never_a_parent():
     whole, keyed = ops = ops_pair()
     chain = StateChain(ops, max_chain=5)

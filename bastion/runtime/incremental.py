@@ -21,7 +21,11 @@ window number: a window touched since the parent goes whole into the delta — i
 ``{key: acc}`` dict, or a join's records of each key —, a window fired goes as
 removed). Each tracks the keys it may
 have changed in ``Operator.changed``, a set it updates once per batch (a superset is
-harmless: a delta holds a key's value *now*, or marks it removed when absent).
+harmless: a delta holds a key's value *now*, or marks it removed when absent). The set
+stops growing once it holds more than an eighth of the operator's keys
+(`ChangedKeys`): the next link is then a base, whatever else changes, and a state
+that grows by millions of keys a second would otherwise pay, at every record, for a
+set it never reads.
 
 When a base: the trigger
     The next link is a base when the task holds no keyed operator (a delta would
@@ -87,7 +91,8 @@ from typing import Any, Sequence
 
 from bastion.storage.checkpoints import BlobRef, ChainRef
 
-__all__ = ["StateChain", "Link", "Compacted", "apply_links", "BASE", "DELTA"]
+__all__ = ["StateChain", "ChangedKeys", "Link", "Compacted", "apply_links", "BASE",
+           "DELTA"]
 
 BASE = "base"
 DELTA = "delta"
@@ -103,6 +108,39 @@ _DELTA_KEYS_OVER_ENTRIES = 8
 # A compaction starts at half of either trigger, so that it lands before the chain
 # forces the task to write a base on its own loop.
 _COMPACT_AT = 2
+
+
+class ChangedKeys(set):
+    """The keys an operator changed since its last link, until they are too many to
+    matter: once they are more than an eighth of its keys (of its first table, as the
+    trigger counts them) the next link is a base, so the set is emptied and marked
+    ``full``, and takes nothing more. An operator calls `update` once per batch (and
+    `add` per key it removes); checking the size there costs one call per batch,
+    where a growing state would otherwise hash every new key into a set of millions
+    (and fault in its pages) only for the set to be dropped unread."""
+
+    __slots__ = ("op", "full")
+
+    def __init__(self, op: Any) -> None:
+        super().__init__()
+        self.op = op
+        self.full = False
+
+    def update(self, *keys: Any) -> None:  # type: ignore[override]
+        if not self.full:
+            set.update(self, *keys)
+            self._cap()
+
+    def add(self, key: Any) -> None:
+        if not self.full:
+            set.add(self, key)
+            if len(self) & 1023 == 0:  # per key: check now and then
+                self._cap()
+
+    def _cap(self) -> None:
+        if len(self) * _DELTA_KEYS_OVER_ENTRIES > len(self.op.tables()[0]):
+            self.full = True
+            self.clear()
 
 
 @dataclass(frozen=True)
@@ -153,7 +191,7 @@ class StateChain:
         self.ops = list(ops)
         for op, keyed in zip(self.ops, self.keyed):
             if keyed:
-                op.changed = set()
+                op.changed = ChangedKeys(op)
         self.next_seq = 1
         # ``restored``: the chain of the checkpoint the operators were just restored
         # from, whose state they hold now: the parent of the next link
@@ -161,7 +199,7 @@ class StateChain:
             tuple(restored), 0, restored[0].size, sum(ref.size for ref in restored[1:]),
             position)
         # change sets of the snapshots taken after the parent: seq -> one set per op
-        self._unstored: dict[int, list[set]] = {}
+        self._unstored: dict[int, list[ChangedKeys | None]] = {}
         self.compacting = False  # a compaction asked for and not landed yet
         self.compacted: Compacted | None = None
 
@@ -223,7 +261,7 @@ class StateChain:
         for op, keyed in zip(self.ops, self.keyed):
             if keyed:
                 taken.append(op.changed)
-                op.changed = set()
+                op.changed = ChangedKeys(op)
             else:
                 taken.append(None)
         self._unstored[seq] = taken
@@ -233,12 +271,15 @@ class StateChain:
         for i, keyed in enumerate(self.keyed):
             keys: set = set()
             if keyed and not base:
-                for sets in self._unstored.values():
-                    keys |= sets[i]
                 # a delta of much of the state costs what a base does, and makes a
-                # restore read both
-                entries = len(self.ops[i].tables()[0])
-                base = len(keys) * _DELTA_KEYS_OVER_ENTRIES > entries
+                # restore read both: decided from each set before any is merged
+                sets: list = [taken_sets[i] for taken_sets in self._unstored.values()]
+                limit = len(self.ops[i].tables()[0])
+                base = any(s.full or len(s) * _DELTA_KEYS_OVER_ENTRIES > limit
+                           for s in sets)
+                if not base:
+                    keys = sets[0] if len(sets) == 1 else set().union(*sets)
+                    base = len(keys) * _DELTA_KEYS_OVER_ENTRIES > limit
             changes.append(keys)
         operators: list[Any] = []
         for i, (op, keyed, other) in enumerate(zip(self.ops, self.keyed, others)):
