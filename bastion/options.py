@@ -282,8 +282,8 @@ class State:
     ``fork_min_keys``: a task whose keyed tables hold at least this many keys (a
     fold's keys, a window operator's windows) encodes a full snapshot or a base in a
     forked child process, from a copy-on-write image of its memory, while it goes on
-    processing (`bastion.runtime.forked_encode`): encoding costs about 50 ns a key,
-    which holds the task 0.9 s at 16 M keys. The child's CPU time counts in the
+    processing (`bastion.runtime.forked_encode`): encoding costs about 30 ns a key,
+    which holds the task half a second at 16 M keys. The child's CPU time counts in the
     job's. None: always on the task's loop, as where ``fork`` is not available.
     ``"auto"`` (the default): incremental bases of `INCREMENTAL_FORK_MIN_KEYS` (1 M)
     keys or more are forked, full snapshots stay on the loop. Forking is a trade: the
@@ -291,14 +291,13 @@ class State:
     time, so a forked snapshot completes later. Incremental state writes a base rarely
     once its state stops growing, so the later completion costs it little. A base on
     the loop, one every other checkpoint while 16 M keys arrive, holds the task's loop
-    and every task of its worker for up to a second, and every record behind it waits
-    that out. At 16 M keys and a 1-s interval on 2 cores
-    incremental state kept a median 0.91x of the checkpoint-free rate forked against
-    0.85x on the loop (six pairs of runs; single pairs moved by ±0.15). A full
+    and every task of its worker for half a second, and every record behind it waits
+    that out: at 16 M keys and a 1-s interval on 2 cores, incremental state kept
+    more of the checkpoint-free rate with its bases forked than on the loop. A full
     snapshot is taken at every checkpoint, and there the trade went either way
-    between runs (16 M keys: 0.90x forked against 0.79x on the loop, completing every
-    2.1 s instead of 1.8 s; 4 M keys: 0.77x against 0.90x), so it stays on the loop
-    unless asked (`benchmarks/state.py` (b) runs each)."""
+    between runs and state sizes (a forked one also completes later), so it stays on
+    the loop unless asked. `benchmarks/state.py` (b) runs each configuration against
+    the job without checkpoints."""
 
     incremental: bool = False
     max_chain: int = JobConfig.max_chain

@@ -33,6 +33,11 @@ typedef struct {
     char *buf;
     Py_ssize_t len, cap;
     Py_ssize_t since_yield;  /* items packed since the GIL was last offered */
+    /* When set, ``buf`` is this bytes object's own buffer, grown in place (a large
+     * one by the allocator's realloc, which remaps pages rather than copying them):
+     * a snapshot of 100 MB is then written once, not packed, copied into a bytes
+     * object and copied again behind its header. */
+    PyObject *bytes;
 } Out;
 
 /* A whole snapshot of millions of keys is packed in one call, which would hold the GIL
@@ -61,6 +66,13 @@ reserve(Out *o, Py_ssize_t extra)
     Py_ssize_t cap = o->cap ? o->cap : 256;
     while (cap < o->len + extra)
         cap *= 2;
+    if (o->bytes != NULL) {
+        if (_PyBytes_Resize(&o->bytes, cap) < 0)
+            return -1;  /* the object is freed and o->bytes NULL */
+        o->buf = PyBytes_AS_STRING(o->bytes);
+        o->cap = cap;
+        return 0;
+    }
     char *buf = PyMem_Realloc(o->buf, cap);
     if (buf == NULL) {
         PyErr_NoMemory();
@@ -287,20 +299,79 @@ finish(Out *o, int r)
     return out;
 }
 
-/* pack(value) -> (bytes, marked) | None: ``value`` in msgpack as `DurableCodec.encode`
- * packs it (the payload its blob seals), and whether it holds a marked array; None if
- * it is not plain. A task's whole snapshot goes through here. */
-static PyObject *
-pack(PyObject *module, PyObject *value)
+/* The sealed blob's header, as `durable.seal` writes it: magic (4 bytes), flags (1),
+ * payload length (8, little-endian), then the CRC32 (4, little-endian) of those and
+ * the payload. */
+#define PREFIX_BYTES 13
+#define HEADER_BYTES 17
+
+static PyObject *crc32_func;  /* zlib.crc32: it releases the GIL over a large buffer */
+
+/* zlib.crc32(data[:n], start) without copying ``data``. */
+static int
+crc32_of(const char *data, Py_ssize_t n, unsigned long start, unsigned long *crc)
 {
-    Out o = {NULL, 0, 0, 0};
+    PyObject *view = PyMemoryView_FromMemory((char *)data, n, PyBUF_READ);
+    if (view == NULL)
+        return -1;
+    PyObject *r = PyObject_CallFunction(crc32_func, "Ok", view, start);
+    Py_DECREF(view);
+    if (r == NULL)
+        return -1;
+    *crc = PyLong_AsUnsignedLong(r);
+    Py_DECREF(r);
+    return (*crc == (unsigned long)-1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* seal(value, magic: bytes, marked_flag: int) -> bytes | None: the sealed blob
+ * `DurableCodec.encode` makes of ``value`` — the header, then ``value`` in msgpack —
+ * built in one buffer; None if ``value`` is not plain. A task's whole snapshot goes
+ * through here. */
+static PyObject *
+seal(PyObject *module, PyObject *args)
+{
+    PyObject *value;
+    const char *magic;
+    Py_ssize_t magic_len;
+    int marked_flag;
+    if (!PyArg_ParseTuple(args, "Oy#i", &value, &magic, &magic_len, &marked_flag))
+        return NULL;
+    if (magic_len != 4) {
+        PyErr_SetString(PyExc_ValueError, "seal takes a 4-byte magic");
+        return NULL;
+    }
+    Out o = {NULL, 0, 0, 0, NULL};
+    o.bytes = PyBytes_FromStringAndSize(NULL, 4096);
+    if (o.bytes == NULL)
+        return NULL;
+    o.buf = PyBytes_AS_STRING(o.bytes);
+    o.cap = 4096;
+    o.len = HEADER_BYTES;
     int marked = 0;
     int r = pack_value(&o, value, 0, &marked);
-    PyObject *payload = finish(&o, r);
-    if (payload == NULL || payload == Py_None)
-        return payload;
-    PyObject *out = Py_BuildValue("(Ni)", payload, marked);
-    return out;
+    if (r <= 0) {
+        Py_XDECREF(o.bytes);
+        if (r < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    uint64_t length = (uint64_t)(o.len - HEADER_BYTES);
+    unsigned char *h = (unsigned char *)o.buf;
+    memcpy(h, magic, 4);
+    h[4] = (unsigned char)(marked ? marked_flag : 0);
+    for (int i = 0; i < 8; i++)
+        h[5 + i] = (unsigned char)(length >> (8 * i));
+    unsigned long crc;
+    if (crc32_of(o.buf, PREFIX_BYTES, 0, &crc) < 0
+            || crc32_of(o.buf + HEADER_BYTES, (Py_ssize_t)length, crc, &crc) < 0) {
+        Py_DECREF(o.bytes);
+        return NULL;
+    }
+    for (int i = 0; i < 4; i++)
+        h[PREFIX_BYTES + i] = (unsigned char)(crc >> (8 * i));
+    if (_PyBytes_Resize(&o.bytes, o.len) < 0)
+        return NULL;
+    return o.bytes;
 }
 
 /* pack_run(values: list) -> bytes | None: every value as `DurableCodec.pack` packs it,
@@ -496,7 +567,7 @@ refused:
 }
 
 static PyMethodDef methods[] = {
-    {"pack", pack, METH_O, "a plain value packed, and whether it is marked; or None"},
+    {"seal", seal, METH_VARARGS, "a plain value's sealed blob, or None"},
     {"pack_run", pack_run, METH_O, "plain values packed back to back, or None"},
     {"pack_rows", pack_rows, METH_VARARGS,
      "a row of table lookups per part, packed back to back, or None"},
@@ -512,5 +583,12 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__durable(void)
 {
+    PyObject *zlib = PyImport_ImportModule("zlib");
+    if (zlib == NULL)
+        return NULL;
+    crc32_func = PyObject_GetAttrString(zlib, "crc32");
+    Py_DECREF(zlib);
+    if (crc32_func == NULL)
+        return NULL;
     return PyModule_Create(&module);
 }

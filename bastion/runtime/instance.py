@@ -879,7 +879,7 @@ class Task:
             self.open_inputs = set(self.merge.active)
         self.restored_progress = self._records_read_and_written()
 
-    async def store_state(self, checkpoint_id: int, state: bytes | bytearray) -> BlobRef:
+    async def store_state(self, checkpoint_id: int, state: bytes | memoryview) -> BlobRef:
         return await asyncio.to_thread(self.checkpoints.put_state, checkpoint_id,
                                        self.op_names[0], self.index, state)
 
@@ -977,7 +977,7 @@ class Task:
             return None
         return forked_encode.start(encode, f"task {self.name}")
 
-    async def _forked_blob(self, forked: forked_encode.ForkedEncode) -> bytearray:
+    async def _forked_blob(self, forked: forked_encode.ForkedEncode) -> memoryview:
         try:
             return await forked.result()
         finally:
