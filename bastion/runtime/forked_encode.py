@@ -24,8 +24,8 @@ thread of the parent waits for the child to exit, then maps the file (the blob i
 uploaded from the file's own pages, never copied) and
 charges the child's CPU time to the task (the job's CPU figures count it). Not a
 pipe: a pipe holds 64 KiB, and a reader thread takes the GIL back after every read —
-which a busy event loop hands over only every 5 ms (the switch interval), so 90 MB
-took 10 s to cross one. A child that fails — killed, or an
+which a busy event loop hands over only once a switch interval (at CPython's default
+5 ms, 90 MB took 10 s to cross one). A child that fails — killed, or an
 encoder's error — fails that checkpoint, as a failed upload does: nothing half-written
 is ever stored or acknowledged. A value no codec stores is reported as the same
 `UnstorableValueError`, naming the operator, that the loop's own encode raises.
