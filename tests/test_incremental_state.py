@@ -105,12 +105,16 @@ def play(actions, max_chain):
             keyed.bump(action[1])
         elif action[0] == "remove":
             keyed.remove(action[1])
-        elif action[0] == "compact":
-            refs = chain.compaction_wanted()
-            if refs is not None:
+        elif action[0] in ("compact", "ask"):
+            asked = chain.compaction_wanted()
+            if asked is not None:
                 # what `compaction.compact` runs in its own process, on the blobs stored
-                base = merge_chain([blobs[r.key] for r in refs], refs, CODEC, [False, True])
-                chain.compaction_landed(Compacted(refs, base) if action[1] else None)
+                pending = asked, merge_chain([blobs[r.key] for r in asked], asked, CODEC,
+                                             [False, True])
+            if action[0] == "compact" and asked is not None:
+                chain.compaction_landed(Compacted(*pending) if action[1] else None)
+        elif action[0] == "land":  # the compaction asked for earlier ends now
+            chain.compaction_landed(Compacted(*pending))
         else:
             whole.offset = n
             link = chain.link([whole.snapshot(), None])
@@ -241,17 +245,44 @@ def test_a_compacted_base_stands_for_the_links_it_merged():
         assert (got_a, got_b, whole) == (a, b, {"offset": offset})
     base = CODEC.decode(blobs[carried.chain[0].key], "base")["link"]
     assert base["kind"] == "base" and base["position"] == 5   # the newest link it merged
-    # a compaction that lands after a base was written is not used
+    # none is asked for when the next link is a base anyway (2 deltas of at most 2)
     actions = [("put", k, k) for k in range(500)] + [("checkpoint", True)]
     actions += [("put", 1, 1), ("checkpoint", True), ("put", 2, 2), ("checkpoint", True)]
     blobs, taken = play(actions + [("compact", True)] + [("put", 3, 3), ("checkpoint", True)],
-                        max_chain=2)   # the third link must be a base: 2 deltas
-    assert [kind for _, _, kind in taken] == ["base", "delta", "delta", "delta"]
-    blobs, taken = play(actions + [("put", k, -k) for k in range(400)]
-                        + [("checkpoint", True), ("compact", True), ("checkpoint", True)],
-                        max_chain=8)   # a delta of most keys forces a base first
+                        max_chain=2)
+    assert [kind for _, _, kind in taken] == ["base", "delta", "delta", "base"]
+    # one that lands after a base was written is not used: asked at 2 deltas of 4,
+    # outgrown by the base a delta of most keys forces before it lands
+    blobs, taken = play(actions + [("ask",)] + [("put", k, -k) for k in range(400)]
+                        + [("checkpoint", True), ("land",), ("checkpoint", True)],
+                        max_chain=4)
     assert [kind for _, _, kind in taken] == ["base", "delta", "delta", "base", "delta"]
     assert not any(r.key.startswith("base-") for r in taken[-1][0].chain)
+    for ref, (a, b, offset), _ in taken:
+        (whole, (got_a, got_b)) = restore(blobs, ref)
+        assert (got_a, got_b, whole) == (a, b, {"offset": offset})
+
+
+def test_a_task_that_forks_its_bases_asks_for_no_compaction():
+    """A base encoded in a forked child costs less than any merge of the chain, so a
+    task that would fork its next base never asks for one; the chain then grows to
+    max_chain and the task writes the base itself."""
+    whole, keyed = ops = ops_pair()
+    chain = StateChain(ops, max_chain=4)
+    for k in range(500):
+        keyed.put(k, k)
+    kinds = []
+    for n in range(6):
+        keyed.put(n, -n)
+        link = chain.link([whole.snapshot(), None])
+        data = CODEC.encode({"link": link.value})
+        chain.stored(link, ChainRef("op/0", f"link-{n}", len(data), 0, link.parent))
+        kinds.append(link.kind)
+        assert chain.compaction_wanted(bases_forked=True) is None
+        if n == 2:  # half-way: asked for by a task that would encode its base on the loop
+            assert chain.compaction_wanted() is not None
+            chain.compaction_landed(None)
+    assert kinds == ["base", "delta", "delta", "delta", "delta", "base"]
 
 
 def test_a_chain_with_a_link_missing_is_refused_not_loaded():

@@ -121,10 +121,16 @@ class ForkedEncode:
         return payload
 
 
+def available() -> bool:
+    """Whether `start` can fork an encoder here (Linux: ``fork``, ``memfd_create`` and
+    ``prctl``)."""
+    return _libc is not None and hasattr(os, "fork") and hasattr(os, "memfd_create")
+
+
 def start(encode: Callable[[], bytes], what: str) -> ForkedEncode | None:
     """Fork a child that runs ``encode`` on the memory as it is now and sends its
     result back; None where ``fork`` is not available (the caller encodes itself)."""
-    if _libc is None or not hasattr(os, "fork") or not hasattr(os, "memfd_create"):
+    if not available():
         return None
     parent = os.getpid()
     fd = os.memfd_create("bastion-snapshot", os.MFD_CLOEXEC)

@@ -66,12 +66,15 @@ Why a manifest never misses a link
 
 Compaction, off the task loop
     A delta's encode is synchronous (the state must not change under it) and costs
-    what changed. A base written by the task costs a full snapshot's encode — in a
-    forked child for a large state (`bastion.runtime.forked_encode`), which still
-    costs the fork and the pages the task writes meanwhile, on its loop otherwise —
-    so it is rarely written there: once the parent's chain holds half of
-    ``max_chain`` deltas, or its deltas weigh a 24th of its base (half of what
-    forces a base), the task has the chain *compacted* in another process
+    what changed. A base written by the task costs a full snapshot's encode. A
+    large state's (``State.fork_min_keys``) is encoded in a forked child
+    (`bastion.runtime.forked_encode`): the task pays the fork and the pages it
+    writes meanwhile, another core one encode of the live state — the cheapest
+    base there is, so such a task writes its bases itself when the trigger says.
+    A smaller state's base would be encoded on the task's loop, so it is rarely
+    written there: once the parent's chain holds half of ``max_chain`` deltas, or
+    its deltas weigh a 24th of its base (half of what forces a base), and the next
+    link is not a base anyway, the task has the chain *compacted* in another process
     (`bastion.runtime.compaction`): the chain's blobs are read from the store,
     CRC-checked, applied in order by `apply_links` (the restore's own merge) and
     encoded as one new base. That base stands for the links it merged: its
@@ -230,14 +233,21 @@ class StateChain:
             return chain[0].size, sum(r.size for r in chain[1:]), len(chain) - 1
         return len(compacted.data), sum(r.size for r in chain), len(chain)
 
-    def compaction_wanted(self) -> tuple[BlobRef, ...] | None:
+    def compaction_wanted(self, bases_forked: bool = False) -> tuple[BlobRef, ...] | None:
         """The chain to compact off the loop now, or None: when the parent's chain is
-        half-way to forcing a base and no compaction is under way or waiting."""
+        half-way to forcing a base, no compaction is under way or waiting, the next
+        link is not a base anyway, and the task would write a base on its loop —
+        not when ``bases_forked``: a base encoded in a forked child costs the task the
+        fork and a second core one encode of its live state, where a compaction
+        costs that core reading, decoding and applying the whole chain before the
+        same encode (6.4 s of CPU against about 1 at 16 M keys), all of it beside
+        the task, on a machine whose other cores the job's tasks use."""
         parent = self.parent
-        if parent is None or self.compacting or self.compacted is not None:
+        if (bases_forked or parent is None or self.compacting
+                or self.compacted is not None):
             return None
         deltas = len(parent.chain) - 1
-        if deltas < 1:
+        if deltas < 1 or self._base_due(parent.chain, None):
             return None
         if (deltas * _COMPACT_AT >= self.max_chain or parent.delta_bytes
                 * _RESTORE_BYTES_OVER_BASE * _COMPACT_AT > parent.base_bytes):

@@ -968,14 +968,19 @@ class Task:
         """A snapshot of ``State.fork_min_keys`` keys or more, encoded by ``encode``
         in a forked child off the loop (`bastion.runtime.forked_encode`); None: the
         caller encodes it now (a smaller state, or no ``fork`` here)."""
-        limit = self.config.fork_min_keys
-        if limit is None:
-            return None
-        keys = sum(len(table) for op in self.ops if (tables := op.tables()) is not None
-                   for table in tables)
-        if keys < limit:
+        if not self._snapshots_fork():
             return None
         return forked_encode.start(encode, f"task {self.name}")
+
+    def _snapshots_fork(self) -> bool:
+        """Whether a snapshot taken now would be encoded in a forked child: the
+        tables hold ``State.fork_min_keys`` keys or more, and ``fork`` is here."""
+        limit = self.config.fork_min_keys
+        if limit is None or not forked_encode.available():
+            return False
+        keys = sum(len(table) for op in self.ops if (tables := op.tables()) is not None
+                   for table in tables)
+        return keys >= limit
 
     async def _forked_blob(self, forked: forked_encode.ForkedEncode) -> memoryview:
         try:
@@ -986,9 +991,10 @@ class Task:
 
     def _compact_if_due(self, chain: StateChain) -> None:
         """Have the chain merged into a new base in another process when it is
-        half-way to forcing one (`bastion.runtime.compaction`); the base lands in the
-        chain for its next link to carry."""
-        refs = chain.compaction_wanted()
+        half-way to forcing one (`bastion.runtime.compaction`) and the task would
+        write that base on its loop; the base lands in the chain for its next link
+        to carry."""
+        refs = chain.compaction_wanted(bases_forked=self._snapshots_fork())
         if refs is None:
             return
 
