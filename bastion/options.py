@@ -271,8 +271,8 @@ class State:
     state, written again now and then. ``max_chain``: the most deltas on one base, so
     the most blobs a restore reads per task is ``1 + max_chain``; a new base also
     comes once a chain's deltas together weigh more than a twelfth of its base (or
-    one would hold an eighth of the keys), so a restore takes at most about 1.5
-    times a full snapshot's. Under protocols
+    one would hold an eighth of the keys, a 32nd when bases are forked), so a
+    restore takes at most about 1.5 times a full snapshot's. Under protocols
     ``coordinated``, ``uncoordinated`` and ``cic``. Off by default: it pays off for
     large states whose updates touch a small share of their keys
     (`benchmarks/state.py` measures the bytes, durations and restores of both); a

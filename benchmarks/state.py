@@ -26,10 +26,12 @@ keyed reduce holding many keys.
     ``--heartbeat-timeout-s`` (5 s: a full snapshot of 16 M keys holds the GIL about a
     second, and at the default 1 s its worker is taken for dead): the checkpoints'
     mean bytes after the first, their mean, median and largest duration, and the
-    records per second of each run; then each configuration's best rate of
+    records per second and the job's CPU time per record (its processes', forked
+    encoders included) of each run; then each configuration's best rate of
     ``--run-repeats`` (2, the configurations alternating) against the same job
     without checkpoints, and the median of its repeats' ratios to that job's run
-    beside them.
+    beside them, of rates and of CPU per record (steadier between runs than the
+    rate on a shared machine).
 
 (d) **Change tracking**, in process: CPU per record of a keyed sum over ``--hot`` keys
     with and without the set of changed keys incremental state keeps.
@@ -188,6 +190,7 @@ def run_figures(args: argparse.Namespace, storage: str, label: str) -> dict[str,
 
     keys, hot, records = args.run_keys, args.hot, args.run_records
     rates: dict[str, list[float]] = {}
+    cpus: dict[str, list[float]] = {}  # the job's CPU (forked encoders included) a record
     all_durations: dict[str, list[float]] = {}
     coordinated = bn.protocols.Coordinated(interval_s=args.interval_s)
     forked = INCREMENTAL_FORK_MIN_KEYS
@@ -224,14 +227,18 @@ def run_figures(args: argparse.Namespace, storage: str, label: str) -> dict[str,
                        f"mean {statistics.mean(durations):.3f} s, median "
                        f"{statistics.median(durations):.3f} s, largest "
                        f"{max(durations):.3f} s")
-        print(f"(b) {label} {name:>18}: {rate:,.0f} records/s{figures}", flush=True)
+        cpu = result.metrics.cpu_s / result.metrics.source_records * 1e9
+        cpus.setdefault(name, []).append(cpu)
+        print(f"(b) {label} {name:>18}: {rate:,.0f} records/s, CPU {cpu:.0f} ns/record"
+              f"{figures}", flush=True)
     # beside the best of each, the median of each repeat's own ratio (the runs next
     # to each other)
     baseline = rates["no checkpoints"]
     print(f"(b) {label}, best of {args.run_repeats}: " + ", ".join(
         f"{name} {max(r):,.0f} records/s ({max(r) / max(baseline):.2f}x, paired median "
-        f"{statistics.median(a / b for a, b in zip(r, baseline)):.2f}x)"
-        for name, r in rates.items()), flush=True)
+        f"{statistics.median(a / b for a, b in zip(r, baseline)):.2f}x; CPU a record "
+        f"{statistics.median(a / b for a, b in zip(cpus[name], cpus['no checkpoints'])):.2f}x"
+        f" paired median)" for name, r in rates.items()), flush=True)
     return {name: statistics.median(d) for name, d in all_durations.items() if d}
 
 

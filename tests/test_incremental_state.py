@@ -268,7 +268,8 @@ def test_a_task_that_forks_its_bases_asks_for_no_compaction():
     task that would fork its next base never asks for one; the chain then grows to
     max_chain and the task writes the base itself."""
     whole, keyed = ops = ops_pair()
-    chain = StateChain(ops, max_chain=4)
+    forks = [True]
+    chain = StateChain(ops, max_chain=4, bases_forked=lambda: forks[0])
     for k in range(500):
         keyed.put(k, k)
     kinds = []
@@ -278,11 +279,36 @@ def test_a_task_that_forks_its_bases_asks_for_no_compaction():
         data = CODEC.encode({"link": link.value})
         chain.stored(link, ChainRef("op/0", f"link-{n}", len(data), 0, link.parent))
         kinds.append(link.kind)
-        assert chain.compaction_wanted(bases_forked=True) is None
+        assert chain.compaction_wanted() is None
         if n == 2:  # half-way: asked for by a task that would encode its base on the loop
+            forks[0] = False
             assert chain.compaction_wanted() is not None
             chain.compaction_landed(None)
+            forks[0] = True
     assert kinds == ["base", "delta", "delta", "delta", "delta", "base"]
+
+
+@pytest.mark.parametrize("forked, over", [(False, 8), (True, 32)])
+def test_a_delta_of_more_than_a_share_of_the_keys_is_a_base(forked, over):
+    """A link whose changes hold more than an eighth of the keys is a base — a 32nd
+    when the task forks its bases, whose in-loop delta would then cost it more than
+    the base — and its change set stops growing there."""
+    whole, keyed = ops = ops_pair()
+    chain = StateChain(ops, max_chain=64, bases_forked=lambda: forked)
+    for k in range(3200):
+        keyed.put(k, k)
+    kinds = []
+    for changed in (None, 3200 // over, 3200 // over + 1, 3200 // 8 + 1):
+        if changed is not None:  # the first link: a base, with no parent
+            for k in range(changed):
+                keyed.a[k] += 1
+            keyed.changed.update(range(changed))  # once per batch, as operators do
+            assert keyed.changed.full == (changed * over > 3200)
+        link = chain.link([whole.snapshot(), None])
+        data = CODEC.encode({"link": link.value})
+        chain.stored(link, ChainRef("op/0", f"link-{changed}", len(data), 0, link.parent))
+        kinds.append(link.kind)
+    assert kinds == ["base", "delta", "base", "base"]
 
 
 def test_a_chain_with_a_link_missing_is_refused_not_loaded():

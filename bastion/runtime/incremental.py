@@ -22,10 +22,10 @@ window number: a window touched since the parent goes whole into the delta — i
 removed). Each tracks the keys it may
 have changed in ``Operator.changed``, a set it updates once per batch (a superset is
 harmless: a delta holds a key's value *now*, or marks it removed when absent). The set
-stops growing once it holds more than an eighth of the operator's keys
-(`ChangedKeys`): the next link is then a base, whatever else changes, and a state
-that grows by millions of keys a second would otherwise pay, at every record, for a
-set it never reads.
+stops growing once it holds the share of the operator's keys that makes the next link
+a base (`ChangedKeys`; the share is below): that link is a base whatever else
+changes, and a state that grows by millions of keys a second would otherwise pay, at
+every record, for a set it never reads.
 
 When a base: the trigger
     The next link is a base when the task holds no keyed operator (a delta would
@@ -34,7 +34,9 @@ When a base: the trigger
     ``max_chain`` deltas, when the deltas of the parent's chain together weigh more
     than a twelfth of its base, or when the delta would hold more than an eighth of
     an operator's keys (of its first table: a fold's keys, a window operator's
-    windows: such a delta costs the writer about what a base does). So a restore
+    windows: such a delta costs the writer about what a base does) — a 32nd when
+    the task encodes its bases in a forked child, which costs it far less than
+    encoding them on its loop. So a restore
     reads at most ``1 + max_chain`` blobs and about a twelfth more than a base's
     bytes; applying a delta whose keys are spread over a large table costs about
     five times a base's decode per byte (each key a random access into the table:
@@ -90,7 +92,7 @@ Compaction, off the task loop
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from bastion.storage.checkpoints import BlobRef, ChainRef
 
@@ -105,9 +107,16 @@ _FORMAT = 1
 # per byte when the keys are spread over a large table, so it stays within about 1.5x
 # a full snapshot's restore (`benchmarks/state.py` (c))
 _RESTORE_BYTES_OVER_BASE = 12
-# ... or once the next delta would hold more than an eighth of the keys: it would
-# cost the task about what a base does
+# ... or once the next delta would hold more than an eighth of the keys: encoding it
+# on the task's loop (about 150 ns a key: gathered, then encoded) would cost about
+# what encoding a base there does (30 ns a key) ...
 _DELTA_KEYS_OVER_ENTRIES = 8
+# ... or a 32nd, when the task encodes its bases in a forked child: the task then
+# pays for a base only the fork and the pages it writes while the child runs, and
+# the change set of a state growing by millions of keys a second stays a quarter
+# as large (a set of an eighth of 16 M keys, built and dropped every interval, cost
+# 18 % more CPU per record while the keys arrived)
+_FORKED_DELTA_KEYS_OVER_ENTRIES = 32
 # A compaction starts at half of either trigger, so that it lands before the chain
 # forces the task to write a base on its own loop.
 _COMPACT_AT = 2
@@ -115,19 +124,20 @@ _COMPACT_AT = 2
 
 class ChangedKeys(set):
     """The keys an operator changed since its last link, until they are too many to
-    matter: once they are more than an eighth of its keys (of its first table, as the
-    trigger counts them) the next link is a base, so the set is emptied and marked
-    ``full``, and takes nothing more. An operator calls `update` once per batch (and
+    matter: once they are more than ``1 / keys_over_entries`` of its keys (of its
+    first table, as the trigger counts them) the next link is a base, so the set is
+    emptied and marked ``full``, and takes nothing more. An operator calls `update` once per batch (and
     `add` per key it removes); checking the size there costs one call per batch,
     where a growing state would otherwise hash every new key into a set of millions
     (and fault in its pages) only for the set to be dropped unread."""
 
-    __slots__ = ("op", "full")
+    __slots__ = ("op", "full", "keys_over_entries")
 
-    def __init__(self, op: Any) -> None:
+    def __init__(self, op: Any, keys_over_entries: int = _DELTA_KEYS_OVER_ENTRIES) -> None:
         super().__init__()
         self.op = op
         self.full = False
+        self.keys_over_entries = keys_over_entries
 
     def update(self, *keys: Any) -> None:  # type: ignore[override]
         if not self.full:
@@ -141,7 +151,7 @@ class ChangedKeys(set):
                 self._cap()
 
     def _cap(self) -> None:
-        if len(self) * _DELTA_KEYS_OVER_ENTRIES > len(self.op.tables()[0]):
+        if len(self) * self.keys_over_entries > len(self.op.tables()[0]):
             self.full = True
             self.clear()
 
@@ -184,17 +194,23 @@ class StateChain:
     """One task's chain: which link comes next, and what it holds.
 
     ``ops`` are the task's operators; those with `tables` are tracked from now on.
-    Not thread-safe: the task loop calls `link` and, when the upload is done, `stored`.
+    ``bases_forked`` says whether the task would encode a base taken now in a forked
+    child (`bastion.runtime.forked_encode`), which makes a base cheaper for it than a
+    large delta or a compaction. Not thread-safe: the task loop calls `link` and,
+    when the upload is done, `stored`.
     """
 
     def __init__(self, ops: Sequence[Any], max_chain: int,
-                 restored: Sequence[BlobRef] = (), position: int = 0) -> None:
+                 restored: Sequence[BlobRef] = (), position: int = 0,
+                 bases_forked: Callable[[], bool] = lambda: False) -> None:
         self.max_chain = max_chain
+        self.bases_forked = bases_forked
         self.keyed = [op.tables() is not None for op in ops]
         self.ops = list(ops)
+        over = self._delta_keys_over_entries()
         for op, keyed in zip(self.ops, self.keyed):
             if keyed:
-                op.changed = ChangedKeys(op)
+                op.changed = ChangedKeys(op, over)
         self.next_seq = 1
         # ``restored``: the chain of the checkpoint the operators were just restored
         # from, whose state they hold now: the parent of the next link
@@ -233,18 +249,22 @@ class StateChain:
             return chain[0].size, sum(r.size for r in chain[1:]), len(chain) - 1
         return len(compacted.data), sum(r.size for r in chain), len(chain)
 
-    def compaction_wanted(self, bases_forked: bool = False) -> tuple[BlobRef, ...] | None:
+    def _delta_keys_over_entries(self) -> int:
+        return (_FORKED_DELTA_KEYS_OVER_ENTRIES if self.bases_forked()
+                else _DELTA_KEYS_OVER_ENTRIES)
+
+    def compaction_wanted(self) -> tuple[BlobRef, ...] | None:
         """The chain to compact off the loop now, or None: when the parent's chain is
         half-way to forcing a base, no compaction is under way or waiting, the next
         link is not a base anyway, and the task would write a base on its loop —
-        not when ``bases_forked``: a base encoded in a forked child costs the task the
-        fork and a second core one encode of its live state, where a compaction
-        costs that core reading, decoding and applying the whole chain before the
-        same encode (6.4 s of CPU against about 1 at 16 M keys), all of it beside
-        the task, on a machine whose other cores the job's tasks use."""
+        not when its bases are forked: a base encoded in a forked child costs the
+        task the fork and another core one encode of the live state, where a
+        compaction costs that core reading, decoding and applying the whole chain
+        before the same encode (6.4 s of CPU against about 1 at 16 M keys), beside
+        a task that may need that core."""
         parent = self.parent
-        if (bases_forked or parent is None or self.compacting
-                or self.compacted is not None):
+        if (parent is None or self.compacting or self.compacted is not None
+                or self.bases_forked()):
             return None
         deltas = len(parent.chain) - 1
         if deltas < 1 or self._base_due(parent.chain, None):
@@ -267,11 +287,12 @@ class StateChain:
         before the state changes, stores it and calls `stored` when that succeeded."""
         seq = self.next_seq
         self.next_seq += 1
+        over = self._delta_keys_over_entries()
         taken = []
         for op, keyed in zip(self.ops, self.keyed):
             if keyed:
                 taken.append(op.changed)
-                op.changed = ChangedKeys(op)
+                op.changed = ChangedKeys(op, over)
             else:
                 taken.append(None)
         self._unstored[seq] = taken
@@ -285,11 +306,10 @@ class StateChain:
                 # restore read both: decided from each set before any is merged
                 sets: list = [taken_sets[i] for taken_sets in self._unstored.values()]
                 limit = len(self.ops[i].tables()[0])
-                base = any(s.full or len(s) * _DELTA_KEYS_OVER_ENTRIES > limit
-                           for s in sets)
+                base = any(s.full or len(s) * over > limit for s in sets)
                 if not base:
                     keys = sets[0] if len(sets) == 1 else set().union(*sets)
-                    base = len(keys) * _DELTA_KEYS_OVER_ENTRIES > limit
+                    base = len(keys) * over > limit
             changes.append(keys)
         operators: list[Any] = []
         for i, (op, keyed, other) in enumerate(zip(self.ops, self.keyed, others)):

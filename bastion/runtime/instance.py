@@ -865,7 +865,8 @@ class Task:
             else:
                 op.restore(state)
         self.state_chain = StateChain(self.ops, self.config.max_chain, refs,
-                                      snapshots[-1]["link"]["position"])
+                                      snapshots[-1]["link"]["position"],
+                                      bases_forked=self._snapshots_fork)
         self._restore_task_state(snapshots[-1])
 
     def _restore_task_state(self, snapshot: dict) -> None:
@@ -940,7 +941,8 @@ class Task:
         """`checkpoint` with incremental state: the next link of the task's chain,
         encoded now; it becomes the parent of later links once it is stored."""
         if self.state_chain is None:  # the first checkpoint, or the first since a restore
-            self.state_chain = StateChain(self.ops, self.config.max_chain)
+            self.state_chain = StateChain(self.ops, self.config.max_chain,
+                                          bases_forked=self._snapshots_fork)
         chain = self.state_chain
         link = chain.link([None if keyed else op.snapshot()
                            for op, keyed in zip(self.ops, chain.keyed)])
@@ -994,7 +996,7 @@ class Task:
         half-way to forcing one (`bastion.runtime.compaction`) and the task would
         write that base on its loop; the base lands in the chain for its next link
         to carry."""
-        refs = chain.compaction_wanted(bases_forked=self._snapshots_fork())
+        refs = chain.compaction_wanted()
         if refs is None:
             return
 
