@@ -75,8 +75,8 @@ Compaction, off the task loop
     base there is, so such a task writes its bases itself when the trigger says.
     A smaller state's base would be encoded on the task's loop, so it is rarely
     written there: once the parent's chain holds half of ``max_chain`` deltas, or
-    its deltas weigh a 24th of its base (half of what forces a base), and the next
-    link is not a base anyway, the task has the chain *compacted* in another process
+    its deltas weigh a 24th of its base (half of what forces a base), the task has
+    the chain *compacted* in another process
     (`bastion.runtime.compaction`): the chain's blobs are read from the store,
     CRC-checked, applied in order by `apply_links` (the restore's own merge) and
     encoded as one new base. That base stands for the links it merged: its
@@ -255,8 +255,8 @@ class StateChain:
 
     def compaction_wanted(self) -> tuple[BlobRef, ...] | None:
         """The chain to compact off the loop now, or None: when the parent's chain is
-        half-way to forcing a base, no compaction is under way or waiting, the next
-        link is not a base anyway, and the task would write a base on its loop —
+        half-way to forcing a base, no compaction is under way or waiting, and the
+        task would write a base on its loop —
         not when its bases are forked: a base encoded in a forked child costs the
         task the fork and another core one encode of the live state, where a
         compaction costs that core reading, decoding and applying the whole chain
@@ -267,7 +267,7 @@ class StateChain:
                 or self.bases_forked()):
             return None
         deltas = len(parent.chain) - 1
-        if deltas < 1 or self._base_due(parent.chain, None):
+        if deltas < 1:
             return None
         if (deltas * _COMPACT_AT >= self.max_chain or parent.delta_bytes
                 * _RESTORE_BYTES_OVER_BASE * _COMPACT_AT > parent.base_bytes):
