@@ -6,9 +6,10 @@ and then by a new base, and a base written by the task on its loop costs a full
 snapshot's encode (about 30 ns a key) while no record moves. A task whose state is
 large enough to fork its bases (`State.fork_min_keys`) writes them in a child, which
 costs less than any merge; any other has its chain *compacted* elsewhere: in a Ray
-task of its own (another process, so another GIL), `compact` reads the chain's blobs from the store — each checked against the
-size and CRC32 its reference names, as a restore checks them —, applies them in order
-with `apply_links`, the restore's own merge, and encodes the result as a base.
+task of its own (another process, so another GIL), `compact` reads the chain's blobs
+from the store — each checked against the size and CRC32 its reference names, as a
+restore checks them —, applies them in order with `apply_links`, the restore's own
+merge, and encodes the result as a base.
 
 The base made is what a restore of those links would load, key for key: the keyed
 operators' tables merged, and everything else (sources' offsets, counters,

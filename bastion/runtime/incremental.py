@@ -126,10 +126,10 @@ class ChangedKeys(set):
     """The keys an operator changed since its last link, until they are too many to
     matter: once they are more than ``1 / keys_over_entries`` of its keys (of its
     first table, as the trigger counts them) the next link is a base, so the set is
-    emptied and marked ``full``, and takes nothing more. An operator calls `update` once per batch (and
-    `add` per key it removes); checking the size there costs one call per batch,
-    where a growing state would otherwise hash every new key into a set of millions
-    (and fault in its pages) only for the set to be dropped unread."""
+    emptied and marked ``full``, and takes nothing more. An operator calls `update`
+    once per batch (and `add` per key it removes); checking the size there costs one
+    call per batch, where a growing state would otherwise hash every new key into a
+    set of millions (and fault in its pages) only for the set to be dropped unread."""
 
     __slots__ = ("op", "full", "keys_over_entries")
 
@@ -256,12 +256,11 @@ class StateChain:
     def compaction_wanted(self) -> tuple[BlobRef, ...] | None:
         """The chain to compact off the loop now, or None: when the parent's chain is
         half-way to forcing a base, no compaction is under way or waiting, and the
-        task would write a base on its loop —
-        not when its bases are forked: a base encoded in a forked child costs the
-        task the fork and another core one encode of the live state, where a
-        compaction costs that core reading, decoding and applying the whole chain
-        before the same encode (6.4 s of CPU against about 1 at 16 M keys), beside
-        a task that may need that core."""
+        task would write that base on its loop. Never when its bases are forked: a
+        forked base costs the task the fork, and another core one encode of the live
+        state, where a compaction costs that core reading, decoding and applying the
+        whole chain before the same encode (6.4 s of CPU against about 1 at 16 M
+        keys), beside a task that may need that core."""
         parent = self.parent
         if (parent is None or self.compacting or self.compacted is not None
                 or self.bases_forked()):
