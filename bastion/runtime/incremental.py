@@ -230,10 +230,15 @@ class StateChain:
         if parent is None or compacted is None:
             return (() if parent is None else parent.chain), None
         covered = compacted.covered
-        if parent.chain[:len(covered)] != covered:
+        if not self.builds_on(covered):
             self.compacted = None  # a base was stored since, or the chain was replaced
             return parent.chain, None
         return parent.chain[len(covered):], compacted
+
+    def builds_on(self, links: tuple[BlobRef, ...]) -> bool:
+        """Whether the parent's chain still starts with ``links`` (a compaction of
+        them would still be used)."""
+        return self.parent is not None and self.parent.chain[:len(links)] == links
 
     def _base_due(self, chain: tuple[BlobRef, ...], compacted: Compacted | None) -> bool:
         if self.parent is None or not any(self.keyed):

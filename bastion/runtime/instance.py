@@ -1008,9 +1008,13 @@ class Task:
                 compacted = Compacted(refs, data)
                 self.compactions += 1
             except Exception as exc:  # noqa: BLE001 - the task writes a base itself
-                _log.warning("%s: compacting its state chain failed (%s: %s); it "
-                               "will write a base itself if the chain gets too long",
-                               self.name, type(exc).__name__, exc)
+                # A chain outgrown meanwhile (a base written, or a restore) no longer
+                # needs the compaction, and GC may have deleted the links it read.
+                current = self.state_chain is chain and chain.builds_on(refs)
+                log = _log.warning if current else _log.debug
+                log("%s: compacting its state chain failed (%s: %s); it will write a "
+                    "base itself if the chain gets too long", self.name,
+                    type(exc).__name__, exc)
             chain.compaction_landed(compacted)
 
         # kept referenced until it ends; a reset does not wait for it (its base would
