@@ -462,6 +462,8 @@ def real_operator(kind: str):
     if kind == "reduce":
         out = keyed.reduce("op", lambda acc, v: acc + [v[1]] if v[1] % 5 else acc[-2:],
                            initial=[])
+    elif kind == "aggregate":
+        out = keyed.reduce("op", bn.aggregations.Sum(lambda v: v[1]))
     elif kind == "count":
         out = keyed.window(bn.windows.Count(3)).aggregate(
             "op", bn.aggregations.Sum(lambda v: v[1]))
@@ -477,28 +479,39 @@ def real_operator(kind: str):
 
 operator_steps = st.lists(st.one_of(
     st.lists(st.tuples(st.integers(0, 12), st.integers(0, 40)), min_size=1, max_size=8),
+    # a batch of as many keys never seen before, and maybe a few keys of 0-12
+    st.tuples(st.integers(1, 12), st.lists(st.integers(0, 12), max_size=3)),
     st.just("checkpoint"), st.just("lost checkpoint"), st.just("watermark")),
     min_size=1, max_size=40)
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.sampled_from(["reduce", "count", "tumbling", "join"]), operator_steps,
-       st.integers(1, 3))
-def test_real_keyed_operators_restore_from_every_chain(kind, actions, max_chain):
-    """reduce (its state a list changed in place and replaced), count windows (keys
-    removed when their window fires) and tumbling windows (windows removed when the
-    watermark fires them), sliding-window joins (records appended to a window's
-    sides, windows removed as the watermark passes them): restoring each
-    checkpoint's chain into a fresh operator gives the very state the live one had
-    then."""
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(["reduce", "aggregate", "count", "tumbling", "join"]), operator_steps,
+       st.integers(1, 3), st.booleans())
+def test_real_keyed_operators_restore_from_every_chain(kind, actions, max_chain, forked):
+    """reduce (its state a list changed in place and replaced) and keyed aggregates
+    (their tables only growing: a batch of new keys is taken from the table's end),
+    count windows (keys removed when their window fires) and tumbling windows
+    (windows removed when the watermark fires them), sliding-window joins (records
+    appended to a window's sides, windows removed as the watermark passes them),
+    with bases encoded on the loop or forked (which moves the share of keys that
+    makes a base): restoring each checkpoint's chain into a fresh operator gives the
+    very state the live one had then."""
     from bastion.runtime.records import Batch
 
     op = real_operator(kind)
-    chain = StateChain([op], max_chain)
+    chain = StateChain([op], max_chain, bases_forked=lambda: forked)
     blobs: dict[str, bytes] = {}
     taken = []
     clock = 0.0
+    fresh_keys = iter(range(1000, 10**6))
+    if kind in ("reduce", "aggregate"):
+        # keys enough that a change of a few is a delta, not a base
+        actions = [[(k, k) for k in range(6 + i, 406, 50)] for i in range(50)] + actions
     for n, action in enumerate(actions):
+        if isinstance(action, tuple):
+            action = [(next(fresh_keys), v) for v in range(action[0])] + [
+                (k, 1) for k in action[1]]
         if isinstance(action, list):
             ts = [clock + 0.1 * i for i in range(len(action))]
             clock += 0.1 * len(action)
@@ -521,6 +534,57 @@ def test_real_keyed_operators_restore_from_every_chain(kind, actions, max_chain)
                                 for r in (*ref.chain, ref)], [True])
         fresh.load_tables(tables)
         assert fresh.snapshot() == expected
+
+
+@pytest.mark.parametrize("forked", [True, False])
+def test_a_growing_fold_writes_its_new_keys_from_its_tables_end(forked):
+    """A keyed sum whose input brings new keys: batches of new keys only leave the
+    change set alone (the keys added since the parent are the table's newest
+    entries), the old keys touched are tracked, and the delta holds both. When its
+    bases are forked, such a delta goes to the child too (``large``), and the
+    appended keys weigh as a base's do, so a growing state is a chain of deltas, not
+    a base at every checkpoint; on the loop, appended keys count towards the share
+    that makes a base. Every link restores the live table."""
+    from bastion.runtime.records import Batch
+
+    op = real_operator("aggregate")
+    chain = StateChain([op], max_chain=64, bases_forked=lambda: forked)
+    blobs: dict[str, bytes] = {}
+    fresh = iter(range(10**6))
+
+    def feed(keys):
+        op.process(Batch(keys, [(k, 1) for k in keys], [0.0] * len(keys),
+                         [0.0] * len(keys)), 0)
+
+    def checkpoint(name):
+        link = chain.link([None])
+        blobs[name] = CODEC.encode(link.value)
+        ref = ChainRef("op/0", name, len(blobs[name]), 0, link.parent)
+        chain.stored(link, ref)
+        [tables] = apply_links([CODEC.decode(blobs[r.key], r.key)
+                                for r in (*ref.chain, ref)], [True])
+        assert tables == [op.state]
+        return link
+
+    for _ in range(100):
+        feed([next(fresh) for _ in range(100)])
+    assert checkpoint("base").kind == "base"
+    kinds = []
+    for n in range(3):
+        for _ in range(20):  # 2,000 new keys: a sixth of the table, and more bytes
+            feed([next(fresh) for _ in range(100)])  # than a twelfth of the base's
+        feed([5, 7, 5])  # old keys
+        assert set(op.changed) == {5, 7}
+        link = checkpoint(f"grown-{n}")
+        kinds.append(link.kind)
+        if forked:
+            [[changed, removed]] = link.value["operators"][0][1]
+            assert len(changed) == 2002 and removed == []
+            assert link.large and link.appended_share == pytest.approx(2000 / 2002)
+    assert kinds == (["delta"] * 3 if forked else ["base"] * 3)
+    feed([1, 2])  # a few old keys: a small delta, on the loop
+    small = checkpoint("small")
+    assert small.kind == "delta" and not small.large and small.appended_share == 0
 
 
 @pytest.mark.parametrize("kind", ["tumbling", "join"])

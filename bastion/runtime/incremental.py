@@ -91,7 +91,9 @@ Compaction, off the task loop
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import islice
 from typing import Any, Callable, Sequence
 
 from bastion.storage.checkpoints import BlobRef, ChainRef
@@ -129,15 +131,21 @@ class ChangedKeys(set):
     emptied and marked ``full``, and takes nothing more. An operator calls `update`
     once per batch (and `add` per key it removes); checking the size there costs one
     call per batch, where a growing state would otherwise hash every new key into a
-    set of millions (and fault in its pages) only for the set to be dropped unread."""
+    set of millions (and fault in its pages) only for the set to be dropped unread.
 
-    __slots__ = ("op", "full", "keys_over_entries")
+    A fold, whose table never loses a key, calls `folded` instead: a batch whose
+    every record added a key of its own leaves the set alone (``appended``), since
+    the keys added since the parent are the table's newest entries, which a delta
+    takes from the table's end (`StateChain`)."""
+
+    __slots__ = ("op", "full", "keys_over_entries", "appended")
 
     def __init__(self, op: Any, keys_over_entries: int = _DELTA_KEYS_OVER_ENTRIES) -> None:
         super().__init__()
         self.op = op
         self.full = False
         self.keys_over_entries = keys_over_entries
+        self.appended = False
 
     def update(self, *keys: Any) -> None:  # type: ignore[override]
         if not self.full:
@@ -149,6 +157,15 @@ class ChangedKeys(set):
             set.add(self, key)
             if len(self) & 1023 == 0:  # per key: check now and then
                 self._cap()
+
+    def folded(self, keys: Any, added: int) -> None:
+        """A fold's batch of ``keys`` is done, and its table holds ``added`` more
+        keys than before it: as many as the batch's records, each record added a
+        key, and no key the table held before changed."""
+        if added and added == len(keys):
+            self.appended = True
+        else:
+            self.update(keys)
 
     def _cap(self) -> None:
         if len(self) * self.keys_over_entries > len(self.op.tables()[0]):
@@ -167,18 +184,33 @@ class Compacted:
 
 @dataclass
 class Link:
-    """One link being written: its sequence number in this task, what it is, the
-    blob's value (encoded by the task), and the confirmed chain it builds on."""
+    """One link being written: its sequence number in this task, what it is, how to
+    make the blob's value (`value`, made once, by the task or a forked child), and
+    the confirmed chain it builds on."""
 
     seq: int
     kind: str
-    value: dict
+    build: Callable[[], dict] = field(repr=False)
     parent: tuple[BlobRef, ...]
     parent_delta_bytes: int
     base_bytes: int
     position: int
+    #: the keyed tables' sizes when the link was taken
+    lengths: tuple[tuple[int, ...], ...] = ()
+    #: the share of the link's keys that are keys added since its parent, taken
+    #: from the tables' ends (a base: 0)
+    appended_share: float = 0.0
+    #: large enough that a task which forks its bases would rather encode it in a
+    #: forked child than on its loop (every base is)
+    large: bool = False
     #: a compacted base to store first; ``parent`` then holds the links after it
     compacted: Compacted | None = None
+    #: of ``parent``'s deltas: their bytes of appended keys
+    parent_appended_bytes: int = 0
+
+    @cached_property
+    def value(self) -> dict:
+        return self.build()
 
 
 @dataclass
@@ -186,8 +218,10 @@ class _Stored:
     chain: tuple[BlobRef, ...]  # base first, this snapshot's own blob last
     seq: int
     base_bytes: int
-    delta_bytes: int  # of the deltas of ``chain``
+    delta_bytes: int  # of the deltas of ``chain``, but for their appended keys
     position: int  # of its newest link
+    lengths: tuple[tuple[int, ...], ...]  # the keyed tables' sizes when it was taken
+    appended_bytes: int = 0  # of the deltas of ``chain``: their appended keys
 
 
 class StateChain:
@@ -216,7 +250,7 @@ class StateChain:
         # from, whose state they hold now: the parent of the next link
         self.parent: _Stored | None = None if not restored else _Stored(
             tuple(restored), 0, restored[0].size, sum(ref.size for ref in restored[1:]),
-            position)
+            position, self._lengths())
         # change sets of the snapshots taken after the parent: seq -> one set per op
         self._unstored: dict[int, list[ChangedKeys | None]] = {}
         self.compacting = False  # a compaction asked for and not landed yet
@@ -243,16 +277,26 @@ class StateChain:
     def _base_due(self, chain: tuple[BlobRef, ...], compacted: Compacted | None) -> bool:
         if self.parent is None or not any(self.keyed):
             return True  # no parent; or nothing keyed, so nothing a delta would save
-        base_bytes, delta_bytes, deltas = self._weights(chain, compacted)
+        base_bytes, appended_bytes, delta_bytes, deltas = self._weights(chain, compacted)
         return (deltas >= self.max_chain
-                or delta_bytes * _RESTORE_BYTES_OVER_BASE > base_bytes)
+                or delta_bytes * _RESTORE_BYTES_OVER_BASE > base_bytes + appended_bytes)
 
     def _weights(self, chain: tuple[BlobRef, ...],
-                 compacted: Compacted | None) -> tuple[int, int, int]:
-        """Base bytes, delta bytes and delta count of the chain the next link builds on."""
+                 compacted: Compacted | None) -> tuple[int, int, int, int]:
+        """Of the chain the next link builds on: its base's bytes, its deltas' bytes
+        of appended keys (which a restore adds to its tables as it adds a base's),
+        their other bytes, and their count."""
+        parent = self.parent
+        assert parent is not None
         if compacted is None:
-            return chain[0].size, sum(r.size for r in chain[1:]), len(chain) - 1
-        return len(compacted.data), sum(r.size for r in chain), len(chain)
+            return parent.base_bytes, parent.appended_bytes, parent.delta_bytes, len(chain) - 1
+        # the links after a compaction are weighed whole: a restore applies them key
+        # by key, as far as this chain knows
+        return len(compacted.data), 0, sum(r.size for r in chain), len(chain)
+
+    def _lengths(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(map(len, op.tables())) if keyed else ()
+                     for op, keyed in zip(self.ops, self.keyed))
 
     def _delta_keys_over_entries(self) -> int:
         return (_FORKED_DELTA_KEYS_OVER_ENTRIES if self.bases_forked()
@@ -274,7 +318,8 @@ class StateChain:
         if deltas < 1:
             return None
         if (deltas * _COMPACT_AT >= self.max_chain or parent.delta_bytes
-                * _RESTORE_BYTES_OVER_BASE * _COMPACT_AT > parent.base_bytes):
+                * _RESTORE_BYTES_OVER_BASE * _COMPACT_AT
+                > parent.base_bytes + parent.appended_bytes):
             self.compacting = True
             return parent.chain
         return None
@@ -288,10 +333,12 @@ class StateChain:
     def link(self, others: list[Any]) -> Link:
         """The next link, taken now: ``others[i]`` is operator i's `snapshot` (used
         for the operators that are not keyed). The caller encodes ``Link.value``
-        before the state changes, stores it and calls `stored` when that succeeded."""
+        before the state changes — or has a forked child of this moment encode it —,
+        stores it and calls `stored` when that succeeded."""
         seq = self.next_seq
         self.next_seq += 1
-        over = self._delta_keys_over_entries()
+        forked = self.bases_forked()
+        over = _FORKED_DELTA_KEYS_OVER_ENTRIES if forked else _DELTA_KEYS_OVER_ENTRIES
         taken = []
         for op, keyed in zip(self.ops, self.keyed):
             if keyed:
@@ -300,12 +347,17 @@ class StateChain:
             else:
                 taken.append(None)
         self._unstored[seq] = taken
+        lengths = self._lengths()
         chain, compacted = self._links_after_compaction()
         base = self._base_due(chain, compacted)
+        parent = self.parent
         changes: list[set] = []
+        appended: list[tuple[int, ...]] = []
         for i, keyed in enumerate(self.keyed):
             keys: set = set()
+            added: tuple[int, ...] = ()
             if keyed and not base:
+                assert parent is not None  # or a base is due
                 # a delta of much of the state costs what a base does, and makes a
                 # restore read both: decided from each set before any is merged
                 sets: list = [taken_sets[i] for taken_sets in self._unstored.values()]
@@ -313,27 +365,48 @@ class StateChain:
                 base = any(s.full or len(s) * over > limit for s in sets)
                 if not base:
                     keys = sets[0] if len(sets) == 1 else set().union(*sets)
-                    base = len(keys) * over > limit
+                    if any(s.appended for s in sets):
+                        # keys the operator left to its tables' ends: as many as
+                        # the tables grew by since the parent
+                        added = tuple(now - then for now, then
+                                      in zip(lengths[i], parent.lengths[i]))
+                    # on the loop, a delta's appended keys cost what its others do;
+                    # a forked child takes them off the loop, as it does a base
+                    base = (min(added, default=0) < 0 or (len(keys) + (
+                        0 if forked else sum(added))) * over > limit)
             changes.append(keys)
-        operators: list[Any] = []
-        for i, (op, keyed, other) in enumerate(zip(self.ops, self.keyed, others)):
-            if not keyed:
-                operators.append(["whole", other])
-            elif base:
-                operators.append(["tables", op.tables()])
-            else:
-                operators.append(["delta", [_delta(table, changes[i])
-                                            for table in op.tables()]])
-        parent = self.parent
+            appended.append(added)
         if base or parent is None:
-            chain, compacted, base_bytes, delta_bytes = (), None, 0, 0
+            chain, compacted, base_bytes, appended_bytes, delta_bytes = (), None, 0, 0, 0
         else:
-            base_bytes, delta_bytes, _ = self._weights(chain, compacted)
+            base_bytes, appended_bytes, delta_bytes, _ = self._weights(chain, compacted)
         position = 0 if base or parent is None else parent.position + 1
-        value = {"format": _FORMAT, "kind": BASE if base else DELTA,
-                 "position": position, "operators": operators}
-        return Link(seq, BASE if base else DELTA, value, chain, delta_bytes, base_bytes,
-                    position, compacted)
+        kind = BASE if base else DELTA
+        appended_keys = sum(map(sum, appended))
+        delta_keys = appended_keys + sum(map(len, changes))
+        large = base or any(
+            (len(keys) + sum(added)) * _FORKED_DELTA_KEYS_OVER_ENTRIES
+            > len(op.tables()[0]) for op, keyed, keys, added
+            in zip(self.ops, self.keyed, changes, appended) if keyed)
+
+        def build() -> dict:
+            operators: list[Any] = []
+            for op, keyed, other, keys, added in zip(self.ops, self.keyed, others,
+                                                     changes, appended):
+                if not keyed:
+                    operators.append(["whole", other])
+                elif base:
+                    operators.append(["tables", op.tables()])
+                else:
+                    operators.append(["delta", [
+                        _delta(table, keys, added[t] if added else 0)
+                        for t, table in enumerate(op.tables())]])
+            return {"format": _FORMAT, "kind": kind, "position": position,
+                    "operators": operators}
+
+        return Link(seq, kind, build, chain, delta_bytes, base_bytes, position, lengths,
+                    appended_keys / delta_keys if delta_keys else 0.0, large, compacted,
+                    parent_appended_bytes=appended_bytes)
 
     def stored(self, link: Link, ref: ChainRef) -> None:
         """``link`` is stored as ``ref`` (whose ``chain`` names the links before it,
@@ -342,21 +415,29 @@ class StateChain:
         if self.parent is not None and self.parent.seq > link.seq:
             return
         if link.kind == BASE:
-            self.parent = _Stored((ref,), link.seq, ref.size, 0, link.position)
+            self.parent = _Stored((ref,), link.seq, ref.size, 0, link.position,
+                                  link.lengths)
         else:
+            appended = round(ref.size * link.appended_share)
             self.parent = _Stored((*ref.chain, ref), link.seq, link.base_bytes,
-                                  link.parent_delta_bytes + ref.size, link.position)
+                                  link.parent_delta_bytes + ref.size - appended,
+                                  link.position, link.lengths,
+                                  link.parent_appended_bytes + appended)
         for seq in [s for s in self._unstored if s <= link.seq]:
             del self._unstored[seq]
 
 
-def _delta(table: dict, keys: set) -> list:
-    """``[changed, removed]`` of ``table`` over ``keys``: the keys present with their
-    values now, and the keys absent. In C loops (set operations, ``map``), not a Python
-    pass per key: a delta of a growing state holds every key added since its parent —
-    millions, at a checkpoint the data path waits for."""
+def _delta(table: dict, keys: set, appended: int) -> list:
+    """``[changed, removed]`` of ``table`` over ``keys`` and its ``appended`` newest
+    entries: the keys present with their values now, and the keys absent. In C loops
+    (set operations, ``map``, a reversed ``dict`` iterator that reads only the entries
+    it yields), not a Python pass per key: a delta of a growing state holds every key
+    added since its parent — millions."""
     present = table.keys() & keys
-    return [dict(zip(present, map(table.__getitem__, present))), list(keys - present)]
+    changed = dict(zip(present, map(table.__getitem__, present)))
+    if appended:
+        changed.update(islice(reversed(table.items()), appended))
+    return [changed, list(keys - present)]
 
 
 def apply_links(links: Sequence[dict], keyed: Sequence[bool]) -> list[Any]:

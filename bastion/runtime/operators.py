@@ -32,7 +32,7 @@ import time
 import traceback
 from itertools import accumulate, chain, compress, islice, repeat
 from operator import itemgetter
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from bastion import _batches
 from bastion import aggregations as _aggregations
@@ -47,6 +47,9 @@ from bastion.runtime.columns import (FOLD_COUNT, FOLD_MAX, FOLD_MEAN, FOLD_MIN, 
 from bastion.runtime.records import Batch, pack_column, unpack_column
 from bastion.runtime.windows import TimeWindows
 from bastion.topology import OpNode
+
+if TYPE_CHECKING:
+    from bastion.runtime.incremental import ChangedKeys
 
 _IMMUTABLE = (int, float, str, bytes, bool, type(None), tuple, frozenset)
 _MISSING = object()
@@ -212,10 +215,11 @@ class Operator:
     # `tables`, and takes them back in `load_tables`. While ``changed`` is a set, the
     # operator adds to it every key of those tables it may have changed or removed —
     # per batch, not per record, where it can (a superset is fine: a key unchanged
-    # is written again, a key absent is written as removed). None (the default): no
-    # tracking, and the hot path pays one ``is None`` test per batch.
+    # is written again, a key absent is written as removed); a fold, whose table never
+    # loses a key, tells it which batches only added keys (`ChangedKeys.folded`). None
+    # (the default): no tracking, and the hot path pays one ``is None`` test per batch.
 
-    changed: set | None = None
+    changed: ChangedKeys | None = None
 
     def tables(self) -> list[dict] | None:
         """The dicts holding this operator's whole state, or None: not keyed (its
@@ -411,9 +415,19 @@ class KeyedFoldOp(Operator):
         self.state: dict = {}
 
     def process(self, batch: Batch, input_index: int) -> Batch | None:
+        changed = self.changed
+        if changed is None:
+            return self._fold_batch(batch)
+        before = len(self.state)
+        try:
+            return self._fold_batch(batch)
+        finally:
+            # a key only ever added: a batch of new keys changed no key held before
+            # (a failing record's key is unchanged, and noted as changed: harmless)
+            changed.folded(_keys_of(batch), len(self.state) - before)
+
+    def _fold_batch(self, batch: Batch) -> Batch | None:
         keys, values = batch.keys, batch.values
-        if self.changed is not None:
-            self.changed.update(_keys_of(batch))  # a failing record's key: unchanged
         out: list = []
         try:
             self._fold(keys, values, out)
@@ -541,10 +555,8 @@ class AggregateFoldOp(KeyedFoldOp):
         # Count, Sum, Min and Max of ints fold in words (`columns.fold_int_column`)
         self.words = self.extract is None and self.kind in _WORD_FOLDS
 
-    def process(self, batch: Batch, input_index: int) -> Batch | None:
+    def _fold_batch(self, batch: Batch) -> Batch | None:
         keys = _keys_of(batch)
-        if self.changed is not None:
-            self.changed.update(keys)  # a failing record's key: unchanged
         values = batch.values
         if self.words and type(keys) is IntColumn:
             # keys (and values) held as words: folded without an object per record,
