@@ -272,7 +272,10 @@ class State:
     the most blobs a restore reads per task is ``1 + max_chain``; a new base also
     comes once a chain's deltas together weigh more than a twelfth of its base (or
     one would hold an eighth of the keys, a 32nd when bases are forked), so a
-    restore takes at most about 1.5 times a full snapshot's. Under protocols
+    restore takes at most about 1.5 times a full snapshot's. A ``reduce`` or
+    ``stateful_map`` whose state grows by new keys writes in its deltas the keys it
+    added (taken from its table's end, untracked), not a base at every checkpoint;
+    they weigh as a base's keys do. Under protocols
     ``coordinated``, ``uncoordinated`` and ``cic``. Off by default: it pays off for
     large states whose updates touch a small share of their keys
     (`benchmarks/state.py` measures the bytes, durations and restores of both); a

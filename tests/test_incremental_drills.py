@@ -56,6 +56,19 @@ def windows(count=3000, rate=1500):
     return topo
 
 
+def growing(count=4000, rate=2000):
+    """A keyed sum that takes, in turns of 400 records, a new key per record and one
+    of 5 hot keys: its table grows by whole batches of new keys, which its deltas
+    take from the table's end (`bastion.runtime.incremental`, appended keys)."""
+    topo = bn.Topology("inc-growing")
+    numbers = topo.source("numbers", bn.sources.Generator(lambda i: i, count=count,
+                                                          rate=rate))
+    numbers.key_by(lambda i: i if i // 400 % 2 == 0 else i % 5).reduce(
+        "sum", lambda acc, i: acc + i, initial=0, parallelism=2).sink(
+        "out", bn.sinks.Collect())
+    return topo
+
+
 WORKLOADS = {"keyed": hot_and_cold, "windows": windows}
 
 
@@ -91,6 +104,21 @@ def test_random_kills_stay_exactly_once_with_incremental_state(protocol, workloa
     assert report.duplicated == 0, report.duplicated_examples
     assert report.corrupted == 0, report.corrupted_examples
     assert report.exactly_once, report.verdict_reason
+    assert chain_links(storage, report.job_id), "no checkpoint of the run was a delta"
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_random_kills_stay_exactly_once_with_appended_keys(protocol, storage):
+    """A growing state, its bases encoded in forked children from 50 keys on: its
+    deltas carry the keys it added, packed from the table's end; a kill and the
+    restore of such a chain lose and duplicate nothing."""
+    report = bn.drill(growing(), protocol=with_interval(protocol, interval_s=0.3),
+                      faults=[bn.faults.RandomKills(count=1, between=(0.8, 1.6))], seed=3,
+                      storage=storage, state=bn.State(incremental=True, max_chain=8,
+                                                      fork_min_keys=50))
+    assert report.metrics.protocol.failures, "the kill must have forced a restart"
+    assert report.exactly_once, report.verdict_reason
+    assert report.metrics.extra["forked_encodes"] > 0, "no base was encoded in a child"
     assert chain_links(storage, report.job_id), "no checkpoint of the run was a delta"
 
 

@@ -540,11 +540,12 @@ def test_real_keyed_operators_restore_from_every_chain(kind, actions, max_chain,
 def test_a_growing_fold_writes_its_new_keys_from_its_tables_end(forked):
     """A keyed sum whose input brings new keys: batches of new keys only leave the
     change set alone (the keys added since the parent are the table's newest
-    entries), the old keys touched are tracked, and the delta holds both. When its
-    bases are forked, such a delta goes to the child too (``large``), and the
-    appended keys weigh as a base's do, so a growing state is a chain of deltas, not
-    a base at every checkpoint; on the loop, appended keys count towards the share
-    that makes a base. Every link restores the live table."""
+    entries), the old keys touched are tracked, and the delta holds both — the new
+    ones as the table's end, packed from the table. The appended keys weigh as a
+    base's do and do not count in the share of keys that makes a base, so a growing
+    state is a chain of deltas, not a base at every checkpoint, whether its bases
+    are forked or not. Every link restores the live table."""
+    from bastion.runtime.durable import TableEnd
     from bastion.runtime.records import Batch
 
     op = real_operator("aggregate")
@@ -569,22 +570,51 @@ def test_a_growing_fold_writes_its_new_keys_from_its_tables_end(forked):
     for _ in range(100):
         feed([next(fresh) for _ in range(100)])
     assert checkpoint("base").kind == "base"
-    kinds = []
     for n in range(3):
+        size = len(op.state)
         for _ in range(20):  # 2,000 new keys: a sixth of the table, and more bytes
             feed([next(fresh) for _ in range(100)])  # than a twelfth of the base's
         feed([5, 7, 5])  # old keys
         assert set(op.changed) == {5, 7}
         link = checkpoint(f"grown-{n}")
-        kinds.append(link.kind)
-        if forked:
-            [[changed, removed]] = link.value["operators"][0][1]
-            assert len(changed) == 2002 and removed == []
-            assert link.large and link.appended_share == pytest.approx(2000 / 2002)
-    assert kinds == (["delta"] * 3 if forked else ["base"] * 3)
-    feed([1, 2])  # a few old keys: a small delta, on the loop
+        assert link.kind == "delta"
+        [[changed, removed, end]] = link.value["operators"][0][1]
+        assert set(changed) == {5, 7} and removed == []
+        assert type(end) is TableEnd and end.start == size
+        [[_, _, appended]] = CODEC.decode(blobs[f"grown-{n}"], "k")["operators"][0][1]
+        assert appended == {k: op.state[k] for k in range(size, size + 2000)}
+        assert link.appended_share == pytest.approx(2000 / 2002)
+    feed([1, 2])  # a few old keys: a small delta, nothing appended
     small = checkpoint("small")
-    assert small.kind == "delta" and not small.large and small.appended_share == 0
+    assert small.kind == "delta" and small.appended_share == 0
+    assert len(small.value["operators"][0][1][0]) == 2
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_table_end_holds_every_key_added_with_its_value_now(native, monkeypatch):
+    """`TableEnd` packed in C (from the table's entry ``start`` on) and through
+    msgpack (the newest entries): every key added since the table held ``start`` keys
+    comes back with its value now — also when keys were removed from the table
+    before then, which leaves holes in its entries (C may then add a few older keys,
+    with their values now: a delta may hold more than changed, never less)."""
+    from bastion.runtime import durable
+    from bastion.runtime.durable import TableEnd
+
+    if not native:
+        monkeypatch.setattr(durable, "NATIVE", False)
+    table = {k: [k] for k in range(1000)}
+    for k in range(0, 1000, 3):
+        del table[k]  # holes
+    start = len(table)
+    for k in range(5000, 5400):
+        table[k] = ("new", k)
+    table[1] = ["changed"]  # an old key changed: not the end's to hold
+    got = CODEC.decode(CODEC.encode({"end": TableEnd(table, start)}), "k")["end"]
+    added = {k: table[k] for k in range(5000, 5400)}
+    assert {k: got[k] for k in added} == added
+    assert all(got[k] == table[k] for k in got)  # any extra key: its value now
+    if not native:
+        assert got == added
 
 
 @pytest.mark.parametrize("kind", ["tumbling", "join"])

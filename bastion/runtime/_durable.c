@@ -14,6 +14,11 @@
  * compare them); msgpack's own choices are kept: the narrowest int, a float always as
  * a float64, str8 for strings of 32-255 bytes, the dict's own order.
  *
+ * A `durable.TableEnd` (registered by `set_table_end`) is packed as the dict of its
+ * table's entries from entry ``start`` on, straight from the table: a delta's keys
+ * appended since its parent, with no dict of them built and no entry before them read
+ * (`bastion.runtime.incremental`).
+ *
  * `split_run` cuts a run back into its items, each still packed, for the backward
  * pass, which names a part by its key's bytes: it walks the msgpack structure without
  * building a value, and refuses (None) any run that is not items back to back. */
@@ -187,6 +192,49 @@ put_bytes(Out *o, const char *data, Py_ssize_t n)
     return 1;
 }
 
+static PyTypeObject *table_end_type;  /* durable.TableEnd, once registered */
+
+static int pack_value(Out *o, PyObject *v, int depth, int *marked);
+
+/* A TableEnd: a map of the entries of its ``table`` (an exact dict) from entry
+ * ``start`` on, in the table's order. PyDict_Next's position is an index into the
+ * table's entries, where a key is added at the end: the keys added since the table
+ * held ``start`` keys all sit there (a superset if keys were removed before then, or
+ * the entries compacted since: it also holds a few older keys, with their values
+ * now). Its entries are counted first (the map's header), reading no key or value. */
+static int
+pack_table_end(Out *o, PyObject *v, int depth, int *marked)
+{
+    PyObject *table = PyObject_GetAttrString(v, "table");
+    if (table == NULL)
+        return -1;
+    PyObject *start_obj = PyObject_GetAttrString(v, "start");
+    if (start_obj == NULL) {
+        Py_DECREF(table);
+        return -1;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(start_obj);
+    Py_DECREF(start_obj);
+    int r = 0;
+    if (start == -1 && PyErr_Occurred())
+        r = -1;
+    else if (PyDict_CheckExact(table) && start >= 0) {
+        Py_ssize_t pos = start, n = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(table, &pos, &key, &value))
+            n++;
+        r = header(o, (uint64_t)n, 0x80, 16, 0, 0xde, 0xdf);
+        pos = start;
+        while (r > 0 && PyDict_Next(table, &pos, &key, &value)) {
+            if ((r = pack_value(o, key, depth + 1, marked)) > 0)
+                r = pack_value(o, value, depth + 1, marked);
+            offer_gil(o);
+        }
+    }
+    Py_DECREF(table);  /* held while packing: offering the GIL runs no code of the task */
+    return r;
+}
+
 /* 1: packed; 0: not a plain value (nothing raised, the caller gives up); -1: error.
  * Sets *marked when a tuple was packed. No user code runs: every type is exact. */
 static int
@@ -282,6 +330,8 @@ pack_value(Out *o, PyObject *v, int depth, int *marked)
         }
         return 1;
     }
+    if (type == table_end_type && table_end_type != NULL)
+        return pack_table_end(o, v, depth, marked);
     return 0;
 }
 
@@ -566,12 +616,27 @@ refused:
     Py_RETURN_NONE;
 }
 
+/* set_table_end(cls): the class `seal` packs as a table's end (durable.TableEnd). */
+static PyObject *
+set_table_end(PyObject *module, PyObject *cls)
+{
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "set_table_end takes a class");
+        return NULL;
+    }
+    Py_INCREF(cls);
+    Py_XDECREF(table_end_type);
+    table_end_type = (PyTypeObject *)cls;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"seal", seal, METH_VARARGS, "a plain value's sealed blob, or None"},
     {"pack_run", pack_run, METH_O, "plain values packed back to back, or None"},
     {"pack_rows", pack_rows, METH_VARARGS,
      "a row of table lookups per part, packed back to back, or None"},
     {"split_run", split_run, METH_O, "the packed items of a run, or None"},
+    {"set_table_end", set_table_end, METH_O, "the class packed as a table's end"},
     {NULL, NULL, 0, NULL},
 };
 

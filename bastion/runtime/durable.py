@@ -41,6 +41,12 @@ bytes `pack` gives its value — a part is named by its key's bytes, whatever bu
 holds it — or refuses bytes that are not a run. A flags byte (0 or 1) is itself a
 msgpack integer, so a run reads as flags, value, flags, value...
 
+**Table ends.** A `TableEnd` stands, in a value being encoded, for the entries a dict
+gained since it held ``start`` keys (no key removed since: they are its newest
+entries): they are stored as a dict of them, packed in C straight from the table —
+no dict of them built, no older entry read (an incremental checkpoint's appended keys:
+`bastion.runtime.incremental`). It decodes as that dict.
+
 **Checksummed.** Every blob starts with a header — magic, flags, payload length — and
 a CRC32 over header and payload. `open_blob` checks it before anything is decoded
 and raises `CorruptBlobError` naming the key: a flipped byte, a truncated blob, or a
@@ -51,6 +57,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from itertools import islice
 from typing import Any, Iterable, Protocol
 
 import msgpack
@@ -136,10 +143,30 @@ def _build_marked(items: list) -> Any:
     return items
 
 
+class TableEnd:
+    """The entries ``table`` gained since it held ``start`` keys, for a table no key
+    was removed from since: stored as a dict of them. Encode it before the table
+    changes. In C (`_durable.c`) the entries from the table's ``start``-th entry on,
+    which may also hold a few older keys (with their values now) if keys were removed
+    before; through msgpack, the newest ``len(table) - start``: either way every key
+    gained, with its value now."""
+
+    __slots__ = ("table", "start")
+
+    def __init__(self, table: dict, start: int) -> None:
+        self.table = table
+        self.start = start
+
+    def as_dict(self) -> dict:
+        return dict(islice(reversed(self.table.items()), max(len(self.table) - self.start, 0)))
+
+
 try:  # plain values and runs in C: an optional build (setup.py), same bytes
     from ._durable import seal as _seal_c
     from ._durable import pack_rows as _pack_rows_c, pack_run as _pack_run_c
+    from ._durable import set_table_end as _set_table_end
     from ._durable import split_run as _split_run_c
+    _set_table_end(TableEnd)
     NATIVE = True
 except ImportError:  # pragma: no cover - a machine without a C compiler
     NATIVE = False
@@ -172,6 +199,8 @@ class DurableCodec:
         if kind is int:  # msgpack asks only for ints beyond 64 bits
             return msgpack.ExtType(_BIGINT, value.to_bytes(
                 (value.bit_length() + 8) // 8, "big", signed=True))
+        if kind is TableEnd:
+            return value.as_dict()
         if kind is IntColumn or kind is PairColumn:  # a batch's column of words: its
             return value.tolist()  # items, restored as the list of ints or pairs they are
         raise unserialisable(value)

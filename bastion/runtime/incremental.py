@@ -27,6 +27,23 @@ a base (`ChangedKeys`; the share is below): that link is a base whatever else
 changes, and a state that grows by millions of keys a second would otherwise pay, at
 every record, for a set it never reads.
 
+Appended keys
+    A fold's table never loses a key, and a dict keeps its keys in the order they
+    were added: the keys added since the parent are the table's newest entries, as
+    many as the table grew by. So a fold's batch whose every record added a key of
+    its own changes no key held before, and leaves the set alone
+    (`ChangedKeys.folded`); the delta holds, beside the keys the set names, the
+    table's end from the parent's size on (`bastion.runtime.durable.TableEnd`),
+    packed in C straight from the table: no dict of them built, no older entry read,
+    about what a base costs per key — so a delta of appended keys never costs its
+    writer more than a base, and is encoded on the task's loop (a forked child would
+    cost the task its fork and the pages it writes meanwhile, and another core the
+    child's CPU). A state that grows by new keys — sessions, ids never seen before —
+    then writes what it added, not a base of everything at each checkpoint. The
+    appended keys weigh in the trigger below as a base's keys do (a restore adds
+    them to its tables as it adds a base's), and do not count in the share of keys
+    that makes a base.
+
 When a base: the trigger
     The next link is a base when the task holds no keyed operator (a delta would
     save nothing), when it has no *confirmed* parent (no link of its own stored yet,
@@ -93,9 +110,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import islice
 from typing import Any, Callable, Sequence
 
+from bastion.runtime.durable import TableEnd
 from bastion.storage.checkpoints import BlobRef, ChainRef
 
 __all__ = ["StateChain", "ChangedKeys", "Link", "Compacted", "apply_links", "BASE",
@@ -200,9 +217,6 @@ class Link:
     #: the share of the link's keys that are keys added since its parent, taken
     #: from the tables' ends (a base: 0)
     appended_share: float = 0.0
-    #: large enough that a task which forks its bases would rather encode it in a
-    #: forked child than on its loop (every base is)
-    large: bool = False
     #: a compacted base to store first; ``parent`` then holds the links after it
     compacted: Compacted | None = None
     #: of ``parent``'s deltas: their bytes of appended keys
@@ -352,7 +366,7 @@ class StateChain:
         base = self._base_due(chain, compacted)
         parent = self.parent
         changes: list[set] = []
-        appended: list[tuple[int, ...]] = []
+        appended: list[tuple[int, ...]] = []  # per table: keys added since the parent
         for i, keyed in enumerate(self.keyed):
             keys: set = set()
             added: tuple[int, ...] = ()
@@ -370,10 +384,9 @@ class StateChain:
                         # the tables grew by since the parent
                         added = tuple(now - then for now, then
                                       in zip(lengths[i], parent.lengths[i]))
-                    # on the loop, a delta's appended keys cost what its others do;
-                    # a forked child takes them off the loop, as it does a base
-                    base = (min(added, default=0) < 0 or (len(keys) + (
-                        0 if forked else sum(added))) * over > limit)
+                    # appended keys are packed straight from the table, as a
+                    # base's are: they never cost more than a base would
+                    base = min(added, default=0) < 0 or len(keys) * over > limit
             changes.append(keys)
             appended.append(added)
         if base or parent is None:
@@ -384,28 +397,25 @@ class StateChain:
         kind = BASE if base else DELTA
         appended_keys = sum(map(sum, appended))
         delta_keys = appended_keys + sum(map(len, changes))
-        large = base or any(
-            (len(keys) + sum(added)) * _FORKED_DELTA_KEYS_OVER_ENTRIES
-            > len(op.tables()[0]) for op, keyed, keys, added
-            in zip(self.ops, self.keyed, changes, appended) if keyed)
 
         def build() -> dict:
             operators: list[Any] = []
-            for op, keyed, other, keys, added in zip(self.ops, self.keyed, others,
-                                                     changes, appended):
+            for i, (op, keyed, other, keys, added) in enumerate(zip(
+                self.ops, self.keyed, others, changes, appended)):
                 if not keyed:
                     operators.append(["whole", other])
                 elif base:
                     operators.append(["tables", op.tables()])
                 else:
                     operators.append(["delta", [
-                        _delta(table, keys, added[t] if added else 0)
-                        for t, table in enumerate(op.tables())]])
+                        _delta(table, keys, start if added and added[t] else None)
+                        for t, (table, start) in enumerate(zip(
+                            op.tables(), parent.lengths[i]))]])
             return {"format": _FORMAT, "kind": kind, "position": position,
                     "operators": operators}
 
         return Link(seq, kind, build, chain, delta_bytes, base_bytes, position, lengths,
-                    appended_keys / delta_keys if delta_keys else 0.0, large, compacted,
+                    appended_keys / delta_keys if delta_keys else 0.0, compacted,
                     parent_appended_bytes=appended_bytes)
 
     def stored(self, link: Link, ref: ChainRef) -> None:
@@ -427,17 +437,16 @@ class StateChain:
             del self._unstored[seq]
 
 
-def _delta(table: dict, keys: set, appended: int) -> list:
-    """``[changed, removed]`` of ``table`` over ``keys`` and its ``appended`` newest
-    entries: the keys present with their values now, and the keys absent. In C loops
-    (set operations, ``map``, a reversed ``dict`` iterator that reads only the entries
-    it yields), not a Python pass per key: a delta of a growing state holds every key
-    added since its parent — millions."""
+def _delta(table: dict, keys: set, appended_from: int | None) -> list:
+    """``[changed, removed]`` of ``table`` over ``keys``: the keys present with their
+    values now, and the keys absent — and, with ``appended_from`` (the table's size at
+    the parent), the keys added since as a third element, a `TableEnd` packed straight
+    from the table. In C loops (set operations, ``map``), not a Python pass per key."""
     present = table.keys() & keys
-    changed = dict(zip(present, map(table.__getitem__, present)))
-    if appended:
-        changed.update(islice(reversed(table.items()), appended))
-    return [changed, list(keys - present)]
+    delta = [dict(zip(present, map(table.__getitem__, present))), list(keys - present)]
+    if appended_from is not None:
+        delta.append(TableEnd(table, appended_from))
+    return delta
 
 
 def apply_links(links: Sequence[dict], keyed: Sequence[bool]) -> list[Any]:
@@ -475,9 +484,14 @@ def apply_links(links: Sequence[dict], keyed: Sequence[bool]) -> list[Any]:
             form, deltas = link["operators"][i]
             if form != "delta" or len(deltas) != len(tables):
                 raise ValueError(f"operator {i}: a delta holding {form!r}")
-            for table, (changed, removed) in zip(tables, deltas):
-                table.update(changed)
-                for key in removed:
+            for table, delta in zip(tables, deltas):
+                if not isinstance(delta, list) or len(delta) not in (2, 3):
+                    raise ValueError(f"operator {i}: a table's delta is not [changed, "
+                                     "removed(, appended)]")
+                table.update(delta[0])
+                for key in delta[1]:
                     table.pop(key, None)
+                if len(delta) == 3:
+                    table.update(delta[2])
         state.append(tables)
     return state

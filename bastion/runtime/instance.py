@@ -49,7 +49,7 @@ from bastion.runtime.columns import partitions
 from bastion.runtime.config import JobConfig
 from bastion.runtime.durable import DurableCodec
 from bastion.runtime.faults import TaskFaults
-from bastion.runtime.incremental import Compacted, StateChain, apply_links
+from bastion.runtime.incremental import BASE, Compacted, StateChain, apply_links
 from bastion.runtime.key_groups import instance_of_hash
 from bastion.runtime.merge import DeterministicMerge
 from bastion.runtime.metrics import LatencyHistogram, OperatorCounts
@@ -948,7 +948,7 @@ class Task:
                            for op, keyed in zip(self.ops, chain.keyed)])
         # a delta costs what changed; a base, the whole state: in a child if large
         forked = (self._encode_in_child(partial(self._encode_snapshot, [], link))
-                  if link.large else None)
+                  if link.kind == BASE else None)
         state = self._encode_snapshot([], link) if forked is None else b""
         staged = self._take_staged()
 
