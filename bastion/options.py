@@ -292,14 +292,12 @@ class State:
     keys or more are forked, full snapshots stay on the loop. Forking is a trade: the
     task goes on, but the child shares the cores and a task takes one snapshot at a
     time, so a forked snapshot completes later. Incremental state writes a base rarely
-    once its state stops growing, so the later completion costs it little. A base on
-    the loop, one every other checkpoint while 16 M keys arrive, holds the task's loop
-    and every task of its worker for half a second, and every record behind it waits
-    that out: at 16 M keys and a 1-s interval on 2 cores, incremental state kept
-    more of the checkpoint-free rate with its bases forked than on the loop. A full
-    snapshot is taken at every checkpoint, and there the trade went either way
-    between runs and state sizes (a forked one also completes later), so it stays on
-    the loop unless asked. `benchmarks/state.py` (b) runs each configuration against
+    (a growing state's deltas carry its new keys), so the later completion costs it
+    little, and a base on the loop holds the task's loop and every task of its
+    worker for half a second at 16 M keys, and every record behind it waits that
+    out. A full snapshot is taken at every checkpoint, and there the trade went
+    either way between runs and state sizes (a forked one also completes later), so
+    it stays on the loop unless asked. `benchmarks/state.py` (b) runs each configuration against
     the job without checkpoints."""
 
     incremental: bool = False

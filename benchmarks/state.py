@@ -5,9 +5,12 @@ keyed reduce holding many keys.
 (a) **Bytes per checkpoint, in process** — a `KeyedFoldOp`-shaped state of ``--keys``
     int keys (10 k, 1 M, 4 M and 16 M) holding int sums; between checkpoints
     ``--updates`` records (20,000) land either on ``--hot`` keys (1,000: *hot*) or on
-    keys drawn from all of them (*uniform*, for contrast). For each, one full cycle of
-    the default chain — checkpoints until the trigger writes a second base, at most
-    ``max_chain + 1`` (65) — encoded as `Task` encodes them: the full snapshot's
+    keys drawn from all of them (*uniform*, for contrast) — or the state *grows*
+    from a 16th of the keys by a 16th between checkpoints, every record a new key
+    (the deltas' appended keys, packed from the table's end). For each, one full
+    cycle of the default chain — checkpoints until the trigger writes a second base,
+    at most ``max_chain + 1`` (65); a growing one until it holds every key —
+    encoded as `Task` encodes them: the full snapshot's
     bytes and encode time, the median delta's, the base's, and the mean bytes per
     checkpoint with the bases included, as a share of the full snapshot's.
 (c) **Restore time** of the longest chain the trigger lets that cycle grow (the base
@@ -82,12 +85,22 @@ class _Fold:
         if self.changed is not None:
             self.changed.update(keys)
 
+    def grow(self, count: int, batch: int = 1000) -> None:
+        """``count`` new keys, in batches as a `KeyedFoldOp` folds them."""
+        state = self.state
+        for first in range(len(state), len(state) + count, batch):
+            keys = range(first, first + batch)
+            state.update(dict.fromkeys(keys, 1))
+            if self.changed is not None:
+                self.changed.folded(keys, batch)
+
 
 def cycle(keys: int, pattern: str, args: argparse.Namespace) -> dict:
     """One chain cycle of the default trigger for ``keys`` keys; the figures."""
     codec = DurableCodec()
     rng = random.Random(7)
-    fold = _Fold(keys)
+    growing = pattern == "growing"
+    fold = _Fold(keys // 16 if growing else keys)
     chain = StateChain([fold], args.max_chain)
     hot = rng.sample(range(keys), min(args.hot, keys))
     draw = (lambda: rng.choice(hot)) if pattern == "hot" else (lambda: rng.randrange(keys))
@@ -98,7 +111,10 @@ def cycle(keys: int, pattern: str, args: argparse.Namespace) -> dict:
         full_s.append(time.perf_counter() - started)
     links: list[tuple[str, bytes, float]] = []
     while True:
-        fold.feed([draw() for _ in range(args.updates)])
+        if growing:
+            fold.grow(keys // 16 if links else 0)
+        else:
+            fold.feed([draw() for _ in range(args.updates)])
         started = time.perf_counter()
         link = chain.link([None])
         data = codec.encode({"operators": None, "link": link.value})
@@ -107,6 +123,14 @@ def cycle(keys: int, pattern: str, args: argparse.Namespace) -> dict:
             break   # the cycle is over: this base starts the next
         links.append((link.kind, data, took))
         chain.stored(link, ChainRef("sum/0", f"k{len(links)}", len(data), 0, link.parent))
+        if growing and len(fold.state) >= keys // 16 * 16:
+            break
+    if growing:  # the full snapshot of what the state grew to
+        full_s = []
+        for _ in range(args.repeats):
+            started = time.perf_counter()
+            full = codec.encode({"operators": [fold.state]})
+            full_s.append(time.perf_counter() - started)
     deltas = [(len(d), s) for kind, d, s in links if kind == "delta"]
     base_bytes, base_s = len(links[0][1]), links[0][2]
     per_checkpoint = sum(len(d) for _, d, _ in links) / len(links)
@@ -135,7 +159,7 @@ def codec_figures(args: argparse.Namespace) -> dict:
           f"{'restore full':>13} {'chain':>8} {'ratio':>6}")
     figures = {}
     for keys in args.keys:
-        for pattern in ("hot", "uniform"):
+        for pattern in ("hot", "uniform", "growing"):
             f = cycle(keys, pattern, args)
             figures[keys, pattern] = f
             print(f"{keys:>11,} {pattern:>8} {f['full_bytes'] / 1e6:8.2f} "
