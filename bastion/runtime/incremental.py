@@ -111,8 +111,7 @@ Compaction, off the task loop
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from bastion.runtime.durable import TableEnd
@@ -204,13 +203,12 @@ class Compacted:
 
 @dataclass
 class Link:
-    """One link being written: its sequence number in this task, what it is, how to
-    make the blob's value (`value`, made once, by the task or a forked child), and
-    the confirmed chain it builds on."""
+    """One link being written: its sequence number in this task, what it is, the
+    blob's value (encoded by the task), and the confirmed chain it builds on."""
 
     seq: int
     kind: str
-    build: Callable[[], dict] = field(repr=False)
+    value: dict
     parent: tuple[BlobRef, ...]
     parent_delta_bytes: int
     base_bytes: int
@@ -224,10 +222,6 @@ class Link:
     compacted: Compacted | None = None
     #: of ``parent``'s deltas: their bytes of appended keys
     parent_appended_bytes: int = 0
-
-    @cached_property
-    def value(self) -> dict:
-        return self.build()
 
 
 @dataclass
@@ -350,8 +344,7 @@ class StateChain:
     def link(self, others: list[Any]) -> Link:
         """The next link, taken now: ``others[i]`` is operator i's `snapshot` (used
         for the operators that are not keyed). The caller encodes ``Link.value``
-        before the state changes — or has a forked child of this moment encode it —,
-        stores it and calls `stored` when that succeeded."""
+        before the state changes, stores it and calls `stored` when that succeeded."""
         seq = self.next_seq
         self.next_seq += 1
         forked = self.bases_forked()
@@ -396,30 +389,28 @@ class StateChain:
             chain, compacted, base_bytes, appended_bytes, delta_bytes = (), None, 0, 0, 0
         else:
             base_bytes, appended_bytes, delta_bytes, _ = self._weights(chain, compacted)
+        operators: list[Any] = []
+        for i, (op, keyed, other, keys, added) in enumerate(zip(
+                self.ops, self.keyed, others, changes, appended)):
+            if not keyed:
+                operators.append(["whole", other])
+            elif base:
+                operators.append(["tables", op.tables()])
+            else:
+                assert parent is not None
+                operators.append(["delta", [
+                    _delta(table, keys, start if added and added[t] else None)
+                    for t, (table, start) in enumerate(zip(op.tables(),
+                                                           parent.lengths[i]))]])
         position = 0 if base or parent is None else parent.position + 1
         kind = BASE if base else DELTA
+        value = {"format": _FORMAT, "kind": kind, "position": position,
+                 "operators": operators}
         appended_keys = sum(map(sum, appended))
         delta_keys = appended_keys + sum(map(len, changes))
-
-        def build() -> dict:
-            operators: list[Any] = []
-            for i, (op, keyed, other, keys, added) in enumerate(zip(
-                self.ops, self.keyed, others, changes, appended)):
-                if not keyed:
-                    operators.append(["whole", other])
-                elif base:
-                    operators.append(["tables", op.tables()])
-                else:
-                    operators.append(["delta", [
-                        _delta(table, keys, start if added and added[t] else None)
-                        for t, (table, start) in enumerate(zip(
-                            op.tables(), parent.lengths[i]))]])
-            return {"format": _FORMAT, "kind": kind, "position": position,
-                    "operators": operators}
-
-        return Link(seq, kind, build, chain, delta_bytes, base_bytes, position, lengths,
+        return Link(seq, kind, value, chain, delta_bytes, base_bytes, position, lengths,
                     appended_keys / delta_keys if delta_keys else 0.0, compacted,
-                    parent_appended_bytes=appended_bytes)
+                    appended_bytes)
 
     def stored(self, link: Link, ref: ChainRef) -> None:
         """``link`` is stored as ``ref`` (whose ``chain`` names the links before it,
