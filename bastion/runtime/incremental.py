@@ -437,7 +437,8 @@ def _delta(table: dict, keys: set, appended_from: int | None) -> list:
     the parent), the keys added since as a third element, a `TableEnd` packed straight
     from the table. In C loops (set operations, ``map``), not a Python pass per key."""
     present = table.keys() & keys
-    delta = [dict(zip(present, map(table.__getitem__, present))), list(keys - present)]
+    delta: list[Any] = [dict(zip(present, map(table.__getitem__, present))),
+                        list(keys - present)]
     if appended_from is not None:
         delta.append(TableEnd(table, appended_from))
     return delta
