@@ -88,11 +88,22 @@ class _Fold:
     def grow(self, count: int, batch: int = 1000) -> None:
         """``count`` new keys, in batches as a `KeyedFoldOp` folds them."""
         state = self.state
-        for first in range(len(state), len(state) + count, batch):
-            keys = range(first, first + batch)
+        end = len(state) + count
+        for first in range(len(state), end, batch):
+            keys = range(first, min(first + batch, end))
             state.update(dict.fromkeys(keys, 1))
             if self.changed is not None:
-                self.changed.folded(keys, batch)
+                self.changed.folded(keys, len(keys))
+
+
+def full_snapshot(codec: DurableCodec, fold: _Fold, repeats: int) -> tuple[bytes, list[float]]:
+    """The fold's full snapshot, and the seconds each of ``repeats`` encodes took."""
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        full = codec.encode({"operators": [fold.state]})
+        seconds.append(time.perf_counter() - started)
+    return full, seconds
 
 
 def cycle(keys: int, pattern: str, args: argparse.Namespace) -> dict:
@@ -104,11 +115,7 @@ def cycle(keys: int, pattern: str, args: argparse.Namespace) -> dict:
     chain = StateChain([fold], args.max_chain)
     hot = rng.sample(range(keys), min(args.hot, keys))
     draw = (lambda: rng.choice(hot)) if pattern == "hot" else (lambda: rng.randrange(keys))
-    full_s = []
-    for _ in range(args.repeats):
-        started = time.perf_counter()
-        full = codec.encode({"operators": [fold.state]})
-        full_s.append(time.perf_counter() - started)
+    full, full_s = full_snapshot(codec, fold, args.repeats)
     links: list[tuple[str, bytes, float]] = []
     while True:
         if growing:
@@ -126,11 +133,7 @@ def cycle(keys: int, pattern: str, args: argparse.Namespace) -> dict:
         if growing and len(fold.state) >= keys // 16 * 16:
             break
     if growing:  # the full snapshot of what the state grew to
-        full_s = []
-        for _ in range(args.repeats):
-            started = time.perf_counter()
-            full = codec.encode({"operators": [fold.state]})
-            full_s.append(time.perf_counter() - started)
+        full, full_s = full_snapshot(codec, fold, args.repeats)
     deltas = [(len(d), s) for kind, d, s in links if kind == "delta"]
     base_bytes, base_s = len(links[0][1]), links[0][2]
     per_checkpoint = sum(len(d) for _, d, _ in links) / len(links)
