@@ -103,6 +103,26 @@ def test_a_released_worker_keeps_nothing_of_its_job(tmp_path):
     assert ray.get(worker.ping.remote()) is None  # no slot
 
 
+def _job_objects(worker: object) -> dict[str, int]:
+    """The objects of a job's data path the worker's collector knows of, garbage not
+    yet collected included."""
+    import gc
+
+    from bastion.runtime.instance import Task
+    from bastion.runtime.operators import Operator
+    objects = gc.get_objects()
+    return {"tasks": sum(isinstance(o, Task) for o in objects),
+            "operators": sum(isinstance(o, Operator) for o in objects)}
+
+
+def test_a_released_worker_holds_no_object_of_its_job_not_even_as_garbage(tmp_path):
+    # tasks and operators refer to each other: dropped, they are a cycle that only a
+    # full collection frees, and a pooled worker held every earlier job's state
+    bn.run(counting("pool-garbage", WORDS * 3, parallelism=1), storage=f"local://{tmp_path}")
+    worker = idle_workers()[-1]
+    assert ray.get(worker.__ray_call__.remote(_job_objects)) == {"tasks": 0, "operators": 0}
+
+
 def test_deploy_and_teardown_are_reported_apart_from_the_run(tmp_path):
     result = bn.run(counting("pool-metrics", WORDS), storage=f"local://{tmp_path}")
     metrics = result.metrics
