@@ -31,7 +31,8 @@ keyed reduce holding many keys.
     mean bytes after the first, their mean, median and largest duration, and the
     records per second and the job's CPU time per record (its processes', forked
     encoders included) of each run; then each configuration's best rate of
-    ``--run-repeats`` (2, the configurations alternating) against the same job
+    ``--run-repeats`` (2, the configurations alternating, in reverse order every
+    other repeat) against the same job
     without checkpoints, and the median of its repeats' ratios to that job's run
     beside them, of rates and of CPU per record (steadier between runs than the
     rate on a shared machine).
@@ -228,8 +229,12 @@ def run_figures(args: argparse.Namespace, storage: str, label: str) -> dict[str,
         ("incr. loop", coordinated, bn.State(incremental=True, fork_min_keys=None)),
         ("incr. forked", coordinated, bn.State(incremental=True, fork_min_keys=forked)))
         if name in args.run_configs or name == "no checkpoints"]
-    # alternating, best of --run-repeats: the machine's speed moves from run to run
-    for name, protocol, state in [c for _ in range(args.run_repeats) for c in configs]:
+    # alternating, best of --run-repeats: the machine's speed moves from run to run,
+    # and every other repeat runs the configurations in reverse order, so that a
+    # drift over a repeat does not favour the one that always runs first
+    order = [c for repeat in range(args.run_repeats)
+             for c in (configs if repeat % 2 == 0 else configs[::-1])]
+    for name, protocol, state in order:
         topo = bn.Topology("state-bench")
         numbers = topo.source("numbers", bn.sources.Generator(lambda i: i, count=records,
                                                               rate=args.run_rate))
