@@ -345,7 +345,8 @@ def main() -> None:
              f"; the default's checkpoints at {args.run_keys:,} keys took a median "
              f"{durations['incr. forked']:.3f} s, local storage (target <= 0.1 s at 4 M), "
              f"and it kept {paired['incr. forked']:.2f}x the throughput of the job "
-             f"without checkpoints (median of {args.run_repeats} paired runs; target "
+             f"without checkpoints (median of {args.run_repeats} paired "
+             f"run{'s' if args.run_repeats > 1 else ''}; target "
              f">= 0.9x at 16 M)"))
 
 

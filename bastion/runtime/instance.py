@@ -1307,7 +1307,7 @@ class Worker:
         self.links.bind(None)
         # The job's tasks, operators and channels refer to each other: dropped, they
         # are cyclic garbage, which only a full collection frees, and a worker's data
-        # path makes few long-lived objects, so one may not come for jobs. A pooled
+        # path makes few long-lived objects, so none may come for many jobs. A pooled
         # worker then held every earlier job's state (a keyed reduce of 16 M keys:
         # 1.2 GB more a job, until the node ran out of memory).
         gc.collect()
