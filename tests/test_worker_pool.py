@@ -252,3 +252,49 @@ def test_a_host_whose_loop_is_busy_still_answers_its_ping():
     ray.get(busy)
     ray.kill(host)
     assert waited_s < 1.0, f"the ping waited {waited_s:.2f} s for the busy loop"
+
+
+def _copies_of_a_task(i: int) -> tuple[int, int]:
+    """``i`` and, for the last records only (the scan is slow), how many `Task`
+    objects of one task id this process holds at most, garbage not yet collected
+    included: 1, unless a restart left the copy it replaced behind."""
+    if i < PROBED_FROM:
+        return i, 0
+    import gc
+
+    from bastion.runtime.instance import Task
+    copies = collections.Counter(o.task_id for o in gc.get_objects() if isinstance(o, Task))
+    return i, max(copies.values())
+
+
+PROBED_COUNT = 3000
+PROBED_FROM = PROBED_COUNT - 20
+
+
+@pytest.mark.parametrize("failover", ["global", "local"])
+def test_a_restart_leaves_no_copy_of_the_tasks_it_replaced(failover, tmp_path):
+    # A restart drops a surviving worker's tasks (`Worker.reset`, `restart_region`)
+    # and builds them again: the dropped ones are cyclic garbage, and until a full
+    # collection every restart added one more copy of their state to the process.
+    # Two branches: "local" restarts only the one the kill reaches, so the worker
+    # that survives stops that branch's tasks and keeps the other's running.
+    topo = bn.Topology("pool-restart-garbage")
+    src = topo.source("numbers", bn.sources.Generator(lambda i: i, count=PROBED_COUNT,
+                                                      rate=1500))
+    src.key_by(lambda i: i % 7).map("probe", _copies_of_a_task, parallelism=2).sink(
+        "out", bn.sinks.Collect())
+    topo.source("others", bn.sources.Generator(lambda i: i, count=PROBED_COUNT,
+                                               rate=1500)).sink("other", bn.sinks.Collect())
+    report = bn.drill(topo, protocol=with_interval("coordinated", interval_s=0.4),
+                      faults=[bn.faults.KillWorker(1, at=0.8)],
+                      recovery=bn.Recovery(failover=failover, heartbeat_timeout_s=3.0),
+                      storage=f"local://{tmp_path}")
+    failures = report.metrics.protocol.failures
+    assert failures, "the kill must have forced a restart"
+    # the region restart the "local" case is about (the kill's worker holds no task
+    # of the other branch, whose source and sink run at parallelism 1)
+    assert ("others[0]" in failures[0].restarted_tasks) == (failover == "global")
+    probed = sorted(out for out in report.outputs["out"] if out[0] >= PROBED_FROM)
+    assert [i for i, _ in probed] == list(range(PROBED_FROM, PROBED_COUNT))
+    assert {copies for _, copies in probed} == {1}
+    assert report.exactly_once, report.verdict_reason

@@ -1251,6 +1251,8 @@ class Worker:
         self.tasks: dict[int, Task] = {}
         self.runners: list[asyncio.Task] = []
         self.runner_of: dict[int, asyncio.Task] = {}  # task id -> its loop
+        # the `wait` calls pending: what ends one (`_end_waits`) -> set once it returned
+        self.waits: dict[asyncio.Future, asyncio.Future] = {}
         self.unstarted: list[Task] = []  # tasks that joined, started by `attach`
         # the incarnation of every task of the job (a regional restart bumps those of
         # the tasks it rebuilds): frames carry their destination's
@@ -1305,12 +1307,6 @@ class Worker:
         # not when the next job binds it.
         self.frames.bind(None)
         self.links.bind(None)
-        # The job's tasks, operators and channels refer to each other: dropped, they
-        # are cyclic garbage, which only a full collection frees, and a worker's data
-        # path makes few long-lived objects, so none may come for many jobs. A pooled
-        # worker then held every earlier job's state (a keyed reduce of 16 M keys:
-        # 1.2 GB more a job, until the node ran out of memory).
-        gc.collect()
         # an idle worker does not hold a large job's peak (`keep_freed_memory`)
         allocator.release_freed_memory()
 
@@ -1499,17 +1495,21 @@ class Worker:
 
     async def reset(self) -> None:
         """Stop every task of the current attempt (their state is discarded)."""
-        running = set(self.runners)
-        while running:
-            # Cancel again until they end: code that swallows one cancellation (a
-            # library's timeout racing with it) must not hang the recovery.
-            for runner in running:
-                runner.cancel()
-            _, running = await asyncio.wait(running, timeout=_RESET_RECANCEL_S)
-        for task in self.tasks.values():
-            task.gate.close()  # frames of the failed attempt still waiting to enter
+        if await self._stop_every_task():
+            _collect_dropped_tasks()
+
+    async def _stop_every_task(self) -> bool:
+        """`reset` up to the collection, which must come once this frame, and the
+        cancelled loops it holds (their exceptions keep the tasks' frames), are
+        gone; whether it dropped a task."""
+        await self._end_waits()
+        await _cancel(set(self.runners))
+        for gate in [task.gate for task in self.tasks.values()]:
+            gate.close()  # frames of the failed attempt still waiting to enter
+        dropped = bool(self.tasks or self.unstarted)
         self.runners, self.tasks, self.unstarted, self.runner_of = [], {}, [], {}
         priority.set_idle(False)  # a catch-up's lowered priority ends with its tasks
+        return dropped
 
     async def start(self) -> float:
         """Start the tasks' loops; return when they began (this host's wall clock).
@@ -1533,27 +1533,28 @@ class Worker:
         that run here stop — their state is discarded, their inbox closed — once
         their checkpoint uploads are done (the next incarnation writes the same
         keys). They are built again by `join`."""
-        if epoch != self.epoch:
-            return
-        region = set(task_ids)
+        if epoch == self.epoch and await self._stop_region(set(task_ids)):
+            _collect_dropped_tasks()
+
+    async def _stop_region(self, region: set[int]) -> bool:
+        """`restart_region` up to the collection (see `_stop_every_task`); whether
+        it dropped a task."""
         for task in self.tasks.values():
             for channel, dst in zip(task.channels, task.channel_destinations):
                 if dst in region and isinstance(channel, (ReplayableOutputChannel,
                                                           ReroutableOutputChannel)):
                     channel.detach()
-        stopping = [self.tasks.pop(t) for t in task_ids if t in self.tasks]
+        stopping = [self.tasks.pop(t) for t in sorted(region) if t in self.tasks]
         stopped = {runner for t in stopping
                    if (runner := self.runner_of.pop(t.task_id, None)) is not None}
         self.unstarted = [t for t in self.unstarted if t.task_id not in region]
         self.runners = [r for r in self.runners if r not in stopped]
-        running = set(stopped)
-        while running:
-            for runner in running:
-                runner.cancel()
-            _, running = await asyncio.wait(running, timeout=_RESET_RECANCEL_S)
+        await self._end_waits()
+        await _cancel(stopped)
         for task in stopping:
             task.gate.close()
             await asyncio.gather(*task.writes, return_exceptions=True)
+        return bool(stopping)
 
     async def set_buffering(self, job_id: str, on: bool) -> int:
         """Adaptive buffering on or off (`bastion.scheduler.failover`): the channels
@@ -1708,19 +1709,41 @@ class Worker:
                 task.savepoint_stop = True
 
     async def wait(self, epoch: tuple[str, int]) -> dict[str, Any]:
-        """Wait until every task finished, or one failed: then report the failure."""
+        """Wait until every task finished, or one failed: then report the failure.
+        A restart here, whole or regional, ends the wait as stale: the job master
+        that asked has moved on to the restart (every restart follows a failure its
+        watch reported) and asks again, and a wait left pending would hold the
+        stopped tasks' loops, so the tasks and all their state, until the job ends."""
         if not self.runners:
             return {"worker": self.worker_index, "failure": None}
-        done, _ = await asyncio.wait(self.runners, return_when=asyncio.FIRST_EXCEPTION)
-        if epoch != self.epoch:
-            return {"worker": self.worker_index, "failure": None, "stale": True}
-        for runner in done:
-            if runner.cancelled():
-                continue
-            exc = runner.exception()
-            if exc is not None:
-                return {"worker": self.worker_index, "failure": exc}
+        restarted = asyncio.get_running_loop().create_future()
+        returned = asyncio.get_running_loop().create_future()
+        self.waits[restarted] = returned
+        try:
+            return await self._wait(epoch, restarted)
+        finally:
+            del self.waits[restarted]
+            returned.set_result(None)
+
+    async def _wait(self, epoch: tuple[str, int], restarted: asyncio.Future) -> dict[str, Any]:
+        running: set[asyncio.Future] = set(self.runners)
+        while running:
+            done, running = await asyncio.wait(running | {restarted},
+                                               return_when=asyncio.FIRST_COMPLETED)
+            if restarted.done() or epoch != self.epoch:
+                return {"worker": self.worker_index, "failure": None, "stale": True}
+            running.discard(restarted)
+            for runner in done:
+                if not runner.cancelled() and runner.exception() is not None:
+                    return {"worker": self.worker_index, "failure": runner.exception()}
         return {"worker": self.worker_index, "failure": None}
+
+    async def _end_waits(self) -> None:
+        """End every pending `wait` (see there), and return once they returned."""
+        for restarted in self.waits:
+            restarted.set_result(None)
+        if self.waits:
+            await asyncio.wait(list(self.waits.values()))
 
     def progress(self) -> dict[str, Any]:
         per_task = {t.task_id: t.progress() for t in self.tasks.values()}
@@ -1752,6 +1775,28 @@ def _retrieved(future: asyncio.Future) -> None:
     awaits it any more."""
     if not future.cancelled():
         future.exception()
+
+
+async def _cancel(runners: set[asyncio.Task]) -> None:
+    """Cancel the loops ``runners`` until they end: code that swallows one
+    cancellation (a library's timeout racing with it) must not hang a recovery."""
+    while runners:
+        for runner in runners:
+            runner.cancel()
+        _, runners = await asyncio.wait(runners, timeout=_RESET_RECANCEL_S)
+
+
+def _collect_dropped_tasks() -> None:
+    """Free the tasks a restart or a release just dropped. A task's operators,
+    channels and protocol refer to each other, so dropped they are cyclic garbage,
+    which only a full collection frees; and a worker's data path makes few
+    long-lived objects, so none may come for a long time. Without this a pooled
+    worker held every earlier job's state (a keyed reduce of 16 M keys: 1.2 GB more
+    a job, until the node ran out of memory), and every restart added one more copy
+    of the state of the tasks it rebuilt beside the one they restore. Collected now,
+    while the restarted tasks have not restored yet, the collection frees what a
+    later one would have to, instead of pausing their loop in the middle of a run."""
+    gc.collect()
 
 
 def _worker_of(plan: PhysicalPlan, assignment: list[int | None] | None,

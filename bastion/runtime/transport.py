@@ -802,7 +802,10 @@ class PeerLinks:
 
 
 def _fail(ack: asyncio.Future, error: PeerLostError) -> None:
-    ack.set_exception(error)
+    # A copy for each message: an exception raised takes the frames it passes
+    # through, and the link's own, kept while the link is, would keep the task that
+    # awaited it (every object of a task the restart dropped) alive with it.
+    ack.set_exception(PeerLostError(*error.args))
     # Marked as retrieved: a channel awaits its oldest frame's acknowledgment first,
     # and the task then ends with that error; the others are never awaited.
     ack.exception()

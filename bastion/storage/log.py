@@ -604,6 +604,10 @@ class _UploadThread:
                 fn(*args)   # each catches its own errors for the writer to raise
             finally:
                 upload.done.set()
+                # This frame waits for the next job up to ``idle_s``: holding this
+                # one's call, it would keep its writer alive, and the task that owns
+                # it after a restart dropped the task.
+                del fn, args, upload
 
 
 @dataclass
