@@ -1270,6 +1270,11 @@ class Worker:
         tls = tls_from_env()
         self.frames = FrameServer(self._deliver, authenticate=True, tls=tls)
         self.links = PeerLinks(tls=tls)
+        # What the process holds before any job (Ray, the imports, ~80 k objects)
+        # lives as long as it does: out of the collector's sight, a full collection
+        # (`_collect_dropped_tasks`, on a restart's path) walks the jobs' objects
+        # only — 50 ms less on this machine.
+        gc.freeze()
 
     async def frame_address(self) -> tuple[str, int]:
         """Where peers send this worker frames (its server starts on first call)."""
