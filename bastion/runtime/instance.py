@@ -1500,13 +1500,6 @@ class Worker:
 
     async def reset(self) -> None:
         """Stop every task of the current attempt (their state is discarded)."""
-        if await self._stop_every_task():
-            _collect_dropped_tasks()
-
-    async def _stop_every_task(self) -> bool:
-        """`reset` up to the collection, which must come once this frame, and the
-        cancelled loops it holds (their exceptions keep the tasks' frames), are
-        gone; whether it dropped a task."""
         await self._end_waits()
         await _cancel(set(self.runners))
         for gate in [task.gate for task in self.tasks.values()]:
@@ -1514,7 +1507,8 @@ class Worker:
         dropped = bool(self.tasks or self.unstarted)
         self.runners, self.tasks, self.unstarted, self.runner_of = [], {}, [], {}
         priority.set_idle(False)  # a catch-up's lowered priority ends with its tasks
-        return dropped
+        if dropped:
+            _collect_dropped_tasks()
 
     async def start(self) -> float:
         """Start the tasks' loops; return when they began (this host's wall clock).
@@ -1542,8 +1536,9 @@ class Worker:
             _collect_dropped_tasks()
 
     async def _stop_region(self, region: set[int]) -> bool:
-        """`restart_region` up to the collection (see `_stop_every_task`); whether
-        it dropped a task."""
+        """`restart_region` up to the collection, which must wait until this frame,
+        which holds the stopped tasks and their cancelled loops, is gone; whether it
+        dropped a task."""
         for task in self.tasks.values():
             for channel, dst in zip(task.channels, task.channel_destinations):
                 if dst in region and isinstance(channel, (ReplayableOutputChannel,
