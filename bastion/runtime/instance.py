@@ -1502,8 +1502,10 @@ class Worker:
         """Stop every task of the current attempt (their state is discarded)."""
         await self._end_waits()
         await _cancel(set(self.runners))
+        # frames of the failed attempt still waiting to enter (gates, not tasks, as
+        # the loop variable: a task bound in this frame would outlive the collection)
         for gate in [task.gate for task in self.tasks.values()]:
-            gate.close()  # frames of the failed attempt still waiting to enter
+            gate.close()
         dropped = bool(self.tasks or self.unstarted)
         self.runners, self.tasks, self.unstarted, self.runner_of = [], {}, [], {}
         priority.set_idle(False)  # a catch-up's lowered priority ends with its tasks
@@ -1734,14 +1736,15 @@ class Worker:
                 return {"worker": self.worker_index, "failure": None, "stale": True}
             running.discard(restarted)
             for runner in done:
-                if not runner.cancelled() and runner.exception() is not None:
-                    return {"worker": self.worker_index, "failure": runner.exception()}
+                if not runner.cancelled() and (error := runner.exception()) is not None:
+                    return {"worker": self.worker_index, "failure": error}
         return {"worker": self.worker_index, "failure": None}
 
     async def _end_waits(self) -> None:
         """End every pending `wait` (see there), and return once they returned."""
         for restarted in self.waits:
-            restarted.set_result(None)
+            if not restarted.done():   # a restart already under way ended it
+                restarted.set_result(None)
         if self.waits:
             await asyncio.wait(list(self.waits.values()))
 
