@@ -282,6 +282,70 @@ def test_a_windows_g_opens_from_its_tables_are_those_part_by_part(window, tmp_pa
         CODEC, [inner.part_state(1)])
 
 
+def test_a_periods_g_checks_come_in_slices_with_batches_between_them(tmp_path):
+    """A period's CI is spent in short slices, one G_check burst each, returning to
+    the task's loop between them (`CecOperator.check`), not in one burst that holds
+    the loop for all of it: 50,000 stale parts take tens of ms to pack, far more than
+    a slice. Together the slices refresh each stale part once, oldest first, and the
+    log is flushed once the period's burst is over, not after each slice."""
+    import types
+
+    import bastion as bn
+    from bastion.lineage import IdRun
+    from bastion.protocols.cec import CecOperator, CecPolicy
+    from bastion.runtime.records import Batch
+    from bastion.storage import LocalStore, LogWriter
+
+    parts = 50_000
+    inner = _window_operator(bn.windows.Count(1000))
+    task = types.SimpleNamespace(state_codec=DurableCodec(), watermark=-math.inf)
+    store = LocalStore(tmp_path)
+    log = LogWriter(store, "log/")
+    # A CI as long as the period: the refresh ends because no part is stale any more
+    # (U: the parts reflect every input but the last batch's), not for lack of time.
+    policy = CecPolicy(extent_target=math.inf, replay_target=0.5, check_interval_s=60.0,
+                       period_s=60.0)
+    operator = CecOperator(inner, task, policy, log)
+
+    def batch(keys: list, first_id: int) -> Batch:
+        ids = range(first_id, first_id + len(keys))
+        return Batch(keys, [(k, 1) for k in keys], [float(i) for i in ids],
+                     [0.0] * len(keys), IdRun(0, 0, tuple(ids)))
+
+    operator.process(batch(list(range(parts)), 0), 0)
+    operator.process(batch([parts], parts), 0)   # one more input: the first parts are stale
+    log.flush()
+    durable = log.durable_seq
+    operator.next_period_s = 0.0   # the period starts at the next look
+    operator.check()
+    assert log.durable_seq == durable   # no flush after a slice
+    log.flush()
+    first = g_checks(store)
+    assert len(first) == 1 and 0 < len(first[0]) < parts   # back before the CI
+    calls = 1
+    while operator.check_left_s > 0:
+        operator.check()
+        calls += 1
+        assert calls < parts   # a slice always refreshes something
+    log.flush()
+    checks = g_checks(store)
+    assert len(checks) == calls > 1
+    refreshed = [key for burst in checks for key in burst]
+    assert refreshed == list(pack_run_items(range(parts)))
+
+
+def g_checks(store) -> list[tuple[bytes, ...]]:
+    """The parts of each G_check burst in the log, in order."""
+    from bastion.storage import LogReader
+
+    return [eventual.parts_of(v) for _, _, v in LogReader(store, "log/").records()
+            if v[0] == G_CHECK]
+
+
+def pack_run_items(values) -> list[bytes]:
+    return split_run(pack_run(CODEC, list(values)))
+
+
 @settings(max_examples=150, deadline=None)
 @given(value=plain | others | st.lists(plain | others, max_size=8))
 def test_a_blob_packed_in_c_is_the_codecs_blob(value):
