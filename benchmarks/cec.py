@@ -109,6 +109,12 @@ Seven figures, each against its target:
     them, from the same runs (paper Fig 9), the extent in log records and in tuples,
     averaged over ``--crash-points`` crashes in each run's middle half.
 
+    Measured (4 Dec 2026, 40,000 records, median of 3): with the CI spent in one burst
+    per period, CP 25 ms took the mean from 0.65 ms (``none``) to 2.04 ms and the p99
+    from 1.4 to 10.5 ms — a record arriving during a burst waited for all of it; with
+    the CI spent in 1-ms slices (`CecOperator.check`), 0.86 ms and 2.3 ms, the same
+    G_check work done.
+
 Logs are written with `LogWriter.append_many` in batches of 100,000 straight from
 prepared values (the CEC model of the tests would take minutes for 10 million), into a
 temporary directory that is removed afterwards. It prints figures and asserts nothing;
