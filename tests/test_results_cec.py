@@ -69,7 +69,11 @@ def recovery_figures() -> dict:
                    "crash_points": 5, "runs": {"q": q, "u": u}},
         "ec_load": {"repeats": 2, "sizes": [120_000, 230_000], "keyed_sum": [
             {"extent_tuples": 120_000, "seconds": 0.047},
-            {"extent_tuples": 230_000, "seconds": 0.197}]},
+            {"extent_tuples": 230_000, "seconds": 0.197}], "windows": [
+            {"kind": "count", "extent_tuples": 124_800, "seconds": 0.049},
+            {"kind": "count", "extent_tuples": 239_200, "seconds": 0.102},
+            {"kind": "sliding", "extent_tuples": 129_609, "seconds": 0.001},
+            {"kind": "sliding", "extent_tuples": 248_408, "seconds": 0.002}]},
         "response": {"records": 30_000, "keys": 10_000, "rate": 10_000.0, "repeats": 3,
                      "periods_ms": [25, 50, 100], "configs": {
                          "none": _response(0.60, 1.0, None),
@@ -127,6 +131,22 @@ def test_recovery_good_run():
     assert v["cec-fig7-ec-load-120k"] is Verdict.BETTER   # 0.05 s against 2.5 s
     assert v["cec-fig8-cp25"] is Verdict.BETTER           # 1.33x against 1.97x
     assert v["cec-fig8-cp50"] is Verdict.REPRODUCED       # 1.17x against 1.30x
+    for kind in ("count", "sliding"):                     # under issue 37's 0.4 s
+        for size in (120, 230):
+            assert v[f"cec-fig7-ec-load-{kind}-{size}k"] is Verdict.BETTER
+
+
+def test_recovery_window_ec_load_over_its_target_says_worse():
+    figures = recovery_figures()
+    figures["ec_load"]["windows"][3]["seconds"] = 0.41   # sliding, 230k: just over 0.4 s
+    v = _verdicts(cec.recovery_rows(figures))
+    assert v["cec-fig7-ec-load-sliding-230k"] is Verdict.WORSE
+    assert v["cec-fig7-ec-load-sliding-120k"] is Verdict.BETTER
+    del figures["ec_load"]["windows"][1:]               # a run that stopped early
+    v = _verdicts(cec.recovery_rows(figures))
+    assert v["cec-fig7-ec-load-count-120k"] is Verdict.BETTER
+    assert v["cec-fig7-ec-load-count-230k"] is Verdict.NOT_MEASURED
+    assert v["cec-fig7-ec-load-sliding-120k"] is Verdict.NOT_MEASURED
 
 
 @pytest.mark.parametrize("metric", ["g_checks", "extent_tuples", "replayed_inputs"])
