@@ -74,6 +74,17 @@ Seven figures, each against its target:
     sealed segment, whose block CRCs are another pass) and +0.025 the results' log
     form. What is left is per byte and per result, not per part: fewer bytes a result
     (the event times) is the lever.
+
+    Measured again (4 Dec 2026, the results page's run: 1 M records, best of 5; in
+    process 600,000): fast count windows cost +15% of ``none``'s CPU per record in
+    process (+0.116 us: the log +0.070, lineage ids +0.019) and 1.16x at job level, fast
+    sliding windows +12% and 1.19x; the slow ones +1-2%. The log's share moves between
+    runs (+0.015 to +0.070 us on fast count windows) with how much of the page cache it
+    writes is new memory: on this VM (a Firecracker guest that hands freed memory back
+    to its host) 8 MiB into new pages costs 21-31 ms of CPU against 2.5 ms into pages
+    just freed, and every log byte is written twice (a part, then its segment). One
+    write per byte (an open segment the flushes append to, renamed when sealed) is the
+    lever left; it changes the log's layout and recovery.
 (e) **Policy sweeps** (paper §IV-B, Figs 6 and 7): a keyed sum over ``--sweep-keys``
     keys (parts that never close), paced at ``--sweep-rate`` (runs of seconds: a burst
     refreshes only so many parts) under growing Q (extent target, 1-8 times the N open
@@ -474,7 +485,8 @@ def runtime_throughput(storage: str, records: int, repeats: int, workloads: list
     `operator_cost` (over ``operator_records``; 0 leaves it out) measures CEC adds, as
     a share of none's CPU time per record. ``figures``, when given, gets per workload
     and configuration the best and median rate, the median paired ratio to ``none``
-    and the least CPU time per record."""
+    and the least CPU time per record, and under ``"in_process_us"`` what
+    `operator_cost` measured (µs per record of each of its variants)."""
     costs = {}
     chosen = {name: RUNTIME_CONFIGS[name] for name in configs}
     bn.run(_windowed(20_000, bn.windows.Count(1)), storage=storage, protocol="cec")
@@ -514,6 +526,8 @@ def runtime_throughput(storage: str, records: int, repeats: int, workloads: list
         us = {k: v * 1e6 for k, v in operator_cost(window, min(records, operator_records),
                                                    5).items()}
         added = (us["cec"] - us["alone"]) / cpu["none"]
+        if figures is not None:
+            figures[workload]["in_process_us"] = us
         print(f"    in process, the operator alone {us['alone']:.3f} us/record "
               f"({us['alone'] - us['no ids']:+.3f} for its lineage ids), under cec G_open "
               f"only {us['cec']:.3f}: {us['cec'] - us['alone']:+.3f} us/record, of which "

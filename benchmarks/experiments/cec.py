@@ -118,6 +118,13 @@ EC_LOAD_GROWTH_NOISE = 0.6
 # EC-load of the 230,000-tuple extent: 0.09-0.20 s between runs at load 7-15 (best of
 # one to three): a factor of two, against a paper figure some 30x away.
 EC_LOAD_NOISE = 0.50
+# Issue 37: G_open only costs at most this share of none's CPU per record.
+IN_PROCESS_TARGET = 0.10
+IN_PROCESS_SETTING = (
+    "{window} over 2 ids: the window operator fed the run's batches in one process, "
+    "without lineage ids and wrapped by CEC with G_open only (ids on, the log's uploads "
+    "included), alternating, least of 5; what CEC adds over none's CPU per record in "
+    "the runs above")
 # Issue 37: the EC-load of Fig 7's extents on sliding and count windows, in seconds.
 WINDOW_EC_LOAD_TARGET_S = 0.4
 
@@ -173,6 +180,34 @@ def _throughput_row(run: Any, workload: str, anchor: str, what: str, ref_setting
             why_not=f"{best:.2f}×"))
 
 
+def _in_process_row(run: Any, workload: str, anchor: str, what: str, ref_setting: str,
+                    setting: str) -> Row:
+    """Issue 37's target, ≤ 10% against none, on the CPU that CEC adds to the window
+    operator (`operator_cost`: in one process, the variants alternating, least of five)
+    over none's CPU per record in the runs: the job-level ratios move by ±15% between
+    runs on this machine, this one by a few points."""
+    ref_figure = f"≥ {FIG5_THROUGHPUT_FLOOR:.2f}× native (drop < 10%)"
+    us = None if run is None else run.get("in_process_us")
+    if us is None or "none" not in run:
+        return _missing(anchor, "Fig 5", what, ref_setting, ref_figure,
+                        f"{workload} in-process cost")
+    none_us = float(run["none"]["cpu_us_per_record"])
+    # against the operator without lineage ids, as none runs it: cec turns them on
+    added_us = float(us["cec"]) - float(us["no ids"])
+    log_us = float(us["cec"]) - float(us["cec, no log"])
+    ids_us = float(us["alone"]) - float(us["no ids"])
+    share = added_us / none_us
+    return Row(
+        anchor=anchor, ref="Fig 5", experiment=what,
+        reference_setting=ref_setting, reference_figure=ref_figure,
+        bastion_setting=setting, bastion_figure=(
+            f"+{share:.1%} of none's CPU (+{added_us:.3f} µs/record: the log {log_us:+.3f}, "
+            f"lineage ids {ids_us:+.3f}; none's {none_us:.2f} µs/record)"),
+        ratio=None,
+        judgement=page.judge_target(share, IN_PROCESS_TARGET, higher_is_better=False,
+                                    what="CEC's CPU over none's (issue 37)"))
+
+
 def baseline_rows(figures: Figures) -> list[Row]:
     rows: list[Row] = []
     records = page.lookup(figures, "throughput", "records")
@@ -186,6 +221,10 @@ def baseline_rows(figures: Figures) -> list[Row]:
             run, workload, f"cec-fig5-{speed}-throughput",
             f"{speed} windows: G_open only, throughput against none", ref_setting, setting,
             cpu_beside=False))
+        rows.append(_in_process_row(
+            run, workload, f"cec-fig5-{speed}-in-process",
+            f"{speed} windows: G_open only, the CPU it adds, in process",
+            ref_setting, IN_PROCESS_SETTING.format(window=window)))
         if speed != "fast":
             continue  # the text gives the G_open/Disk CPU of fast windows only
         anchor = "cec-fig5-fast-cpu"
@@ -211,15 +250,19 @@ def baseline_rows(figures: Figures) -> list[Row]:
     # Sliding windows, which the paper did not run: its claim, "drops by less than 10%
     # versus native across all workloads", asked of them
     for workload, (speed, window, size) in SLIDING_WORKLOADS.items():
+        run = page.lookup(figures, "throughput", "workloads", workload)
+        ref_setting = ("Borealis on 3 quad-core Xeons; count windows only (sliding windows "
+                       "not measured): the floor its workloads all keep")
         rows.append(_throughput_row(
-            page.lookup(figures, "throughput", "workloads", workload), workload,
-            f"cec-fig5-sliding-{speed}-throughput",
-            f"{speed} sliding windows: G_open only, throughput against none",
-            "Borealis on 3 quad-core Xeons; count windows only (sliding windows not "
-            "measured): the floor its workloads all keep",
+            run, workload, f"cec-fig5-sliding-{speed}-throughput",
+            f"{speed} sliding windows: G_open only, throughput against none", ref_setting,
             f"{window} ({size}) over 2 ids, {records or 0:,} records unthrottled, p=1; a "
             f"part per window instance, G_open to the local log; best of {repeats} runs "
             "each, alternating", cpu_beside=True))
+        rows.append(_in_process_row(
+            run, workload, f"cec-fig5-sliding-{speed}-in-process",
+            f"{speed} sliding windows: G_open only, the CPU it adds, in process",
+            ref_setting, IN_PROCESS_SETTING.format(window=window)))
     rows.append(Row(
         anchor="cec-fig5-gopen-net", ref="Fig 5", experiment="Gopen/Net and the Real bar",
         reference_setting=PAPER_FIG5_SETTING.format(size="size 1 and 1000").replace(
@@ -586,7 +629,7 @@ def recovery_plot(figures: Figures, out_dir: Path) -> list[Path]:
 
 _BASELINE_COMMON = ["--sections", "d", "--runtime-workloads",
                     ",".join([*WORKLOADS, *SLIDING_WORKLOADS]),
-                    "--runtime-configs", f"none,{GOPEN}", "--operator-records", "0"]
+                    "--runtime-configs", f"none,{GOPEN}"]
 _RECOVERY_COMMON = ["--sections", "efg", "--sweep-groups", "q,u", "--sweep-keys", "2000",
                     "--sweep-u-keys", "10000", "--sweep-rate", "60000", "--crash-points", "9",
                     "--no-ec-load-beyond", "--response-rate", "10000"]
@@ -613,10 +656,11 @@ SECTION = Section(
             # a million records: a slow-window run at 300,000 lasted 0.15 s, and its
             # ratio to none came out anywhere from 0.53x to 1.35x (the script's
             # docstring found the same of 400,000-record runs)
-            args=[*_BASELINE_COMMON, "--runtime-records", "1000000", "--runtime-repeats", "5"],
+            args=[*_BASELINE_COMMON, "--runtime-records", "1000000", "--runtime-repeats", "5",
+                  "--operator-records", "600000"],
             quick_args=[*_BASELINE_COMMON, "--runtime-records", "300000",
-                        "--runtime-repeats", "2"],
-            rows=baseline_rows, plot=baseline_plot, budget_s=200),
+                        "--runtime-repeats", "2", "--operator-records", "100000"],
+            rows=baseline_rows, plot=baseline_plot, budget_s=260),
         Experiment(
             key="recovery",
             title="Figs 6–9: G_checks, extent, EC-load and replay against Q and U; "
