@@ -334,6 +334,44 @@ def test_a_periods_g_checks_come_in_slices_with_batches_between_them(tmp_path):
     assert refreshed == list(pack_run_items(range(parts)))
 
 
+def test_a_burst_cut_short_by_the_next_period_is_stored_then(tmp_path):
+    """Slices run between batches: when too few batches come to finish a period's
+    burst, the next period lapses its budget and stores what it wrote, so the log is
+    still stored once a period."""
+    import types
+
+    import bastion as bn
+    from bastion.lineage import IdRun
+    from bastion.protocols.cec import CecOperator, CecPolicy
+    from bastion.runtime.records import Batch
+    from bastion.storage import LocalStore, LogWriter
+
+    parts = 50_000
+    store = LocalStore(tmp_path)
+    log = LogWriter(store, "log/", blocking=False)
+    task = types.SimpleNamespace(state_codec=DurableCodec(), watermark=-math.inf)
+    policy = CecPolicy(extent_target=math.inf, replay_target=0.5, check_interval_s=60.0,
+                       period_s=60.0)
+    operator = CecOperator(_window_operator(bn.windows.Count(1000)), task, policy, log)
+    for first, keys in ((0, list(range(parts))), (parts, [parts])):
+        ids = range(first, first + len(keys))
+        operator.process(Batch(keys, [(k, 1) for k in keys], [float(i) for i in ids],
+                               [0.0] * len(keys), IdRun(0, 0, tuple(ids))), 0)
+    log.flush()
+    stored = set(store.list("log/"))
+    operator.next_period_s = 0.0
+    operator.check()                     # a slice, then no batch for the rest
+    log.wait_uploaded()
+    assert set(store.list("log/")) == stored and operator.check_left_s > 0
+    operator.next_period_s = 0.0         # the next period comes first
+    operator.check()
+    log.wait_uploaded()
+    assert len(set(store.list("log/")) - stored) == 1   # the first slice's burst, stored
+    assert operator.check_left_s > 0                    # and a new period's burst begun
+    log.flush()
+    assert len(g_checks(store)) == 2
+
+
 def g_checks(store) -> list[tuple[bytes, ...]]:
     """The parts of each G_check burst in the log, in order."""
     from bastion.storage import LogReader

@@ -407,8 +407,13 @@ class CecOperator:
         now_s = time.monotonic()
         policy = self.policy
         if now_s >= self.next_period_s:
+            if self.check_left_s > 0:
+                # The last period's burst did not end (few batches came to run its
+                # slices between): its budget lapses, and what it wrote is stored now,
+                # so the log is stored once a period whatever the input's pace.
+                self._flush()
             self.next_period_s = now_s + policy.period_s
-            self.check_left_s = policy.check_interval_s   # budget left unspent lapses
+            self.check_left_s = policy.check_interval_s
         if self.check_left_s <= 0:
             return
         slice_end_s = now_s + min(self.check_left_s, _CHECK_SLICE_S)
@@ -439,13 +444,14 @@ class CecOperator:
             self._append([self._burst(eventual.G_CHECK, stale, b"".join(keys),
                                       b"".join(states))])
         self.check_left_s = 0.0 if met else self.check_left_s - (time.monotonic() - now_s)
-        if self.check_left_s > 0:
-            return
-        # The period's burst is over. What the log holds becomes durable once a
-        # period: a recovery finds the footprints written up to here (and replays what
-        # came after). Stored in the background: the task's loop runs every task of
-        # its worker, and the store may take seconds (`CecTask.between_frames` waits
-        # when it falls behind).
+        if self.check_left_s <= 0:
+            self._flush()   # the period's burst is over
+
+    def _flush(self) -> None:
+        """What the log holds becomes durable once a period: a recovery finds the
+        footprints written up to here (and replays what came after). Stored in the
+        background: the task's loop runs every task of its worker, and the store may
+        take seconds (`CecTask.between_frames` waits when it falls behind)."""
         if self.log.durable_seq < self.log.next_seq - 1:
             self.log.flush_in_background()
 
