@@ -110,9 +110,9 @@ def collect(section: page.Section, exp: page.Experiment, run: dict,
     none) and linked from the page as files of ``docs/results/``.
     """
     entry = run.get("experiments", {}).get(f"{section.key}.{exp.key}", {})
-    seconds, error = entry.get("seconds"), entry.get("error")
+    seconds, error, date = entry.get("seconds"), entry.get("error"), entry.get("date")
     if error:
-        return page.ExperimentResult(exp, rows=(), seconds=seconds, error=error)
+        return page.ExperimentResult(exp, rows=(), seconds=seconds, error=error, date=date)
     path = _raw_path(section, exp)
     if not path.exists():
         return page.ExperimentResult(exp, rows=(), error="not run yet (`make results`)")
@@ -125,7 +125,7 @@ def collect(section: page.Section, exp: page.Experiment, run: dict,
         matplotlib.use("Agg")
         plot_dir.mkdir(parents=True, exist_ok=True)
         plots = [ASSETS / Path(p).name for p in exp.plot(figures, plot_dir)]
-    return page.ExperimentResult(exp, rows=rows, plots=plots, seconds=seconds)
+    return page.ExperimentResult(exp, rows=rows, plots=plots, seconds=seconds, date=date)
 
 
 def verdicts(chosen: list[tuple[page.Section, page.Experiment]], run: dict) -> dict[str, str]:
@@ -202,10 +202,22 @@ def render(sections: list[page.Section], run: dict,
         f"Verdicts: {summary}.",
         "",
     ]
+    rerun = rerun_since(run)
+    if rerun:
+        header += [f"Run again alone since then: {rerun}.", ""]
     if "compared" in run:
         header += [_comparison_line(run["compared"]), ""]
     body = [page.render_section(s, results, DOCS) for s, results in collected]
     return "\n".join(header + body).rstrip() + "\n", counts
+
+
+def rerun_since(run: dict) -> str:
+    """The experiments run alone (``--only``) after the whole run the header dates,
+    with their days, oldest first: a reader must not take their figures for the
+    header's day. Empty if none."""
+    since = sorted((entry["date"], key) for key, entry in run.get("experiments", {}).items()
+                   if entry.get("date") and entry["date"] != run.get("date"))
+    return ", ".join(f"{key} ({date})" for date, key in since)
 
 
 def machine() -> str:

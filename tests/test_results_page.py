@@ -71,6 +71,9 @@ def test_rows_render_with_their_anchor_and_verdict(tmp_path):
             0.9, 0.5, higher_is_better=True, within=0.25))]),
     ], tmp_path)
     assert '<a id="checkmate-fig7-a"></a>' in text and "**worse**" in text
+    dated = page.render_section(section, [page.ExperimentResult(
+        exp, rows=(), seconds=61.0, date="2026-12-04")], tmp_path)
+    assert "`benchmarks/protocols.py`, 61 s, run 2026-12-04." in dated
     failed = page.render_section(section, [page.ExperimentResult(exp, rows=(),
                                                                  error="exited 1")], tmp_path)
     assert "**Not measured:** exited 1" in failed
@@ -107,6 +110,21 @@ def test_every_section_renders_from_its_kept_figures(tmp_path):
     assert text == reproduce.PAGE.read_text(), (
         "docs/results.md differs from what its figures render to: run "
         "`python benchmarks/reproduce.py --render-only` and commit the page")
+
+
+def test_the_header_names_the_experiments_run_again_alone():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+
+    run = {"date": "2026-11-29", "experiments": {
+        "cec.recovery": {"date": "2026-12-04"}, "checkmate.skew": {"date": "2026-11-29"},
+        "chiron.tuning": {"date": "2026-12-01"}, "peers.spark": {}}}
+    assert reproduce.rerun_since(run) == ("chiron.tuning (2026-12-01), "
+                                          "cec.recovery (2026-12-04)")
+    text, _ = reproduce.render([], run)
+    assert "Run again alone since then: chiron.tuning (2026-12-01), " in text
+    del run["experiments"]["cec.recovery"], run["experiments"]["chiron.tuning"]
+    assert "Run again alone" not in reproduce.render([], run)[0]
 
 
 def links_to_missing_rows(documents: dict[str, str], page_text: str) -> list[str]:

@@ -233,6 +233,8 @@ class ExperimentResult:
     plots: Sequence[Path] = ()
     seconds: float | None = None
     error: str | None = None
+    #: the day it ran (ISO): a page re-run in part mixes days, and says which is which
+    date: str | None = None
 
 
 def _cell(text: str) -> str:
@@ -254,7 +256,8 @@ def render_section(section: Section, results: Sequence[ExperimentResult],
     lines = [f"## {section.title}", "", f"Source: {section.source}", "", section.intro.strip(), ""]
     for result in results:
         exp = result.experiment
-        took = "" if result.seconds is None else f", {result.seconds:.0f} s"
+        took = ("" if result.seconds is None else f", {result.seconds:.0f} s") + (
+            "" if result.date is None else f", run {result.date}")
         lines += [f"### {exp.title}", "",
                   f"`benchmarks/{exp.script}`{took}.", ""]
         if result.error:
