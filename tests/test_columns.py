@@ -185,6 +185,89 @@ def test_float_columns_pack_their_exact_bits_and_back(module, values):
 
 
 @pytest.mark.parametrize("module", KERNELS)
+@given(values=st.lists(st.one_of(ints64, st.integers(-130, 130)), max_size=50))
+@settings(max_examples=150, deadline=None)
+def test_int_columns_pack_as_differences_and_add_back_up(module, values):
+    data = kernel(module, "pack_int_deltas")(values)
+    differences = [b - a for a, b in zip(values, values[1:])]
+    if any(not -(2**63) <= d < 2**63 for d in differences):
+        assert data is None   # a difference that does not fit a word
+        return
+    width = next(w for w in (1, 2, 4, 8)
+                 if all(-(1 << (8 * w - 1)) <= d < 1 << (8 * w - 1) for d in differences))
+    fmt = {1: "b", 2: "h", 4: "i", 8: "q"}[width]
+    assert data == bytes([0x80 | width]) + (
+        struct.pack(f"<q{len(differences)}{fmt}", values[0], *differences) if values else b"")
+    # (without the extension, unpack_int_column is py_unpack_ints)
+    for unpack in ("unpack_ints",) + (("unpack_int_column",) if module else ()):
+        back = kernel(module, unpack)(data)
+        assert list(back) == values
+    assert all(type(v) is int for v in kernel(module, "unpack_ints")(data))
+
+
+@pytest.mark.parametrize("module", KERNELS)
+def test_numbers_that_climb_one_by_one_take_a_byte_each_as_differences(module):
+    # a count window's firing numbers, two keys taking turns, far past one byte
+    numbers = [n for n in range(300_000, 302_000) for _ in range(2)]
+    data = kernel(module, "pack_int_deltas")(numbers)
+    assert len(data) == 1 + 8 + len(numbers) - 1
+    assert len(kernel(module, "pack_ints")(numbers)) == 1 + 4 * len(numbers)
+
+
+@pytest.mark.parametrize("module", KERNELS)
+@pytest.mark.parametrize("data", [b"\x81\x00", b"\x81" + bytes(7), b"\x82" + bytes(9),
+                                  b"\x83", b"\x80"])
+def test_a_damaged_column_of_differences_is_refused(module, data):
+    with pytest.raises(ValueError, match="not a packed int column"):
+        kernel(module, "unpack_ints")(data)
+
+
+@pytest.mark.parametrize("module", KERNELS)
+@given(values=st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                                 st.floats(1.6e9, 1.8e9)), max_size=50))
+@settings(max_examples=150, deadline=None)
+def test_float_columns_pack_as_their_bits_xor_the_one_before_and_back(module, values):
+    data = kernel(module, "pack_float64_xor")(values)
+    # each item a header and the significant bytes of its bits XOR the last item's
+    expected, previous = bytearray(), 0
+    for v in values:
+        bits = struct.unpack("<Q", struct.pack("<d", v))[0]
+        x, previous = bits ^ previous, bits
+        significant = x.to_bytes(8, "little").rstrip(b"\0")
+        trail = len(significant) - len(significant.lstrip(b"\0"))
+        expected.append((8 - len(significant)) << 4 | (len(significant) - trail))
+        expected += significant[trail:]
+    assert data == bytes(expected)
+    back = kernel(module, "unpack_float64_xor")(data)
+    assert type(back) is tuple
+    assert struct.pack(f"<{len(back)}d", *back) == struct.pack(f"<{len(values)}d", *values)
+
+
+@pytest.mark.parametrize("module", KERNELS)
+def test_event_times_a_record_apart_keep_two_or_three_of_their_eight_bytes(module):
+    for times in ([i / 2.0 for i in range(300_000, 304_096)],
+                  [1_764_000_000.0 + i * 0.001 for i in range(4096)]):
+        assert len(kernel(module, "pack_float64_xor")(times)) <= 3.1 * len(times)
+
+
+@pytest.mark.parametrize("module", KERNELS)
+@pytest.mark.parametrize("data, why", [(b"\x90", "not an item's header"),
+                                       (b"\x00", "not an item's header"),
+                                       (b"\x09" + bytes(9), "not an item's header"),
+                                       (b"\x08\x01\x02", "cut short"),
+                                       (b"\x80\x26\x01", "cut short")])
+def test_a_damaged_xor_column_is_refused(module, data, why):
+    with pytest.raises(ValueError, match=why):
+        kernel(module, "unpack_float64_xor")(data)
+
+
+@pytest.mark.parametrize("module", KERNELS)
+@pytest.mark.parametrize("column", [[1.0, 1], [1.0, None], [2.5, "x"]])
+def test_a_column_not_exactly_float_is_not_xor_packed(module, column):
+    assert kernel(module, "pack_float64_xor")(column) is None
+
+
+@pytest.mark.parametrize("module", KERNELS)
 @pytest.mark.parametrize("column", [[1, True], [1, 2**63], [-(2**63) - 1], [1, 1.0],
                                     [1, "1"], [1, None]])
 def test_a_column_not_exactly_int64_is_not_packed(module, column):

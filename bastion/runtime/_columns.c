@@ -511,6 +511,174 @@ done:
     return out;
 }
 
+/* pack_float64_xor(column) -> bytes | None: exact floats, each as its IEEE 754 bits
+ * XOR the bits of the item before it (the first item's against 0): a header byte, its
+ * high nibble the zero bytes above the significant ones, its low nibble how many are
+ * stored, then those bytes, little-endian (an item equal to the one before is the
+ * header 0x80 alone). Nearby values — a column of event times — keep 2-3 of their 8
+ * bytes, and every bit survives (NaN payloads, -0.0); else None. */
+static PyObject *
+pack_float64_xor(PyObject *module, PyObject *column)
+{
+    if (IntColumn_Check(column))
+        Py_RETURN_NONE;
+    PyObject *seq = PySequence_Fast(column, "column must be a list or a tuple");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    if (size > PY_SSIZE_T_MAX / 9) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size * 9);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    unsigned char *buf = (unsigned char *)PyBytes_AS_STRING(out);
+    Py_ssize_t at = 0;
+    uint64_t previous = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        if (!PyFloat_CheckExact(items[i])) {
+            Py_DECREF(seq);
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        double v = PyFloat_AS_DOUBLE(items[i]);
+        uint64_t bits;
+        memcpy(&bits, &v, 8);
+        uint64_t x = bits ^ previous;
+        previous = bits;
+        if (x == 0) {
+            buf[at++] = 0x80;
+            continue;
+        }
+        int lead = __builtin_clzll(x) / 8, trail = __builtin_ctzll(x) / 8;
+        int count = 8 - lead - trail;
+        buf[at++] = (unsigned char)(lead << 4 | count);
+        x >>= 8 * trail;
+        for (int b = 0; b < count; b++)
+            buf[at++] = (unsigned char)(x >> (8 * b));
+    }
+    Py_DECREF(seq);
+    if (_PyBytes_Resize(&out, at) < 0)
+        return NULL;
+    return out;
+}
+
+/* unpack_float64_xor(data) -> tuple of floats: what pack_float64_xor packed;
+ * ValueError for a header that is not one or an item cut short. */
+static PyObject *
+unpack_float64_xor(PyObject *module, PyObject *args)
+{
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*:unpack_float64_xor", &data))
+        return NULL;
+    PyObject *out = NULL;
+    const unsigned char *buf = (const unsigned char *)data.buf;
+    Py_ssize_t size = 0;
+    for (Py_ssize_t at = 0; at < data.len; size++) {
+        int lead = buf[at] >> 4, count = buf[at] & 0x0f;
+        if (lead + count > 8 || (count == 0) != (lead == 8)) {
+            PyErr_Format(PyExc_ValueError, "byte %zd: 0x%02x is not an item's header", at,
+                         buf[at]);
+            goto done;
+        }
+        at += 1 + count;
+        if (at > data.len) {
+            PyErr_Format(PyExc_ValueError, "the last item is cut short (%zd bytes)",
+                         data.len);
+            goto done;
+        }
+    }
+    out = PyTuple_New(size);
+    if (out == NULL)
+        goto done;
+    uint64_t bits = 0;
+    Py_ssize_t at = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        int lead = buf[at] >> 4, count = buf[at] & 0x0f;
+        at++;
+        uint64_t x = 0;
+        for (int b = 0; b < count; b++)
+            x |= (uint64_t)buf[at + b] << (8 * b);
+        at += count;
+        if (count)
+            x <<= 8 * (8 - lead - count);
+        bits ^= x;
+        double v;
+        memcpy(&v, &bits, 8);
+        PyObject *item = PyFloat_FromDouble(v);
+        if (item == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyTuple_SET_ITEM(out, i, item);
+    }
+done:
+    PyBuffer_Release(&data);
+    return out;
+}
+
+/* pack_int_deltas(column) -> bytes | None: when every item is exactly an int that fits
+ * in 64 bits and so does each difference to the item before it, a width byte with DELTAS
+ * set (w: the narrowest of 1, 2, 4 or 8 bytes that holds every difference), the first
+ * item as a little-endian 8-byte word, then each later item's difference to the one
+ * before as a little-endian signed w-byte int: numbers that climb one by one (the
+ * firing numbers of a key) take a byte each, however large; else None. unpack_ints and
+ * unpack_int_column add them back up. */
+#define DELTAS 0x80
+
+static PyObject *
+pack_int_deltas(PyObject *module, PyObject *column)
+{
+    PyObject *seq = PySequence_Fast(column, "column must be a list or a tuple");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    long long low = 0, high = 0, previous = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        int overflow = 0;
+        long long v, d;
+        if (!PyLong_CheckExact(items[i]))
+            goto none;
+        if (!compact_long(items[i], &v))
+            v = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+        if (overflow || (i && __builtin_sub_overflow(v, previous, &d)))
+            goto none;
+        if (i && d < low)
+            low = d;
+        if (i && d > high)
+            high = d;
+        previous = v;
+    }
+    int width = narrowest_width(low, high);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size ? 9 + (size - 1) * width : 1);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    unsigned char *buf = (unsigned char *)PyBytes_AS_STRING(out);
+    buf[0] = (unsigned char)(width | DELTAS);
+    for (Py_ssize_t i = 0; i < size; i++) {
+        long long v;   /* exact ints whose differences fit: no error here */
+        if (!compact_long(items[i], &v))
+            v = PyLong_AsLongLong(items[i]);
+        if (i == 0)
+            put_word(buf + 1, (uint64_t)v, 8);
+        else
+            put_word(buf + 9 + (i - 1) * width, (uint64_t)v - (uint64_t)previous, width);
+        previous = v;
+    }
+    Py_DECREF(seq);
+    return out;
+none:
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+}
+
 /* exact_numbers(column) -> bool: every item is exactly an int that fits in 64 bits or
  * exactly a float: values that a msgpack round trip gives back equal and of the same
  * type, and that nobody can mutate. */
@@ -1051,28 +1219,49 @@ static PyObject *
 column_of_packed(const Py_buffer *data)
 {
     const unsigned char *buf = (const unsigned char *)data->buf;
-    int width = data->len ? buf[0] : 0;
+    int width = data->len ? buf[0] & ~DELTAS : 0;
+    int deltas = data->len && (buf[0] & DELTAS);
+    /* a column of differences starts with its first item, a whole word */
+    Py_ssize_t first = deltas && data->len > 1 ? 8 : 0;
     if (!(width == 1 || width == 2 || width == 4 || width == 8)
-            || (data->len - 1) % width) {
+            || data->len - 1 < first || (data->len - 1 - first) % width) {
         PyErr_Format(PyExc_ValueError, "%zd bytes are not a packed int column", data->len);
         return NULL;
     }
-    Py_ssize_t size = (data->len - 1) / width;
+    Py_ssize_t size = (data->len - 1 - first) / width + (first ? 1 : 0);
     PyObject *out = int_column_new(size);
     if (out == NULL)
         return NULL;
     int64_t *to = IntColumn_ITEMS(out);
     buf++;
+    if (first) {
+        uint64_t u = get_word(buf, 8);
+        memcpy(to, &u, 8);
+        to++;
+        size--;
+        buf += 8;
+    }
     if (width == 1) {
         for (Py_ssize_t i = 0; i < size; i++)
             to[i] = (int8_t)buf[i];
-        return out;
     }
-    for (Py_ssize_t i = 0; i < size; i++) {
-        uint64_t u = get_word(buf + i * width, width);
-        if (width < 8 && (u >> (8 * width - 1)) & 1)  /* sign-extend */
-            u |= ~(uint64_t)0 << (8 * width);
-        memcpy(&to[i], &u, 8);
+    else {
+        for (Py_ssize_t i = 0; i < size; i++) {
+            uint64_t u = get_word(buf + i * width, width);
+            if (width < 8 && (u >> (8 * width - 1)) & 1)  /* sign-extend */
+                u |= ~(uint64_t)0 << (8 * width);
+            memcpy(&to[i], &u, 8);
+        }
+    }
+    if (first) {   /* in unsigned words: a damaged column wraps, it does not trap */
+        uint64_t sum;
+        to--;
+        size++;
+        memcpy(&sum, to, 8);
+        for (Py_ssize_t i = 1; i < size; i++) {
+            sum += (uint64_t)to[i];
+            memcpy(&to[i], &sum, 8);
+        }
     }
     return out;
 }
@@ -1315,6 +1504,12 @@ static PyMethodDef methods[] = {
     {"unpack_ints", unpack_ints, METH_VARARGS, "packed ints back to a tuple"},
     {"exact_numbers", exact_numbers, METH_O, "are all items exact ints (64-bit) or floats?"},
     {"unpack_float64", unpack_float64, METH_VARARGS, "float64s back to a tuple of floats"},
+    {"pack_float64_xor", pack_float64_xor, METH_O,
+     "exact floats as each one's bits XOR the one before, significant bytes only, or None"},
+    {"unpack_float64_xor", unpack_float64_xor, METH_VARARGS,
+     "what pack_float64_xor packed, back to a tuple of floats"},
+    {"pack_int_deltas", pack_int_deltas, METH_O,
+     "exact ints as narrow differences to the item before, or None"},
     {"field_column", field_column, METH_VARARGS, "item `index` of every row, as a list"},
     {"float64_runs", float64_runs, METH_O, "exact floats run-length encoded, or None"},
     {"unpack_int_column", unpack_int_column, METH_VARARGS, "packed ints as an IntColumn"},

@@ -60,7 +60,7 @@ import functools
 import struct
 import sys
 from array import array
-from itertools import compress, groupby
+from itertools import accumulate, compress, groupby
 from operator import itemgetter
 from typing import Sequence
 
@@ -112,12 +112,78 @@ def py_pack_float64(column: Sequence) -> bytes | None:
     return _little_endian(array("d", column)).tobytes()
 
 
+# Set in the width byte of a packed int column whose items are differences to the item
+# before (`py_pack_int_deltas`).
+_DELTAS = 0x80
+
+
+def py_pack_int_deltas(column: Sequence) -> bytes | None:
+    """A width byte w (1, 2, 4 or 8: the narrowest that holds every difference) with
+    `_DELTAS` set, the first item as a little-endian 8-byte word, then each later
+    item's difference to the one before as a little-endian signed w-byte int; None
+    unless every item and every difference is exactly an int that fits in 64 bits."""
+    if not all(type(v) is int and -(2**63) <= v < 2**63 for v in column):
+        return None
+    if not column:
+        return bytes([1 | _DELTAS])
+    rest = py_pack_ints([b - a for a, b in zip(column, column[1:])])
+    if rest is None:
+        return None
+    return (bytes([rest[0] | _DELTAS]) + column[0].to_bytes(8, "little", signed=True)
+            + rest[1:])
+
+
 def py_unpack_ints(data: bytes) -> tuple:
-    width = data[0] if data else 0
-    if width not in (1, 2, 4, 8) or (len(data) - 1) % width:
+    width = data[0] & ~_DELTAS if data else 0
+    first = 8 if data and data[0] & _DELTAS and len(data) > 1 else 0
+    if width not in (1, 2, 4, 8) or len(data) - 1 < first or (len(data) - 1 - first) % width:
         raise ValueError(f"{len(data)} bytes are not a packed int column")
-    return tuple(int.from_bytes(data[i:i + width], "little", signed=True)
-                 for i in range(1, len(data), width))
+    items = tuple(int.from_bytes(data[i:i + width], "little", signed=True)
+                  for i in range(1 + first, len(data), width))
+    if not first:
+        return items
+    # as the kernel adds them, in 64-bit words: a damaged column wraps around
+    start = int.from_bytes(data[1:9], "little", signed=True)
+    return tuple((total + 2**63) % 2**64 - 2**63 for total in accumulate(items, initial=start))
+
+
+def py_pack_float64_xor(column: Sequence) -> bytes | None:
+    """Each exact float's bits XOR the bits of the one before it (the first's against
+    0): a header byte (high nibble: the zero bytes above the significant ones; low
+    nibble: how many are stored) and those bytes, little-endian; None unless every
+    item is exactly a float."""
+    if not all(type(v) is float for v in column):
+        return None
+    out = bytearray()
+    previous = 0
+    for v in column:
+        bits = struct.unpack("<Q", struct.pack("<d", v))[0]
+        x, previous = bits ^ previous, bits
+        if not x:
+            out.append(0x80)
+            continue
+        lead = (64 - x.bit_length()) // 8
+        trail = ((x & -x).bit_length() - 1) // 8
+        count = 8 - lead - trail
+        out.append(lead << 4 | count)
+        out += (x >> 8 * trail).to_bytes(count, "little")
+    return bytes(out)
+
+
+def py_unpack_float64_xor(data: bytes) -> tuple:
+    items = []
+    bits = at = 0
+    while at < len(data):
+        lead, count = data[at] >> 4, data[at] & 0x0F
+        if lead + count > 8 or (count == 0) != (lead == 8):
+            raise ValueError(f"byte {at}: 0x{data[at]:02x} is not an item's header")
+        if at + 1 + count > len(data):
+            raise ValueError(f"the last item is cut short ({len(data)} bytes)")
+        x = int.from_bytes(data[at + 1:at + 1 + count], "little")
+        bits ^= x << 8 * (8 - lead - count) if count else 0
+        items.append(struct.unpack("<d", struct.pack("<Q", bits))[0])
+        at += 1 + count
+    return tuple(items)
 
 
 def py_unpack_float64(data: bytes) -> tuple:
@@ -266,10 +332,11 @@ class _NoColumn:
 try:
     from bastion.runtime._columns import (IntColumn, PairColumn, exact_numbers,
                                           field_column, float64_runs, fold_int_column,
-                                          fold_keyed, int_column, pack_float64, pack_ints,
+                                          fold_keyed, int_column, pack_float64,
+                                          pack_float64_xor, pack_int_deltas, pack_ints,
                                           pair_column, partitions, split_column,
-                                          split_columns, unpack_float64, unpack_int_column,
-                                          unpack_ints)
+                                          split_columns, unpack_float64, unpack_float64_xor,
+                                          unpack_int_column, unpack_ints)
     NATIVE = True
 except ImportError:  # built without a C compiler: the same, slower
     IntColumn = PairColumn = _NoColumn  # type: ignore[misc,assignment]
@@ -280,6 +347,8 @@ except ImportError:  # built without a C compiler: the same, slower
     split_columns = py_split_columns
     pack_ints, pack_float64 = py_pack_ints, py_pack_float64
     unpack_ints, unpack_float64 = py_unpack_ints, py_unpack_float64
+    pack_float64_xor, unpack_float64_xor = py_pack_float64_xor, py_unpack_float64_xor
+    pack_int_deltas = py_pack_int_deltas
     exact_numbers = py_exact_numbers
     field_column, float64_runs = py_field_column, py_float64_runs
     fold_keyed = py_fold_keyed

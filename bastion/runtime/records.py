@@ -37,7 +37,7 @@ from bastion.codecs import Codec
 from bastion.lineage import IdColumn, IdRun, from_wire, take_ids, to_wire
 from bastion.runtime.columns import (IntColumn, PairColumn, exact_numbers, pack_float64,
                                      pack_ints, pair_column, split_column, split_columns,
-                                     unpack_float64, unpack_int_column)
+                                     unpack_float64, unpack_float64_xor, unpack_int_column)
 from bastion.runtime.durable import unserialisable
 
 DATA = 0
@@ -173,6 +173,10 @@ def _expand(column: Any, n: int) -> Sequence:
 # How a field of a batch travels (`FrameCodec`): as itself, packed, or a PairColumn as
 # its two packed columns.
 AS_IS, INTS, FLOAT64, PAIRS = 0, 1, 2, 3
+# How a column of event times is logged (never in a frame: it costs a pass the log's
+# bytes pay for and the wire's do not): each item's bits XOR the one before's
+# (`columns.pack_float64_xor`).
+FLOAT64_XOR = 4
 
 
 def pack_column(column: Any) -> tuple[Any, int]:
@@ -200,6 +204,8 @@ def unpack_column(field: Any, kind: int) -> Any:
         return unpack_int_column(field)
     if kind == FLOAT64:
         return unpack_float64(field)
+    if kind == FLOAT64_XOR:
+        return unpack_float64_xor(field)
     if kind == PAIRS:
         if type(field) is not tuple or len(field) != 2:
             raise ValueError("a packed pair column is two packed int columns")
