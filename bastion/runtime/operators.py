@@ -1115,7 +1115,7 @@ class CountWindowOp(Operator):
     # So the event times keep only the bytes in which each differs from the one before
     # (`columns.pack_float64_xor`: 2-3 of 8 for times a few records apart), and the
     # window numbers, which climb one by one per key, their differences (a byte each
-    # where they took four): 5.5 bytes a result on ``Count(1)`` over 2 keys, not 13.8.
+    # where they took four): about 5 bytes a result on ``Count(1)`` over 2 keys, not 13.8.
 
     def results_form(self, out: Batch) -> list:
         values = out.values
