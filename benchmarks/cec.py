@@ -162,6 +162,7 @@ import msgpack
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import bastion as bn  # noqa: E402
+from bastion.bench import results as page
 from bastion.lineage import from_wire, ids_of
 from bastion.protocols import eventual
 from bastion.protocols.cec import CecPolicy
@@ -401,8 +402,13 @@ RUNTIME_CONFIGS = {
 }
 
 
-def operator_cost(window: Any, records: int, repeats: int) -> dict[str, float]:
-    """CPU seconds per record (least of ``repeats``) of (d)'s window operator alone
+#: Repeats of `operator_cost`'s variants: its figures are medians of the repeats'
+#: differences, each of two runs next to each other.
+OPERATOR_REPEATS = 7
+
+
+def operator_cost(window: Any, records: int, repeats: int) -> dict[str, list[float]]:
+    """CPU seconds per record (one per repeat) of (d)'s window operator alone
     (``"alone"``; ``"no ids"`` without lineage ids) and wrapped by `CecOperator` under
     G_open only (``"cec"``; ``"cec, no log"`` with nothing appended to its log: the
     log's share of the cost is the difference), in this process: batches of two item
@@ -461,12 +467,14 @@ def operator_cost(window: Any, records: int, repeats: int) -> dict[str, float]:
     gc.set_threshold(_GC_YOUNG_THRESHOLD, *thresholds[1:])
     variants = ("alone", "no ids", "cec", "cec, no log")
     try:
-        # alternating: a slower moment of the machine then spoils one of each
+        # alternating, and each repeat in the order of the one before turned around: a
+        # machine that speeds up or slows down over a repeat weighs on both sides of a
+        # difference alike, and a slower moment spoils one run of each
         seconds: dict[str, list[float]] = {v: [] for v in variants}
-        for _ in range(repeats):
-            for variant in variants:
+        for repeat_index in range(repeats):
+            for variant in variants if repeat_index % 2 == 0 else variants[::-1]:
                 seconds[variant].append(run(variant))
-        return {variant: min(s) for variant, s in seconds.items()}
+        return seconds
     finally:
         gc.set_threshold(*thresholds)
         shutil.rmtree(root, ignore_errors=True)
@@ -486,7 +494,7 @@ def runtime_throughput(storage: str, records: int, repeats: int, workloads: list
     a share of none's CPU time per record. ``figures``, when given, gets per workload
     and configuration the best and median rate, the median paired ratio to ``none``
     and the least CPU time per record, and under ``"in_process_us"`` what
-    `operator_cost` measured (µs per record of each of its variants)."""
+    `operator_cost` measured (µs per record of each of its variants, a figure a repeat)."""
     costs = {}
     chosen = {name: RUNTIME_CONFIGS[name] for name in configs}
     bn.run(_windowed(20_000, bn.windows.Count(1)), storage=storage, protocol="cec")
@@ -523,20 +531,24 @@ def runtime_throughput(storage: str, records: int, repeats: int, workloads: list
             costs[workload] = (1 - best.get("cec G_open only", math.nan) / best["none"],
                                cec_cpu / cpu["none"] - 1, math.nan)
             continue
-        us = {k: v * 1e6 for k, v in operator_cost(window, min(records, operator_records),
-                                                   5).items()}
+        us = {k: [x * 1e6 for x in v] for k, v in operator_cost(
+            window, min(records, operator_records), OPERATOR_REPEATS).items()}
+
+        def paired(variant: str, baseline: str) -> float:
+            return page.median(page.paired_differences(us, variant, baseline))
+
         # against the operator without lineage ids, as none runs it: cec turns them on
         # (the results page's in-process rows count them the same way)
-        added = (us["cec"] - us["no ids"]) / cpu["none"]
+        added = paired("cec", "no ids") / cpu["none"]
         if figures is not None:
             figures[workload]["in_process_us"] = us
-        print(f"    in process, the operator alone {us['alone']:.3f} us/record "
-              f"({us['alone'] - us['no ids']:+.3f} for its lineage ids), under cec G_open "
-              f"only {us['cec']:.3f}: {us['cec'] - us['alone']:+.3f} us/record, of which "
-              f"the log (appends, uploads) {us['cec'] - us['cec, no log']:+.3f} and the "
-              f"rest (results' log form, G_opens, closings) "
-              f"{us['cec, no log'] - us['alone']:+.3f}; with the ids {added:+.0%} of "
-              "none's CPU per record above")
+        print(f"    in process, the operator alone {min(us['alone']):.3f} us/record "
+              f"({paired('alone', 'no ids'):+.3f} for its lineage ids), under cec G_open "
+              f"only {paired('cec', 'alone'):+.3f} us/record, of which the log (appends, "
+              f"uploads) {paired('cec', 'cec, no log'):+.3f} and the rest (results' log "
+              f"form, G_opens, closings) {paired('cec, no log', 'alone'):+.3f}; with the "
+              f"ids {added:+.0%} of none's CPU per record above (medians of "
+              f"{OPERATOR_REPEATS} pairs of runs)")
         costs[workload] = (1 - best.get("cec G_open only", math.nan) / best["none"],
                            cec_cpu / cpu["none"] - 1, added)
     return costs

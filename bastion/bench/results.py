@@ -189,6 +189,24 @@ class Section:
     reference: str = "paper"
 
 
+def paired_differences(runs: Mapping[str, Any], variant: str, baseline: str) -> list[float]:
+    """``variant``'s figure minus ``baseline``'s, repeat by repeat, sorted: ``runs``
+    maps each to its figure per repeat (the two run next to each other in each), or
+    to one figure (a run kept from before repeats were). On a machine whose speed
+    moves within seconds, a difference of runs next to each other is steadier than
+    the difference of each one's best, which a lucky run of either moves."""
+    def repeats(figure: Any) -> list[float]:
+        return [float(x) for x in figure] if isinstance(figure, list) else [float(figure)]
+
+    return sorted(v - b for v, b in zip(repeats(runs[variant]), repeats(runs[baseline])))
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def lookup(figures: Any, *path: Any) -> Any:
     """``figures[path[0]][path[1]]...`` (an int step indexes a list), or None where any
     step is missing: a benchmark cut short wrote only part of its figures, and its
