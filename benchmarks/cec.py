@@ -76,15 +76,24 @@ Seven figures, each against its target:
     (the event times) is the lever.
 
     Measured again (4 Dec 2026, the results page's run: 1 M records, best of 5; in
-    process 600,000): fast count windows cost +15% of ``none``'s CPU per record in
-    process (+0.116 us: the log +0.070, lineage ids +0.019) and 1.16x at job level, fast
-    sliding windows +12% and 1.19x; the slow ones +1-2%. The log's share moves between
-    runs (+0.015 to +0.070 us on fast count windows) with how much of the page cache it
-    writes is new memory: on this VM (a Firecracker guest that hands freed memory back
-    to its host) 8 MiB into new pages costs 21-31 ms of CPU against 2.5 ms into pages
-    just freed, and every log byte is written twice (a part, then its segment). One
-    write per byte (an open segment the flushes append to, renamed when sealed) is the
-    lever left; it changes the log's layout and recovery.
+    process 600,000, the median of 7 paired repeats): a count window now logs each
+    result's event time as its bits XOR the one before's and its firing number as a
+    difference (`CountWindowOp.results_form`): 5.05 bytes a result on ``Count(1)``
+    over 2 ids where it took 13.76, and fast count windows went from +15% of
+    ``none``'s CPU per record in process (+0.116 us) to +7.0% (+0.049 us, its 7 pairs
+    +0.033 to +0.059; the log +0.015) and from 1.16x to 1.07x at job level. Fast
+    sliding windows stay over the target: +14.4% in process (+0.264 us, its pairs
+    +0.221 to +0.512; the log +0.162) and 1.15x at job level. Their log is 20 bytes a
+    record (G_opens 10.8: a window's number and state; results 6.5; closings 2.8),
+    stored as parts and again as 8 MiB segments, and on this VM every byte of it
+    costs more than its instructions: a page of page cache the guest has not used
+    before costs ~10 us (2.5 ms/MiB written, against 0.23 into pages just freed), an
+    anonymous page fault 2.7 us. Counted by callgrind, which sees no page faults,
+    CEC's instructions on fast sliding windows are ~11% of ``none``'s (its lineage
+    ids included), on fast count windows ~5%. The levers left are the bytes (window
+    numbers that climb one by one, written as a range; each byte written once, not as
+    a part and again in its segment) and the per-part bookkeeping (a dict insert and
+    pop per window, ~0.06 us a record).
 (e) **Policy sweeps** (paper §IV-B, Figs 6 and 7): a keyed sum over ``--sweep-keys``
     keys (parts that never close), paced at ``--sweep-rate`` (runs of seconds: a burst
     refreshes only so many parts) under growing Q (extent target, 1-8 times the N open
