@@ -480,6 +480,19 @@ eight_byte_items(Py_buffer *data)
     return 1;
 }
 
+/* Item i of a new tuple: the float whose IEEE 754 bits are `bits`; 0 on failure. */
+static int
+set_float_bits(PyObject *tuple, Py_ssize_t i, uint64_t bits)
+{
+    double v;
+    memcpy(&v, &bits, 8);
+    PyObject *item = PyFloat_FromDouble(v);
+    if (item == NULL)
+        return 0;
+    PyTuple_SET_ITEM(tuple, i, item);
+    return 1;
+}
+
 /* unpack_float64(data) -> tuple of floats */
 static PyObject *
 unpack_float64(PyObject *module, PyObject *args)
@@ -496,15 +509,10 @@ unpack_float64(PyObject *module, PyObject *args)
         goto done;
     const unsigned char *buf = (const unsigned char *)data.buf;
     for (Py_ssize_t i = 0; i < size; i++) {
-        uint64_t word = get_word(buf + i * 8, 8);
-        double v;
-        memcpy(&v, &word, 8);
-        PyObject *item = PyFloat_FromDouble(v);
-        if (item == NULL) {
+        if (!set_float_bits(out, i, get_word(buf + i * 8, 8))) {
             Py_CLEAR(out);
             goto done;
         }
-        PyTuple_SET_ITEM(out, i, item);
     }
 done:
     PyBuffer_Release(&data);
@@ -607,14 +615,10 @@ unpack_float64_xor(PyObject *module, PyObject *args)
         if (count)
             x <<= 8 * (8 - lead - count);
         bits ^= x;
-        double v;
-        memcpy(&v, &bits, 8);
-        PyObject *item = PyFloat_FromDouble(v);
-        if (item == NULL) {
+        if (!set_float_bits(out, i, bits)) {
             Py_CLEAR(out);
             goto done;
         }
-        PyTuple_SET_ITEM(out, i, item);
     }
 done:
     PyBuffer_Release(&data);
@@ -1228,25 +1232,25 @@ column_of_packed(const Py_buffer *data)
         PyErr_Format(PyExc_ValueError, "%zd bytes are not a packed int column", data->len);
         return NULL;
     }
-    Py_ssize_t size = (data->len - 1 - first) / width + (first ? 1 : 0);
+    Py_ssize_t words = (data->len - 1 - first) / width;   /* after the first item */
+    Py_ssize_t size = words + (first ? 1 : 0);
     PyObject *out = int_column_new(size);
     if (out == NULL)
         return NULL;
-    int64_t *to = IntColumn_ITEMS(out);
+    int64_t *items = IntColumn_ITEMS(out);
+    int64_t *to = items + (first ? 1 : 0);
     buf++;
     if (first) {
         uint64_t u = get_word(buf, 8);
-        memcpy(to, &u, 8);
-        to++;
-        size--;
+        memcpy(items, &u, 8);
         buf += 8;
     }
     if (width == 1) {
-        for (Py_ssize_t i = 0; i < size; i++)
+        for (Py_ssize_t i = 0; i < words; i++)
             to[i] = (int8_t)buf[i];
     }
     else {
-        for (Py_ssize_t i = 0; i < size; i++) {
+        for (Py_ssize_t i = 0; i < words; i++) {
             uint64_t u = get_word(buf + i * width, width);
             if (width < 8 && (u >> (8 * width - 1)) & 1)  /* sign-extend */
                 u |= ~(uint64_t)0 << (8 * width);
@@ -1255,12 +1259,10 @@ column_of_packed(const Py_buffer *data)
     }
     if (first) {   /* in unsigned words: a damaged column wraps, it does not trap */
         uint64_t sum;
-        to--;
-        size++;
-        memcpy(&sum, to, 8);
+        memcpy(&sum, items, 8);
         for (Py_ssize_t i = 1; i < size; i++) {
-            sum += (uint64_t)to[i];
-            memcpy(&to[i], &sum, 8);
+            sum += (uint64_t)items[i];
+            memcpy(&items[i], &sum, 8);
         }
     }
     return out;
