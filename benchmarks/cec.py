@@ -547,16 +547,18 @@ def runtime_throughput(storage: str, records: int, repeats: int, workloads: list
             return page.median(page.paired_differences(us, variant, baseline))
 
         # against the operator without lineage ids, as none runs it: cec turns them on
-        # (the results page's in-process rows count them the same way)
-        added = paired("cec", "no ids") / cpu["none"]
+        # (the results page's in-process rows count them the same way); each part the
+        # median of its own pairs, the rest of the whole beside them (so they add up)
+        whole, log, ids = (paired("cec", "no ids"), paired("cec", "cec, no log"),
+                           paired("alone", "no ids"))
+        added = whole / cpu["none"]
         if figures is not None:
             figures[workload]["in_process_us"] = us
-        print(f"    in process, the operator alone {min(us['alone']):.3f} us/record "
-              f"({paired('alone', 'no ids'):+.3f} for its lineage ids), under cec G_open "
-              f"only {paired('cec', 'alone'):+.3f} us/record, of which the log (appends, "
-              f"uploads) {paired('cec', 'cec, no log'):+.3f} and the rest (results' log "
-              f"form, G_opens, closings) {paired('cec, no log', 'alone'):+.3f}; with the "
-              f"ids {added:+.0%} of none's CPU per record above (medians of "
+        print(f"    in process, the operator alone {min(us['alone']):.3f} us/record; under "
+              f"cec G_open only {whole:+.3f} us/record over it without lineage ids, of "
+              f"which the ids {ids:+.3f}, the log (appends, uploads) {log:+.3f} and the "
+              f"rest (results' log form, G_opens, closings) {whole - ids - log:+.3f}: "
+              f"{added:+.0%} of none's CPU per record above (medians of "
               f"{OPERATOR_REPEATS} pairs of runs)")
         costs[workload] = (1 - best.get("cec G_open only", math.nan) / best["none"],
                            cec_cpu / cpu["none"] - 1, added)

@@ -192,9 +192,9 @@ class Section:
 def paired_differences(runs: Mapping[str, Any], variant: str, baseline: str) -> list[float]:
     """``variant``'s figure minus ``baseline``'s, repeat by repeat, sorted: ``runs``
     maps each to its figure per repeat (the two run next to each other in each), or
-    to one figure (a run kept from before repeats were). On a machine whose speed
-    moves within seconds, a difference of runs next to each other is steadier than
-    the difference of each one's best, which a lucky run of either moves."""
+    to one figure (a run stored before repeats were). On a machine whose speed moves
+    within seconds, a difference of runs next to each other is steadier than the
+    difference of each one's best, which a lucky run of either moves."""
     def repeats(figure: Any) -> list[float]:
         return [float(x) for x in figure] if isinstance(figure, list) else [float(figure)]
 
