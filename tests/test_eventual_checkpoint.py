@@ -68,6 +68,7 @@ class WindowModel:
         return (None if self.window_s is None else int(ts // self.window_s), key)
 
     def process(self, source: str, offset: int, key, ts: float, value: int) -> None:
+        before = dict(self.position)
         self.position[source] = offset
         self.t_now = max(self.t_now, ts)
         part = self.part_of(key, ts)
@@ -75,6 +76,13 @@ class WindowModel:
             pass  # late: its window fired already
         elif part in self.parts:
             self.parts[part] += value
+        elif self.window_s is not None and self.layouts.random() < 0.5:
+            # a window opening empty, as the runtime's do: its state before the input,
+            # at the position before it
+            self.parts[part] = value
+            self.records.append((self.t_now, eventual.burst(
+                G_OPEN, item(list(part)), item(0), len(self.parts), before,
+                self.watermark)))
         else:
             self.parts[part] = value
             self.control(G_OPEN, part)
@@ -321,13 +329,34 @@ def test_the_checksum_covers_every_field():
     assert not eventual.valid(closing[:-1] + [base[-1]])
 
 
+def test_one_state_for_a_burst_of_parts_is_each_parts_own():
+    """Windows that open empty share their G_open's one state: each part gets it,
+    decoded on its own (no two parts hold one object), and a burst with more than one
+    state but fewer than its parts is refused."""
+    from bastion.runtime.durable import DurableCodec, pack_run
+
+    codec = DurableCodec()
+    shared = eventual.burst(G_OPEN, pack_run(codec, [4, 5, 6]), pack_run(codec, [[{}, 0.5]]),
+                            3, {"src/0": 9}, 0.0)
+    ec = reconstruct([(0, 0.0, shared)])
+    assert ec.complete and len(ec.parts) == 3
+    parts, states, _ = eventual.decode_parts(codec, ec)
+    assert sorted(parts) == [4, 5, 6] and all(state == [{}, 0.5] for state in states)
+    assert len({id(state[0]) for state in states}) == 3
+    uneven = eventual.burst(G_OPEN, pack_run(codec, [4, 5, 6]),
+                            pack_run(codec, [[{}, 0.5], [{}, 0.5]]), 3, {"src/0": 9}, 0.0)
+    assert eventual.valid(shared) and not eventual.valid(uneven)
+    ec = reconstruct([(1, 0.0, uneven), (0, 0.0, shared)])
+    assert ec.skipped == [1] and len(ec.parts) == 3
+
+
 @pytest.mark.internal
 def test_a_burst_whose_arrays_do_not_match_is_refused_though_its_checksum_holds():
     """The checksum covers the bytes as written; bytes of another shape (a state
     missing, a part that is not bytes) are refused all the same, never loaded."""
     good = eventual.footprints(G_OPEN, [b"p", b"q"], [b"1", b"2"], 2, {"src/0": 1}, 0.0)
     assert eventual.valid(good)
-    for parts, states in [([b"p", b"q"], [b"1"]), (["p", "q"], [b"1", b"2"]),
+    for parts, states in [([b"p", b"q"], [b"1", b"2", b"3"]), (["p", "q"], [b"1", b"2"]),
                           ([], []), ([b"p"], b"1")]:
         packed_parts, packed_states = enc(parts), enc(states)
         bad = [G_OPEN, packed_parts, packed_states, 2, good[4],

@@ -88,6 +88,7 @@ class PartedOperator(Structural):
     closed: list | None           # a list: `on_watermark` appends each part it closes
     overlapping: bool             # a record goes into several parts (a sliding window)
     keyed: bool                   # its state splits by record key (it may rescale)
+    opens_empty: bool             # every part starts from `empty_part_state()` (a window)
 
     def process(self, batch: Batch, input_index: int) -> Batch | None: ...
 
@@ -105,6 +106,8 @@ class PartedOperator(Structural):
     def part_state(self, part: Any) -> Any: ...
 
     def load_part(self, part: Any, state: Any) -> None: ...
+
+    def empty_part_state(self) -> Any: ...
 
     def part_retired(self, part: Any, watermark: float) -> bool: ...
 

@@ -10,10 +10,11 @@ own persisted output log, ``jobs/<job>/logs/<operator>/<instance>/``
 
 - ``G_open``, a part's first footprint, as the part opens (paper §III, case 1): the
   batch that opened parts writes one G_open for them all — their state after the
-  batch, at the position after it — followed by the batch's results, in one log
-  append, which the log stores whole or not at all. So a part's G_open precedes every
-  other control tuple of it and every result it produces, and no recovery finds a
-  G_open reflecting inputs whose results it lacks. Every open part has a footprint:
+  batch, at the position after it; for windows, which open empty, that empty state
+  (once for all of them) at the position before it — followed by the batch's
+  results, in one log append, which the log stores whole or not at all. So a part's
+  G_open precedes every other control tuple of it and every result it produces, and
+  no recovery finds a G_open reflecting inputs whose results it lacks. Every open part has a footprint:
   N, the parts open, is the number of footprinted parts, as in the paper;
 - ``G_check`` for the parts whose last footprint is oldest, for at most
   `CecPolicy.check_interval_s` (CI) every `CecPolicy.period_s` (CP), while the
@@ -216,6 +217,9 @@ class CecOperator:
         self.footprints: dict[Any, int] = {}
         # The operator's batched part state, if it has one (a time window's tables).
         self.state_tables = getattr(inner, "part_state_tables", None)
+        # Where parts open empty, the one state every G_open names (`_g_open`), packed.
+        self.empty_state = (self._run([inner.empty_part_state()], "its state")
+                            if inner.opens_empty else None)
         self.records_in = 0
         self.dropped = 0
         self.checks_written = 0
@@ -240,6 +244,7 @@ class CecOperator:
                 "map/filter only between a source and a stateful operator")
         # A record the guard drops is reflected already (or belongs nowhere): the
         # position moves past it all the same, in step with the merge's counts.
+        before = (self.position, self.records_in)
         position = dict(self.position)
         position[f"{ids.source}/{ids.instance}"] = ids.positions[-1]
         position.update(self.channel_counts)
@@ -262,13 +267,12 @@ class CecOperator:
         opened = inner.opened
         if opened:
             # The paper's G_open, written as the part opens: one burst for the parts
-            # this batch opened, their state after it, at the position after it. It
-            # goes first, then the batch's results, in one append — which the log
+            # this batch opened (`_g_open`). It goes first, then the batch's results, in one append — which the log
             # stores whole or not at all (a flush or a seal takes what the appends
             # before it left), so no recovery finds a G_open reflecting inputs whose
             # results it lacks.
             inner.opened = []
-            opening = self._g_open(opened)
+            opening = self._g_open(opened, before)
             if opening is not None:
                 records.append(opening)
         if out is not None:
@@ -363,12 +367,23 @@ class CecOperator:
         part_state = self.inner.part_state
         return self._run([part_state(part) for part in parts], "its state")
 
-    def _g_open(self, opened: list) -> list | None:
-        """The G_open burst of the parts a call opened, their state as it is now; None
-        if none is open. A window lists each part it opens once and it is open until
-        a watermark comes, so its list is the burst as it stands; otherwise (a keyed
-        fold lists a key whose first input the function refused, which has no state,
-        and may list it twice) the parts are those `open_among` finds."""
+    def _g_open(self, opened: list, before: tuple[dict[str, int], int]) -> list | None:
+        """The G_open burst of the parts a batch opened; None if none is open. Parts
+        that open empty (windows) are named with that state at the position
+        ``before`` the batch (and the inputs processed by then): what each was then,
+        not having opened yet — the paper's G_open is the state after the input
+        that opened the part, and this is the same recovery point one batch earlier,
+        whose state, the same for all, is written once for the burst instead of a
+        state per part (half the log of fast sliding windows: `benchmarks/cec.py`
+        (d)). A window lists each part it opens once, and it is open until a
+        watermark comes. Other parts (a keyed fold's) are named with their state as
+        it is now: as the operator's tables have it, or — a fold lists a key whose
+        first input the function refused, which has no state, and may list it
+        twice — those `open_among` finds."""
+        empty = self.empty_state
+        if empty is not None:
+            return self._burst(eventual.G_OPEN, opened, self._run(opened, "its keys"),
+                               empty, at=before)
         if self.state_tables is not None:
             states = self._states(opened)
             if states is not None:
@@ -381,20 +396,23 @@ class CecOperator:
         assert states is not None   # open_among found each in the operator's state
         return self._burst(eventual.G_OPEN, parts, self._run(parts, "its keys"), states)
 
-    def _burst(self, kind: int, parts: list, keys: bytes, states: bytes) -> list:
+    def _burst(self, kind: int, parts: list, keys: bytes, states: bytes,
+               at: tuple[dict[str, int], int] | None = None) -> list:
         """The value of a burst of footprints of ``parts`` (distinct; the caller
-        appends it), whose keys and states are the runs ``keys`` and ``states``. Their
-        seq is noted as the log's next one: a few records early at most, which only
-        the policy's estimate of the extent sees."""
+        appends it), whose keys and states are the runs ``keys`` and ``states`` (one
+        state: every part's), at the position now or at ``at``'s, with the inputs
+        processed by then. Their seq is noted as the log's next one: a few records
+        early at most, which only the policy's estimate of the extent sees."""
         seq, footprinted = self.log.next_seq, self.footprints
-        self.bursts[seq] = (self.position, self.records_in)
-        self.newest_control = self.position
+        position, records_in = (self.position, self.records_in) if at is None else at
+        self.bursts[seq] = (position, records_in)
+        self.newest_control = position
         if kind == eventual.G_CHECK:
             for part in parts:  # refreshed: to the end of the order
                 del footprinted[part]
             self.checks_written += len(parts)
         footprinted |= dict.fromkeys(parts, seq)   # in C, no pair per part
-        return eventual.burst(kind, keys, states, len(footprinted), self.position,
+        return eventual.burst(kind, keys, states, len(footprinted), position,
                               self.task_watermark())
 
     def check(self) -> None:

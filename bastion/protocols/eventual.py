@@ -6,9 +6,11 @@ a time window aggregate or join, one per key of ``reduce`` / ``stateful_map`` or
 count window (a part that never closes) — and the operator writes small *control
 tuples* into its persisted output log, in order with its results:
 
-- ``G_open`` when a part opens: the part's state after the input that opened it (the
-  runtime writes one for the parts a batch opened, after the batch, before its
-  results: `bastion.protocols.cec`);
+- ``G_open`` when a part opens: the part's state after the input that opened it, as
+  the paper has it, or — for parts that open empty, windows — before it (the runtime
+  writes one for the parts a batch opened, before the batch's results: their state
+  after the batch, or the empty one at the position before it:
+  `bastion.protocols.cec`);
 - ``G_check`` now and then for the parts whose last footprint is oldest: the part's
   state as it is now;
 - ``closed`` when a part closes (a window fired): reading the log backwards, a part
@@ -79,7 +81,8 @@ Position = dict[str, int]  # "<source>/<instance>" -> offset of the last record 
 # A control tuple is the list ``[kind, parts, states, n_open, meta, crc]`` and stands
 # for a whole *burst*: the footprints (or closings) an operator writes at one moment,
 # which share one position and one watermark. ``parts`` holds the parts' keys and
-# ``states`` their states (None in a ``closed``), each item the bytes the task's codec
+# ``states`` their states (None in a ``closed``; one item for several parts: the state
+# of each, as windows that open empty have it), each item the bytes the task's codec
 # packs of one value; ``meta`` the msgpack bytes of ``[position, watermark]``; ``crc``
 # a CRC32 over the parts, states and meta bytes exactly as stored, started from a value
 # that encodes the kind and N. Checking one is three CRC32 calls over bytes the log
@@ -128,7 +131,7 @@ def burst(kind: int, parts: bytes, states: bytes | None, n_open: int,
     """The value of a control tuple whose parts' keys and states (None: a ``closed``)
     are runs (`bastion.runtime.durable.pack_run`): what a running operator writes. The
     runs are taken as given — the reader cuts them, and refuses a burst whose runs do
-    not cut into as many states as parts — so the write costs one msgpack call (the
+    not cut into as many states as parts, or one for all — so the write costs one msgpack call (the
     meta) and three CRC32 calls."""
     meta = msgpack.packb([position, watermark])
     return [kind, parts, states, n_open, meta, _crc(kind, parts, states, n_open, meta)]
@@ -226,10 +229,10 @@ def _decode_burst(value: Any) -> tuple[tuple, tuple | None] | None:
     if value[2] is None:   # a closing (`_checked` saw to it)
         return parts, None
     states = _column(value[2])
-    if (type(states) is not tuple or len(states) != len(parts)
+    if (type(states) is not tuple or len(states) not in (1, len(parts))
             or set(map(type, states)) != {bytes}):
         return None
-    return parts, states
+    return parts, states * len(parts) if len(states) < len(parts) else states
 
 
 def _decode_meta(meta: bytes) -> tuple[Position, float] | None:

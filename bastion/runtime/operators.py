@@ -150,6 +150,10 @@ class Operator:
     # path: it is made only when a part opens or closes.
     opened: list | None = None
     closed: list | None = None
+    # True where every part starts empty, the same for all, before its first input (a
+    # time window's or a join's window; a keyed fold's accumulator starts from its
+    # first input instead): `empty_part_state` is that state.
+    opens_empty = False
 
     def parts_of(self, batch: Batch) -> Sequence:
         """The part each record of ``batch`` goes into."""
@@ -170,6 +174,11 @@ class Operator:
         raise NotImplementedError
 
     def load_part(self, part: Any, state: Any) -> None:
+        raise NotImplementedError
+
+    def empty_part_state(self) -> Any:
+        """Of an operator whose parts ``opens_empty``: the state `part_state` gives
+        of a part before its first input, which `load_part` takes."""
         raise NotImplementedError
 
     def part_state_tables(self) -> tuple[dict, ...] | None:
@@ -802,6 +811,12 @@ class TimeWindowOp(_WindowParts):
     def part_state(self, part: Any) -> Any:
         return [self.open[part], self.latest_born[part]]
 
+    opens_empty = True
+
+    def empty_part_state(self) -> Any:
+        # no input yet: no key, and a born below any input's (the first one raises it)
+        return [{}, -math.inf]
+
     def part_state_tables(self) -> tuple[dict, ...]:
         # fast windows open a part every few records: their G_opens pack from here
         return (self.open, self.latest_born)
@@ -1265,6 +1280,11 @@ class JoinOp(_WindowParts):
 
     def part_state(self, part: Any) -> Any:
         return {key: [_columns(a), _columns(b)] for key, (a, b) in self.open[part].items()}
+
+    opens_empty = True
+
+    def empty_part_state(self) -> Any:
+        return {}
 
     def load_part(self, part: Any, state: Any) -> None:
         self.open[part] = _sides(state)
