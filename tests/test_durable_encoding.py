@@ -7,13 +7,14 @@ import datetime
 import math
 import pickle
 import random
+import struct
 from pathlib import Path
 
 import msgpack
 import pytest
 
 import bastion as bn
-from bastion.runtime.columns import pack_ints, unpack_ints
+from bastion.runtime.columns import pack_ints, unpack_float64_xor, unpack_ints
 from bastion.runtime.config import JobConfig
 from bastion.errors import UnserialisableError
 from bastion.runtime.durable import (RESERVED_CODES, DurableCodec, open_bytes, seal)
@@ -386,7 +387,7 @@ def test_window_results_come_back_exactly_from_their_log_form(spec, lineage):
     codec = DurableCodec()
     keys = [random_hashable(rng, 2) for _ in range(12)]
     keys = [k for k in keys if not (isinstance(k, float) and math.isnan(k))]
-    fired = stored_starts = 0
+    fired = stored_starts = start_bytes = 0
     for step in range(40):
         n = rng.randrange(1, 30)
         values = [(rng.choice(keys), "drop" if rng.random() < 0.1 else random_value(rng, 3))
@@ -400,11 +401,18 @@ def test_window_results_come_back_exactly_from_their_log_form(spec, lineage):
             continue
         form = op.results_form(out)
         back = op.results_batch(codec.unpack(codec.pack(form), "k"))
-        # a window's start is stored once per run of its results, not once per result
+        # a window's start is stored once per run of its results, not once per result,
+        # each in the bytes it differs from the one before by
         starts = [value[1] for value in out.values]
         runs = sum(1 for i, start in enumerate(starts) if i == 0 or start != starts[i - 1])
-        assert len(form[6]) == 8 * runs
+        assert form[8] & 16 and len(unpack_float64_xor(form[6])) == runs
         stored_starts += runs
+        start_bytes += len(form[6])
+        # as logs of earlier versions have it (run values as raw doubles), it reads too
+        raw = list(form)
+        raw[6], raw[8] = struct.pack(f"<{runs}d", *unpack_float64_xor(form[6])), form[8] - 16
+        earlier = op.results_batch(codec.unpack(codec.pack(raw), "k"))
+        assert typed(earlier.values) == typed(list(out.values))
         fired += len(out)
         last = out
         assert typed(back.keys) == typed(list(out.keys))
@@ -413,13 +421,14 @@ def test_window_results_come_back_exactly_from_their_log_form(spec, lineage):
         assert typed(back.born) == typed(list(out.born))
         assert typed(back.ids) == typed(out.ids if lineage else None)
     assert fired > 50 and ctx.dead_letter_count > 0 and stored_starts < fired
+    assert start_bytes < 8 * stored_starts
     with pytest.raises(ValueError, match="not a time window's"):
         op.results_batch([[1], [(1,)], [0.5], [0.5], None])
-    # born and the starts travel as runs of raw doubles: a column cut short, a run
-    # lost, a run longer or empty is refused, never read as other numbers
+    # born and the starts travel as runs of doubles: a column cut short, a run lost, a
+    # run longer or empty is refused, never read as other numbers
     form = op.results_form(last)
     lengths = list(unpack_ints(form[7]))
-    for column, damaged in [(4, form[4][:-1]), (6, form[6][:-8]), (5, form[5][:-1]),
+    for column, damaged in [(4, form[4][:-1]), (6, form[6][:-1]), (5, form[5][:-1]),
                             (7, pack_ints(lengths[:-1] + [lengths[-1] + 1])),
                             (7, pack_ints([0] + lengths)), (7, b"\x03"),
                             (7, pack_ints(lengths[:-1] + [2**62]))]:
@@ -457,7 +466,7 @@ def test_window_results_of_exact_numbers_are_logged_as_machine_words(keys, agg, 
     out = op.on_watermark(float(n))
     codec = DurableCodec()
     form = codec.unpack(codec.pack(op.results_form(out)), "k")
-    assert form[-1] == packing
+    assert form[-1] == packing | 16   # and the starts' run values XOR-packed
     assert (type(form[2]) is bytes) == bool(packing & 3)
     assert type(form[3]) is bytes
     back = op.results_batch(form)
@@ -466,7 +475,7 @@ def test_window_results_of_exact_numbers_are_logged_as_machine_words(keys, agg, 
     assert typed(back.ts) == typed(list(out.ts))
     assert typed(back.born) == typed(list(out.born))
     assert typed(back.ids) == typed(out.ids)
-    for bad in (3, 3 << 2, 16, "1"):
+    for bad in (3, 3 << 2, 3 | 16, 32, "1"):
         with pytest.raises(ValueError, match="packed in an unknown way"):
             op.results_batch(form[:-1] + [bad])
     with pytest.raises(ValueError, match="packed"):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import heapq
 import math
-import struct
 import time
 import traceback
 from itertools import accumulate, chain, compress, islice, repeat
@@ -44,7 +43,8 @@ from bastion.runtime.metrics import LatencyHistogram
 from bastion.runtime.columns import (FOLD_COUNT, FOLD_MAX, FOLD_MEAN, FOLD_MIN, FOLD_SUM,
                                      IntColumn, field_column, float64_runs, fold_int_column,
                                      fold_keyed, pack_float64_xor, pack_int_deltas, pack_ints,
-                                     pair_column, unpack_ints)
+                                     pair_column, unpack_float64, unpack_float64_xor,
+                                     unpack_ints)
 from bastion.runtime.records import FLOAT64_XOR, Batch, pack_column, unpack_column
 from bastion.runtime.windows import TimeWindows
 from bastion.topology import OpNode
@@ -834,11 +834,16 @@ class TimeWindowOp(_WindowParts):
     # item where it can be machine words, and what repeats is stored once: the results
     # of one window come out together with the same start and the same born (its
     # latest input's), so those two columns are run-length encoded, each run's value a
-    # little-endian double (born is a wall-clock stamp, a start `k * size`: floats
-    # always) and the run lengths packed ints; keys and aggregates that are all exact
-    # ints (a count) or all exact floats are packed as a frame packs them
-    # (`pack_column`), anything else is left to the state codec, exact types kept.
-    # Every pass is one C loop (`columns`).
+    # double (born is a wall-clock stamp, a start `k * size`: floats always) and the
+    # run lengths packed ints; keys and aggregates that are all exact ints (a count) or
+    # all exact floats are packed as a frame packs them (`pack_column`), anything else
+    # is left to the state codec, exact types kept. Born's runs are few (a source
+    # stamps a batch with one read time), its doubles little-endian; the starts' are a
+    # run per window, and the starts of windows fired together climb by a slide: each
+    # keeps only the bytes in which it differs from the one before
+    # (`columns.pack_float64_xor`: 2-3 of 8), which the packing's bit 16 says (without
+    # it, little-endian doubles: logs of earlier versions). Every pass is one C loop
+    # (`columns`).
 
     def results_form(self, out: Batch) -> list:
         values = out.values
@@ -848,7 +853,8 @@ class TimeWindowOp(_WindowParts):
         born, born_runs = _float_runs(out.born)
         starts, start_runs = _float_runs(field_column(values, 1))
         return [_WINDOW_RESULTS, code, keys, aggregates, born, pack_ints(born_runs),
-                starts, pack_ints(start_runs), keys_kind | aggregates_kind << 2]
+                pack_float64_xor(unpack_float64(starts)), pack_ints(start_runs),
+                keys_kind | aggregates_kind << 2 | _XOR_STARTS]
 
     def results_batch(self, form: list) -> Batch:
         name = self.ctx.name
@@ -856,14 +862,16 @@ class TimeWindowOp(_WindowParts):
             raise ValueError(f"operator {name!r}: logged results are not a time window's "
                              "(or were written by an older Bastion: run the job afresh)")
         _, code, keys, aggregates, born, born_runs, starts, start_runs, packing = form
-        if packing not in range(16) or packing & 3 == 3 or packing >> 2 == 3:
+        if packing not in range(32) or packing & 3 == 3 or packing >> 2 & 3 == 3:
             raise ValueError(f"operator {name!r}: logged results say their columns are "
                              f"packed in an unknown way ({packing!r})")
         try:
             keys = list(unpack_column(keys, packing & 3))
-            aggregates = unpack_column(aggregates, packing >> 2)
+            aggregates = unpack_column(aggregates, packing >> 2 & 3)
             born = _from_float_runs(born, unpack_ints(born_runs), len(keys))
-            starts = _from_float_runs(starts, unpack_ints(start_runs), len(keys))
+            starts = _from_float_runs(
+                unpack_float64_xor(starts) if packing & _XOR_STARTS else starts,
+                unpack_ints(start_runs), len(keys))
         except TypeError as exc:  # a packed column that is not bytes
             raise ValueError(f"operator {name!r}: logged results have a packed column "
                              f"that is not one: {exc}") from exc
@@ -1003,20 +1011,26 @@ def _float_runs(column: Sequence[float]) -> tuple[bytes, list[int]]:
     return float64_runs(list(map(float, column))) if runs is None else runs
 
 
-def _from_float_runs(values: bytes, lengths: Sequence[int], size: int) -> list[float]:
-    """The column of ``size`` items `_float_runs` encoded (checked before it is built:
-    a damaged length must not make a column of billions)."""
-    if len(values) % 8:
-        raise ValueError(f"a column of doubles of {len(values)} bytes (not a multiple of 8)")
-    if len(values) // 8 != len(lengths) or any(length < 1 for length in lengths):
-        raise ValueError(f"{len(values) // 8} run values for run lengths {list(lengths)[:8]}")
+def _from_float_runs(values: bytes | tuple[float, ...], lengths: Sequence[int],
+                     size: int) -> list[float]:
+    """The column of ``size`` items `_float_runs` encoded, its run values as
+    little-endian doubles or unpacked already (checked before it is built: a damaged
+    length must not make a column of billions)."""
+    if type(values) is not tuple:
+        if len(values) % 8:
+            raise ValueError(f"a column of doubles of {len(values)} bytes "
+                             "(not a multiple of 8)")
+        values = unpack_float64(values)
+    if len(values) != len(lengths) or any(length < 1 for length in lengths):
+        raise ValueError(f"{len(values)} run values for run lengths {list(lengths)[:8]}")
     if sum(lengths) != size:
         raise ValueError(f"runs of {sum(lengths)} items in all, for {size} results")
-    doubles = struct.unpack(f"<{len(values) // 8}d", values)
-    return list(chain.from_iterable(map(repeat, doubles, lengths)))
+    return list(chain.from_iterable(map(repeat, values, lengths)))
 
 
 _WINDOW_RESULTS = "window results"
+# A time window's results' packing bit: the starts' run values are XOR-packed.
+_XOR_STARTS = 16
 
 
 class CountWindowOp(Operator):
