@@ -189,15 +189,67 @@ def test_a_flipped_byte_anywhere_in_a_burst_is_caught_and_never_loaded():
 
 
 def test_a_run_that_does_not_cut_is_refused_though_its_checksum_holds():
-    """The CRC covers the bytes as written: a writer's mistake (a state missing, a
-    run cut short) is refused by the cut, never loaded."""
+    """The CRC covers the bytes as written: a writer's mistake (a state missing or one
+    too many — one for all parts is the one other count — a run cut short) is refused
+    by the cut, never loaded."""
     parts, states = pack_run(CODEC, [1, 2]), pack_run(CODEC, [[1], [2]])
     assert eventual.valid(eventual.burst(G_OPEN, parts, states, 2, {}, 0.0))
-    for bad_parts, bad_states in [(parts, states[:-1]), (parts, pack_run(CODEC, [[1]])),
+    for bad_parts, bad_states in [(parts, states[:-1]),
+                                  (parts, pack_run(CODEC, [[1], [2], [3]])),
+                                  (pack_run(CODEC, [1, 2, 3]), states),
                                   (parts[:-1], states), (parts + b"\x05", states)]:
         bad = eventual.burst(G_OPEN, bad_parts, bad_states, 2, {}, 0.0)
         assert not eventual.valid(bad), (bad_parts, bad_states)
         assert reconstruct([(0, 0.0, bad)]).skipped == [0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(values=st.lists(st.integers(-2**63, 2**63 - 1) | st.booleans()
+                       | st.floats(-3, 3).map(float), max_size=8)
+       | st.tuples(st.integers(-2**63, 2**63 - 1), st.integers(0, 40)).map(
+           lambda start: list(range(start[0], min(start[0] + start[1], 2**63)))))
+def test_int_range_finds_consecutive_ints_in_c_as_in_python(values):
+    found = durable.int_range(values)
+    assert found == durable.py_int_range(values)
+    consecutive = (len(values) > 1 and all(type(v) is int for v in values)
+                   and values == list(range(values[0], values[0] + len(values))))
+    assert (found is not None) == consecutive
+    if found is not None:
+        assert list(range(found[0], found[0] + found[1])) == values
+
+
+@pytest.mark.parametrize("keys", [[5, 6, 7], [2**63 - 3, 2**63 - 2, 2**63 - 1],
+                                  [-2**63, -2**63 + 1], list(range(-40, 300))])
+def test_a_range_of_window_numbers_names_the_parts_its_run_names(keys):
+    """Consecutive window numbers are stored as their first and count: the parts, and
+    the EC, are those of the run of the same numbers."""
+    column = eventual.key_column(keys)
+    assert column is not None and len(column) < 20
+    states = pack_run(CODEC, [[{}, -math.inf]])
+    as_range = eventual.burst(G_OPEN, column, states, len(keys), {"src/0": 1}, 0.0)
+    as_run = eventual.burst(G_OPEN, pack_run(CODEC, keys), states, len(keys),
+                            {"src/0": 1}, 0.0)
+    assert eventual.parts_of(as_range) == split_run(pack_run(CODEC, keys))
+    assert (reconstruct([(0, 0.0, as_range)]).to_wire()
+            == reconstruct([(0, 0.0, as_run)]).to_wire())
+    for not_a_range in ([1], [1, 3], [1, 2.0], [True, 2], [2**63 - 1, 2**63], ["a", "b"]):
+        assert eventual.key_column(not_a_range) is None
+
+
+def test_a_range_that_is_not_one_is_refused_though_its_checksum_holds():
+    """A range column names two or more ints within 64 bits, at most `_MAX_RANGE` of
+    them (a damaged count must not make billions), and nothing after them."""
+    states = pack_run(CODEC, [[{}, -math.inf]])
+    good = eventual.burst(G_OPEN, b"\x02" + msgpack.packb([7, 3]), states, 3, {}, 0.0)
+    assert eventual.valid(good)
+    for body in ([7, 1], [7, 0], [7, -2], [7, eventual._MAX_RANGE + 1], [2**63 - 1, 2],
+                 [2**64 - 1, 2], [7.0, 3], [7, 3.0], ["7", 3], [7], [7, 3, 1]):
+        bad = eventual.burst(G_OPEN, b"\x02" + msgpack.packb(body), states, 3, {}, 0.0)
+        assert not eventual.valid(bad), body
+        assert reconstruct([(0, 0.0, bad)]).skipped == [0]
+    trailing = eventual.burst(G_OPEN, b"\x02" + msgpack.packb([7, 3]) + b"\x00", states,
+                              3, {}, 0.0)
+    assert not eventual.valid(trailing)
 
 
 def test_floats_keep_their_bits():
@@ -213,9 +265,12 @@ def test_without_the_c_loop_the_runs_are_the_same(monkeypatch):
                           {"a": (1,)}, 2**70, {5}]) for _ in range(200)]
     parts = list(range(50))
     tables = ({p: {p: p * 1.5} for p in parts}, {p: (p, "x") for p in parts})
-    native = (pack_run(CODEC, values), pack_rows(CODEC, parts, tables))
+    native = (pack_run(CODEC, values), pack_rows(CODEC, parts, tables),
+              eventual.key_column(parts))
     monkeypatch.setattr(durable, "NATIVE", False)
-    assert (pack_run(CODEC, values), pack_rows(CODEC, parts, tables)) == native
+    assert (pack_run(CODEC, values), pack_rows(CODEC, parts, tables),
+            eventual.key_column(parts)) == native
+    assert native[2] is not None
     assert split_run(native[0]) == tuple(CODEC.pack_many(values))
     assert pack_rows(CODEC, parts + [99], tables) is None
 
@@ -233,8 +288,10 @@ def _window_operator(window):
 
 
 def _cec_log(window, tables: bool, tmp_path) -> list:
-    """The log values a CecOperator over ``window`` writes for three batches (with
-    its operator's tables, or part by part)."""
+    """The log values a CecOperator over ``window`` writes for three batches, each
+    followed by a period's G_checks of every open window (packed from its
+    operator's tables, or part by part)."""
+    import time
     import types
 
     from bastion.lineage import IdRun
@@ -245,7 +302,9 @@ def _cec_log(window, tables: bool, tmp_path) -> list:
     inner = _window_operator(window)
     task = types.SimpleNamespace(state_codec=DurableCodec(), watermark=-math.inf)
     log = LogWriter(LocalStore(tmp_path / f"log-{tables}"), "log/")
-    operator = CecOperator(inner, task, CecPolicy.open_only(), log)
+    eager = CecPolicy(extent_target=1, replay_target=1, check_interval_s=0.001,
+                      period_s=0.001)
+    operator = CecOperator(inner, task, eager, log)
     if not tables:
         operator.state_tables = None
     for start in (0, 50, 100):
@@ -257,6 +316,8 @@ def _cec_log(window, tables: bool, tmp_path) -> list:
         operator.process(batch, 0)
         task.watermark = batch.ts[-1] - 3.0
         operator.on_watermark(task.watermark)
+        time.sleep(0.002)   # a period begins: every open window is due a G_check
+        operator.check()
     log.flush()
     from bastion.storage import LogReader
     return [value for _, _, value in LogReader(LocalStore(tmp_path / f"log-{tables}"),
@@ -265,7 +326,7 @@ def _cec_log(window, tables: bool, tmp_path) -> list:
 
 @pytest.mark.parametrize("window", ["tumbling", "sliding"])
 def test_a_windows_g_opens_from_its_tables_are_those_part_by_part(window, tmp_path):
-    """`CecOperator` packs a time window's states straight from its tables
+    """`CecOperator` packs a time window's G_check states straight from its tables
     (`part_state_tables`): the log is the very log `part_state` part by part
     writes, and a table that disagrees with `part_state` would show."""
     import bastion as bn
@@ -273,7 +334,8 @@ def test_a_windows_g_opens_from_its_tables_are_those_part_by_part(window, tmp_pa
     spec = bn.windows.Tumbling(2.0) if window == "tumbling" else bn.windows.Sliding(4.0, 1.0)
     fast, slow = _cec_log(spec, True, tmp_path), _cec_log(spec, False, tmp_path)
     opens = [v for v in fast if v[0] == G_OPEN]
-    assert len(opens) == 3 and fast == slow
+    checks = [v for v in fast if v[0] == G_CHECK]
+    assert len(opens) == 3 and len(checks) == 3 and fast == slow
     inner = _window_operator(spec)
     inner.open, inner.latest_born = {1: {"a": 1}}, {1: 2.0}
     assert pack_rows(CODEC, [1], inner.part_state_tables()) == pack_run(

@@ -31,7 +31,9 @@ decodes it in a few C calls, not a Python pass per part. Its parts' keys and sta
 are written as two *runs* (`bastion.runtime.durable`), each packed in one C call —
 a time window's states straight from its tables (`Operator.part_state_tables`) — for
 on fast windows a part opens every other record, and a bytes object and a packer
-call per part cost a third of such a job's CPU (`benchmarks/cec.py` (d)).
+call per part cost a third of such a job's CPU (`benchmarks/cec.py` (d)). Windows
+opened or closed together are numbered one by one: their keys are a *range* (first
+and count), and the windows' G_open one state for all (`eventual`).
 
 Every control tuple carries the operator's *position*: per upstream source instance
 (``"<op code>/<index>"``), the offset of the last record processed, taken from the
@@ -310,7 +312,7 @@ class CecOperator:
             if closing:
                 self.newest_control = self.position
                 records.append(eventual.burst(
-                    eventual.CLOSED, self._run(closing, "its keys"), None,
+                    eventual.CLOSED, self._keys(closing), None,
                     len(self.footprints), self.position, self.task_watermark()))
             gone.clear()
         self._append(records)
@@ -353,6 +355,12 @@ class CecOperator:
             raise UnstorableValueError(self.ctx.name, self.ctx.index, exc.type_name,
                                        f"{what} cannot be logged", str(exc)) from None
 
+    def _keys(self, parts: list) -> bytes:
+        """The column of ``parts``' keys: a range where they are consecutive ints (the
+        windows a batch opened or a watermark closed), else a run. (A G_check joins
+        runs of chunks: its keys are a run.)"""
+        return eventual.key_column(parts) or self._run(parts, "its keys")
+
     def _states(self, parts: list) -> bytes | None:
         """The run of ``parts``' states as they are now: from the operator's tables
         in one C call where it has them (None if a part is not in them: not open),
@@ -382,19 +390,18 @@ class CecOperator:
         twice — those `open_among` finds."""
         empty = self.empty_state
         if empty is not None:
-            return self._burst(eventual.G_OPEN, opened, self._run(opened, "its keys"),
-                               empty, at=before)
+            return self._burst(eventual.G_OPEN, opened, self._keys(opened), empty,
+                               at=before)
         if self.state_tables is not None:
             states = self._states(opened)
             if states is not None:
-                return self._burst(eventual.G_OPEN, opened,
-                                   self._run(opened, "its keys"), states)
+                return self._burst(eventual.G_OPEN, opened, self._keys(opened), states)
         parts = self.inner.open_among(dict.fromkeys(opened))
         if not parts:
             return None
         states = self._states(parts)
         assert states is not None   # open_among found each in the operator's state
-        return self._burst(eventual.G_OPEN, parts, self._run(parts, "its keys"), states)
+        return self._burst(eventual.G_OPEN, parts, self._keys(parts), states)
 
     def _burst(self, kind: int, parts: list, keys: bytes, states: bytes,
                at: tuple[dict[str, int], int] | None = None) -> list:
@@ -537,7 +544,7 @@ class CecOperator:
         if parts:
             states = self._states(parts)
             assert states is not None  # every part is open
-            self._append([self._burst(eventual.G_OPEN, parts, self._run(parts, "its keys"),
+            self._append([self._burst(eventual.G_OPEN, parts, self._keys(parts),
                                       states)])
         self.log.flush()
 

@@ -64,7 +64,7 @@ from typing import Any, Iterable
 
 import msgpack
 
-from bastion.runtime.durable import split_run
+from bastion.runtime.durable import DurableCodec, int_range, pack_run, split_run
 from bastion.storage import CorruptRecordError, ObjectStore
 from bastion.storage.log import Damage, LogReader, gc_paused, salvage_log
 
@@ -91,7 +91,7 @@ Position = dict[str, int]  # "<source>/<instance>" -> offset of the last record 
 # ~3 us, most of an EC-load of 230,000 footprints (measured by `benchmarks/cec.py`
 # (f): 0.80 s before bursts).
 #
-# A column is stored in one of two layouts, told apart by its first byte:
+# A column is stored in one of three layouts, told apart by its first byte:
 #
 # - a *run* (`bastion.runtime.durable`: the items back to back, a flags byte 0 or 1
 #   first): what a running operator writes (`burst`). Its keys and states are packed
@@ -101,11 +101,43 @@ Position = dict[str, int]  # "<source>/<instance>" -> offset of the last record 
 # - a msgpack *array of bin*, an item each (a msgpack array header first, never 0 or
 #   1): what `footprints`, `footprint` and `closed` write from items packed already
 #   (a resumed job copies an earlier one's footprints as they were), and every burst
-#   of the logs of earlier versions.
+#   of the logs of earlier versions;
+# - a *range* (a byte 2 first, then the msgpack of ``[first, count]``): the parts'
+#   keys when they are consecutive ints — the windows a watermark closes, or a batch
+#   of time-ordered records opens, are numbered one by one — cut into the items
+#   their run would hold. Fast sliding windows name a window twice (opened, closed)
+#   per two records, and their runs were half the log (`benchmarks/cec.py` (d)).
 #
-# Either way a part's item is the same bytes, so a part is one part whichever layout
-# names it, and the EC is the same.
+# Whatever the layout a part's item is the same bytes, so a part is one part whichever
+# layout names it, and the EC is the same.
 _RUN_FLAGS = (0, 1)   # the first byte of a run; an array header is 0x90-0x9f, 0xdc, 0xdd
+_RANGE_FLAG = 2
+# The most items a range holds: a damaged (or hostile) one must not make billions.
+_MAX_RANGE = 1 << 24
+_INT64 = range(-2**63, 2**63)
+
+
+def key_column(keys: list) -> bytes | None:
+    """``keys`` as a range column, if they are two or more consecutive ints within
+    64 bits (exactly ints: ``2.0`` is a part of its own; one C pass); else None, and
+    the caller packs them as a run."""
+    found = int_range(keys)
+    if found is None or found[1] > _MAX_RANGE:
+        return None
+    return bytes((_RANGE_FLAG,)) + msgpack.packb(found)
+
+
+def _range_items(data: bytes) -> tuple[bytes, ...] | None:
+    """The items of a range column, as the run of its ints holds them; None if it is
+    not one."""
+    try:
+        first, count = msgpack.unpackb(data[1:])
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+    if (type(first) is not int or type(count) is not int or not 1 < count <= _MAX_RANGE
+            or first not in _INT64 or first + count - 1 not in _INT64):
+        return None
+    return split_run(pack_run(DurableCodec(), list(range(first, first + count))))
 
 
 def _crc(kind: int, parts: bytes, states: bytes | None, n_open: int, meta: bytes) -> int:
@@ -208,10 +240,12 @@ def _checked(value: Any) -> bool:
 
 
 def _column(data: bytes) -> Any:
-    """A burst's column as a tuple of items, from either layout (see above); None or
-    another shape if it is neither."""
+    """A burst's column as a tuple of items, from any layout (see above); None or
+    another shape if it is none."""
     if data[:1] and data[0] in _RUN_FLAGS:
         return split_run(data)
+    if data[:1] == b"\x02":
+        return _range_items(data)
     try:
         return msgpack.unpackb(data, use_list=False)
     except (ValueError, TypeError, msgpack.UnpackException):

@@ -630,12 +630,45 @@ set_table_end(PyObject *module, PyObject *cls)
     Py_RETURN_NONE;
 }
 
+/* int_range(values: list) -> tuple[int, int] | None: (first, count) when ``values``
+ * are two or more exact ints within 64 bits, each one more than the one before (the
+ * window numbers a batch opens or a watermark closes); else None. */
+static PyObject *
+int_range(PyObject *module, PyObject *values)
+{
+    if (!PyList_Check(values)) {
+        PyErr_SetString(PyExc_TypeError, "int_range takes a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    if (n < 2)
+        Py_RETURN_NONE;
+    long long first = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(values, i);
+        if (!PyLong_CheckExact(item))
+            Py_RETURN_NONE;
+        int overflow = 0;
+        long long value = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (overflow || (value == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        if (i == 0)
+            first = value;
+        else if (first > LLONG_MAX - i || value != first + i)
+            Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(Ln)", first, n);
+}
+
 static PyMethodDef methods[] = {
     {"seal", seal, METH_VARARGS, "a plain value's sealed blob, or None"},
     {"pack_run", pack_run, METH_O, "plain values packed back to back, or None"},
     {"pack_rows", pack_rows, METH_VARARGS,
      "a row of table lookups per part, packed back to back, or None"},
     {"split_run", split_run, METH_O, "the packed items of a run, or None"},
+    {"int_range", int_range, METH_O, "(first, count) of consecutive ints, or None"},
     {"set_table_end", set_table_end, METH_O, "the class packed as a table's end"},
     {NULL, NULL, 0, NULL},
 };

@@ -166,6 +166,7 @@ try:  # plain values and runs in C: an optional build (setup.py), same bytes
     from ._durable import pack_rows as _pack_rows_c, pack_run as _pack_run_c
     from ._durable import set_table_end as _set_table_end
     from ._durable import split_run as _split_run_c
+    from ._durable import int_range as _int_range_c
     _set_table_end(TableEnd)
     NATIVE = True
 except ImportError:  # pragma: no cover - a machine without a C compiler
@@ -369,6 +370,26 @@ def py_split_run(data: bytes) -> tuple[bytes, ...] | None:
     except (ValueError, msgpack.UnpackException, msgpack.OutOfData):
         return None
     return tuple(items)
+
+
+def py_int_range(values: list) -> tuple[int, int] | None:
+    """`int_range` in Python."""
+    n = len(values)
+    if n < 2 or set(map(type, values)) != {int}:
+        return None
+    first = values[0]
+    if first < -2**63 or first + n > 2**63 or values != list(range(first, first + n)):
+        return None
+    return first, n
+
+
+def int_range(values: list) -> tuple[int, int] | None:
+    """``(first, count)`` when ``values`` are two or more exact ints within 64 bits
+    (signed), each one more than the one before — the window numbers a batch opens
+    or a watermark closes; else None."""
+    if NATIVE:
+        return _int_range_c(values)
+    return py_int_range(values)
 
 
 def split_run(data: bytes) -> tuple[bytes, ...] | None:
