@@ -14,8 +14,9 @@ own persisted output log, ``jobs/<job>/logs/<operator>/<instance>/``
   (once for all of them) at the position before it — followed by the batch's
   results, in one log append, which the log stores whole or not at all. So a part's
   G_open precedes every other control tuple of it and every result it produces, and
-  no recovery finds a G_open reflecting inputs whose results it lacks. Every open part has a footprint:
-  N, the parts open, is the number of footprinted parts, as in the paper;
+  no recovery finds a G_open reflecting inputs whose results it lacks. Every open
+  part has a footprint: N, the parts open, is the number of footprinted parts, as in
+  the paper;
 - ``G_check`` for the parts whose last footprint is oldest, for at most
   `CecPolicy.check_interval_s` (CI) every `CecPolicy.period_s` (CP), while the
   *extent* (log records a recovery reads back, q) exceeds ``extent_target`` (Q) or the
@@ -269,10 +270,10 @@ class CecOperator:
         opened = inner.opened
         if opened:
             # The paper's G_open, written as the part opens: one burst for the parts
-            # this batch opened (`_g_open`). It goes first, then the batch's results, in one append — which the log
-            # stores whole or not at all (a flush or a seal takes what the appends
-            # before it left), so no recovery finds a G_open reflecting inputs whose
-            # results it lacks.
+            # this batch opened (`_g_open`). It goes first, then the batch's results,
+            # in one append — which the log stores whole or not at all (a flush or a
+            # seal takes what the appends before it left), so no recovery finds a
+            # G_open reflecting inputs whose results it lacks.
             inner.opened = []
             opening = self._g_open(opened, before)
             if opening is not None:

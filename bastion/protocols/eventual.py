@@ -163,8 +163,8 @@ def burst(kind: int, parts: bytes, states: bytes | None, n_open: int,
     """The value of a control tuple whose parts' keys and states (None: a ``closed``)
     are runs (`bastion.runtime.durable.pack_run`): what a running operator writes. The
     runs are taken as given — the reader cuts them, and refuses a burst whose runs do
-    not cut into as many states as parts, or one for all — so the write costs one msgpack call (the
-    meta) and three CRC32 calls."""
+    not cut into as many states as parts, or one for all — so the write costs one
+    msgpack call (the meta) and three CRC32 calls."""
     meta = msgpack.packb([position, watermark])
     return [kind, parts, states, n_open, meta, _crc(kind, parts, states, n_open, meta)]
 
@@ -244,7 +244,7 @@ def _column(data: bytes) -> Any:
     another shape if it is none."""
     if data[:1] and data[0] in _RUN_FLAGS:
         return split_run(data)
-    if data[:1] == b"\x02":
+    if data[:1] and data[0] == _RANGE_FLAG:
         return _range_items(data)
     try:
         return msgpack.unpackb(data, use_list=False)
