@@ -236,6 +236,7 @@ def test_a_range_of_window_numbers_names_the_parts_its_run_names(keys):
         assert eventual.key_column(not_a_range) is None
 
 
+@pytest.mark.internal
 def test_a_range_that_is_not_one_is_refused_though_its_checksum_holds():
     """A range column names two or more ints within 64 bits, at most `_MAX_RANGE` of
     them (a damaged count must not make billions), and nothing after them."""
