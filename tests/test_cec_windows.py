@@ -334,6 +334,35 @@ def test_the_drill_catches_a_cec_that_does_not_restore_its_parts(workload, stora
     assert report.corrupted + report.lost > 0
 
 
+class OpensAfterTheBatch(CecTask):
+    """Writes a window's G_open as the empty state it opened with, but at the position
+    after the batch that opened it: a recovery from it drops that batch's records of
+    the window, which the window never held."""
+
+    async def restore(self, recovery_line):
+        await super().restore(recovery_line)
+        operator = self.operator
+        if operator is not None:
+            burst = operator._burst
+            operator._burst = lambda kind, parts, keys, states, at=None: burst(
+                kind, parts, keys, states)
+
+
+class OpensLate(CecProtocol):
+    def task_protocol(self, task):
+        return OpensAfterTheBatch(task, self.policy)
+
+
+@pytest.mark.internal
+def test_the_drill_catches_an_empty_g_open_placed_after_its_batch(storage):
+    report = cec_drill("sliding", storage,
+                       [bn.faults.KillInstance(OPERATOR["sliding"], 0, at=1.3)],
+                       protocol=OpensLate())
+    assert loaded(report) and not loaded(report)[0]["replay_everything"]
+    assert report.verdict == "violated"
+    assert report.lost + report.corrupted > 0
+
+
 # -- the footprints, read back ---------------------------------------------------------
 
 
